@@ -1,0 +1,119 @@
+//! The entry-point tables and lookups over them.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+pub use crate::result::{CUDA_CODES, NVML_CODES};
+
+/// Which default-stream semantics a variant has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// The legacy default stream (the plain export).
+    Legacy,
+    /// `_ptds`: per-thread default stream (copies, memsets, synchronous calls).
+    PerThreadDs,
+    /// `_ptsz`: per-thread default stream (stream-taking calls).
+    PerThreadSz,
+}
+
+impl Stream {
+    pub fn is_per_thread(self) -> bool {
+        self != Stream::Legacy
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SymbolKind {
+    Function,
+    /// An exported variable (the debugger's `cudbg*` words).
+    Data,
+}
+
+/// One exported CUDA driver symbol.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DriverEntryPoint {
+    /// The exported name (`cuMemAlloc_v2`).
+    pub symbol: &'static str,
+    /// The name `cuGetProcAddress` is asked for (`cuMemAlloc`).
+    pub base: &'static str,
+    /// CUDA version (1000*major + 10*minor) from which `cuGetProcAddress` returns this symbol for
+    /// `base`; 0 when it is exported but never handed out by `cuGetProcAddress`.
+    pub version: u32,
+    pub stream: Stream,
+    pub kind: SymbolKind,
+    /// Exported by NVIDIA's 535 driver (the oracle we can run).
+    pub in_535: bool,
+    /// gpuslice's marker: `-` for pass-through, otherwise the hook group (`memory`, `launch`, ...).
+    pub hook: &'static str,
+    /// The C parameter list from NVIDIA's typedefs (`?` when unpublished).
+    pub signature: &'static str,
+}
+
+/// One exported NVML symbol.
+#[derive(Debug)]
+pub struct NvmlEntryPoint {
+    pub symbol: &'static str,
+    pub kind: SymbolKind,
+    pub in_535: bool,
+    pub hook: &'static str,
+    pub signature: &'static str,
+}
+
+include!(concat!(env!("OUT_DIR"), "/entry_points.rs"));
+
+fn by_symbol() -> &'static HashMap<&'static str, usize> {
+    static MAP: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
+    MAP.get_or_init(|| DRIVER_ENTRY_POINTS.iter().enumerate().map(|(i, e)| (e.symbol, i)).collect())
+}
+
+fn by_base() -> &'static HashMap<&'static str, Vec<usize>> {
+    static MAP: OnceLock<HashMap<&'static str, Vec<usize>>> = OnceLock::new();
+    MAP.get_or_init(|| {
+        let mut m: HashMap<&'static str, Vec<usize>> = HashMap::new();
+        for (i, e) in DRIVER_ENTRY_POINTS.iter().enumerate() {
+            if e.version != 0 {
+                m.entry(e.base).or_default().push(i);
+            }
+        }
+        m
+    })
+}
+
+/// The driver entry point exported as `symbol`.
+pub fn driver_entry_point(symbol: &str) -> Option<&'static DriverEntryPoint> {
+    by_symbol().get(symbol).map(|&i| &DRIVER_ENTRY_POINTS[i])
+}
+
+/// All variants `cuGetProcAddress` can return for `base`, oldest first.
+pub fn variants_of(base: &str) -> impl Iterator<Item = &'static DriverEntryPoint> {
+    by_base()
+        .get(base)
+        .into_iter()
+        .flat_map(|v| v.iter().map(|&i| &DRIVER_ENTRY_POINTS[i]))
+}
+
+/// The NVML entry point exported as `symbol`.
+pub fn nvml_entry_point(symbol: &str) -> Option<&'static NvmlEntryPoint> {
+    NVML_ENTRY_POINTS
+        .binary_search_by(|e| e.symbol.cmp(symbol))
+        .ok()
+        .map(|i| &NVML_ENTRY_POINTS[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_consistent() {
+        assert!(DRIVER_ENTRY_POINTS.len() > 600);
+        let e = driver_entry_point("cuMemAlloc_v2").unwrap();
+        assert_eq!((e.base, e.version, e.stream), ("cuMemAlloc", 3020, Stream::Legacy));
+        let names: Vec<_> = variants_of("cuLaunchKernel").map(|e| e.symbol).collect();
+        assert_eq!(names, ["cuLaunchKernel", "cuLaunchKernel_ptsz"]);
+        assert!(NVML_ENTRY_POINTS.windows(2).all(|w| w[0].symbol < w[1].symbol));
+        assert!(nvml_entry_point("nvmlDeviceGetMemoryInfo_v2").is_some());
+        let mut seen = std::collections::HashSet::new();
+        assert!(DRIVER_ENTRY_POINTS.iter().all(|e| seen.insert(e.symbol)), "duplicate symbol");
+    }
+}

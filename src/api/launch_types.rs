@@ -1,0 +1,1 @@
+//! Stream, event, launch and graph types shared by the shim and simgpu (layouts follow cuda.h).

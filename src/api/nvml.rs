@@ -1,0 +1,1 @@
+//! NVML types and constants shared by the shim and simgpu.
