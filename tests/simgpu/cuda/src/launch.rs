@@ -1,0 +1,1 @@
+//! (simcuda-exec owns this file)

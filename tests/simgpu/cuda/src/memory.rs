@@ -1,0 +1,1 @@
+//! (simcuda-mem owns this file)
