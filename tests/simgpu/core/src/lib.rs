@@ -1,2 +1,197 @@
-//! simgpu's shared state (placeholder until simgpu-core lands).
-pub fn trace(_args: std::fmt::Arguments<'_>) {}
+//! simgpu's shared state: the simulated devices that every simgpu process on the machine shares
+//! (memory, execution turns, per-process and per-group usage), its configuration, and its trace.
+//!
+//! simgpu's `libcuda.so.1` and `libnvidia-ml.so.1` both read it, so that what one process does is
+//! seen by all the others, as with a real GPU; tests read it (through [`snapshot`] or the
+//! `simgpu-stat` tool) to judge what the product did.
+
+mod config;
+mod layout;
+mod shared;
+mod sys;
+
+pub use config::{config, parse_size, Config, MAX_DEVICES};
+pub use layout::{MAX_GROUPS, MAX_PROCESSES};
+pub use shared::{
+    snapshot, DeviceSnapshot, DeviceTurn, GroupUsage, ProcessUsage, Shared, Snapshot,
+    UTILIZATION_WINDOW_NS,
+};
+
+use std::io::Write as _;
+use std::sync::OnceLock;
+
+/// A simulated physical device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: u32,
+    pub name: String,
+    pub uuid: [u8; 16],
+    /// CUDA's form, "0000:XX:00.0" (`cuDeviceGetPCIBusId`); NVML widens the domain to 8 digits.
+    pub pci_bus_id: String,
+    pub total_memory: u64,
+    pub multiprocessor_count: i32,
+    pub compute_capability: (i32, i32),
+}
+
+/// The state of this process's `SIMGPU_STATE`, mapped (created if needed) but without registering
+/// this process (for readers such as NVML). Failure is remembered.
+pub fn attach() -> Result<&'static Shared, String> {
+    static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| Shared::open(&config().state_path, config()))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The state of this process's `SIMGPU_STATE`, with this process registered.
+pub fn shared() -> Result<&'static Shared, String> {
+    let s = attach()?;
+    s.register()?;
+    Ok(s)
+}
+
+/// All devices of the state (its creator decided their number and memory; this process's
+/// configuration if the state cannot be opened). `CUDA_VISIBLE_DEVICES` is not applied here.
+pub fn physical_devices() -> &'static [DeviceInfo] {
+    static DEVICES: OnceLock<Vec<DeviceInfo>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let (count, capacity) = match attach() {
+            Ok(s) => (
+                s.device_count(),
+                (0..s.device_count())
+                    .map(|d| s.device_capacity(d))
+                    .collect(),
+            ),
+            Err(_) => (
+                config().devices,
+                vec![config().memory; config().devices as usize],
+            ),
+        };
+        (0..count)
+            .map(|i| device_info(i, capacity[i as usize]))
+            .collect()
+    })
+}
+
+fn device_info(ordinal: u32, total_memory: u64) -> DeviceInfo {
+    // A fixed, recognisable UUID per ordinal (version-4 shaped): "GPU-53494d47-5055-4000-8000-0000000000NN".
+    let mut uuid = [
+        0x53, 0x49, 0x4d, 0x47, 0x50, 0x55, 0x40, 0x00, 0x80, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    uuid[12..].copy_from_slice(&ordinal.to_be_bytes());
+    DeviceInfo {
+        ordinal,
+        name: "NVIDIA simgpu".to_owned(),
+        uuid,
+        pci_bus_id: format!("0000:{:02X}:00.0", 0x17 + ordinal * 0x10),
+        total_memory,
+        multiprocessor_count: 108,
+        compute_capability: (8, 0),
+    }
+}
+
+/// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lowercase.
+pub fn format_uuid(uuid: &[u8; 16]) -> String {
+    let hex = |r: std::ops::Range<usize>| {
+        uuid[r]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
+}
+
+/// If `SIMGPU_TRACE` is set, appends "<pid> <args>\n" to it (one `write`, so lines from concurrent
+/// processes do not interleave). Otherwise a single `OnceLock` check.
+pub fn trace(args: std::fmt::Arguments<'_>) {
+    static TRACE: OnceLock<Option<std::fs::File>> = OnceLock::new();
+    let file = TRACE.get_or_init(|| {
+        let path = config().trace.as_ref()?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+    });
+    if let Some(mut f) = file.as_ref() {
+        let line = format!("{} {}\n", std::process::id(), args);
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+/// JSON for a snapshot (the `simgpu-stat` output): hand-written, no serde.
+pub fn snapshot_json(s: &Snapshot) -> String {
+    fn list(v: &[u64]) -> String {
+        format!(
+            "[{}]",
+            v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+        )
+    }
+    fn string(s: &str) -> String {
+        let mut out = String::from("\"");
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+        out
+    }
+    let devices: Vec<String> = s
+        .devices
+        .iter()
+        .map(|d| {
+            format!(
+                "{{\"capacity\":{},\"used\":{},\"busy_ns\":{},\"kernels\":{}}}",
+                d.capacity, d.used, d.busy_ns, d.kernels
+            )
+        })
+        .collect();
+    let processes: Vec<String> = s
+        .processes
+        .iter()
+        .map(|p| {
+            format!(
+                "{{\"pid\":{},\"group\":{},\"used\":{},\"peak\":{},\"busy_ns\":{},\"kernels\":{}}}",
+                p.pid,
+                string(&p.group),
+                list(&p.used),
+                list(&p.peak),
+                list(&p.busy_ns),
+                list(&p.kernels)
+            )
+        })
+        .collect();
+    let groups: Vec<String> = s
+        .groups
+        .iter()
+        .map(|g| {
+            format!(
+                "{{\"name\":{},\"used\":{},\"peak\":{},\"busy_ns\":{}}}",
+                string(&g.name),
+                list(&g.used),
+                list(&g.peak),
+                list(&g.busy_ns)
+            )
+        })
+        .collect();
+    format!(
+        "{{\"devices\":[{}],\"processes\":[{}],\"groups\":[{}]}}",
+        devices.join(","),
+        processes.join(","),
+        groups.join(",")
+    )
+}
+
+#[cfg(test)]
+mod tests;

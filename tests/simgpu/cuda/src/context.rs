@@ -1,1 +1,549 @@
-//! (simcuda-mem owns this file)
+//! Contexts: primary (one per device, retained/released) and created ones; the per-thread stack of
+//! current contexts. A live context costs `config().context_memory` of device memory, as a real
+//! context's own allocations (local memory, printf buffer, module space) do.
+
+use gpuslice_api::types::{
+    CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CU_CTX_FLAGS_MASK,
+    CU_CTX_SCHED_MASK, CU_LIMIT_COUNT,
+};
+use gpuslice_api::{CUerror, CUresult};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// One CUDA context of this process.
+pub struct Context {
+    /// Physical device ordinal.
+    pub device: u32,
+    /// simcuda-exec's per-context stream state.
+    pub streams: crate::stream::ContextStreams,
+    /// `cuCtxGetId`: unique in the process, never reused.
+    pub id: u64,
+    pub primary: bool,
+    flags: AtomicU32,
+    /// Created contexts: until destroyed. Primary: while retained (the object outlives it because
+    /// its handle is stable across release/retain, as in the real driver).
+    active: AtomicBool,
+    limits: Mutex<[usize; CU_LIMIT_COUNT]>,
+}
+
+/// `cuCtxGetLimit` defaults (the real driver's, per `CUlimit` value).
+const DEFAULT_LIMITS: [usize; CU_LIMIT_COUNT] =
+    [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0, 0, 0, 0];
+/// Limits the 12.x driver accepts (STACK_SIZE .. PERSISTING_L2_CACHE_SIZE).
+const KNOWN_LIMITS: usize = 7;
+
+impl Context {
+    pub fn flags(&self) -> u32 {
+        self.flags.load(Ordering::Relaxed)
+    }
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock is already reported as CUDA_ERROR_UNKNOWN; keep serving.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every context object of the process by handle (destroyed created contexts are removed).
+fn registry() -> &'static Mutex<HashMap<usize, Arc<Context>>> {
+    static R: OnceLock<Mutex<HashMap<usize, Arc<Context>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+struct Primary {
+    ctx: Option<Arc<Context>>,
+    refs: u32,
+    flags: u32,
+}
+
+fn primaries() -> &'static Mutex<Vec<Primary>> {
+    static P: OnceLock<Mutex<Vec<Primary>>> = OnceLock::new();
+    P.get_or_init(|| {
+        let n = simgpu_core::physical_devices().len();
+        Mutex::new(
+            (0..n)
+                .map(|_| Primary {
+                    ctx: None,
+                    refs: 0,
+                    flags: 0,
+                })
+                .collect(),
+        )
+    })
+}
+
+thread_local! {
+    static STACK: RefCell<Vec<Arc<Context>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn new_context(device: u32, flags: u32, primary: bool) -> Arc<Context> {
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    let ctx = Arc::new(Context {
+        device,
+        streams: Default::default(),
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        primary,
+        flags: AtomicU32::new(flags),
+        active: AtomicBool::new(false),
+        limits: Mutex::new(DEFAULT_LIMITS),
+    });
+    lock(registry()).insert(Arc::as_ptr(&ctx) as usize, ctx.clone());
+    ctx
+}
+
+fn shared() -> Result<&'static simgpu_core::Shared, CUerror> {
+    simgpu_core::shared().map_err(|_| CUerror::NOT_INITIALIZED)
+}
+
+/// Charges the context's own device memory; OUT_OF_MEMORY when the device is full.
+fn activate(ctx: &Context) -> CUresult {
+    if !shared()?.try_reserve(ctx.device, simgpu_core::config().context_memory) {
+        return Err(CUerror::OUT_OF_MEMORY);
+    }
+    ctx.active.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Waits for the context's work, frees everything allocated in it and its own memory.
+fn deactivate(ctx: &Context) {
+    if ctx.active.swap(false, Ordering::AcqRel) {
+        let _ = crate::stream::synchronize_context(ctx);
+        crate::memory::on_context_destroyed(ctx);
+        if let Ok(s) = shared() {
+            s.release(ctx.device, simgpu_core::config().context_memory);
+        }
+    }
+}
+
+/// The calling thread's current context.
+pub fn current() -> Result<Arc<Context>, CUerror> {
+    crate::entry::initialized()?;
+    let top = STACK
+        .with(|s| s.borrow().last().cloned())
+        .ok_or(CUerror::INVALID_CONTEXT)?;
+    if !top.is_active() {
+        // The documented answer for a destroyed context, or a primary one not (re)initialised.
+        return Err(CUerror::CONTEXT_IS_DESTROYED);
+    }
+    Ok(top)
+}
+
+/// The live context behind a handle.
+pub fn from_handle(h: CUcontext) -> Result<Arc<Context>, CUerror> {
+    crate::entry::initialized()?;
+    let ctx = lock(registry())
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUerror::INVALID_CONTEXT)?;
+    if !ctx.is_active() {
+        return Err(CUerror::INVALID_CONTEXT);
+    }
+    Ok(ctx)
+}
+
+pub fn handle_of(ctx: &Arc<Context>) -> CUcontext {
+    Arc::as_ptr(ctx) as CUcontext
+}
+
+/// The context an explicit handle names, or the current one for NULL (as `cuCtxGet*` take them).
+fn given_or_current(h: CUcontext) -> Result<Arc<Context>, CUerror> {
+    if h.is_null() {
+        current()
+    } else {
+        from_handle(h)
+    }
+}
+
+/// Accepts `CUctx_flags`: only bits in the mask, and at most one scheduling mode.
+fn check_flags(flags: u32) -> CUresult {
+    let sched = flags & CU_CTX_SCHED_MASK;
+    if flags & !CU_CTX_FLAGS_MASK != 0 || sched.count_ones() > 1 {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    Ok(())
+}
+
+fn create(pctx: Option<&mut CUcontext>, flags: u32, dev: CUdevice) -> CUresult {
+    crate::entry::initialized()?;
+    let pctx = crate::out(pctx)?;
+    let device = crate::device::physical(dev)?;
+    check_flags(flags)?;
+    let ctx = new_context(device, flags, false);
+    if let Err(e) = activate(&ctx) {
+        lock(registry()).remove(&(Arc::as_ptr(&ctx) as usize));
+        return Err(e);
+    }
+    *pctx = handle_of(&ctx);
+    STACK.with(|s| s.borrow_mut().push(ctx));
+    Ok(())
+}
+
+/// # Safety
+/// `params` must be NULL or point to `n` readable entries.
+unsafe fn check_affinity(params: *const CUexecAffinityParam, n: c_int) -> CUresult {
+    if n < 0 || (n > 0 && params.is_null()) {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    for i in 0..n as usize {
+        // SAFETY: the caller guarantees `n` entries.
+        let p = unsafe { &*params.add(i) };
+        // CU_EXEC_AFFINITY_TYPE_SM_COUNT is the only type; the SM limit itself is not simulated.
+        if p.type_ != 0 {
+            return Err(CUerror::INVALID_VALUE);
+        }
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: Option<&mut CUcontext>,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    crate::call("cuCtxCreate_v2", || create(pctx, flags, dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: Option<&mut CUcontext>,
+    params: *const CUexecAffinityParam,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    crate::call("cuCtxCreate_v3", || {
+        crate::entry::initialized()?;
+        // SAFETY: the client passes `num_params` entries.
+        unsafe { check_affinity(params, num_params) }?;
+        create(pctx, flags, dev)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: Option<&mut CUcontext>,
+    params: Option<&CUctxCreateParams>,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    crate::call("cuCtxCreate_v4", || {
+        crate::entry::initialized()?;
+        if let Some(p) = params {
+            if !p.cigParams.is_null() {
+                // CIG (graphics interop) needs D3D12/Vulkan: not on this device.
+                return Err(CUerror::NOT_SUPPORTED);
+            }
+            // SAFETY: the client passes `numExecAffinityParams` entries.
+            unsafe { check_affinity(p.execAffinityParams, p.numExecAffinityParams) }?;
+        }
+        create(pctx, flags, dev)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(h: CUcontext) -> CUresult {
+    crate::call("cuCtxDestroy_v2", || {
+        let ctx = from_handle(h)?;
+        if ctx.primary {
+            return Err(CUerror::INVALID_CONTEXT);
+        }
+        deactivate(&ctx);
+        lock(registry()).remove(&(h as usize));
+        // Popped from the calling thread's stack; other threads keep a stale entry, as in the driver.
+        STACK.with(|s| s.borrow_mut().retain(|c| !Arc::ptr_eq(c, &ctx)));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(h: CUcontext) -> CUresult {
+    crate::call("cuCtxPushCurrent_v2", || {
+        let ctx = from_handle(h)?;
+        STACK.with(|s| s.borrow_mut().push(ctx));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: Option<&mut CUcontext>) -> CUresult {
+    crate::call("cuCtxPopCurrent_v2", || {
+        crate::entry::initialized()?;
+        let ctx = STACK
+            .with(|s| s.borrow_mut().pop())
+            .ok_or(CUerror::INVALID_CONTEXT)?;
+        if let Some(p) = pctx {
+            *p = handle_of(&ctx);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(h: CUcontext) -> CUresult {
+    crate::call("cuCtxSetCurrent", || {
+        crate::entry::initialized()?;
+        if h.is_null() {
+            STACK.with(|s| s.borrow_mut().pop());
+            return Ok(());
+        }
+        let ctx = from_handle(h)?;
+        STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            s.pop();
+            s.push(ctx);
+        });
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: Option<&mut CUcontext>) -> CUresult {
+    crate::call("cuCtxGetCurrent", || {
+        crate::entry::initialized()?;
+        let pctx = crate::out(pctx)?;
+        *pctx = STACK.with(|s| s.borrow().last().map_or(std::ptr::null_mut(), handle_of));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: Option<&mut CUdevice>) -> CUresult {
+    crate::call("cuCtxGetDevice", || {
+        let ctx = current()?;
+        *crate::out(dev)? = crate::device::visible_ordinal(ctx.device);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    crate::call("cuCtxSynchronize", || {
+        let ctx = current()?;
+        let r = crate::stream::synchronize_context(&ctx);
+        crate::memory::on_synchronize(&ctx);
+        r
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetApiVersion(
+    h: CUcontext,
+    version: Option<&mut c_uint>,
+) -> CUresult {
+    crate::call("cuCtxGetApiVersion", || {
+        given_or_current(h)?;
+        // Every context is created through the 3.2+ (`_v2`) API.
+        *crate::out(version)? = 3020;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: Option<&mut c_uint>) -> CUresult {
+    crate::call("cuCtxGetFlags", || {
+        let ctx = current()?;
+        *crate::out(flags)? = ctx.flags();
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetFlags(flags: c_uint) -> CUresult {
+    crate::call("cuCtxSetFlags", || {
+        let ctx = current()?;
+        check_flags(flags)?;
+        ctx.flags.store(flags, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetId(h: CUcontext, id: Option<&mut u64>) -> CUresult {
+    crate::call("cuCtxGetId", || {
+        let ctx = given_or_current(h)?;
+        *crate::out(id)? = ctx.id;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetLimit(value: Option<&mut usize>, limit: c_uint) -> CUresult {
+    crate::call("cuCtxGetLimit", || {
+        let ctx = current()?;
+        let value = crate::out(value)?;
+        if limit as usize >= KNOWN_LIMITS {
+            return Err(CUerror::UNSUPPORTED_LIMIT);
+        }
+        *value = lock(&ctx.limits)[limit as usize];
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: c_uint, value: usize) -> CUresult {
+    crate::call("cuCtxSetLimit", || {
+        let ctx = current()?;
+        if limit as usize >= KNOWN_LIMITS {
+            return Err(CUerror::UNSUPPORTED_LIMIT);
+        }
+        lock(&ctx.limits)[limit as usize] = value;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: Option<&mut c_int>,
+    greatest: Option<&mut c_int>,
+) -> CUresult {
+    crate::call("cuCtxGetStreamPriorityRange", || {
+        current()?;
+        // Hopper's range: 0 (lowest) to -5 (highest); either output may be NULL.
+        if let Some(l) = least {
+            *l = 0;
+        }
+        if let Some(g) = greatest {
+            *g = -5;
+        }
+        Ok(())
+    })
+}
+
+// ---- Primary contexts ----
+
+fn primary_retain(dev: CUdevice) -> Result<CUcontext, CUerror> {
+    let device = crate::device::physical(dev)?;
+    let mut primaries = lock(primaries());
+    let p = &mut primaries[device as usize];
+    let ctx = p
+        .ctx
+        .get_or_insert_with(|| new_context(device, 0, true))
+        .clone();
+    if p.refs == 0 && !ctx.is_active() {
+        ctx.flags.store(p.flags, Ordering::Relaxed);
+        activate(&ctx)?;
+    }
+    p.refs += 1;
+    Ok(handle_of(&ctx))
+}
+
+fn primary_release(dev: CUdevice) -> CUresult {
+    let device = crate::device::physical(dev)?;
+    let ctx = {
+        let mut primaries = lock(primaries());
+        let p = &mut primaries[device as usize];
+        if p.refs == 0 {
+            return Err(CUerror::INVALID_CONTEXT);
+        }
+        p.refs -= 1;
+        if p.refs > 0 {
+            return Ok(());
+        }
+        p.ctx.clone()
+    };
+    if let Some(ctx) = ctx {
+        deactivate(&ctx);
+    }
+    Ok(())
+}
+
+fn primary_reset(dev: CUdevice) -> CUresult {
+    let device = crate::device::physical(dev)?;
+    let ctx = {
+        let mut primaries = lock(primaries());
+        let p = &mut primaries[device as usize];
+        p.refs = 0;
+        p.flags = 0;
+        p.ctx.clone()
+    };
+    if let Some(ctx) = ctx {
+        deactivate(&ctx);
+    }
+    Ok(())
+}
+
+fn primary_set_flags(dev: CUdevice, flags: u32, allow_active: bool) -> CUresult {
+    let device = crate::device::physical(dev)?;
+    check_flags(flags)?;
+    let mut primaries = lock(primaries());
+    let p = &mut primaries[device as usize];
+    let active = p.ctx.as_ref().is_some_and(|c| c.is_active());
+    if active && !allow_active {
+        return Err(CUerror::PRIMARY_CONTEXT_ACTIVE);
+    }
+    p.flags = flags;
+    if let Some(c) = p.ctx.as_ref() {
+        c.flags.store(flags, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(
+    pctx: Option<&mut CUcontext>,
+    dev: CUdevice,
+) -> CUresult {
+    crate::call("cuDevicePrimaryCtxRetain", || {
+        crate::entry::initialized()?;
+        let pctx = crate::out(pctx)?;
+        *pctx = primary_retain(dev)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    crate::call("cuDevicePrimaryCtxRelease", || primary_release(dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    crate::call("cuDevicePrimaryCtxRelease_v2", || primary_release(dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
+    crate::call("cuDevicePrimaryCtxReset", || primary_reset(dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    crate::call("cuDevicePrimaryCtxReset_v2", || primary_reset(dev))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CUresult {
+    crate::call("cuDevicePrimaryCtxSetFlags", || {
+        primary_set_flags(dev, flags, false)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    crate::call("cuDevicePrimaryCtxSetFlags_v2", || {
+        primary_set_flags(dev, flags, true)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: Option<&mut c_uint>,
+    active: Option<&mut c_int>,
+) -> CUresult {
+    crate::call("cuDevicePrimaryCtxGetState", || {
+        let device = crate::device::physical(dev)?;
+        let (flags, active) = (crate::out(flags)?, crate::out(active)?);
+        let primaries = lock(primaries());
+        let p = &primaries[device as usize];
+        *flags = p.flags;
+        *active = c_int::from(p.ctx.as_ref().is_some_and(|c| c.is_active()));
+        Ok(())
+    })
+}

@@ -1,1 +1,257 @@
-//! (simcuda-exec owns this file)
+//! Events: a record is an op on a stream that timestamps the event when the stream reaches it.
+
+use crate::graph::Capture;
+use crate::stream::{self, lock, Dep, Stream};
+use gpuslice_api::launch_types::{
+    CU_EVENT_BLOCKING_SYNC, CU_EVENT_DISABLE_TIMING, CU_EVENT_INTERPROCESS,
+    CU_EVENT_RECORD_EXTERNAL,
+};
+use gpuslice_api::types::{CUevent, CUstream};
+use gpuslice_api::{CUerror, CUresult};
+use std::collections::BTreeMap;
+use std::ffi::c_uint;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// The latest record of an event: the op's position on its stream, and its time once reached.
+#[derive(Clone)]
+struct Record {
+    stream: Arc<Stream>,
+    seq: u64,
+    time: Arc<OnceLock<Instant>>,
+}
+
+pub struct Event {
+    flags: u32,
+    record: Mutex<Option<Record>>,
+    /// Set when last recorded on a capturing stream: waiting on it joins that capture.
+    captured: Mutex<Option<Arc<Capture>>>,
+}
+
+static EVENTS: Mutex<BTreeMap<usize, Arc<Event>>> = Mutex::new(BTreeMap::new());
+
+/// The event a client handle names (`CUDA_ERROR_INVALID_HANDLE` if unknown or destroyed).
+pub fn lookup(h: CUevent) -> Result<Arc<Event>, CUerror> {
+    lock(&EVENTS)
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUerror::INVALID_HANDLE)
+}
+
+fn create(flags: u32) -> Result<CUevent, CUerror> {
+    let valid = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if flags & !valid != 0
+        || (flags & CU_EVENT_INTERPROCESS != 0 && flags & CU_EVENT_DISABLE_TIMING == 0)
+    {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    crate::context::current()?;
+    let e = Arc::new(Event {
+        flags,
+        record: Mutex::new(None),
+        captured: Mutex::new(None),
+    });
+    let h = Arc::as_ptr(&e) as usize;
+    lock(&EVENTS).insert(h, e);
+    Ok(h as CUevent)
+}
+
+fn destroy(h: CUevent) -> CUresult {
+    // A pending record still completes (its op holds its own clock); only the handle goes.
+    lock(&EVENTS)
+        .remove(&(h as usize))
+        .map(drop)
+        .ok_or(CUerror::INVALID_HANDLE)
+}
+
+fn record(h: CUevent, hs: CUstream, per_thread: bool, flags: u32) -> CUresult {
+    if flags & !CU_EVENT_RECORD_EXTERNAL != 0 {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    let e = lookup(h)?;
+    let s = stream::resolve(hs, per_thread)?;
+    if let Some(c) = s.capture() {
+        // Inside a capture the record is a marker of the capture sequence, not stream work.
+        *lock(&e.captured) = Some(c);
+        return Ok(());
+    }
+    let time = Arc::new(OnceLock::new());
+    let t = time.clone();
+    let seq = stream::submit(
+        &s,
+        Vec::new(),
+        Box::new(move || {
+            let _ = t.set(Instant::now());
+        }),
+    )?;
+    *lock(&e.record) = Some(Record {
+        stream: s,
+        seq,
+        time,
+    });
+    *lock(&e.captured) = None;
+    Ok(())
+}
+
+impl Event {
+    /// The capture sequence the event was last recorded in, while that capture is still going on.
+    fn capture(&self) -> Option<Arc<Capture>> {
+        lock(&self.captured).clone().filter(|c| c.active())
+    }
+}
+
+fn query(h: CUevent) -> CUresult {
+    let e = lookup(h)?;
+    if e.capture().is_some() {
+        return Err(CUerror::CAPTURED_EVENT);
+    }
+    let rec = lock(&e.record).clone();
+    match rec {
+        Some(r) if r.time.get().is_none() => Err(CUerror::NOT_READY),
+        // Never recorded, or reached.
+        _ => Ok(()),
+    }
+}
+
+fn synchronize(h: CUevent) -> CUresult {
+    let e = lookup(h)?;
+    if e.capture().is_some() {
+        return Err(CUerror::CAPTURED_EVENT);
+    }
+    let rec = lock(&e.record).clone();
+    if let Some(r) = rec {
+        r.stream.wait_for(r.seq);
+        crate::memory::on_synchronize(&*r.stream.context()?);
+    }
+    Ok(())
+}
+
+fn elapsed(ms: Option<&mut f32>, start: CUevent, end: CUevent) -> CUresult {
+    let ms = crate::out(ms)?;
+    let (a, b) = (lookup(start)?, lookup(end)?);
+    if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
+        return Err(CUerror::INVALID_HANDLE);
+    }
+    let (ra, rb) = (lock(&a.record).clone(), lock(&b.record).clone());
+    let (Some(ra), Some(rb)) = (ra, rb) else {
+        return Err(CUerror::INVALID_HANDLE);
+    };
+    let (Some(ta), Some(tb)) = (ra.time.get(), rb.time.get()) else {
+        return Err(CUerror::NOT_READY);
+    };
+    *ms = if tb >= ta {
+        tb.duration_since(*ta).as_secs_f64() * 1e3
+    } else {
+        -(ta.duration_since(*tb).as_secs_f64() * 1e3)
+    } as f32;
+    Ok(())
+}
+
+/// `cuStreamWaitEvent`: work submitted to `s` from now on waits for the event's latest record.
+pub(crate) fn stream_wait(s: &Arc<Stream>, e: &Arc<Event>) -> CUresult {
+    if let Some(c) = e.capture() {
+        // Waiting on a captured event forks `s` into the capture sequence (real driver semantics).
+        match s.capture() {
+            Some(mine) if Arc::ptr_eq(&mine, &c) => {}
+            Some(_) => return Err(CUerror::STREAM_CAPTURE_MERGE),
+            None => c.join(s),
+        }
+        return Ok(());
+    }
+    if s.capture().is_some() {
+        // Uncaptured work can't be a dependency of a graph: nothing to record (the event is either
+        // already complete or the graph will be launched later than it anyway).
+        return Ok(());
+    }
+    let rec = lock(&e.record).clone();
+    let Some(r) = rec else { return Ok(()) };
+    if r.stream.reached(r.seq) || Arc::ptr_eq(&r.stream, s) {
+        return Ok(());
+    }
+    stream::submit(
+        s,
+        vec![Dep {
+            stream: r.stream,
+            seq: r.seq,
+        }],
+        Box::new(|| {}),
+    )
+    .map(drop)
+}
+
+// ---- exports ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(ph: Option<&mut CUevent>, flags: c_uint) -> CUresult {
+    crate::call("cuEventCreate", || {
+        let ph = crate::out(ph)?;
+        *ph = create(flags)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventDestroy(h: CUevent) -> CUresult {
+    crate::call("cuEventDestroy", || destroy(h))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventDestroy_v2(h: CUevent) -> CUresult {
+    crate::call("cuEventDestroy_v2", || destroy(h))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecord(h: CUevent, s: CUstream) -> CUresult {
+    crate::call("cuEventRecord", || record(h, s, false, 0))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecord_ptsz(h: CUevent, s: CUstream) -> CUresult {
+    crate::call("cuEventRecord_ptsz", || record(h, s, true, 0))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    h: CUevent,
+    s: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    crate::call("cuEventRecordWithFlags", || record(h, s, false, flags))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
+    h: CUevent,
+    s: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    crate::call("cuEventRecordWithFlags_ptsz", || record(h, s, true, flags))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
+    crate::call("cuEventQuery", || query(h))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
+    crate::call("cuEventSynchronize", || synchronize(h))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: Option<&mut f32>,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    crate::call("cuEventElapsedTime", || elapsed(ms, start, end))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: Option<&mut f32>,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    crate::call("cuEventElapsedTime_v2", || elapsed(ms, start, end))
+}

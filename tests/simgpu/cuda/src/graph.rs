@@ -1,1 +1,837 @@
-//! (simcuda-exec owns this file)
+//! Graphs: built node by node or captured from streams, instantiated, launched.
+//!
+//! simgpu's device runs one kernel at a time, so a graph is kept as its nodes in a topological order
+//! (the order they were added: a node's dependencies must exist before it); launching an instantiated
+//! graph enqueues one stream op that executes the nodes in that order.
+
+use crate::launch::{self, Kernel, Params, Shape};
+use crate::stream::{self, lock, Op, Stream};
+use gpuslice_api::launch_types::*;
+use gpuslice_api::types::{CUcontext, CUfunction, CUgraph, CUgraphExec, CUgraphNode, CUstream};
+use gpuslice_api::{CUerror, CUresult};
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::ThreadId;
+
+/// What a node does when the graph runs.
+pub(crate) enum NodeKind {
+    Kernel(Kernel),
+    /// Stream work that can run only once (an `FnOnce` captured from `stream::enqueue`).
+    #[allow(dead_code)] // built by stream::enqueue, which copy.rs uses
+    Once(Mutex<Option<Op>>),
+    /// Stream work that runs on every launch (host functions, replayable copies).
+    Repeat(Arc<dyn Fn() + Send + Sync>),
+    Empty,
+}
+
+pub(crate) struct Node {
+    kind: NodeKind,
+}
+
+impl Node {
+    fn run(&self) {
+        match &self.kind {
+            NodeKind::Kernel(k) => k.execute(),
+            NodeKind::Once(op) => {
+                if let Some(op) = lock(op).take() {
+                    op();
+                }
+            }
+            NodeKind::Repeat(f) => f(),
+            NodeKind::Empty => {}
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Graph {
+    nodes: Mutex<Vec<Arc<Node>>>,
+}
+
+impl Graph {
+    fn add(&self, kind: NodeKind) -> CUgraphNode {
+        let n = Arc::new(Node { kind });
+        let h = Arc::as_ptr(&n) as CUgraphNode;
+        lock(&self.nodes).push(n);
+        h
+    }
+    fn contains(&self, h: CUgraphNode) -> bool {
+        lock(&self.nodes)
+            .iter()
+            .any(|n| Arc::as_ptr(n) as CUgraphNode == h)
+    }
+}
+
+pub struct GraphExec {
+    nodes: Vec<Arc<Node>>,
+}
+
+static GRAPHS: Mutex<BTreeMap<usize, Arc<Graph>>> = Mutex::new(BTreeMap::new());
+static EXECS: Mutex<BTreeMap<usize, Arc<GraphExec>>> = Mutex::new(BTreeMap::new());
+
+fn graph(h: CUgraph) -> Result<Arc<Graph>, CUerror> {
+    lock(&GRAPHS)
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUerror::INVALID_HANDLE)
+}
+fn exec(h: CUgraphExec) -> Result<Arc<GraphExec>, CUerror> {
+    lock(&EXECS)
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUerror::INVALID_HANDLE)
+}
+fn register_graph(g: Arc<Graph>) -> CUgraph {
+    let h = Arc::as_ptr(&g) as usize;
+    lock(&GRAPHS).insert(h, g);
+    h as CUgraph
+}
+
+// ---- stream capture ----
+
+static NEXT_CAPTURE: AtomicU64 = AtomicU64::new(1);
+
+/// A capture sequence: started on one stream, joined by streams that wait on its events.
+pub struct Capture {
+    id: u64,
+    graph: Arc<Graph>,
+    origin: Weak<Stream>,
+    mode: u32,
+    thread: ThreadId,
+    invalid: AtomicBool,
+    ended: AtomicBool,
+    members: Mutex<Vec<Weak<Stream>>>,
+}
+
+impl Capture {
+    /// Records stream work as a node of the captured graph.
+    pub(crate) fn add(&self, kind: NodeKind) -> CUresult {
+        if self.invalid.load(Ordering::Acquire) {
+            return Err(CUerror::STREAM_CAPTURE_INVALIDATED);
+        }
+        self.graph.add(kind);
+        Ok(())
+    }
+    /// An operation not allowed during capture happened: the capture will fail at its end.
+    pub(crate) fn invalidate(&self) {
+        self.invalid.store(true, Ordering::Release);
+    }
+    pub(crate) fn active(&self) -> bool {
+        !self.ended.load(Ordering::Acquire)
+    }
+    /// `s` joins the capture (it waited on an event recorded in it).
+    pub(crate) fn join(self: &Arc<Self>, s: &Arc<Stream>) {
+        s.set_capture(Some(self.clone()));
+        lock(&self.members).push(Arc::downgrade(s));
+    }
+    fn status(&self) -> CUstreamCaptureStatus {
+        if self.invalid.load(Ordering::Acquire) {
+            CU_STREAM_CAPTURE_STATUS_INVALIDATED
+        } else {
+            CU_STREAM_CAPTURE_STATUS_ACTIVE
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's capture interaction mode (cuThreadExchangeStreamCaptureMode).
+    static THREAD_MODE: Cell<u32> = const { Cell::new(CU_STREAM_CAPTURE_MODE_GLOBAL) };
+}
+
+fn begin_capture(hs: CUstream, per_thread: bool, mode: u32) -> CUresult {
+    if mode > CU_STREAM_CAPTURE_MODE_RELAXED {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    let s = stream::resolve(hs, per_thread)?;
+    if s.kind() == stream::StreamKind::Legacy {
+        return Err(CUerror::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    if s.capture().is_some() {
+        return Err(CUerror::ILLEGAL_STATE);
+    }
+    let g = Arc::new(Graph::default());
+    register_graph(g.clone());
+    let c = Arc::new(Capture {
+        id: NEXT_CAPTURE.fetch_add(1, Ordering::Relaxed),
+        graph: g,
+        origin: Arc::downgrade(&s),
+        mode,
+        thread: std::thread::current().id(),
+        invalid: AtomicBool::new(false),
+        ended: AtomicBool::new(false),
+        members: Mutex::new(Vec::new()),
+    });
+    c.join(&s);
+    Ok(())
+}
+
+fn end_capture(hs: CUstream, per_thread: bool, pg: Option<&mut CUgraph>) -> CUresult {
+    let pg = crate::out(pg)?;
+    let s = stream::resolve(hs, per_thread)?;
+    let c = s.capture().ok_or(CUerror::ILLEGAL_STATE)?;
+    let origin = c.origin.upgrade();
+    if !origin.is_some_and(|o| Arc::ptr_eq(&o, &s)) {
+        c.invalidate();
+        return Err(CUerror::STREAM_CAPTURE_UNMATCHED);
+    }
+    if c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != std::thread::current().id() {
+        return Err(CUerror::STREAM_CAPTURE_WRONG_THREAD);
+    }
+    c.ended.store(true, Ordering::Release);
+    for m in lock(&c.members).iter().filter_map(Weak::upgrade) {
+        m.set_capture(None);
+    }
+    let h = Arc::as_ptr(&c.graph) as usize;
+    if c.invalid.load(Ordering::Acquire) {
+        lock(&GRAPHS).remove(&h);
+        *pg = std::ptr::null_mut();
+        return Err(CUerror::STREAM_CAPTURE_INVALIDATED);
+    }
+    *pg = h as CUgraph;
+    Ok(())
+}
+
+fn capture_status(
+    hs: CUstream,
+    per_thread: bool,
+) -> Result<(CUstreamCaptureStatus, Option<Arc<Capture>>), CUerror> {
+    let s = stream::resolve(hs, per_thread)?;
+    Ok(match s.capture() {
+        Some(c) => (c.status(), Some(c)),
+        None => (CU_STREAM_CAPTURE_STATUS_NONE, None),
+    })
+}
+
+/// cuStreamGetCaptureInfo (all versions): status, id and graph; simgpu reports no dependency set
+/// (its graphs are ordered lists).
+///
+/// # Safety
+/// Each pointer is NULL or valid for a write of its type.
+#[allow(clippy::too_many_arguments)]
+unsafe fn capture_info(
+    hs: CUstream,
+    per_thread: bool,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut c_ulonglong,
+    graph_out: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    if status.is_null() {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    let (st, c) = capture_status(hs, per_thread)?;
+    // SAFETY: each pointer is NULL or writable per the contract; only non-NULL ones are written.
+    unsafe {
+        *status = st;
+        if let Some(c) = c {
+            if !id.is_null() {
+                *id = c.id;
+            }
+            if !graph_out.is_null() {
+                *graph_out = Arc::as_ptr(&c.graph) as CUgraph;
+            }
+            if !deps.is_null() {
+                *deps = std::ptr::null();
+            }
+            if !edges.is_null() {
+                *edges = std::ptr::null();
+            }
+            if !num_deps.is_null() {
+                *num_deps = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---- building and launching ----
+
+/// Checks a node's dependency list: every entry a node of `g`.
+///
+/// # Safety
+/// `deps` is NULL or points to `n` node handles.
+unsafe fn check_deps(g: &Graph, deps: *const CUgraphNode, n: usize) -> CUresult {
+    if n == 0 {
+        return Ok(());
+    }
+    if deps.is_null() {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    // SAFETY: `n` handles per the contract.
+    let deps = unsafe { std::slice::from_raw_parts(deps, n) };
+    if deps.iter().all(|d| g.contains(*d)) {
+        Ok(())
+    } else {
+        Err(CUerror::INVALID_VALUE)
+    }
+}
+
+/// A kernel node: the launch is validated and its parameters read now, as cuGraphAddKernelNode does.
+///
+/// # Safety
+/// `kernel_params`/`extra` follow cuLaunchKernel's contract.
+unsafe fn kernel_node(
+    f: CUfunction,
+    shape: Shape,
+    params: Params,
+    ctx: CUcontext,
+) -> Result<NodeKind, CUerror> {
+    let ctx = if ctx.is_null() {
+        crate::context::current()?
+    } else {
+        crate::context::from_handle(ctx)?
+    };
+    // SAFETY: forwarded contract.
+    Ok(NodeKind::Kernel(unsafe {
+        launch::prepare(f, shape, params, ctx.device)
+    }?))
+}
+
+fn instantiate(hg: CUgraph) -> Result<CUgraphExec, CUerror> {
+    let g = graph(hg)?;
+    let nodes = lock(&g.nodes).clone();
+    let e = Arc::new(GraphExec { nodes });
+    let h = Arc::as_ptr(&e) as usize;
+    lock(&EXECS).insert(h, e);
+    Ok(h as CUgraphExec)
+}
+
+fn graph_launch(he: CUgraphExec, hs: CUstream, per_thread: bool) -> CUresult {
+    let e = exec(he)?;
+    let s = stream::resolve(hs, per_thread)?;
+    if let Some(c) = s.capture() {
+        // Launching a graph into a capture embeds its nodes.
+        for n in &e.nodes {
+            if c.invalid.load(Ordering::Acquire) {
+                return Err(CUerror::STREAM_CAPTURE_INVALIDATED);
+            }
+            lock(&c.graph.nodes).push(n.clone());
+        }
+        return Ok(());
+    }
+    stream::submit(
+        &s,
+        Vec::new(),
+        Box::new(move || {
+            for n in &e.nodes {
+                n.run();
+            }
+        }),
+    )
+    .map(drop)
+}
+
+// ---- exports ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture(hs: CUstream) -> CUresult {
+    crate::call("cuStreamBeginCapture", || {
+        begin_capture(hs, false, CU_STREAM_CAPTURE_MODE_GLOBAL)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture_ptsz(hs: CUstream) -> CUresult {
+    crate::call("cuStreamBeginCapture_ptsz", || {
+        begin_capture(hs, true, CU_STREAM_CAPTURE_MODE_GLOBAL)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(hs: CUstream, mode: c_uint) -> CUresult {
+    crate::call("cuStreamBeginCapture_v2", || begin_capture(hs, false, mode))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(hs: CUstream, mode: c_uint) -> CUresult {
+    crate::call("cuStreamBeginCapture_v2_ptsz", || {
+        begin_capture(hs, true, mode)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture(hs: CUstream, pg: Option<&mut CUgraph>) -> CUresult {
+    crate::call("cuStreamEndCapture", || end_capture(hs, false, pg))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture_ptsz(
+    hs: CUstream,
+    pg: Option<&mut CUgraph>,
+) -> CUresult {
+    crate::call("cuStreamEndCapture_ptsz", || end_capture(hs, true, pg))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(
+    hs: CUstream,
+    status: Option<&mut CUstreamCaptureStatus>,
+) -> CUresult {
+    crate::call("cuStreamIsCapturing", || {
+        let status = crate::out(status)?;
+        *status = capture_status(hs, false)?.0;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(
+    hs: CUstream,
+    status: Option<&mut CUstreamCaptureStatus>,
+) -> CUresult {
+    crate::call("cuStreamIsCapturing_ptsz", || {
+        let status = crate::out(status)?;
+        *status = capture_status(hs, true)?.0;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    hs: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut c_ulonglong,
+) -> CUresult {
+    crate::call("cuStreamGetCaptureInfo", || {
+        let null = std::ptr::null_mut();
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe {
+            capture_info(
+                hs,
+                false,
+                status,
+                id,
+                null,
+                null.cast(),
+                null.cast(),
+                null.cast(),
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
+    hs: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut c_ulonglong,
+) -> CUresult {
+    crate::call("cuStreamGetCaptureInfo_ptsz", || {
+        let null = std::ptr::null_mut();
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe {
+            capture_info(
+                hs,
+                true,
+                status,
+                id,
+                null,
+                null.cast(),
+                null.cast(),
+                null.cast(),
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    hs: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut c_ulonglong,
+    graph_out: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    num_deps: *mut usize,
+) -> CUresult {
+    crate::call("cuStreamGetCaptureInfo_v2", || {
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe {
+            capture_info(
+                hs,
+                false,
+                status,
+                id,
+                graph_out,
+                deps,
+                std::ptr::null_mut(),
+                num_deps,
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
+    hs: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut c_ulonglong,
+    graph_out: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    num_deps: *mut usize,
+) -> CUresult {
+    crate::call("cuStreamGetCaptureInfo_v2_ptsz", || {
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe {
+            capture_info(
+                hs,
+                true,
+                status,
+                id,
+                graph_out,
+                deps,
+                std::ptr::null_mut(),
+                num_deps,
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    hs: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut c_ulonglong,
+    graph_out: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    crate::call("cuStreamGetCaptureInfo_v3", || {
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { capture_info(hs, false, status, id, graph_out, deps, edges, num_deps) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
+    hs: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    id: *mut c_ulonglong,
+    graph_out: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    crate::call("cuStreamGetCaptureInfo_v3_ptsz", || {
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { capture_info(hs, true, status, id, graph_out, deps, edges, num_deps) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: Option<&mut c_uint>) -> CUresult {
+    crate::call("cuThreadExchangeStreamCaptureMode", || {
+        let mode = crate::out(mode)?;
+        if *mode > CU_STREAM_CAPTURE_MODE_RELAXED {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        *mode = THREAD_MODE.with(|m| m.replace(*mode));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphCreate(pg: Option<&mut CUgraph>, flags: c_uint) -> CUresult {
+    crate::call("cuGraphCreate", || {
+        let pg = crate::out(pg)?;
+        if flags != 0 {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        *pg = register_graph(Arc::new(Graph::default()));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphDestroy(hg: CUgraph) -> CUresult {
+    crate::call("cuGraphDestroy", || {
+        lock(&GRAPHS)
+            .remove(&(hg as usize))
+            .map(drop)
+            .ok_or(CUerror::INVALID_HANDLE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode(
+    pn: Option<&mut CUgraphNode>,
+    hg: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    p: *const CUDA_KERNEL_NODE_PARAMS_v1,
+) -> CUresult {
+    crate::call("cuGraphAddKernelNode", || {
+        let pn = crate::out(pn)?;
+        let g = graph(hg)?;
+        if p.is_null() {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, a valid params struct per the API.
+        let p = unsafe { *p };
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { check_deps(&g, deps, num_deps) }?;
+        let shape = Shape {
+            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+            shared_mem: p.sharedMemBytes,
+        };
+        let params = Params {
+            kernel_params: p.kernelParams,
+            extra: p.extra,
+        };
+        // SAFETY: the node's parameters follow cuLaunchKernel's contract.
+        let kind = unsafe { kernel_node(p.func, shape, params, std::ptr::null_mut()) }?;
+        *pn = g.add(kind);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
+    pn: Option<&mut CUgraphNode>,
+    hg: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    p: *const CUDA_KERNEL_NODE_PARAMS_v2,
+) -> CUresult {
+    crate::call("cuGraphAddKernelNode_v2", || {
+        let pn = crate::out(pn)?;
+        let g = graph(hg)?;
+        if p.is_null() {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        // SAFETY: non-NULL, a valid params struct per the API.
+        let p = unsafe { *p };
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { check_deps(&g, deps, num_deps) }?;
+        let shape = Shape {
+            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+            shared_mem: p.sharedMemBytes,
+        };
+        let params = Params {
+            kernel_params: p.kernelParams,
+            extra: p.extra,
+        };
+        // `kern` is used only when `func` is NULL; a CUkernel is a function handle in simgpu.
+        let (f, ctx) = if p.func.is_null() {
+            (p.kern, p.ctx)
+        } else {
+            (p.func, std::ptr::null_mut())
+        };
+        // SAFETY: the node's parameters follow cuLaunchKernel's contract.
+        let kind = unsafe { kernel_node(f, shape, params, ctx) }?;
+        *pn = g.add(kind);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEmptyNode(
+    pn: Option<&mut CUgraphNode>,
+    hg: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+) -> CUresult {
+    crate::call("cuGraphAddEmptyNode", || {
+        let pn = crate::out(pn)?;
+        let g = graph(hg)?;
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { check_deps(&g, deps, num_deps) }?;
+        *pn = g.add(NodeKind::Empty);
+        Ok(())
+    })
+}
+
+/// `CUDA_HOST_NODE_PARAMS_v1`: `{ CUhostFn fn; void *userData; }`.
+#[repr(C)]
+pub struct HostNodeParams {
+    f: CUhostFn,
+    user_data: *mut c_void,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddHostNode(
+    pn: Option<&mut CUgraphNode>,
+    hg: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    p: *const HostNodeParams,
+) -> CUresult {
+    crate::call("cuGraphAddHostNode", || {
+        let pn = crate::out(pn)?;
+        let g = graph(hg)?;
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { check_deps(&g, deps, num_deps) }?;
+        // SAFETY: NULL or a valid params struct per the API.
+        let p = unsafe { p.as_ref() }.ok_or(CUerror::INVALID_VALUE)?;
+        let f = p.f.ok_or(CUerror::INVALID_VALUE)?;
+        *pn = g.add(NodeKind::Repeat(stream::host_fn_op(f, p.user_data)));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetNodes(
+    hg: CUgraph,
+    nodes: *mut CUgraphNode,
+    num: Option<&mut usize>,
+) -> CUresult {
+    crate::call("cuGraphGetNodes", || {
+        let num = crate::out(num)?;
+        let g = graph(hg)?;
+        let all = lock(&g.nodes);
+        if !nodes.is_null() {
+            for (i, n) in all.iter().take(*num).enumerate() {
+                // SAFETY: the client's array holds `*num` entries.
+                unsafe { *nodes.add(i) = Arc::as_ptr(n) as CUgraphNode };
+            }
+        }
+        *num = all.len();
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    pe: Option<&mut CUgraphExec>,
+    hg: CUgraph,
+    flags: c_ulonglong,
+) -> CUresult {
+    crate::call("cuGraphInstantiateWithFlags", || {
+        let pe = crate::out(pe)?;
+        let valid = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+            | CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH
+            | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+        if flags & !valid != 0 {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        *pe = instantiate(hg)?;
+        Ok(())
+    })
+}
+
+/// The 11.0 signature (exported `cuGraphInstantiate_v2`): error node and log buffer.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiate_v2(
+    pe: Option<&mut CUgraphExec>,
+    hg: CUgraph,
+    err_node: *mut CUgraphNode,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    crate::call("cuGraphInstantiate_v2", || {
+        let pe = crate::out(pe)?;
+        *pe = instantiate(hg)?;
+        // SAFETY: NULL or writable per the API.
+        if let Some(n) = unsafe { err_node.as_mut() } {
+            *n = std::ptr::null_mut();
+        }
+        if !log.is_null() && log_size > 0 {
+            // SAFETY: a buffer of `log_size` bytes per the API: an empty log.
+            unsafe { *log = 0 };
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiate(
+    pe: Option<&mut CUgraphExec>,
+    hg: CUgraph,
+    err_node: *mut CUgraphNode,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuGraphInstantiate_v2(pe, hg, err_node, log, log_size) }
+}
+
+fn instantiate_with_params(
+    pe: Option<&mut CUgraphExec>,
+    hg: CUgraph,
+    p: Option<&mut CUDA_GRAPH_INSTANTIATE_PARAMS>,
+    per_thread: bool,
+) -> CUresult {
+    let pe = crate::out(pe)?;
+    let p = crate::out(p)?;
+    let valid = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+        | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD
+        | CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH
+        | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+    p.hErrNode_out = std::ptr::null_mut();
+    p.result_out = CUDA_GRAPH_INSTANTIATE_ERROR;
+    if p.flags & !valid != 0 {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    if p.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0 {
+        stream::resolve(p.hUploadStream, per_thread)?;
+    }
+    *pe = instantiate(hg)?;
+    p.result_out = CUDA_GRAPH_INSTANTIATE_SUCCESS;
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    pe: Option<&mut CUgraphExec>,
+    hg: CUgraph,
+    p: Option<&mut CUDA_GRAPH_INSTANTIATE_PARAMS>,
+) -> CUresult {
+    crate::call("cuGraphInstantiateWithParams", || {
+        instantiate_with_params(pe, hg, p, false)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
+    pe: Option<&mut CUgraphExec>,
+    hg: CUgraph,
+    p: Option<&mut CUDA_GRAPH_INSTANTIATE_PARAMS>,
+) -> CUresult {
+    crate::call("cuGraphInstantiateWithParams_ptsz", || {
+        instantiate_with_params(pe, hg, p, true)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecDestroy(he: CUgraphExec) -> CUresult {
+    crate::call("cuGraphExecDestroy", || {
+        lock(&EXECS)
+            .remove(&(he as usize))
+            .map(drop)
+            .ok_or(CUerror::INVALID_HANDLE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphLaunch(he: CUgraphExec, hs: CUstream) -> CUresult {
+    crate::call("cuGraphLaunch", || graph_launch(he, hs, false))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphLaunch_ptsz(he: CUgraphExec, hs: CUstream) -> CUresult {
+    crate::call("cuGraphLaunch_ptsz", || graph_launch(he, hs, true))
+}
+
+/// Uploading is a no-op for simgpu (nothing to copy to a device): the handles are validated.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphUpload(he: CUgraphExec, hs: CUstream) -> CUresult {
+    crate::call("cuGraphUpload", || {
+        exec(he)?;
+        stream::resolve(hs, false).map(drop)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphUpload_ptsz(he: CUgraphExec, hs: CUstream) -> CUresult {
+    crate::call("cuGraphUpload_ptsz", || {
+        exec(he)?;
+        stream::resolve(hs, true).map(drop)
+    })
+}

@@ -1,1 +1,501 @@
-//! (simcuda-exec owns this file)
+//! Kernel launches and their execution on the shared device.
+//!
+//! A launch is validated, turned into a [`Kernel`] (whose duration is fixed at launch time: a kernel
+//! named `spin*` runs for as many microseconds as its first parameter says, any other costs
+//! `config().kernel_ns`), and enqueued on its stream; the call returns at once. Executing a kernel
+//! takes a turn on the device (FIFO across every process on the machine) and holds it for exactly the
+//! kernel's duration.
+
+use crate::module::{self, Function};
+use crate::stream::{self, Stream};
+use gpuslice_api::launch_types::*;
+use gpuslice_api::types::{CUfunction, CUstream};
+use gpuslice_api::{CUerror, CUresult};
+use std::ffi::{c_uint, c_void};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A validated launch, replayable (graphs launch it again and again).
+#[derive(Clone)]
+pub(crate) struct Kernel {
+    pub func: Arc<Function>,
+    pub device: u32,
+    pub duration: Duration,
+}
+
+impl Kernel {
+    /// Runs the kernel on the device: waits for a turn, holds it for the kernel's duration.
+    pub fn execute(&self) {
+        simgpu_core::trace(format_args!(
+            "kernel {} {}us",
+            self.func.name(),
+            self.duration.as_micros()
+        ));
+        match simgpu_core::shared() {
+            Ok(shared) => {
+                let turn = shared.acquire_device(self.device);
+                wait_precisely(self.duration);
+                drop(turn);
+            }
+            Err(e) => {
+                simgpu_core::trace(format_args!(
+                    "no shared state ({e}): kernel runs unaccounted"
+                ));
+                wait_precisely(self.duration);
+            }
+        }
+    }
+}
+
+/// Waits `d` from now: sleeps until shortly before the end, then spins on the monotonic clock, so the
+/// device's busy time matches the kernel's duration to a few microseconds.
+pub(crate) fn wait_precisely(d: Duration) {
+    const SPIN: Duration = Duration::from_micros(60);
+    let end = Instant::now() + d;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        let left = end - now;
+        if left > SPIN {
+            std::thread::sleep(left - SPIN);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Whether a kernel's name says it is a spin kernel: `spin...`, or a C++ mangled `_Z<n>spin...`.
+fn is_spin(name: &str) -> bool {
+    if name.starts_with("spin") {
+        return true;
+    }
+    name.strip_prefix("_Z")
+        .map(|r| r.trim_start_matches(|c: char| c.is_ascii_digit()))
+        .is_some_and(|r| r.starts_with("spin"))
+}
+
+/// The launch's parameters, as the client passed them.
+#[derive(Clone, Copy)]
+pub(crate) struct Params {
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+
+/// The first 8 bytes of the first kernel parameter, read now (the client may reuse the memory).
+///
+/// # Safety
+/// `p` follows cuLaunchKernel's contract: `kernel_params` is NULL or an array whose first entry
+/// points to the first parameter; `extra` is NULL or a `CU_LAUNCH_PARAM_END`-terminated list of
+/// (key, value) pairs whose `CU_LAUNCH_PARAM_BUFFER_POINTER` points to the packed parameters.
+unsafe fn first_param_u64(p: Params, buffer_size: Option<usize>) -> Option<u64> {
+    if !p.kernel_params.is_null() {
+        // SAFETY: per the contract, a non-NULL array whose entry 0 points to parameter 0; a spin
+        // kernel's parameter 0 is a u64 (read unaligned: the client's storage may not be aligned).
+        return unsafe {
+            let first = *p.kernel_params;
+            (!first.is_null()).then(|| (first as *const u64).read_unaligned())
+        };
+    }
+    if !p.extra.is_null() {
+        let mut i = 0;
+        loop {
+            // SAFETY: the list is terminated by CU_LAUNCH_PARAM_END, and keys come in pairs.
+            let key = unsafe { *p.extra.add(i) } as usize;
+            if key == CU_LAUNCH_PARAM_END {
+                return None;
+            }
+            if key == CU_LAUNCH_PARAM_BUFFER_POINTER {
+                // SAFETY: the value after the BUFFER_POINTER key points to the packed parameters.
+                let buf = unsafe { *p.extra.add(i + 1) };
+                if buf.is_null() || buffer_size.is_some_and(|n| n < 8) {
+                    return None;
+                }
+                // SAFETY: the buffer holds at least the first (8-byte) parameter.
+                return Some(unsafe { (buf as *const u64).read_unaligned() });
+            }
+            i += 2;
+        }
+    }
+    None
+}
+
+/// `CU_LAUNCH_PARAM_BUFFER_SIZE`'s value, if given.
+///
+/// # Safety
+/// As [`first_param_u64`].
+unsafe fn extra_buffer_size(extra: *mut *mut c_void) -> Option<usize> {
+    if extra.is_null() {
+        return None;
+    }
+    let mut i = 0;
+    loop {
+        // SAFETY: CU_LAUNCH_PARAM_END-terminated (key, value) pairs per the contract.
+        let key = unsafe { *extra.add(i) } as usize;
+        if key == CU_LAUNCH_PARAM_END {
+            return None;
+        }
+        if key == CU_LAUNCH_PARAM_BUFFER_SIZE {
+            // SAFETY: the value after the BUFFER_SIZE key points to a size_t.
+            return unsafe {
+                let v = *extra.add(i + 1);
+                (!v.is_null()).then(|| *(v as *const usize))
+            };
+        }
+        i += 2;
+    }
+}
+
+/// Grid and block shape of a launch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+}
+
+/// Validates a launch and computes its kernel (duration read from the parameters now).
+///
+/// # Safety
+/// `params` follows cuLaunchKernel's contract (see [`first_param_u64`]).
+pub(crate) unsafe fn prepare(
+    f: CUfunction,
+    shape: Shape,
+    params: Params,
+    device: u32,
+) -> Result<Kernel, CUerror> {
+    if f.is_null() {
+        return Err(CUerror::INVALID_HANDLE);
+    }
+    let func = module::function(f)?;
+    let [gx, gy, gz] = shape.grid;
+    let [bx, by, bz] = shape.block;
+    if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 || bx > 1024 || by > 1024 || bz > 64 {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    if u64::from(bx) * u64::from(by) * u64::from(bz) > 1024 {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    if shape.shared_mem > func.max_dynamic_shared() {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    if !params.kernel_params.is_null() && !params.extra.is_null() {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    let duration = if is_spin(func.name()) {
+        // SAFETY: forwarded contract.
+        let size = unsafe { extra_buffer_size(params.extra) };
+        // SAFETY: forwarded contract.
+        match unsafe { first_param_u64(params, size) } {
+            Some(us) => Duration::from_micros(us),
+            None => Duration::from_nanos(simgpu_core::config().kernel_ns),
+        }
+    } else {
+        Duration::from_nanos(simgpu_core::config().kernel_ns)
+    };
+    Ok(Kernel {
+        func,
+        device,
+        duration,
+    })
+}
+
+/// Enqueues `k` on `s` (or records it if `s` is capturing).
+pub(crate) fn submit(s: &Arc<Stream>, k: Kernel) -> CUresult {
+    if let Some(c) = s.capture() {
+        return c.add(crate::graph::NodeKind::Kernel(k));
+    }
+    stream::submit(s, Vec::new(), Box::new(move || k.execute())).map(drop)
+}
+
+/// cuLaunchKernel and its variants.
+///
+/// # Safety
+/// `params` follows cuLaunchKernel's contract.
+unsafe fn launch(
+    f: CUfunction,
+    shape: Shape,
+    hs: CUstream,
+    per_thread: bool,
+    params: Params,
+) -> CUresult {
+    let s = stream::resolve(hs, per_thread)?;
+    // The real driver launches into the current context; a stream of another context is refused.
+    let ctx = crate::context::current()?;
+    if s.device() != ctx.device {
+        return Err(CUerror::INVALID_HANDLE);
+    }
+    // SAFETY: forwarded contract.
+    let k = unsafe { prepare(f, shape, params, s.device()) }?;
+    submit(&s, k)
+}
+
+/// cuLaunchKernelEx: the config's shape and stream; attributes are accepted (cooperative, priority,
+/// ... change nothing on a device that runs one kernel at a time).
+///
+/// # Safety
+/// `config` is NULL or a valid `CUlaunchConfig` whose `attrs` holds `numAttrs` entries.
+unsafe fn launch_ex(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: Params,
+    per_thread: bool,
+) -> CUresult {
+    if config.is_null() {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    // SAFETY: non-NULL and valid per the contract.
+    let c = unsafe { *config };
+    if c.numAttrs > 0 && c.attrs.is_null() {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    let shape = Shape {
+        grid: [c.gridDimX, c.gridDimY, c.gridDimZ],
+        block: [c.blockDimX, c.blockDimY, c.blockDimZ],
+        shared_mem: c.sharedMemBytes,
+    };
+    // SAFETY: forwarded contract.
+    unsafe { launch(f, shape, c.hStream, per_thread, params) }
+}
+
+// ---- exports ----
+
+macro_rules! shape {
+    ($gx:expr, $gy:expr, $gz:expr, $bx:expr, $by:expr, $bz:expr, $sm:expr) => {
+        Shape {
+            grid: [$gx, $gy, $gz],
+            block: [$bx, $by, $bz],
+            shared_mem: $sm,
+        }
+    };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared_mem: c_uint,
+    hs: CUstream,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    crate::call("cuLaunchKernel", || {
+        // SAFETY: the client's arguments follow cuLaunchKernel's contract.
+        unsafe {
+            launch(
+                f,
+                shape!(gx, gy, gz, bx, by, bz, shared_mem),
+                hs,
+                false,
+                Params {
+                    kernel_params,
+                    extra,
+                },
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernel_ptsz(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared_mem: c_uint,
+    hs: CUstream,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    crate::call("cuLaunchKernel_ptsz", || {
+        // SAFETY: the client's arguments follow cuLaunchKernel's contract.
+        unsafe {
+            launch(
+                f,
+                shape!(gx, gy, gz, bx, by, bz, shared_mem),
+                hs,
+                true,
+                Params {
+                    kernel_params,
+                    extra,
+                },
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared_mem: c_uint,
+    hs: CUstream,
+    kernel_params: *mut *mut c_void,
+) -> CUresult {
+    crate::call("cuLaunchCooperativeKernel", || {
+        let params = Params {
+            kernel_params,
+            extra: std::ptr::null_mut(),
+        };
+        // SAFETY: the client's arguments follow cuLaunchCooperativeKernel's contract.
+        unsafe {
+            launch(
+                f,
+                shape!(gx, gy, gz, bx, by, bz, shared_mem),
+                hs,
+                false,
+                params,
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared_mem: c_uint,
+    hs: CUstream,
+    kernel_params: *mut *mut c_void,
+) -> CUresult {
+    crate::call("cuLaunchCooperativeKernel_ptsz", || {
+        let params = Params {
+            kernel_params,
+            extra: std::ptr::null_mut(),
+        };
+        // SAFETY: the client's arguments follow cuLaunchCooperativeKernel's contract.
+        unsafe {
+            launch(
+                f,
+                shape!(gx, gy, gz, bx, by, bz, shared_mem),
+                hs,
+                true,
+                params,
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    crate::call("cuLaunchKernelEx", || {
+        // SAFETY: the client's arguments follow cuLaunchKernelEx's contract.
+        unsafe {
+            launch_ex(
+                config,
+                f,
+                Params {
+                    kernel_params,
+                    extra,
+                },
+                false,
+            )
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    crate::call("cuLaunchKernelEx_ptsz", || {
+        // SAFETY: the client's arguments follow cuLaunchKernelEx's contract.
+        unsafe {
+            launch_ex(
+                config,
+                f,
+                Params {
+                    kernel_params,
+                    extra,
+                },
+                true,
+            )
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_kernels_are_recognised_by_name() {
+        assert!(is_spin("spin"));
+        assert!(is_spin("spin_kernel"));
+        assert!(is_spin("_Z11spin_kernely"));
+        assert!(!is_spin("vecAdd"));
+        assert!(!is_spin("_Z6vecAddPfS_S_i"));
+    }
+
+    #[test]
+    fn first_parameter_from_kernel_params_or_extra() {
+        let mut us: u64 = 1234;
+        let mut args = [&mut us as *mut u64 as *mut c_void];
+        let p = Params {
+            kernel_params: args.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+        };
+        // SAFETY: a valid one-entry parameter array.
+        assert_eq!(unsafe { first_param_u64(p, None) }, Some(1234));
+
+        let mut buf: [u8; 16] = [0; 16];
+        buf[..8].copy_from_slice(&777u64.to_ne_bytes());
+        let mut size: usize = buf.len();
+        let mut extra = [
+            CU_LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
+            buf.as_mut_ptr().cast(),
+            CU_LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
+            (&mut size as *mut usize).cast(),
+            CU_LAUNCH_PARAM_END as *mut c_void,
+        ];
+        let p = Params {
+            kernel_params: std::ptr::null_mut(),
+            extra: extra.as_mut_ptr(),
+        };
+        // SAFETY: a valid, terminated `extra` list.
+        let size = unsafe { extra_buffer_size(p.extra) };
+        assert_eq!(size, Some(16));
+        // SAFETY: as above.
+        assert_eq!(unsafe { first_param_u64(p, size) }, Some(777));
+    }
+
+    #[test]
+    fn waits_are_precise() {
+        for us in [50u64, 300, 2000] {
+            let t = Instant::now();
+            wait_precisely(Duration::from_micros(us));
+            let took = t.elapsed();
+            assert!(took >= Duration::from_micros(us), "{us} us took {took:?}");
+        }
+    }
+}

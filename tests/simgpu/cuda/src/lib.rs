@@ -33,7 +33,13 @@ mod graph;
 
 mod exports {
     #![allow(non_upper_case_globals)]
+    // Hand-written exports live in the modules; the generated table names them unqualified.
     use super::Export;
+    #[allow(unused_imports)]
+    use super::{
+        context::*, copy::*, device::*, entry::*, event::*, graph::*, launch::*, memory::*,
+        module::*, stream::*,
+    };
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
 
@@ -57,6 +63,12 @@ pub(crate) fn not_supported(name: &'static str) -> u32 {
         eprintln!("simgpu: {name} is not simulated; returning CUDA_ERROR_NOT_SUPPORTED");
     }
     cu_code(Err(CUerror::NOT_SUPPORTED))
+}
+
+/// An output parameter (`Option<&mut T>` is ABI-identical to `T*`): `CUDA_ERROR_INVALID_VALUE` when
+/// the client passed NULL, as the real driver answers.
+pub(crate) fn out<T>(p: Option<&mut T>) -> Result<&mut T, CUerror> {
+    p.ok_or(CUerror::INVALID_VALUE)
 }
 
 /// Address of an exported driver function (for cuGetProcAddress).

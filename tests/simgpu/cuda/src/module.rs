@@ -1,1 +1,474 @@
-//! (simcuda-exec owns this file)
+//! Modules, libraries, functions and kernels. simgpu runs no code: a module accepts any image, and
+//! yields a function for any name; the function remembers its name, which decides how the simulated
+//! kernel behaves (see `launch.rs`). A `CUkernel` is the same object as the `CUfunction` of its
+//! library's module, so either handle works wherever the real driver accepts both.
+
+use crate::stream::lock;
+use gpuslice_api::launch_types::*;
+use gpuslice_api::types::{CUdeviceptr, CUfunction, CUkernel, CUlibrary, CUmodule};
+use gpuslice_api::{CUerror, CUresult};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Default dynamic shared memory limit per block, and the opt-in maximum of the simulated
+/// compute capability 8.0 device.
+pub const DEFAULT_MAX_DYNAMIC_SHARED: i32 = 48 * 1024;
+pub const OPTIN_MAX_SHARED: i32 = 163 * 1024;
+
+pub struct Module {
+    functions: Mutex<HashMap<String, Arc<Function>>>,
+}
+
+pub struct Function {
+    name: CString,
+    module: Weak<Module>,
+    /// Attributes set with cuFuncSetAttribute, by attribute number.
+    attrs: Mutex<[Option<i32>; CU_FUNC_ATTRIBUTE_MAX as usize]>,
+}
+
+impl Function {
+    pub fn name(&self) -> &str {
+        self.name.to_str().unwrap_or("")
+    }
+    /// `cuFuncGetAttribute` (values plausible for a small kernel on a compute capability 8.0 device).
+    pub fn attribute(&self, attr: u32) -> Result<i32, CUerror> {
+        if let Some(Some(v)) = lock(&self.attrs).get(attr as usize) {
+            return Ok(*v);
+        }
+        Ok(match attr {
+            CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
+            CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+            | CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES
+            | CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES => 0,
+            CU_FUNC_ATTRIBUTE_NUM_REGS => 16,
+            CU_FUNC_ATTRIBUTE_PTX_VERSION | CU_FUNC_ATTRIBUTE_BINARY_VERSION => 80,
+            CU_FUNC_ATTRIBUTE_CACHE_MODE_CA => 0,
+            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => DEFAULT_MAX_DYNAMIC_SHARED,
+            CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT => -1,
+            CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET
+                ..=CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE => 0,
+            _ => return Err(CUerror::INVALID_VALUE),
+        })
+    }
+    fn set_attribute(&self, attr: u32, value: i32) -> CUresult {
+        let ok = match attr {
+            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+                (0..=OPTIN_MAX_SHARED).contains(&value)
+            }
+            CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT => (-1..=100).contains(&value),
+            CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH
+                ..=CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE => value >= 0,
+            _ => false,
+        };
+        if !ok {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        lock(&self.attrs)[attr as usize] = Some(value);
+        Ok(())
+    }
+    /// The largest dynamic shared memory a launch of this function may ask for.
+    pub fn max_dynamic_shared(&self) -> u32 {
+        self.attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            .unwrap_or(DEFAULT_MAX_DYNAMIC_SHARED) as u32
+    }
+}
+
+pub struct Library {
+    module: Arc<Module>,
+}
+
+static MODULES: Mutex<BTreeMap<usize, Arc<Module>>> = Mutex::new(BTreeMap::new());
+static FUNCTIONS: Mutex<BTreeMap<usize, Arc<Function>>> = Mutex::new(BTreeMap::new());
+static LIBRARIES: Mutex<BTreeMap<usize, Arc<Library>>> = Mutex::new(BTreeMap::new());
+
+/// The function (or kernel) a client handle names.
+pub fn function(h: CUfunction) -> Result<Arc<Function>, CUerror> {
+    lock(&FUNCTIONS)
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUerror::INVALID_HANDLE)
+}
+
+fn module(h: CUmodule) -> Result<Arc<Module>, CUerror> {
+    lock(&MODULES)
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUerror::INVALID_HANDLE)
+}
+
+fn library(h: CUlibrary) -> Result<Arc<Library>, CUerror> {
+    lock(&LIBRARIES)
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUerror::INVALID_HANDLE)
+}
+
+fn new_module() -> Arc<Module> {
+    let m = Arc::new(Module {
+        functions: Mutex::new(HashMap::new()),
+    });
+    lock(&MODULES).insert(Arc::as_ptr(&m) as usize, m.clone());
+    m
+}
+
+fn unload_module(m: &Arc<Module>) {
+    lock(&MODULES).remove(&(Arc::as_ptr(m) as usize));
+    let mut fns = lock(&FUNCTIONS);
+    for f in lock(&m.functions).values() {
+        fns.remove(&(Arc::as_ptr(f) as usize));
+    }
+}
+
+/// The module's function `name`: the same handle every time it is asked for.
+fn get_function(m: &Arc<Module>, name: &str) -> CUfunction {
+    let mut fns = lock(&m.functions);
+    let f = fns.entry(name.to_owned()).or_insert_with(|| {
+        let f = Arc::new(Function {
+            name: CString::new(name).unwrap_or_default(),
+            module: Arc::downgrade(m),
+            attrs: Mutex::new([None; CU_FUNC_ATTRIBUTE_MAX as usize]),
+        });
+        lock(&FUNCTIONS).insert(Arc::as_ptr(&f) as usize, f.clone());
+        f
+    });
+    Arc::as_ptr(f) as CUfunction
+}
+
+/// A C string argument (NULL is `CUDA_ERROR_INVALID_VALUE`).
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string valid for the call.
+unsafe fn c_str<'a>(p: *const c_char) -> Result<&'a str, CUerror> {
+    if p.is_null() {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    // SAFETY: non-NULL, and NUL-terminated per the caller's contract.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| CUerror::INVALID_VALUE)
+}
+
+/// Every module load needs a current context, like the real driver.
+fn load(image: *const c_void) -> Result<CUmodule, CUerror> {
+    crate::context::current()?;
+    if image.is_null() {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    Ok(Arc::as_ptr(&new_module()) as CUmodule)
+}
+
+fn check_readable(path: &str) -> CUresult {
+    match std::fs::File::open(path) {
+        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => Ok(()),
+        _ => Err(CUerror::FILE_NOT_FOUND),
+    }
+}
+
+fn new_library() -> CUlibrary {
+    let lib = Arc::new(Library {
+        module: new_module(),
+    });
+    let h = Arc::as_ptr(&lib) as usize;
+    lock(&LIBRARIES).insert(h, lib);
+    h as CUlibrary
+}
+
+/// A `const char*` that stays valid as long as the function: the name the client gave.
+fn name_ptr(f: &Arc<Function>) -> *const c_char {
+    f.name.as_ptr()
+}
+
+// ---- exports ----
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoad(pm: Option<&mut CUmodule>, fname: *const c_char) -> CUresult {
+    crate::call("cuModuleLoad", || {
+        let pm = crate::out(pm)?;
+        crate::context::current()?;
+        // SAFETY: `fname` is a C string per the API.
+        check_readable(unsafe { c_str(fname) }?)?;
+        *pm = Arc::as_ptr(&new_module()) as CUmodule;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadData(
+    pm: Option<&mut CUmodule>,
+    image: *const c_void,
+) -> CUresult {
+    crate::call("cuModuleLoadData", || {
+        let pm = crate::out(pm)?;
+        *pm = load(image)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    pm: Option<&mut CUmodule>,
+    image: *const c_void,
+    _num_options: c_uint,
+    _options: *mut c_int,
+    _values: *mut *mut c_void,
+) -> CUresult {
+    crate::call("cuModuleLoadDataEx", || {
+        let pm = crate::out(pm)?;
+        *pm = load(image)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(
+    pm: Option<&mut CUmodule>,
+    image: *const c_void,
+) -> CUresult {
+    crate::call("cuModuleLoadFatBinary", || {
+        let pm = crate::out(pm)?;
+        *pm = load(image)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleUnload(h: CUmodule) -> CUresult {
+    crate::call("cuModuleUnload", || {
+        let m = module(h)?;
+        unload_module(&m);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    pf: Option<&mut CUfunction>,
+    h: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    crate::call("cuModuleGetFunction", || {
+        let pf = crate::out(pf)?;
+        let m = module(h)?;
+        // SAFETY: `name` is a C string per the API.
+        let name = unsafe { c_str(name) }?;
+        *pf = get_function(&m, name);
+        Ok(())
+    })
+}
+
+/// simgpu has no module globals: every name is "not found", which the real driver answers for a
+/// name the module does not define.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    _dptr: *mut CUdeviceptr,
+    _bytes: *mut usize,
+    h: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    crate::call("cuModuleGetGlobal_v2", || {
+        module(h)?;
+        // SAFETY: `name` is a C string per the API.
+        unsafe { c_str(name) }?;
+        Err(CUerror::NOT_FOUND)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetModule(pm: Option<&mut CUmodule>, f: CUfunction) -> CUresult {
+    crate::call("cuFuncGetModule", || {
+        let pm = crate::out(pm)?;
+        let m = function(f)?
+            .module
+            .upgrade()
+            .ok_or(CUerror::INVALID_HANDLE)?;
+        *pm = Arc::as_ptr(&m) as CUmodule;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    pl: Option<&mut CUlibrary>,
+    code: *const c_void,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _num_jit: c_uint,
+    _lib_options: *mut c_int,
+    _lib_values: *mut *mut c_void,
+    _num_lib: c_uint,
+) -> CUresult {
+    crate::call("cuLibraryLoadData", || {
+        let pl = crate::out(pl)?;
+        if code.is_null() {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        // Libraries are context-independent: no current context needed.
+        *pl = new_library();
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadFromFile(
+    pl: Option<&mut CUlibrary>,
+    fname: *const c_char,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _num_jit: c_uint,
+    _lib_options: *mut c_int,
+    _lib_values: *mut *mut c_void,
+    _num_lib: c_uint,
+) -> CUresult {
+    crate::call("cuLibraryLoadFromFile", || {
+        let pl = crate::out(pl)?;
+        // SAFETY: `fname` is a C string per the API.
+        check_readable(unsafe { c_str(fname) }?)?;
+        *pl = new_library();
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryUnload(h: CUlibrary) -> CUresult {
+    crate::call("cuLibraryUnload", || {
+        let lib = lock(&LIBRARIES)
+            .remove(&(h as usize))
+            .ok_or(CUerror::INVALID_HANDLE)?;
+        unload_module(&lib.module);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    pk: Option<&mut CUkernel>,
+    h: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    crate::call("cuLibraryGetKernel", || {
+        let pk = crate::out(pk)?;
+        let lib = library(h)?;
+        // SAFETY: `name` is a C string per the API.
+        let name = unsafe { c_str(name) }?;
+        *pk = get_function(&lib.module, name) as CUkernel;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetModule(pm: Option<&mut CUmodule>, h: CUlibrary) -> CUresult {
+    crate::call("cuLibraryGetModule", || {
+        let pm = crate::out(pm)?;
+        *pm = Arc::as_ptr(&library(h)?.module) as CUmodule;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetFunction(pf: Option<&mut CUfunction>, k: CUkernel) -> CUresult {
+    crate::call("cuKernelGetFunction", || {
+        let pf = crate::out(pf)?;
+        crate::context::current()?;
+        let f = function(k as CUfunction)?;
+        *pf = Arc::as_ptr(&f) as CUfunction;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetName(
+    name: Option<&mut *const c_char>,
+    k: CUkernel,
+) -> CUresult {
+    crate::call("cuKernelGetName", || {
+        let name = crate::out(name)?;
+        *name = name_ptr(&function(k as CUfunction)?);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetName(
+    name: Option<&mut *const c_char>,
+    f: CUfunction,
+) -> CUresult {
+    crate::call("cuFuncGetName", || {
+        let name = crate::out(name)?;
+        *name = name_ptr(&function(f)?);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    pi: Option<&mut c_int>,
+    attr: c_int,
+    f: CUfunction,
+) -> CUresult {
+    crate::call("cuFuncGetAttribute", || {
+        let pi = crate::out(pi)?;
+        *pi = function(f)?.attribute(attr as u32)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncSetAttribute(f: CUfunction, attr: c_int, value: c_int) -> CUresult {
+    crate::call("cuFuncSetAttribute", || {
+        function(f)?.set_attribute(attr as u32, value)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    pi: Option<&mut c_int>,
+    attr: c_int,
+    k: CUkernel,
+    _dev: c_int,
+) -> CUresult {
+    crate::call("cuKernelGetAttribute", || {
+        let pi = crate::out(pi)?;
+        *pi = function(k as CUfunction)?.attribute(attr as u32)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelSetAttribute(
+    attr: c_int,
+    value: c_int,
+    k: CUkernel,
+    _dev: c_int,
+) -> CUresult {
+    crate::call("cuKernelSetAttribute", || {
+        function(k as CUfunction)?.set_attribute(attr as u32, value)
+    })
+}
+
+/// The cache preference (`CUfunc_cache`: 0..=3) is only a hint: validated, not stored.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncSetCacheConfig(f: CUfunction, config: c_int) -> CUresult {
+    crate::call("cuFuncSetCacheConfig", || {
+        function(f)?;
+        if !(0..=3).contains(&config) {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelSetCacheConfig(
+    k: CUkernel,
+    config: c_int,
+    _dev: c_int,
+) -> CUresult {
+    crate::call("cuKernelSetCacheConfig", || {
+        function(k as CUfunction)?;
+        if !(0..=3).contains(&config) {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# A Python venv at target/venv with NVIDIA's own Python clients of the driver, used by the integration
+# tests as real-world judges of simgpu:
+#   cuda-bindings 12.9.x: resolves every driver entry point through cuGetProcAddress. The 12.9 line is
+#     the newest built for CUDA 12 drivers (13.x requires a CUDA 13 driver); simgpu reports 12080 (12.8),
+#     and 12.9 bindings run on any 12.x driver (entry points newer than the driver are simply absent).
+#   nvidia-ml-py: pynvml, NVIDIA's NVML bindings (ctypes over libnvidia-ml.so.1).
+# Idempotent: a stamp file naming the requirements makes a second run instant.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV=${1:-"$ROOT/target/venv"}
+REQS=("cuda-bindings==12.9.*" "nvidia-ml-py")
+STAMP="$VENV/.gpuslice-stamp"
+want="${REQS[*]}"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  exit 0
+fi
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  # Debian's system python splits venv/ensurepip out into python3-venv.
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+fi
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQS[@]}"
+echo "$want" > "$STAMP"

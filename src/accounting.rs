@@ -1,0 +1,475 @@
+//! The tenant's memory accounting in this process: which device a call concerns, the charge it
+//! reserves in the ledger before the driver is called, and the record that returns it on free.
+//!
+//! Every charge follows reserve -> call the driver -> commit (record it) or roll back (release it), so
+//! any number of threads and processes allocating at once never pass the limit together. Only what was
+//! charged is ever released: a free of memory the shim never counted (allocated before it was active, or
+//! through a path it cannot size) leaves the ledger alone.
+
+use crate::config::{self, Config, Limit};
+use crate::ledger::{Ledger, LedgerOptions, QuotaExceeded, UNLIMITED};
+use crate::log;
+use gpuslice_api::types::{CUcontext, CUdevice};
+use gpuslice_api::{CUerror, CUresult};
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+
+/// What the shim does in this process.
+pub enum Mode {
+    /// Nothing is configured anywhere and there is no ledger to join: every call is the driver's own.
+    Transparent,
+    /// Quotas apply.
+    Enforcing(Tenant),
+}
+
+static MODE: OnceLock<Mode> = OnceLock::new();
+
+/// The process's mode, decided once (configuration, quota file, ledger).
+pub fn mode() -> &'static Mode {
+    MODE.get_or_init(|| {
+        let config = config::load();
+        log::set_level(crate::log_level(config.log_level));
+        for note in &config.notes {
+            log::info(format_args!("{note}"));
+        }
+        for error in &config.errors {
+            log::error(format_args!("{error}; allocations on the devices it concerns are refused"));
+        }
+        if !config.is_configured() && !config.ledger_path.exists() {
+            return Mode::Transparent;
+        }
+        Mode::Enforcing(Tenant::new(config))
+    })
+}
+
+/// The tenant, when quotas apply.
+#[inline]
+pub fn tenant() -> Option<&'static Tenant> {
+    match mode() {
+        Mode::Enforcing(t) => Some(t),
+        Mode::Transparent => None,
+    }
+}
+
+/// Where a charge was made: a device of the ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Charge {
+    pub device: usize,
+    pub bytes: u64,
+}
+
+/// A physical VMM allocation: returned to the quota when released *and* unmapped everywhere.
+struct Physical {
+    charge: Charge,
+    released: bool,
+    mappings: u32,
+}
+
+#[derive(Default)]
+struct Records {
+    /// Device pointer -> charge (cuMemAlloc*, pitch, managed, stream-ordered).
+    allocations: HashMap<u64, Charge>,
+    /// Array / mipmapped array handle -> charge.
+    arrays: HashMap<usize, Charge>,
+    /// VMM generic allocation handle -> physical allocation.
+    physical: HashMap<u64, Physical>,
+    /// Mapped VA start -> (size, handle).
+    mappings: BTreeMap<u64, (u64, u64)>,
+    /// Memory pool -> bytes of it charged (its reserved size as last read from the driver).
+    pools: HashMap<usize, Charge>,
+    /// Created context -> charge.
+    contexts: HashMap<usize, Charge>,
+    /// Device ordinal -> (primary context references, charge).
+    primary: HashMap<CUdevice, (u32, Charge)>,
+}
+
+/// One device as this process sees it.
+#[derive(Clone, Debug)]
+pub struct Device {
+    pub ordinal: CUdevice,
+    pub uuid: String,
+    /// Ledger index, or why allocations on this device are refused.
+    pub slot: Result<usize, String>,
+}
+
+pub struct Tenant {
+    pub config: Config,
+    /// Opened on first use, when the process's devices are known (a creator records their limits).
+    ledger: OnceLock<Result<Ledger, String>>,
+    devices: Mutex<HashMap<CUdevice, Device>>,
+    records: Mutex<Records>,
+    /// Bytes charged per context.
+    pub context_reserve: u64,
+}
+
+/// Bytes charged per CUDA context when `GPUSLICE_CONTEXT_RESERVE` is not set: about what a CUDA 12
+/// context costs on a current data-centre GPU.
+pub const DEFAULT_CONTEXT_RESERVE: u64 = 512 << 20;
+
+thread_local! {
+    /// The last (context, device ordinal) this thread resolved: allocations repeat on one context.
+    static LAST_CONTEXT: Cell<(usize, CUdevice)> = const { Cell::new((0, -1)) };
+}
+
+impl Tenant {
+    fn new(config: Config) -> Tenant {
+        let context_reserve = if config.context_reserve == 0 { DEFAULT_CONTEXT_RESERVE } else { config.context_reserve };
+        Tenant {
+            config,
+            ledger: OnceLock::new(),
+            devices: Mutex::new(HashMap::new()),
+            records: Mutex::new(Records::default()),
+            context_reserve,
+        }
+    }
+
+    /// The tenant's ledger, joined (or created) on first use.
+    pub fn ledger(&self) -> Result<&Ledger, &str> {
+        self.ledger
+            .get_or_init(|| {
+                let visible = crate::hooks::calls::visible_devices();
+                let options = LedgerOptions::from_config(&self.config, &visible);
+                Ledger::open(&self.config.ledger_path, &options).map_err(|e| {
+                    log::error(format_args!("{e}; every allocation is refused until this is fixed"));
+                    e.to_string()
+                })
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    /// The ledger if this process has joined it, or if it exists (never created from here).
+    fn existing_ledger(&self) -> Option<&Ledger> {
+        if self.ledger.get().is_none() && !self.config.ledger_path.exists() {
+            return None;
+        }
+        self.ledger().ok()
+    }
+
+    /// (used, limit) of the device with this UUID, when it has a limit.
+    pub fn usage_by_uuid(&self, uuid: &str) -> Option<(u64, u64)> {
+        let ledger = self.existing_ledger()?;
+        let dev = ledger.device_index(uuid)?;
+        let limit = ledger.limit(dev);
+        (limit != UNLIMITED).then(|| (ledger.used(dev), limit))
+    }
+
+    /// The device of the calling thread's current context.
+    pub fn current_device(&self) -> Result<Device, CUerror> {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-parameter.
+        unsafe { crate::hooks::calls::real::cuCtxGetCurrent(&mut ctx) }?;
+        if ctx.is_null() {
+            return Err(CUerror::INVALID_CONTEXT);
+        }
+        let (last_ctx, last_ordinal) = LAST_CONTEXT.with(Cell::get);
+        let ordinal = if last_ctx == ctx as usize {
+            last_ordinal
+        } else {
+            let mut ordinal: CUdevice = -1;
+            // SAFETY: `ordinal` is a valid out-parameter.
+            unsafe { crate::hooks::calls::real::cuCtxGetDevice(&mut ordinal) }?;
+            LAST_CONTEXT.with(|c| c.set((ctx as usize, ordinal)));
+            ordinal
+        };
+        self.device(ordinal)
+    }
+
+    /// A device by ordinal (in this process's visible order): its UUID and ledger slot.
+    pub fn device(&self, ordinal: CUdevice) -> Result<Device, CUerror> {
+        if let Some(d) = self.devices.lock().get(&ordinal) {
+            return Ok(d.clone());
+        }
+        let uuid = crate::hooks::calls::device_uuid(ordinal)?;
+        let slot = self.resolve_slot(ordinal, &uuid);
+        if let Err(why) = &slot {
+            log::error(format_args!("device {ordinal} ({uuid}): {why}; allocations there are refused"));
+        }
+        let device = Device { ordinal, uuid, slot };
+        self.devices.lock().insert(ordinal, device.clone());
+        Ok(device)
+    }
+
+    fn resolve_slot(&self, ordinal: CUdevice, uuid: &str) -> Result<usize, String> {
+        if let Limit::Invalid(why) = self.config.memory_limit_for(ordinal as u32, uuid) {
+            return Err(why);
+        }
+        let ledger = self.ledger().map_err(str::to_owned)?;
+        ledger
+            .device_index(uuid)
+            .ok_or_else(|| format!("the ledger {} has no room for this device", ledger.path().display()))
+    }
+
+    /// Reserves `bytes` on `device` before the driver is asked for them.
+    pub fn reserve(&self, device: &Device, bytes: u64, what: &str) -> Result<Charge, CUerror> {
+        let slot = match &device.slot {
+            Ok(slot) => *slot,
+            Err(why) => {
+                log::warn(format_args!(
+                    "tenant {}: {what} of {} on {} (device {}) refused: {why}",
+                    self.config.tenant,
+                    config::format_bytes(bytes),
+                    device.uuid,
+                    device.ordinal
+                ));
+                return Err(CUerror::OUT_OF_MEMORY);
+            }
+        };
+        let ledger = self.ledger().map_err(|_| CUerror::OUT_OF_MEMORY)?;
+        let mut attempt = ledger.try_reserve(slot, bytes);
+        if attempt.is_err() && self.has_pools() {
+            // Memory pools may hold less than was charged for them since the last look.
+            self.settle_pools();
+            attempt = ledger.try_reserve(slot, bytes);
+        }
+        match attempt {
+            Ok(()) => Ok(Charge { device: slot, bytes }),
+            Err(QuotaExceeded { requested, used, limit }) => {
+                log::warn(format_args!(
+                    "tenant {}: {what} of {} on {} (device {}) refused: {} of {} in use",
+                    self.config.tenant,
+                    config::format_bytes(requested),
+                    device.uuid,
+                    device.ordinal,
+                    config::format_bytes(used),
+                    config::format_bytes(limit)
+                ));
+                Err(CUerror::OUT_OF_MEMORY)
+            }
+        }
+    }
+
+    /// Returns a charge to the quota.
+    pub fn release(&self, charge: Charge) {
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            ledger.release(charge.device, charge.bytes);
+        }
+    }
+
+    fn has_pools(&self) -> bool {
+        !self.records.lock().pools.is_empty()
+    }
+
+    /// Charges `bytes` on the current device around `call`, which allocates and returns the new
+    /// allocation's key; the charge is kept under that key, or rolled back if the driver failed.
+    pub fn charged(&self, device: &Device, bytes: u64, what: &str, call: impl FnOnce() -> Result<u64, CUerror>) -> CUresult {
+        let charge = self.reserve(device, bytes, what)?;
+        match call() {
+            Ok(key) => {
+                self.records.lock().allocations.insert(key, charge);
+                Ok(())
+            }
+            Err(e) => {
+                self.release(charge);
+                Err(e)
+            }
+        }
+    }
+
+    /// Frees through `call`, then returns the allocation's charge (if it was charged).
+    pub fn uncharge(&self, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+        call()?;
+        if let Some(charge) = self.records.lock().allocations.remove(&key) {
+            self.release(charge);
+        }
+        Ok(())
+    }
+
+    /// Adjusts the charge of a live allocation whose real size is known only after the call
+    /// (pitch): grows it (fails when over quota) or shrinks it.
+    pub fn recharge(&self, key: u64, device: &Device, bytes: u64, what: &str) -> CUresult {
+        let old = self.records.lock().allocations.get(&key).copied();
+        let Some(old) = old else { return Ok(()) };
+        if bytes > old.bytes {
+            let extra = self.reserve(device, bytes - old.bytes, what)?;
+            self.records.lock().allocations.insert(key, Charge { device: old.device, bytes: old.bytes + extra.bytes });
+        } else if bytes < old.bytes {
+            self.release(Charge { device: old.device, bytes: old.bytes - bytes });
+            self.records.lock().allocations.insert(key, Charge { device: old.device, bytes });
+        }
+        Ok(())
+    }
+
+    pub fn record_array(&self, handle: usize, charge: Charge) {
+        self.records.lock().arrays.insert(handle, charge);
+    }
+
+    pub fn forget_array(&self, handle: usize) {
+        if let Some(charge) = self.records.lock().arrays.remove(&handle) {
+            self.release(charge);
+        }
+    }
+
+    pub fn record_physical(&self, handle: u64, charge: Charge) {
+        self.records.lock().physical.insert(handle, Physical { charge, released: false, mappings: 0 });
+    }
+
+    pub fn physical_released(&self, handle: u64) {
+        let mut r = self.records.lock();
+        let done = match r.physical.get_mut(&handle) {
+            Some(p) => {
+                p.released = true;
+                p.mappings == 0
+            }
+            None => false,
+        };
+        if done {
+            let p = r.physical.remove(&handle).expect("present");
+            drop(r);
+            self.release(p.charge);
+        }
+    }
+
+    pub fn mapped(&self, va: u64, size: u64, handle: u64) {
+        let mut r = self.records.lock();
+        if let Some(p) = r.physical.get_mut(&handle) {
+            p.mappings += 1;
+            r.mappings.insert(va, (size, handle));
+        }
+    }
+
+    pub fn unmapped(&self, va: u64, size: u64) {
+        let mut r = self.records.lock();
+        let end = va.saturating_add(size);
+        let starts: Vec<u64> = r.mappings.range(..end).filter(|(s, (len, _))| s.saturating_add(*len) > va).map(|(s, _)| *s).collect();
+        let mut freed = Vec::new();
+        for start in starts {
+            let Some((_, handle)) = r.mappings.remove(&start) else { continue };
+            if let Some(p) = r.physical.get_mut(&handle) {
+                p.mappings = p.mappings.saturating_sub(1);
+                if p.released && p.mappings == 0 {
+                    freed.push(r.physical.remove(&handle).expect("present").charge);
+                }
+            }
+        }
+        drop(r);
+        for charge in freed {
+            self.release(charge);
+        }
+    }
+
+    /// Sets the charge of a memory pool to what the driver says it holds now (`None`: it cannot say,
+    /// so the pool keeps the whole reservation), given `reserved` bytes already reserved for its growth.
+    pub fn pool_now_holds(&self, pool: usize, device: usize, holds: Option<u64>, reserved: u64) {
+        let mut r = self.records.lock();
+        let entry = r.pools.entry(pool).or_insert(Charge { device, bytes: 0 });
+        let before = entry.bytes;
+        let holds = holds.unwrap_or(before.saturating_add(reserved));
+        entry.bytes = holds;
+        drop(r);
+        let Some(Ok(ledger)) = self.ledger.get() else { return };
+        let grown = holds.saturating_sub(before);
+        if grown < reserved {
+            ledger.release(device, reserved - grown);
+        } else if grown > reserved {
+            // The pool grew by more than the request (allocation granularity): charge the rest.
+            if let Err(e) = ledger.try_reserve(device, grown - reserved) {
+                log::warn(format_args!(
+                    "tenant {}: a memory pool grew {} beyond the quota ({} of {} in use)",
+                    self.config.tenant,
+                    config::format_bytes(e.requested),
+                    config::format_bytes(e.used),
+                    config::format_bytes(e.limit)
+                ));
+            }
+        }
+        if holds < before {
+            ledger.release(device, before - holds);
+        }
+    }
+
+    /// Re-reads every known pool's reserved size and returns what the driver released.
+    pub fn settle_pools(&self) {
+        let pools: Vec<(usize, Charge)> = self.records.lock().pools.iter().map(|(k, v)| (*k, *v)).collect();
+        for (pool, charge) in pools {
+            if let Some(holds) = crate::hooks::calls::pool_reserved(pool) {
+                if holds < charge.bytes {
+                    self.pool_now_holds(pool, charge.device, Some(holds), 0);
+                }
+            }
+        }
+    }
+
+    pub fn forget_pool(&self, pool: usize) {
+        if let Some(charge) = self.records.lock().pools.remove(&pool) {
+            self.release(charge);
+        }
+    }
+
+    pub fn record_context(&self, ctx: usize, charge: Charge) {
+        self.records.lock().contexts.insert(ctx, charge);
+    }
+
+    pub fn forget_context(&self, ctx: usize) {
+        if let Some(charge) = self.records.lock().contexts.remove(&ctx) {
+            self.release(charge);
+        }
+        LAST_CONTEXT.with(|c| {
+            if c.get().0 == ctx {
+                c.set((0, -1));
+            }
+        });
+    }
+
+    /// A primary context retain: the first one charges the context reservation.
+    pub fn primary_retain(&self, device: &Device, call: impl FnOnce() -> CUresult) -> CUresult {
+        let first = !self.records.lock().primary.contains_key(&device.ordinal);
+        let charge = if first { Some(self.reserve(device, self.context_reserve, "context creation")?) } else { None };
+        if let Err(e) = call() {
+            if let Some(c) = charge {
+                self.release(c);
+            }
+            return Err(e);
+        }
+        let mut r = self.records.lock();
+        match (r.primary.get_mut(&device.ordinal), charge) {
+            (Some(entry), Some(c)) => {
+                // Another thread charged it first.
+                entry.0 += 1;
+                drop(r);
+                self.release(c);
+            }
+            (Some(entry), None) => entry.0 += 1,
+            (None, Some(c)) => {
+                r.primary.insert(device.ordinal, (1, c));
+            }
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
+    /// A primary context release (`reset` drops every reference).
+    pub fn primary_release(&self, ordinal: CUdevice, reset: bool) {
+        let mut r = self.records.lock();
+        let done = match r.primary.get_mut(&ordinal) {
+            Some(entry) if reset || entry.0 <= 1 => true,
+            Some(entry) => {
+                entry.0 -= 1;
+                false
+            }
+            None => false,
+        };
+        if done {
+            let (_, charge) = r.primary.remove(&ordinal).expect("present");
+            drop(r);
+            self.release(charge);
+        }
+    }
+
+    /// What the program is shown as the device's size and free memory: (free, total), or `None` when
+    /// the device has no limit (the driver's own figures stand).
+    pub fn shown_memory(&self, device: &Device, driver_free: u64, driver_total: u64) -> Option<(u64, u64)> {
+        let slot = *device.slot.as_ref().ok()?;
+        let ledger = self.ledger().ok()?;
+        let limit = ledger.limit(slot);
+        if limit == UNLIMITED {
+            return None;
+        }
+        let used = ledger.used(slot);
+        let total = limit.min(driver_total);
+        let free = total.saturating_sub(used).min(driver_free);
+        Some((free, total))
+    }
+}

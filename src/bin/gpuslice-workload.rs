@@ -1,0 +1,122 @@
+//! A small CUDA program for `gpuslice demo`: it reaches the driver the way most runtimes do
+//! (`dlopen("libcuda.so.1")` + `dlsym`), allocates device memory in chunks until the driver refuses,
+//! and prints what it saw as `key=value` lines. It knows nothing of gpuslice.
+//!
+//! usage: gpuslice-workload [--chunk MiB] [--max MiB] [--hold-ms MS]
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+type CuResult = c_int;
+
+struct Driver {
+    init: unsafe extern "C" fn(c_uint) -> CuResult,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult,
+    retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult,
+    set_current: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
+    alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
+    free: unsafe extern "C" fn(u64) -> CuResult,
+    error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+}
+
+fn sym<T: Copy>(lib: *mut c_void, name: &CStr) -> T {
+    // SAFETY: dlsym with a handle from dlopen and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+    if p.is_null() {
+        eprintln!("libcuda.so.1 has no {}", name.to_string_lossy());
+        std::process::exit(3);
+    }
+    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: `T` is the function pointer type of the named driver entry point (NVIDIA's signature).
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+fn load() -> Driver {
+    // SAFETY: plain dlopen of the driver library by its SONAME.
+    let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+    if lib.is_null() {
+        eprintln!("cannot load libcuda.so.1 (no NVIDIA driver, and simgpu not on LD_LIBRARY_PATH)");
+        std::process::exit(3);
+    }
+    Driver {
+        init: sym(lib, c"cuInit"),
+        device_get: sym(lib, c"cuDeviceGet"),
+        retain: sym(lib, c"cuDevicePrimaryCtxRetain"),
+        set_current: sym(lib, c"cuCtxSetCurrent"),
+        mem_get_info: sym(lib, c"cuMemGetInfo_v2"),
+        alloc: sym(lib, c"cuMemAlloc_v2"),
+        free: sym(lib, c"cuMemFree_v2"),
+        error_name: sym(lib, c"cuGetErrorName"),
+    }
+}
+
+fn name(d: &Driver, r: CuResult) -> String {
+    let mut p: *const c_char = std::ptr::null();
+    // SAFETY: valid out-parameter; the driver returns a static string.
+    if unsafe { (d.error_name)(r, &mut p) } != 0 || p.is_null() {
+        return format!("CUresult {r}");
+    }
+    // SAFETY: NUL-terminated static string from the driver.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn check(d: &Driver, what: &str, r: CuResult) {
+    if r != 0 {
+        println!("error={what}:{}", name(d, r));
+        std::process::exit(1);
+    }
+}
+
+fn arg(args: &[String], flag: &str, default: u64) -> u64 {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let chunk = arg(&args, "--chunk", 256) << 20;
+    let max = arg(&args, "--max", u64::MAX >> 20).saturating_mul(1 << 20);
+    let hold_ms = arg(&args, "--hold-ms", 0);
+    let d = load();
+    // SAFETY (all calls below): driver entry points called with valid out-parameters, in the
+    // documented order (init, context, then memory calls).
+    unsafe {
+        check(&d, "cuInit", (d.init)(0));
+        let mut dev = 0;
+        check(&d, "cuDeviceGet", (d.device_get)(&mut dev, 0));
+        let mut ctx = std::ptr::null_mut();
+        check(&d, "cuDevicePrimaryCtxRetain", (d.retain)(&mut ctx, dev));
+        check(&d, "cuCtxSetCurrent", (d.set_current)(ctx));
+        let (mut free, mut total) = (0usize, 0usize);
+        check(&d, "cuMemGetInfo", (d.mem_get_info)(&mut free, &mut total));
+        println!("total={total}");
+        println!("free={free}");
+        let mut ptrs = Vec::new();
+        let mut allocated: u64 = 0;
+        let mut outcome = String::from("ok");
+        while allocated + chunk <= max {
+            let mut p = 0u64;
+            let r = (d.alloc)(&mut p, chunk as usize);
+            if r != 0 {
+                outcome = name(&d, r);
+                break;
+            }
+            ptrs.push(p);
+            allocated += chunk;
+        }
+        println!("allocated={allocated}");
+        println!("chunks={}", ptrs.len());
+        println!("outcome={outcome}");
+        check(&d, "cuMemGetInfo", (d.mem_get_info)(&mut free, &mut total));
+        println!("free_after={free}");
+        if hold_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(hold_ms));
+        }
+        for p in ptrs {
+            check(&d, "cuMemFree", (d.free)(p));
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! `gpuslice demo`: two tenants share one GPU; one is stopped cleanly at its quota.
+//!
+//! Each tenant is `gpuslice-workload` (a plain CUDA program that knows nothing of gpuslice) run with
+//! libgpuslice.so preloaded and its own ledger. With no NVIDIA driver on the machine it runs on simgpu,
+//! the project's simulated driver, found beside the build (`target/simgpu/lib`) or by `GPUSLICE_SIMGPU`.
+
+use super::run::library_path;
+use crate::config::format_bytes;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Tenant {
+    name: &'static str,
+    quota: &'static str,
+    /// The workload asks for at most this many MiB.
+    wants_mib: u64,
+}
+
+const TENANTS: [Tenant; 2] = [
+    Tenant { name: "alpha", quota: "2GiB", wants_mib: 4096 },
+    Tenant { name: "beta", quota: "3GiB", wants_mib: 1024 },
+];
+
+fn simgpu_dir(exe_dir: &Path) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GPUSLICE_SIMGPU") {
+        return Some(PathBuf::from(p));
+    }
+    [exe_dir.join("../simgpu/lib"), exe_dir.join("../../simgpu/lib"), exe_dir.join("../lib/simgpu")]
+        .into_iter()
+        .find(|d| d.join("libcuda.so.1").exists())
+}
+
+fn real_driver_present() -> bool {
+    Path::new("/dev/nvidiactl").exists() && std::env::var_os("GPUSLICE_DEMO_SIMGPU").is_none()
+}
+
+pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
+    if let Some(a) = args.first() {
+        return Err(format!("demo takes no arguments (got {a:?})"));
+    }
+    let library = library_path()?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    let workload = exe_dir.join("gpuslice-workload");
+    if !workload.exists() {
+        return Err(format!("{} is missing (build the whole package: cargo build)", workload.display()));
+    }
+    let scratch = std::env::temp_dir().join(format!("gpuslice-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+
+    let mut env: Vec<(String, String)> = Vec::new();
+    let device = if real_driver_present() {
+        "the NVIDIA GPU".to_string()
+    } else {
+        let dir = simgpu_dir(&exe_dir).ok_or(
+            "no NVIDIA driver here and simgpu is not built: run scripts/demo (or set GPUSLICE_SIMGPU to its lib dir)",
+        )?;
+        let ld = match std::env::var("LD_LIBRARY_PATH") {
+            Ok(v) if !v.is_empty() => format!("{}:{v}", dir.display()),
+            _ => dir.display().to_string(),
+        };
+        env.push(("LD_LIBRARY_PATH".into(), ld));
+        env.push(("SIMGPU_STATE".into(), format!("gpuslice-demo-{}", std::process::id())));
+        env.push(("SIMGPU_MEMORY".into(), "8GiB".into()));
+        "a simulated 8 GiB GPU (simgpu; no NVIDIA driver on this machine)".to_string()
+    };
+
+    println!("gpuslice demo: two tenants share {device}.\n");
+    let children: Vec<_> = TENANTS
+        .iter()
+        .map(|t| {
+            let ledger = scratch.join(format!("{}.ledger", t.name));
+            let mut cmd = Command::new(&workload);
+            cmd.args(["--chunk", "256", "--max", &t.wants_mib.to_string(), "--hold-ms", "300"])
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env("GPUSLICE_MEMORY_LIMIT", t.quota)
+                .env("GPUSLICE_TENANT", t.name)
+                .env("GPUSLICE_LEDGER", &ledger)
+                .env("LD_PRELOAD", &library);
+            cmd.output()
+        })
+        .collect();
+
+    println!("{:<7} {:>6}  {:>16}  {:>22}  result", "tenant", "quota", "cuMemGetInfo total", "allocated (256 MiB each)");
+    let mut ok = true;
+    for (t, out) in TENANTS.iter().zip(children) {
+        let out = out.map_err(|e| format!("cannot run {}: {e}", workload.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let kv: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+        let num = |k: &str| kv.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let outcome = kv.get("outcome").copied().unwrap_or("?");
+        let result = match (kv.get("error"), outcome) {
+            (Some(e), _) => {
+                ok = false;
+                format!("failed: {e}")
+            }
+            (None, "ok") => format!("got all it asked for ({} MiB)", t.wants_mib),
+            (None, "CUDA_ERROR_OUT_OF_MEMORY") => "stopped at its quota: CUDA_ERROR_OUT_OF_MEMORY".to_string(),
+            (None, other) => {
+                ok = false;
+                format!("unexpected: {other}")
+            }
+        };
+        println!(
+            "{:<7} {:>6}  {:>16}  {:>22}  {result}",
+            t.name,
+            t.quota,
+            format_bytes(num("total")),
+            format!("{} ({})", format_bytes(num("allocated")), num("chunks"))
+        );
+        if !out.status.success() {
+            ok = false;
+            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    println!(
+        "\nEach tenant sees its quota as the card's size. The context each process creates is charged to\n\
+         its quota too ({} by default), so alpha's 2 GiB leaves room for 6 allocations of 256 MiB.\n\
+         Try: gpuslice run --memory 1GiB -- <your CUDA program>",
+        format_bytes(crate::accounting::DEFAULT_CONTEXT_RESERVE)
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(if ok { 0 } else { 1 })
+}

@@ -1,0 +1,96 @@
+//! Entry-point lookup: `cuGetProcAddress` (both signatures) and the `dlsym`/`dlvsym` interposer's Rust half.
+//!
+//! Both ask the real driver (or loader) first and substitute the hook only when the answer is exactly
+//! the real function of an entry point gpuslice hooks, so a caller never receives a function whose ABI
+//! differs from what it asked for. Anything else is handed back untouched.
+
+use super::{hooks, Out};
+use crate::driver::{self, hooked_entry};
+use gpuslice_api::entry_points::variants_of;
+use gpuslice_api::{CUerror, CUresult};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+hooks! {
+    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64)
+        => get_proc_address(symbol, Out::new(pfn), || real::cuGetProcAddress(symbol, pfn, cuda_version, flags));
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64,
+                           status: *mut c_int)
+        => get_proc_address(symbol, Out::new(pfn),
+                            || real::cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status));
+}
+
+fn get_proc_address(symbol: *const c_char, pfn: Out<*mut c_void>, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if let (Some(p), false) = (pfn.get(), symbol.is_null()) {
+        if !p.is_null() {
+            // SAFETY: the driver accepted `symbol` as a NUL-terminated name.
+            let name = unsafe { CStr::from_ptr(symbol) };
+            pfn.set(substitute(name, p));
+        }
+    }
+    Ok(())
+}
+
+/// The hook for the exact variant the real driver resolved `base` to, or `resolved` itself.
+fn substitute(base: &CStr, resolved: *mut c_void) -> *mut c_void {
+    let Ok(base) = base.to_str() else { return resolved };
+    let mut hooked_base = false;
+    for variant in variants_of(base) {
+        if let Some((real, hook)) = hooked_entry(variant.symbol.as_bytes()) {
+            hooked_base = true;
+            if driver::real(real) == Some(resolved as *const ()) {
+                return hook as *mut c_void;
+            }
+        }
+    }
+    if hooked_base {
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            crate::log::warn(format_args!(
+                "cuGetProcAddress({base}) returned an entry point gpuslice does not know; calls through it are \
+                 passed to the driver uncounted"
+            ));
+        }
+    }
+    resolved
+}
+
+/// The Rust half of the `dlsym`/`dlvsym` interposer (shim-c/interpose.c), called for names starting with
+/// `cu` or `nvml`. Sets `*answered` when it answered the lookup itself; otherwise the C side forwards it.
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `version` is NULL or one; `answered` is valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn gpuslice_dlsym_hook(
+    handle: *mut c_void,
+    name: *const c_char,
+    version: *const c_char,
+    answered: *mut c_int,
+) -> *mut c_void {
+    let body = || {
+        // SAFETY: the C side passes the caller's NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(name) };
+        let (real, hook) = hooked_entry(name.to_bytes())?;
+        if handle == libc::RTLD_NEXT {
+            // "Next after the caller": for a driver name that is the driver itself.
+            return driver::real(real).map(|_| hook as *mut c_void);
+        }
+        let found = if version.is_null() {
+            driver::real_dlsym(handle, name)
+        } else {
+            // SAFETY: the C side passes the caller's NUL-terminated version string.
+            driver::real_dlvsym(handle, name, unsafe { CStr::from_ptr(version) })
+        };
+        Some(if !found.is_null() && driver::real(real) == Some(found as *const ()) { hook as *mut c_void } else { found })
+    };
+    match std::panic::catch_unwind(body) {
+        Ok(Some(p)) => {
+            // SAFETY: the C side passes a valid out-parameter.
+            unsafe { *answered = 1 };
+            p
+        }
+        _ => std::ptr::null_mut(),
+    }
+}

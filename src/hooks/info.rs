@@ -1,0 +1,45 @@
+//! What the program is told about the device's memory: the quota is the card.
+//! `cuMemGetInfo`: total = quota, free = min(quota - used, physically free); `cuDeviceTotalMem`: the quota.
+
+use super::{hooks, Out};
+use crate::accounting::tenant;
+use gpuslice_api::types::CUdevice;
+use gpuslice_api::{CUerror, CUresult};
+use std::ffi::c_uint;
+
+hooks! {
+    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize)
+        => mem_get_info(Out::new(free), Out::new(total), || real::cuMemGetInfo_v2(free, total));
+    fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint)
+        => mem_get_info(Out::new(free), Out::new(total), || real::cuMemGetInfo(free, total));
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice)
+        => total_mem(Out::new(bytes), dev, || real::cuDeviceTotalMem_v2(bytes, dev));
+    fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice)
+        => total_mem(Out::new(bytes), dev, || real::cuDeviceTotalMem(bytes, dev));
+}
+
+use super::Word;
+
+fn mem_get_info<S: Word>(free: Out<S>, total: Out<S>, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    let Some(t) = tenant() else { return Ok(()) };
+    let (Some(f), Some(tot)) = (free.get(), total.get()) else { return Ok(()) };
+    let Ok(device) = t.current_device() else { return Ok(()) };
+    if let Some((f, tot)) = t.shown_memory(&device, f.to_u64(), tot.to_u64()) {
+        free.set(S::from_u64(f));
+        total.set(S::from_u64(tot));
+    }
+    Ok(())
+}
+
+fn total_mem<S: Word>(bytes: Out<S>, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    let Some(t) = tenant() else { return Ok(()) };
+    let Some(b) = bytes.get() else { return Ok(()) };
+    let Ok(device) = t.device(dev) else { return Ok(()) };
+    if let Some((_, total)) = t.shown_memory(&device, b.to_u64(), b.to_u64()) {
+        bytes.set(S::from_u64(total));
+    }
+    Ok(())
+}

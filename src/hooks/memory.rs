@@ -1,0 +1,308 @@
+//! Device-memory hooks: every path that allocates device memory is charged to the tenant's quota before
+//! the driver is called, and every free returns what was charged.
+//!
+//! Counted: cuMemAlloc (both ABIs), cuMemAllocPitch (the pitch x height really reserved), cuMemAllocManaged,
+//! stream-ordered allocation (charged as what the pool holds: a freed block stays in the pool, and
+//! counts, until the driver trims it), VMM physical allocations (cuMemCreate counts once however often
+//! mapped; returned when released and unmapped), arrays and mipmapped arrays (estimated, see
+//! `array_bytes`).
+
+use super::{hooks, In, Out, Word};
+use crate::accounting::{tenant, Charge, Device, Tenant};
+use gpuslice_api::types::{
+    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemoryPool, CUmipmappedArray,
+    CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE,
+};
+use gpuslice_api::{CUerror, CUresult};
+use std::ffi::c_uint;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (the legacy `cuArrayCreate` ABI: 32-bit sizes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Array3DDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+hooks! {
+    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize)
+        => alloc(Out::new(dptr), bytesize as u64, "cuMemAlloc", || real::cuMemAlloc_v2(dptr, bytesize));
+    fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint)
+        => alloc(Out::new(dptr), bytesize as u64, "cuMemAlloc", || real::cuMemAlloc(dptr, bytesize));
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint)
+        => alloc(Out::new(dptr), bytesize as u64, "cuMemAllocManaged", || real::cuMemAllocManaged(dptr, bytesize, flags));
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element: c_uint)
+        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64,
+                       || real::cuMemAllocPitch_v2(dptr, pitch, width, height, element),
+                       |p| real::cuMemFree_v2(p));
+    fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, element: c_uint)
+        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64,
+                       || real::cuMemAllocPitch(dptr, pitch, width, height, element),
+                       |p| real::cuMemFree(p as c_uint));
+    fn cuMemFree_v2(dptr: CUdeviceptr) => free(dptr, || real::cuMemFree_v2(dptr));
+    fn cuMemFree(dptr: c_uint) => free(dptr as u64, || real::cuMemFree(dptr));
+
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync(dptr, bytesize, stream));
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream));
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
+                           || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream));
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
+                           || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream));
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync_ptsz(dptr, stream));
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => settle_after(|| real::cuMemPoolTrimTo(pool, keep));
+    fn cuMemPoolDestroy(pool: CUmemoryPool) => pool_destroy(pool as usize, || real::cuMemPoolDestroy(pool));
+    fn cuStreamSynchronize(stream: CUstream) => settle_after(|| real::cuStreamSynchronize(stream));
+    fn cuStreamSynchronize_ptsz(stream: CUstream) => settle_after(|| real::cuStreamSynchronize_ptsz(stream));
+    fn cuCtxSynchronize() => settle_after(|| real::cuCtxSynchronize());
+
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64)
+        => mem_create(Out::new(handle), size as u64, In::new(prop), || real::cuMemCreate(handle, size, prop, flags));
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release(handle, || real::cuMemRelease(handle));
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64)
+        => mem_map(ptr, size as u64, handle, || real::cuMemMap(ptr, size, offset, handle, flags));
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) => mem_unmap(ptr, size as u64, || real::cuMemUnmap(ptr, size));
+
+    fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR)
+        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.Width as u64, d.Height as u64, 0, d.Format, d.NumChannels, 1)),
+                        || real::cuArrayCreate_v2(handle, desc));
+    fn cuArrayCreate(handle: *mut CUarray, desc: *const ArrayDescriptorV1)
+        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.width as u64, d.height as u64, 0, d.format, d.num_channels, 1)),
+                        || real::cuArrayCreate(handle, desc));
+    fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR)
+        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.Width as u64, d.Height as u64, d.Depth as u64, d.Format, d.NumChannels, 1)),
+                        || real::cuArray3DCreate_v2(handle, desc));
+    fn cuArray3DCreate(handle: *mut CUarray, desc: *const Array3DDescriptorV1)
+        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.width as u64, d.height as u64, d.depth as u64, d.format, d.num_channels, 1)),
+                        || real::cuArray3DCreate(handle, desc));
+    fn cuArrayDestroy(handle: CUarray) => array_destroy(handle as usize, || real::cuArrayDestroy(handle));
+    fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint)
+        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.Width as u64, d.Height as u64, d.Depth as u64, d.Format, d.NumChannels, levels.max(1))),
+                        || real::cuMipmappedArrayCreate(handle, desc, levels));
+    fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) => array_destroy(handle as usize, || real::cuMipmappedArrayDestroy(handle));
+}
+
+/// The tenant and the current context's device, or `None` when quotas do not apply.
+fn on_current_device() -> Result<Option<(&'static Tenant, Device)>, CUerror> {
+    let Some(t) = tenant() else { return Ok(None) };
+    Ok(Some((t, t.current_device()?)))
+}
+
+fn alloc<P: Word>(dptr: Out<P>, bytes: u64, what: &str, call: impl FnOnce() -> CUresult) -> CUresult {
+    // No context, no tenant: the driver answers (and reports its own error).
+    let Ok(Some((t, device))) = on_current_device() else { return call() };
+    if dptr.is_null() {
+        return call();
+    }
+    t.charged(&device, bytes, what, || {
+        call()?;
+        Ok(dptr.get().map_or(0, Word::to_u64))
+    })
+}
+
+fn alloc_pitch<P: Word, Q: Word>(
+    dptr: Out<P>,
+    pitch: Out<Q>,
+    width: u64,
+    height: u64,
+    call: impl FnOnce() -> CUresult,
+    free: impl FnOnce(u64) -> CUresult,
+) -> CUresult {
+    let Ok(Some((t, device))) = on_current_device() else { return call() };
+    if dptr.is_null() || pitch.is_null() {
+        return call();
+    }
+    // Before the call the pitch is not known: charge the width rounded to the usual 512-byte pitch
+    // alignment, then settle on pitch x height.
+    let estimate = width.div_ceil(512).saturating_mul(512).saturating_mul(height);
+    let mut key = 0;
+    t.charged(&device, estimate, "cuMemAllocPitch", || {
+        call()?;
+        key = dptr.get().map_or(0, Word::to_u64);
+        Ok(key)
+    })?;
+    let real_bytes = pitch.get().map_or(estimate, Word::to_u64).saturating_mul(height);
+    if let Err(e) = t.recharge(key, &device, real_bytes, "cuMemAllocPitch") {
+        // Over quota once the real pitch is known: undo the allocation.
+        let _ = t.uncharge(key, || free(key));
+        return Err(e);
+    }
+    Ok(())
+}
+
+fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
+    match tenant() {
+        Some(t) => t.uncharge(dptr, call),
+        None => call(),
+    }
+}
+
+static POOLS_USED: AtomicBool = AtomicBool::new(false);
+
+fn alloc_from_pool(dptr: Out<CUdeviceptr>, bytes: u64, pool: Option<usize>, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Ok(Some((t, device))) = on_current_device() else { return call() };
+    let Some(pool) = pool.or_else(|| super::calls::current_pool(device.ordinal)) else {
+        // No pool to watch: charge the allocation itself, returned by its free.
+        return t.charged(&device, bytes, "cuMemAllocAsync", || {
+            call()?;
+            Ok(dptr.get().unwrap_or(0))
+        });
+    };
+    if dptr.is_null() {
+        return call();
+    }
+    // Worst case the pool grows by the request: reserve that, then charge what it really holds.
+    let charge = t.reserve(&device, bytes, "cuMemAllocAsync")?;
+    if let Err(e) = call() {
+        t.release(charge);
+        return Err(e);
+    }
+    POOLS_USED.store(true, Ordering::Relaxed);
+    t.pool_now_holds(pool, charge.device, super::calls::pool_reserved(pool), charge.bytes);
+    Ok(())
+}
+
+fn settle_after(call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if POOLS_USED.load(Ordering::Relaxed) {
+        if let Some(t) = tenant() {
+            t.settle_pools();
+        }
+    }
+    Ok(())
+}
+
+fn pool_destroy(pool: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if let Some(t) = tenant() {
+        t.forget_pool(pool);
+    }
+    Ok(())
+}
+
+fn mem_create(handle: Out<u64>, bytes: u64, prop: In<CUmemAllocationProp>, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(t) = tenant() else { return call() };
+    let device = match prop.get() {
+        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => p.location.id,
+        // Host-located or invalid: not device memory (or the driver rejects it).
+        _ => return call(),
+    };
+    let Ok(device) = t.device(device) else { return call() };
+    let charge = t.reserve(&device, bytes, "cuMemCreate")?;
+    if let Err(e) = call() {
+        t.release(charge);
+        return Err(e);
+    }
+    match handle.get() {
+        Some(h) => t.record_physical(h, charge),
+        None => t.release(charge),
+    }
+    Ok(())
+}
+
+fn mem_release(handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if let Some(t) = tenant() {
+        t.physical_released(handle);
+    }
+    Ok(())
+}
+
+fn mem_map(ptr: u64, size: u64, handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if let Some(t) = tenant() {
+        t.mapped(ptr, size, handle);
+    }
+    Ok(())
+}
+
+fn mem_unmap(ptr: u64, size: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if let Some(t) = tenant() {
+        t.unmapped(ptr, size);
+    }
+    Ok(())
+}
+
+fn array_create<H>(handle: Out<*mut H>, bytes: Option<u64>, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Ok(Some((t, device))) = on_current_device() else { return call() };
+    let (Some(bytes), false) = (bytes, handle.is_null()) else { return call() };
+    let charge: Charge = t.reserve(&device, bytes, "array creation")?;
+    if let Err(e) = call() {
+        t.release(charge);
+        return Err(e);
+    }
+    match handle.get() {
+        Some(h) => t.record_array(h as usize, charge),
+        None => t.release(charge),
+    }
+    Ok(())
+}
+
+fn array_destroy(handle: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if let Some(t) = tenant() {
+        t.forget_array(handle);
+    }
+    Ok(())
+}
+
+/// Bytes per channel element of a `CUarray_format`.
+fn format_bytes(format: u32) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,        // (UN)SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4, // (UN)SIGNED_INT32, FLOAT
+        _ => 16,                 // packed / block-compressed formats: at most 16 bytes a texel
+    }
+}
+
+/// The device memory an array takes, estimated from above: texels x bytes, each mipmap level in
+/// turn, rounded up to the 2 MiB pages arrays are laid out in. The driver does not report an array's
+/// footprint, so the estimate is deliberately not smaller than what a driver lays out.
+pub fn array_bytes(width: u64, height: u64, depth: u64, format: u32, channels: u32, levels: u32) -> u64 {
+    const PAGE: u64 = 2 << 20;
+    let texel = format_bytes(format).saturating_mul(u64::from(channels.max(1)));
+    let mut total: u64 = 0;
+    let (mut w, mut h, mut d) = (width.max(1), height.max(1), depth.max(1));
+    for _ in 0..levels.clamp(1, 32) {
+        total = total.saturating_add(w.saturating_mul(h).saturating_mul(d).saturating_mul(texel));
+        w = (w / 2).max(1);
+        h = (h / 2).max(1);
+        d = (d / 2).max(1);
+    }
+    total.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::array_bytes;
+
+    #[test]
+    fn arrays_round_up_to_pages() {
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4, 1), 16 << 20);
+        assert_eq!(array_bytes(1, 0, 0, 0x01, 1, 1), 2 << 20);
+        // Mipmaps add their levels: 16 MiB + 4 MiB + 1 MiB + ...
+        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4, 11), 22 << 20);
+    }
+}

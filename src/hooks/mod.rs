@@ -1,0 +1,212 @@
+//! The hooks: thin `extern "C"` exports, expanded by [`hooks!`] from one declaration per entry point,
+//! that call ordinary safe Rust functions in the group modules (memory, context, info, nvml, entry).
+//!
+//! Every export runs inside [`enter`]: a per-thread re-entrancy token (a nested call passes straight
+//! through to the real function) and `catch_unwind` (a panic never crosses the C ABI; the call answers
+//! with the driver's "unknown" error instead). Which entry points are hooked is the `hook` column of the
+//! API table; `build.rs` turns it into the registry in `crate::driver`.
+
+use std::cell::Cell;
+
+pub mod calls;
+pub mod context;
+pub mod entry;
+pub mod info;
+pub mod memory;
+pub mod nvml;
+
+thread_local! {
+    /// Set while this thread runs a hook body.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// What a hook body returns when it panicked.
+pub trait PanicResult {
+    fn from_panic() -> Self;
+}
+
+impl PanicResult for gpuslice_api::CUresult {
+    fn from_panic() -> Self {
+        Err(gpuslice_api::CUerror::UNKNOWN)
+    }
+}
+
+impl PanicResult for gpuslice_api::NvmlReturn {
+    fn from_panic() -> Self {
+        Err(gpuslice_api::NvmlError::UNKNOWN)
+    }
+}
+
+/// Runs a hook body, or `pass` (the real function) when this thread is already inside a hook.
+#[inline]
+pub fn enter<R: PanicResult>(pass: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
+    if IN_HOOK.with(|t| t.replace(true)) {
+        return pass();
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_HOOK.with(|t| t.set(false));
+        }
+    }
+    let _reset = Reset;
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(_) => {
+            crate::log::error(format_args!("internal error (panic) in a hook; the call reports an unknown error"));
+            R::from_panic()
+        }
+    }
+}
+
+/// An output pointer received from the C caller: read or written only through these methods, and read
+/// only after the real driver reported success (it has then written it).
+pub struct Out<T>(*mut T);
+
+impl<T: Copy> Out<T> {
+    /// # Safety
+    /// `ptr` is NULL or valid for reads and writes of a `T`, as the driver API requires of its caller.
+    pub unsafe fn new(ptr: *mut T) -> Self {
+        Out(ptr)
+    }
+    pub fn get(&self) -> Option<T> {
+        // SAFETY: non-null pointers are valid for reads (constructor contract).
+        (!self.0.is_null()).then(|| unsafe { self.0.read_unaligned() })
+    }
+    pub fn set(&self, value: T) -> bool {
+        if self.0.is_null() {
+            return false;
+        }
+        // SAFETY: non-null pointers are valid for writes (constructor contract).
+        unsafe { self.0.write_unaligned(value) };
+        true
+    }
+    pub fn is_null(&self) -> bool {
+        self.0.is_null()
+    }
+}
+
+/// An integer as an entry point passes it: sizes and device pointers in the current (64-bit) and
+/// legacy (32-bit) ABIs. Values that do not fit the legacy width saturate.
+pub trait Word: Copy {
+    fn to_u64(self) -> u64;
+    fn from_u64(v: u64) -> Self;
+}
+impl Word for u64 {
+    fn to_u64(self) -> u64 {
+        self
+    }
+    fn from_u64(v: u64) -> Self {
+        v
+    }
+}
+impl Word for usize {
+    fn to_u64(self) -> u64 {
+        self as u64
+    }
+    fn from_u64(v: u64) -> Self {
+        usize::try_from(v).unwrap_or(usize::MAX)
+    }
+}
+impl Word for u32 {
+    fn to_u64(self) -> u64 {
+        u64::from(self)
+    }
+    fn from_u64(v: u64) -> Self {
+        u32::try_from(v).unwrap_or(u32::MAX)
+    }
+}
+
+/// An input pointer to a struct received from the C caller.
+pub struct In<T>(*const T);
+
+impl<T: Copy> In<T> {
+    /// # Safety
+    /// `ptr` is NULL or valid for reads of a `T`, as the driver API requires of its caller.
+    pub unsafe fn new(ptr: *const T) -> Self {
+        In(ptr)
+    }
+    pub fn get(&self) -> Option<T> {
+        // SAFETY: non-null pointers are valid for reads (constructor contract).
+        (!self.0.is_null()).then(|| unsafe { self.0.read_unaligned() })
+    }
+}
+
+/// Declares typed calls to real functions gpuslice uses without hooking them (`call` in the table).
+macro_rules! real_calls {
+    (ret = $ret:ty, missing = $missing:expr;
+     $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ); )*) => {
+        /// Typed calls to real functions.
+        #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
+        pub mod real {
+            use super::*;
+            $(
+                /// Calls the real function.
+                ///
+                /// # Safety
+                /// The arguments satisfy the driver API's contract for this entry point.
+                pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                    match $crate::driver::real($crate::driver::Real::$name) {
+                        // SAFETY: the slot holds the address the real library exports under this exact
+                        // name, whose C signature is the one declared here (NVIDIA's typedef for it).
+                        Some(f) => unsafe {
+                            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(f);
+                            f($($arg),*)
+                        },
+                        None => $missing,
+                    }
+                }
+            )*
+        }
+    };
+}
+pub(crate) use real_calls;
+
+/// Declares hooks: for each `fn name(args) -> ret => body;` it exports `name` (the C ABI entry point)
+/// and adds `real::name`, the typed call to the real function. `missing` is what a call answers when
+/// the real library or function is not there.
+macro_rules! hooks {
+    (ret = $ret:ty, missing = $missing:expr;
+     $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
+        /// Typed calls to the real functions behind this module's hooks.
+        #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
+        pub mod real {
+            use super::*;
+            $(
+                /// Calls the real function.
+                ///
+                /// # Safety
+                /// The arguments satisfy the driver API's contract for this entry point.
+                pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                    match $crate::driver::real($crate::driver::Real::$name) {
+                        // SAFETY: the slot holds the address the real library exports under this exact
+                        // name, whose C signature is the one declared here (NVIDIA's typedef for it).
+                        Some(f) => unsafe {
+                            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(f);
+                            f($($arg),*)
+                        },
+                        None => $missing,
+                    }
+                }
+            )*
+        }
+        $(
+            #[doc = concat!("The `", stringify!($name), "` hook.")]
+            ///
+            /// # Safety
+            /// Called from C with the driver API's contract for this entry point.
+            #[cfg_attr(not(test), no_mangle)]
+            #[allow(non_snake_case, clippy::too_many_arguments)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                $crate::hooks::enter(
+                    // SAFETY: the caller's arguments, passed through untouched.
+                    || unsafe { real::$name($($arg),*) },
+                    // SAFETY: the body passes the caller's pointers only to the real function, or reads
+                    // them through `Out`/`In` under the driver API's contract.
+                    || unsafe { $body },
+                )
+            }
+        )*
+    };
+}
+pub(crate) use hooks;

@@ -1,0 +1,457 @@
+//! The ledger's shared-memory layout and every atomic operation on it (kept in this one file so the
+//! protocol can be reviewed and model-checked in one place).
+//!
+//! Every field is an atomic: the mapping is shared with other processes, which may write anything at
+//! any time, so no plain (racy) access is ever made, and any bit pattern is a valid value. Indices
+//! come from Rust's fixed-size arrays, never from the mapping.
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// First 8 bytes of every ledger.
+pub const MAGIC: [u8; 8] = *b"GPUSLICE";
+/// Layout version; bumped on any change of this file's structs.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Devices a ledger can track.
+pub const MAX_DEVICES: usize = 16;
+/// Processes that can share a ledger at once.
+pub const MAX_SLOTS: usize = 256;
+/// Bytes of a device key (canonical `GPU-<uuid>` text, NUL-padded).
+pub const KEY_BYTES: usize = 64;
+/// A limit meaning "no limit".
+pub const UNLIMITED: u64 = u64::MAX;
+
+/// Header `state`: being filled in by its creator.
+pub const STATE_INITIALISING: u32 = u32::from_le_bytes(*b"INIT");
+/// Header `state`: complete and usable.
+pub const STATE_READY: u32 = u32::from_le_bytes(*b"REDY");
+
+/// Device entry states.
+pub const DEV_EMPTY: u32 = 0;
+pub const DEV_CLAIMING: u32 = 1;
+pub const DEV_READY: u32 = 2;
+/// Device flag: the creator's configuration for this device was invalid (limit 0 = deny all).
+pub const DEV_FLAG_INVALID: u32 = 1;
+
+/// Process slot states.
+pub const SLOT_FREE: u32 = 0;
+pub const SLOT_ACTIVE: u32 = 1;
+pub const SLOT_RECLAIMING: u32 = 2;
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    pub state: AtomicU32,
+    pub total_size: AtomicU64,
+    pub header_size: AtomicU32,
+    pub max_devices: AtomicU32,
+    pub max_slots: AtomicU32,
+    pub creator_pid: AtomicU32,
+    pub device_table_offset: AtomicU64,
+    pub slot_table_offset: AtomicU64,
+    pub created_unix_ms: AtomicU64,
+    /// Limit the creator's configuration gives devices it did not list (joiners adding a device use it).
+    pub default_limit: AtomicU64,
+    pub default_flags: AtomicU32,
+    pub _pad: AtomicU32,
+    /// Number of dead process slots reclaimed so far.
+    pub reclaims: AtomicU64,
+    pub tenant: [AtomicU64; 8],
+    pub _reserved: [AtomicU64; 13],
+}
+
+#[repr(C)]
+pub struct DeviceEntry {
+    pub state: AtomicU32,
+    pub flags: AtomicU32,
+    pub key: [AtomicU64; KEY_BYTES / 8],
+    pub limit: AtomicU64,
+    pub used: AtomicU64,
+    pub peak: AtomicU64,
+}
+
+#[repr(C)]
+pub struct Slot {
+    pub state: AtomicU32,
+    /// Holder's pid as the holder sees it (informational: liveness is the slot's file lock).
+    pub pid: AtomicU32,
+    pub started_unix_ms: AtomicU64,
+    pub used: [AtomicU64; MAX_DEVICES],
+}
+
+/// The whole file.
+#[repr(C)]
+pub struct Layout {
+    pub header: Header,
+    pub devices: [DeviceEntry; MAX_DEVICES],
+    pub slots: [Slot; MAX_SLOTS],
+}
+
+pub const HEADER_SIZE: usize = size_of::<Header>();
+pub const TOTAL_SIZE: usize = size_of::<Layout>();
+pub const DEVICE_TABLE_OFFSET: usize = offset_of!(Layout, devices);
+pub const SLOT_TABLE_OFFSET: usize = offset_of!(Layout, slots);
+/// Slot `i` is held by an OFD write lock on byte `LOCK_BASE + i` (past the data; locks may lie past EOF).
+pub const LOCK_BASE: u64 = TOTAL_SIZE as u64;
+
+/// Header fields read with `pread` before the file is mapped (byte offsets, native endian).
+pub mod raw {
+    use super::*;
+    pub const MAGIC_AT: usize = offset_of!(Header, magic);
+    pub const VERSION_AT: usize = offset_of!(Header, version);
+    pub const STATE_AT: usize = offset_of!(Header, state);
+    pub const TOTAL_SIZE_AT: usize = offset_of!(Header, total_size);
+    pub const HEADER_SIZE_AT: usize = offset_of!(Header, header_size);
+    pub const MAX_DEVICES_AT: usize = offset_of!(Header, max_devices);
+    pub const MAX_SLOTS_AT: usize = offset_of!(Header, max_slots);
+    pub const DEVICE_TABLE_AT: usize = offset_of!(Header, device_table_offset);
+    pub const SLOT_TABLE_AT: usize = offset_of!(Header, slot_table_offset);
+
+    pub fn u32_at(buf: &[u8], at: usize) -> u32 {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&buf[at..at + 4]);
+        u32::from_ne_bytes(b)
+    }
+
+    pub fn u64_at(buf: &[u8], at: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&buf[at..at + 8]);
+        u64::from_ne_bytes(b)
+    }
+}
+
+/// Why a reservation was refused: `used + requested > limit` (all values at the time of the check).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub used: u64,
+    pub limit: u64,
+}
+
+/// Packs a key string into the entry's words (NUL-padded). `None` if it is empty or too long.
+pub fn pack_key(key: &str) -> Option<[u64; KEY_BYTES / 8]> {
+    let b = key.as_bytes();
+    if b.is_empty() || b.len() > KEY_BYTES || b.contains(&0) {
+        return None;
+    }
+    let mut bytes = [0u8; KEY_BYTES];
+    bytes[..b.len()].copy_from_slice(b);
+    let mut words = [0u64; KEY_BYTES / 8];
+    for (w, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        let mut c = [0u8; 8];
+        c.copy_from_slice(chunk);
+        *w = u64::from_ne_bytes(c);
+    }
+    Some(words)
+}
+
+fn unpack_text(words: &[AtomicU64]) -> String {
+    let bytes: Vec<u8> = words
+        .iter()
+        .flat_map(|w| w.load(Ordering::Relaxed).to_ne_bytes())
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+impl Layout {
+    // ---- creation (the file is private to its creator until published) ----
+
+    /// Fills in a fresh zeroed ledger and publishes it READY (Release: a joiner that sees READY sees all).
+    pub fn initialise(
+        &self,
+        creator_pid: u32,
+        now_ms: u64,
+        tenant: &str,
+        default_limit: u64,
+        default_flags: u32,
+    ) {
+        let h = &self.header;
+        h.magic.store(u64::from_ne_bytes(MAGIC), Ordering::Relaxed);
+        h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
+        h.state.store(STATE_INITIALISING, Ordering::Relaxed);
+        h.total_size.store(TOTAL_SIZE as u64, Ordering::Relaxed);
+        h.header_size.store(HEADER_SIZE as u32, Ordering::Relaxed);
+        h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
+        h.max_slots.store(MAX_SLOTS as u32, Ordering::Relaxed);
+        h.creator_pid.store(creator_pid, Ordering::Relaxed);
+        h.device_table_offset
+            .store(DEVICE_TABLE_OFFSET as u64, Ordering::Relaxed);
+        h.slot_table_offset
+            .store(SLOT_TABLE_OFFSET as u64, Ordering::Relaxed);
+        h.created_unix_ms.store(now_ms, Ordering::Relaxed);
+        h.default_limit.store(default_limit, Ordering::Relaxed);
+        h.default_flags.store(default_flags, Ordering::Relaxed);
+        let name = pack_key(tenant).unwrap_or_default();
+        for (dst, w) in h.tenant.iter().zip(name) {
+            dst.store(w, Ordering::Relaxed);
+        }
+    }
+
+    /// Publishes the ledger (after the devices the creator knows are added).
+    pub fn publish(&self) {
+        self.header.state.store(STATE_READY, Ordering::Release);
+    }
+
+    // ---- header ----
+
+    pub fn tenant(&self) -> String {
+        unpack_text(&self.header.tenant)
+    }
+
+    pub fn creator_pid(&self) -> u32 {
+        self.header.creator_pid.load(Ordering::Relaxed)
+    }
+
+    pub fn default_limit(&self) -> (u64, u32) {
+        (
+            self.header.default_limit.load(Ordering::Acquire),
+            self.header.default_flags.load(Ordering::Acquire),
+        )
+    }
+
+    pub fn reclaims(&self) -> u64 {
+        self.header.reclaims.load(Ordering::Acquire)
+    }
+
+    // ---- devices ----
+
+    pub fn device_state(&self, dev: usize) -> u32 {
+        self.devices[dev].state.load(Ordering::Acquire)
+    }
+
+    pub fn device_key(&self, dev: usize) -> String {
+        unpack_text(&self.devices[dev].key)
+    }
+
+    fn key_equals(&self, dev: usize, key: &[u64; KEY_BYTES / 8]) -> bool {
+        self.devices[dev]
+            .key
+            .iter()
+            .zip(key)
+            .all(|(a, b)| a.load(Ordering::Relaxed) == *b)
+    }
+
+    /// Finds the READY entry with `key`, or claims an empty one (CAS EMPTY -> CLAIMING, fill, READY).
+    /// Waits (up to `patience` spins of ~1 ms) while another process is claiming an entry, so the same
+    /// device is never added twice. `None` if the table is full.
+    pub fn find_or_add_device(
+        &self,
+        key: &[u64; KEY_BYTES / 8],
+        limit: u64,
+        flags: u32,
+        patience: u32,
+    ) -> Option<usize> {
+        let mut waited = 0;
+        loop {
+            let mut claiming = false;
+            let mut empty = None;
+            for dev in 0..MAX_DEVICES {
+                match self.device_state(dev) {
+                    DEV_READY if self.key_equals(dev, key) => return Some(dev),
+                    DEV_CLAIMING => claiming = true,
+                    DEV_EMPTY if empty.is_none() => empty = Some(dev),
+                    _ => {}
+                }
+            }
+            // A claimer that died mid-claim leaves CLAIMING forever: after `patience`, carry on past it.
+            if claiming && waited < patience {
+                waited += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
+            }
+            let dev = empty?;
+            let e = &self.devices[dev];
+            if e.state
+                .compare_exchange(DEV_EMPTY, DEV_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            for (dst, w) in e.key.iter().zip(key) {
+                dst.store(*w, Ordering::Relaxed);
+            }
+            e.limit.store(limit, Ordering::Relaxed);
+            e.flags.store(flags, Ordering::Relaxed);
+            e.used.store(0, Ordering::Relaxed);
+            e.peak.store(0, Ordering::Relaxed);
+            e.state.store(DEV_READY, Ordering::Release);
+            return Some(dev);
+        }
+    }
+
+    /// Finds a READY entry without adding one.
+    pub fn find_device(&self, key: &[u64; KEY_BYTES / 8]) -> Option<usize> {
+        (0..MAX_DEVICES).find(|&d| self.device_state(d) == DEV_READY && self.key_equals(d, key))
+    }
+
+    pub fn limit(&self, dev: usize) -> u64 {
+        self.devices[dev].limit.load(Ordering::Acquire)
+    }
+
+    pub fn flags(&self, dev: usize) -> u32 {
+        self.devices[dev].flags.load(Ordering::Acquire)
+    }
+
+    pub fn used(&self, dev: usize) -> u64 {
+        self.devices[dev].used.load(Ordering::Acquire)
+    }
+
+    pub fn peak(&self, dev: usize) -> u64 {
+        self.devices[dev].peak.load(Ordering::Acquire)
+    }
+
+    pub fn set_limit(&self, dev: usize, limit: u64) {
+        let e = &self.devices[dev];
+        e.limit.store(limit, Ordering::Release);
+        e.flags.fetch_and(!DEV_FLAG_INVALID, Ordering::AcqRel);
+    }
+
+    /// The one compare-and-swap loop of the quota: `used += bytes` iff `used + bytes <= limit`.
+    /// The limit is read on every call, so a changed limit applies to the next reservation.
+    pub fn reserve(&self, dev: usize, bytes: u64) -> Result<u64, Refused> {
+        let e = &self.devices[dev];
+        let limit = e.limit.load(Ordering::Acquire);
+        let mut used = e.used.load(Ordering::Acquire);
+        loop {
+            let new = match used.checked_add(bytes) {
+                Some(n) if n <= limit => n,
+                _ => return Err(Refused { used, limit }),
+            };
+            match e
+                .used
+                .compare_exchange_weak(used, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    e.peak.fetch_max(new, Ordering::AcqRel);
+                    return Ok(new);
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// `used -= bytes`, saturating at 0. Returns the amount that could not be subtracted.
+    pub fn release(&self, dev: usize, bytes: u64) -> u64 {
+        saturating_sub(&self.devices[dev].used, bytes)
+    }
+
+    // ---- process slots ----
+
+    pub fn slot_state(&self, slot: usize) -> u32 {
+        self.slots[slot].state.load(Ordering::Acquire)
+    }
+
+    pub fn slot_pid(&self, slot: usize) -> u32 {
+        self.slots[slot].pid.load(Ordering::Relaxed)
+    }
+
+    pub fn slot_used(&self, slot: usize, dev: usize) -> u64 {
+        self.slots[slot].used[dev].load(Ordering::Acquire)
+    }
+
+    /// Claims a FREE slot; the caller holds the slot's lock.
+    pub fn claim_slot(&self, slot: usize, pid: u32, now_ms: u64) -> bool {
+        let s = &self.slots[slot];
+        if s.state
+            .compare_exchange(SLOT_FREE, SLOT_ACTIVE, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        s.pid.store(pid, Ordering::Relaxed);
+        s.started_unix_ms.store(now_ms, Ordering::Relaxed);
+        for u in &s.used {
+            u.store(0, Ordering::Relaxed);
+        }
+        true
+    }
+
+    pub fn slot_add(&self, slot: usize, dev: usize, bytes: u64) {
+        let u = &self.slots[slot].used[dev];
+        // Saturating: a garbage counter must not wrap.
+        let mut cur = u.load(Ordering::Relaxed);
+        while let Err(now) = u.compare_exchange_weak(
+            cur,
+            cur.saturating_add(bytes),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            cur = now;
+        }
+    }
+
+    /// Returns the amount that could not be subtracted (the slot recorded less).
+    pub fn slot_sub(&self, slot: usize, dev: usize, bytes: u64) -> u64 {
+        saturating_sub(&self.slots[slot].used[dev], bytes)
+    }
+
+    /// Gives a dead (or our own, on exit) slot's usage back to the devices and frees it. The caller
+    /// holds the slot's lock, so no other process can be reclaiming or claiming it. Returns whether
+    /// this call did the reclaim (false if the slot was FREE).
+    pub fn reclaim_slot(&self, slot: usize) -> bool {
+        let s = &self.slots[slot];
+        let state = s.state.load(Ordering::Acquire);
+        if state == SLOT_FREE {
+            return false;
+        }
+        // ACTIVE -> RECLAIMING; a slot already RECLAIMING was left by a cleaner that died: finish it.
+        if state != SLOT_RECLAIMING
+            && s.state
+                .compare_exchange(state, SLOT_RECLAIMING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return false;
+        }
+        // swap(0) first: whatever happens next, no amount is given back twice.
+        for dev in 0..MAX_DEVICES {
+            let n = s.used[dev].swap(0, Ordering::AcqRel);
+            if n > 0 {
+                saturating_sub(&self.devices[dev].used, n);
+            }
+        }
+        s.pid.store(0, Ordering::Relaxed);
+        s.state.store(SLOT_FREE, Ordering::Release);
+        self.header.reclaims.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+}
+
+/// `a -= bytes` saturating at 0; returns the shortfall.
+fn saturating_sub(a: &AtomicU64, bytes: u64) -> u64 {
+    let mut cur = a.load(Ordering::Acquire);
+    loop {
+        let new = cur.saturating_sub(bytes);
+        match a.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return bytes - (cur - new),
+            Err(now) => cur = now,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_stable() {
+        // Offsets are part of the file format (LAYOUT_VERSION 1).
+        assert_eq!(HEADER_SIZE, 256);
+        assert_eq!(size_of::<DeviceEntry>(), 96);
+        assert_eq!(size_of::<Slot>(), 16 + 8 * MAX_DEVICES);
+        assert_eq!(DEVICE_TABLE_OFFSET, HEADER_SIZE);
+        assert_eq!(SLOT_TABLE_OFFSET, HEADER_SIZE + MAX_DEVICES * 96);
+        assert_eq!(
+            TOTAL_SIZE,
+            SLOT_TABLE_OFFSET + MAX_SLOTS * size_of::<Slot>()
+        );
+        assert_eq!(&u64::from_ne_bytes(MAGIC).to_ne_bytes(), b"GPUSLICE");
+    }
+
+    #[test]
+    fn keys() {
+        assert!(pack_key("").is_none());
+        assert!(pack_key(&"x".repeat(65)).is_none());
+        assert!(pack_key(&"x".repeat(64)).is_some());
+    }
+}

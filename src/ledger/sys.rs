@@ -1,0 +1,276 @@
+//! The system calls the ledger needs: opening without following symlinks, mapping, and open-file-
+//! description (OFD) locks. The only `unsafe` of the ledger is here.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::ptr::NonNull;
+
+use super::shm::{Layout, TOTAL_SIZE};
+
+fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// `open(2)` with `O_CLOEXEC | O_NOFOLLOW` added to `flags`.
+pub fn open(path: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let c = cpath(path)?;
+    // SAFETY: `c` is a valid NUL-terminated string; open has no other memory arguments.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            mode as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable `stat`; the fd is open.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+pub fn ftruncate(fd: &OwnedFd, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an open fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub fn fchmod(fd: &OwnedFd, mode: u32) -> io::Result<()> {
+    // SAFETY: plain syscall on an open fd.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub fn fchown_group(fd: &OwnedFd, gid: u32) -> io::Result<()> {
+    // SAFETY: plain syscall on an open fd; uid -1 leaves the owner unchanged.
+    if unsafe { libc::fchown(fd.as_raw_fd(), u32::MAX, gid) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads up to `buf.len()` bytes at `offset`; returns how many were read.
+pub fn pread(fd: &OwnedFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the destination is the unread tail of `buf`, valid for writes of that length.
+        let n = unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            0 => break,
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            n => done += n as usize,
+        }
+    }
+    Ok(done)
+}
+
+/// `link(2)`, falling back to `renameat2(RENAME_NOREPLACE)` where hard links are not supported.
+/// Either way an existing `to` is never replaced (`AlreadyExists`).
+pub fn publish(from: &Path, to: &Path) -> io::Result<()> {
+    let (f, t) = (cpath(from)?, cpath(to)?);
+    // SAFETY: both are valid NUL-terminated strings.
+    if unsafe { libc::link(f.as_ptr(), t.as_ptr()) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() == io::ErrorKind::AlreadyExists {
+        return Err(e);
+    }
+    // SAFETY: both are valid NUL-terminated strings; AT_FDCWD resolves them like link does.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A shared mapping of a whole ledger file.
+pub struct Mapping {
+    ptr: NonNull<Layout>,
+}
+
+// SAFETY: the mapping is plain shared memory made only of atomics; any thread may access it.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: every access goes through atomics.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `TOTAL_SIZE` bytes of `fd`. The caller has checked the file is at least that long.
+    pub fn new(fd: &OwnedFd, writable: bool) -> io::Result<Mapping> {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) aliases no Rust object.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                TOTAL_SIZE,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        NonNull::new(p.cast())
+            .map(|ptr| Mapping { ptr })
+            .ok_or_else(|| io::Error::other("mmap returned NULL"))
+    }
+
+    pub fn layout(&self) -> &Layout {
+        // SAFETY: the mapping is TOTAL_SIZE bytes, page-aligned (enough for Layout's 8-byte
+        // alignment) and lives as long as `self`; Layout is made only of atomics, for which every
+        // bit pattern is valid and shared mutation is allowed. A read-only mapping is only loaded
+        // from (the Ledger refuses every store when it is read-only).
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped; no reference into it outlives `self`.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), TOTAL_SIZE);
+        }
+    }
+}
+
+fn flock(kind: i32, offset: u64) -> libc::flock {
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct (l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = offset as libc::off_t;
+    fl.l_len = 1;
+    fl
+}
+
+/// Non-blocking OFD write lock on one byte. `Ok(false)` if someone else holds it.
+pub fn try_lock(fd: RawFd, offset: u64) -> io::Result<bool> {
+    let mut fl = flock(libc::F_WRLCK, offset);
+    // SAFETY: `fl` is a valid flock; F_OFD_SETLK never blocks.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+pub fn unlock(fd: RawFd, offset: u64) {
+    let mut fl = flock(libc::F_UNLCK, offset);
+    // SAFETY: `fl` is a valid flock; unlocking cannot block. A failure leaves a lock that dies
+    // with the fd, which is harmless.
+    unsafe {
+        libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl);
+    }
+}
+
+/// Whether another open file description holds a lock on the byte (works on a read-only fd).
+pub fn is_locked(fd: RawFd, offset: u64) -> io::Result<bool> {
+    let mut fl = flock(libc::F_WRLCK, offset);
+    // SAFETY: `fl` is a valid flock that F_OFD_GETLK overwrites.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+pub fn getpid() -> u32 {
+    std::process::id()
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: no arguments; cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether the process is in group `gid` (effective or supplementary).
+pub fn in_group(gid: u32) -> bool {
+    // SAFETY: no arguments; cannot fail.
+    if unsafe { libc::getegid() } == gid {
+        return true;
+    }
+    let mut groups = vec![0 as libc::gid_t; 256];
+    // SAFETY: `groups` has room for the 256 entries we declare.
+    let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
+}
+
+/// Resolves a group name or number.
+pub fn group_id(name: &str) -> io::Result<u32> {
+    if let Ok(gid) = name.trim().parse::<u32>() {
+        return Ok(gid);
+    }
+    let c = CString::new(name.trim())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "group name contains NUL"))?;
+    // SAFETY: an all-zero `group` is valid; getgrnam_r fills it from `buf`.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the sizes given; `result` receives NULL or `&mut grp`.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            c.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    if result.is_null() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no group named {name:?}"),
+        ));
+    }
+    Ok(grp.gr_gid)
+}

@@ -1,0 +1,621 @@
+//! Shared harness of the integration tests that judge simgpu (and later gpuslice) through real
+//! clients: C programs compiled against NVIDIA's real `cuda.h`, NVIDIA's Python packages, each run
+//! as a separate process that finds the driver through `LD_LIBRARY_PATH` exactly as it would find
+//! NVIDIA's. The figures tests assert on come from the clients' own output and from `simgpu-stat`
+//! (simgpu's shared state), never from the code under test reporting on itself.
+//!
+//! Everything this needs is installed by `scripts/test`; a missing piece is a panic naming it, never
+//! a silent skip.
+#![allow(dead_code)] // each test file uses a different part of the harness
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` if set, else `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => root().join(d),
+        _ => root().join("target"),
+    }
+}
+
+fn require(path: PathBuf, what: &str) -> PathBuf {
+    assert!(
+        path.exists(),
+        "run scripts/test ({what} is not installed at {})",
+        path.display()
+    );
+    path
+}
+
+/// Where `scripts/install-simgpu.sh` put simgpu's `libcuda.so.1` and `libnvidia-ml.so.1`.
+pub fn simgpu_lib_dir() -> PathBuf {
+    let dir = target_dir().join("simgpu/lib");
+    require(dir.join("libcuda.so.1"), "simgpu");
+    require(dir.join("libnvidia-ml.so.1"), "simgpu");
+    dir
+}
+
+/// The `simgpu-stat` binary installed beside the libraries.
+pub fn simgpu_stat_bin() -> PathBuf {
+    require(target_dir().join("simgpu/bin/simgpu-stat"), "simgpu-stat")
+}
+
+/// NVIDIA's real 535 driver, fetched by `scripts/fetch-nvidia.sh`.
+pub fn nvidia_driver_dir() -> PathBuf {
+    let dir = root().join("target/nvidia/driver");
+    require(
+        dir.join("libcuda.so.1"),
+        "NVIDIA's driver (scripts/fetch-nvidia.sh)",
+    );
+    dir
+}
+
+/// NVIDIA's headers: `cu12` or `cu13` (cuda.h, cudaTypedefs.h) or `nvml` (nvml.h).
+pub fn nvidia_include(which: &str) -> PathBuf {
+    let dir = root().join("target/nvidia/include").join(which);
+    require(dir.clone(), "NVIDIA's headers (scripts/fetch-nvidia.sh)");
+    dir
+}
+
+/// The venv made by `scripts/setup-python.sh` (cuda-bindings, nvidia-ml-py).
+pub fn venv_python() -> PathBuf {
+    require(
+        root().join("target/venv/bin/python"),
+        "the Python venv (scripts/setup-python.sh)",
+    )
+}
+
+/// A file under `tests/clients/`.
+pub fn client_source(name: &str) -> PathBuf {
+    require(root().join("tests/clients").join(name), "client source")
+}
+
+/// A C client, built once per test process.
+#[derive(Debug, Clone)]
+pub struct CBuild {
+    /// Output name (unique per build configuration).
+    pub name: &'static str,
+    /// Source file in tests/clients/.
+    pub source: &'static str,
+    /// Header directory under target/nvidia/include (`cu12`, `cu13`, `nvml`).
+    pub include: &'static str,
+    /// Link against simgpu's libcuda (`-lcuda`).
+    pub link_cuda: bool,
+}
+
+/// Compile a client with `cc` into this test's tmp dir; cached for the life of the test process.
+pub fn compile(b: &CBuild) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<&'static str, PathBuf>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Default::default);
+    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get(b.name) {
+        return p.clone();
+    }
+    // Built under a private name, then renamed into place: several test binaries may build the same
+    // client at once, and a running copy keeps its inode.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("clients");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(b.name);
+    let tmp = dir.join(format!(".{}.{}", b.name, std::process::id()));
+    let mut cmd = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()));
+    cmd.args(["-O1", "-g", "-Wall", "-Wextra", "-Werror"])
+        .arg("-I")
+        .arg(nvidia_include(b.include))
+        .arg("-I")
+        .arg(root().join("tests/clients"))
+        .arg(client_source(b.source))
+        .arg("-o")
+        .arg(&tmp);
+    if b.link_cuda {
+        cmd.arg("-L").arg(simgpu_lib_dir()).arg("-lcuda");
+    }
+    cmd.arg("-ldl");
+    let o = cmd.output().expect("run cc");
+    assert!(
+        o.status.success(),
+        "compiling {} failed:\n{}{}",
+        b.source,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::rename(&tmp, &out).unwrap();
+    built.insert(b.name, out.clone());
+    out
+}
+
+pub const LINKED_CU12: CBuild = CBuild {
+    name: "linked-cu12",
+    source: "linked.c",
+    include: "cu12",
+    link_cuda: true,
+};
+pub const LINKED_CU13: CBuild = CBuild {
+    name: "linked-cu13",
+    source: "linked.c",
+    include: "cu13",
+    link_cuda: true,
+};
+pub const DLOPEN: CBuild = CBuild {
+    name: "dlopen-cu12",
+    source: "dlopen.c",
+    include: "cu12",
+    link_cuda: false,
+};
+pub const PROCADDRESS: CBuild = CBuild {
+    name: "procaddress",
+    source: "procaddress.c",
+    include: "cu13",
+    link_cuda: false,
+};
+
+/// One simulated machine: a unique `SIMGPU_STATE` (so tests are isolated and run in parallel) and
+/// the `SIMGPU_*` settings every process of the test shares. The state file is removed on drop.
+pub struct Sim {
+    pub state: String,
+    env: BTreeMap<String, String>,
+}
+
+impl Sim {
+    pub fn new(tag: &str) -> Sim {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let state = format!(
+            "gpuslice-test-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let _ = std::fs::remove_file(Path::new("/dev/shm").join(&state));
+        let mut env = BTreeMap::new();
+        env.insert("SIMGPU_STATE".to_string(), state.clone());
+        Sim { state, env }
+    }
+
+    /// Set a `SIMGPU_*` (or other) variable for every process of this machine.
+    pub fn env(mut self, k: &str, v: &str) -> Sim {
+        self.env.insert(k.to_string(), v.to_string());
+        self
+    }
+
+    /// A command with this machine's environment: simgpu on `LD_LIBRARY_PATH`, and nothing
+    /// inherited that could change the outcome (other `SIMGPU_*`, `CUDA_*`, preloads).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        self.command_with_driver(program, &simgpu_lib_dir())
+    }
+
+    /// Like [`Sim::command`] with another driver directory (NVIDIA's real one for oracle tests).
+    pub fn command_with_driver(
+        &self,
+        program: impl AsRef<std::ffi::OsStr>,
+        driver: &Path,
+    ) -> Command {
+        let mut cmd = Command::new(program);
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("SIMGPU_")
+                || k.starts_with("CUDA_")
+                || k.starts_with("GPUSLICE_")
+                || k == "LD_PRELOAD"
+            {
+                cmd.env_remove(k.as_ref());
+            }
+        }
+        cmd.env("LD_LIBRARY_PATH", driver);
+        cmd.envs(&self.env);
+        cmd
+    }
+
+    /// Run a program to completion with stdin closed.
+    pub fn run(&self, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Run {
+        self.run_cmd(self.command(program).args(args))
+    }
+
+    pub fn run_cmd(&self, cmd: &mut Command) -> Run {
+        let desc = format!("{cmd:?}");
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+        Run::new(desc, out)
+    }
+
+    /// Start a program with piped stdin/stdout (for long-running clients).
+    pub fn spawn(&self, cmd: &mut Command) -> Child {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"))
+    }
+
+    /// Run a Python client from tests/clients/ with the venv's interpreter.
+    pub fn run_python(&self, script: &str, args: &[&str]) -> Run {
+        let mut cmd = self.command(venv_python());
+        cmd.arg(client_source(script)).args(args);
+        self.run_cmd(&mut cmd)
+    }
+
+    /// simgpu's shared state, as `simgpu-stat --state NAME` prints it: the judge of every figure.
+    pub fn stat(&self) -> Json {
+        let run = self.run_cmd(
+            self.command(simgpu_stat_bin())
+                .args(["--state", &self.state]),
+        );
+        run.assert_success();
+        Json::parse(&run.stdout)
+            .unwrap_or_else(|e| panic!("simgpu-stat printed bad JSON ({e}):\n{}", run.stdout))
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(Path::new("/dev/shm").join(&self.state));
+    }
+}
+
+/// A finished process: its output and `key=value` lines.
+pub struct Run {
+    pub desc: String,
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn new(desc: String, out: Output) -> Run {
+        Run {
+            desc,
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Everything about the run, for assertion messages.
+    pub fn report(&self) -> String {
+        format!(
+            "{}\nexit: {}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.desc, self.status, self.stdout, self.stderr
+        )
+    }
+
+    pub fn assert_success(&self) -> &Run {
+        assert!(self.status.success(), "client failed:\n{}", self.report());
+        self
+    }
+
+    /// `key=value` lines (the last value of a repeated key).
+    pub fn kv(&self) -> BTreeMap<String, String> {
+        parse_kv(&self.stdout)
+    }
+
+    /// The value printed for `key`; panics with the whole output if absent.
+    pub fn get(&self, key: &str) -> String {
+        self.kv()
+            .remove(key)
+            .unwrap_or_else(|| panic!("client printed no `{key}=`:\n{}", self.report()))
+    }
+
+    pub fn get_u64(&self, key: &str) -> u64 {
+        let v = self.get(key);
+        v.parse()
+            .unwrap_or_else(|_| panic!("`{key}={v}` is not an integer:\n{}", self.report()))
+    }
+
+    pub fn get_f64(&self, key: &str) -> f64 {
+        let v = self.get(key);
+        v.parse()
+            .unwrap_or_else(|_| panic!("`{key}={v}` is not a number:\n{}", self.report()))
+    }
+}
+
+pub fn parse_kv(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// Read `key=value` lines from a running child's stdout until `key` appears.
+pub fn wait_for_key(child: &mut Child, key: &str) -> BTreeMap<String, String> {
+    use std::io::BufRead;
+    let stdout = child.stdout.as_mut().expect("piped stdout");
+    let mut reader = std::io::BufReader::new(stdout);
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line).unwrap();
+        if n == 0 {
+            panic!("child exited before printing `{key}=`; it printed:\n{seen}");
+        }
+        seen.push_str(&line);
+        if line.starts_with(&format!("{key}=")) {
+            return parse_kv(&seen);
+        }
+    }
+}
+
+/// Close a child's stdin (the clients' signal to finish) and collect its output.
+pub fn finish(mut child: Child, desc: &str) -> Run {
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("wait for child");
+    Run::new(desc.to_string(), out)
+}
+
+/// Write lines to a child's stdin and collect everything it prints.
+pub fn feed(mut child: Child, input: &str, desc: &str) -> Run {
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let input = input.to_string();
+    // A writer thread: the child's stdout could fill before all input is written.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let out = child.wait_with_output().expect("wait for child");
+    writer.join().unwrap();
+    Run::new(desc.to_string(), out)
+}
+
+/// A JSON value (a tiny hand-written parser: simgpu-stat's output is all the tests read).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Json {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    pub fn parse(text: &str) -> Result<Json, String> {
+        let mut p = Parser {
+            s: text.as_bytes(),
+            i: 0,
+        };
+        let v = p.value()?;
+        p.ws();
+        if p.i != p.s.len() {
+            return Err(format!("trailing characters at {}", p.i));
+        }
+        Ok(v)
+    }
+
+    /// Follow a path like `devices.0.busy_ns`; panics (with the document) if absent.
+    pub fn at(&self, path: &str) -> &Json {
+        let mut v = self;
+        for part in path.split('.').filter(|p| !p.is_empty()) {
+            let next = match (v, part.parse::<usize>()) {
+                (Json::Arr(a), Ok(i)) => a.get(i),
+                (Json::Obj(o), _) => o.iter().find(|(k, _)| k == part).map(|(_, v)| v),
+                _ => None,
+            };
+            v = next.unwrap_or_else(|| {
+                panic!("simgpu-stat has no `{path}` (at `{part}`) in:\n{self}")
+            });
+        }
+        v
+    }
+
+    pub fn u64(&self, path: &str) -> u64 {
+        match self.at(path) {
+            Json::Num(n) if *n >= 0.0 => *n as u64,
+            other => panic!("simgpu-stat `{path}` is not a count: {other:?}"),
+        }
+    }
+
+    pub fn str(&self, path: &str) -> &str {
+        match self.at(path) {
+            Json::Str(s) => s,
+            other => panic!("simgpu-stat `{path}` is not a string: {other:?}"),
+        }
+    }
+
+    pub fn arr(&self, path: &str) -> &[Json] {
+        match self.at(path) {
+            Json::Arr(a) => a,
+            other => panic!("simgpu-stat `{path}` is not an array: {other:?}"),
+        }
+    }
+
+    /// The element of array `path` whose field `key` equals `value` (e.g. a group by name).
+    pub fn find(&self, path: &str, key: &str, value: &Json) -> Option<&Json> {
+        self.arr(path).iter().find(|e| match e {
+            Json::Obj(o) => o.iter().any(|(k, v)| k == key && v == value),
+            _ => false,
+        })
+    }
+}
+
+/// Compact JSON again, for assertion messages.
+impl std::fmt::Display for Json {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Json::Null => write!(f, "null"),
+            Json::Bool(b) => write!(f, "{b}"),
+            Json::Num(n) => write!(f, "{n}"),
+            Json::Str(s) => write!(f, "{s:?}"),
+            Json::Arr(a) => {
+                write!(f, "[")?;
+                for (i, v) in a.iter().enumerate() {
+                    write!(f, "{}{v}", if i > 0 { "," } else { "" })?;
+                }
+                write!(f, "]")
+            }
+            Json::Obj(o) => {
+                write!(f, "{{")?;
+                for (i, (k, v)) in o.iter().enumerate() {
+                    write!(f, "{}{k:?}:{v}", if i > 0 { "," } else { "" })?;
+                }
+                write!(f, "}}")
+            }
+        }
+    }
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn ws(&mut self) {
+        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Result<(), String> {
+        self.ws();
+        if self.s.get(self.i) == Some(&c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            Err(format!("expected `{}` at {}", c as char, self.i))
+        }
+    }
+
+    fn value(&mut self) -> Result<Json, String> {
+        self.ws();
+        match self.s.get(self.i) {
+            Some(b'{') => {
+                self.i += 1;
+                let mut o = Vec::new();
+                self.ws();
+                if self.s.get(self.i) == Some(&b'}') {
+                    self.i += 1;
+                    return Ok(Json::Obj(o));
+                }
+                loop {
+                    self.ws();
+                    let k = self.string()?;
+                    self.eat(b':')?;
+                    o.push((k, self.value()?));
+                    self.ws();
+                    match self.s.get(self.i) {
+                        Some(b',') => self.i += 1,
+                        Some(b'}') => {
+                            self.i += 1;
+                            return Ok(Json::Obj(o));
+                        }
+                        _ => return Err(format!("expected `,` or `}}` at {}", self.i)),
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.i += 1;
+                let mut a = Vec::new();
+                self.ws();
+                if self.s.get(self.i) == Some(&b']') {
+                    self.i += 1;
+                    return Ok(Json::Arr(a));
+                }
+                loop {
+                    a.push(self.value()?);
+                    self.ws();
+                    match self.s.get(self.i) {
+                        Some(b',') => self.i += 1,
+                        Some(b']') => {
+                            self.i += 1;
+                            return Ok(Json::Arr(a));
+                        }
+                        _ => return Err(format!("expected `,` or `]` at {}", self.i)),
+                    }
+                }
+            }
+            Some(b'"') => Ok(Json::Str(self.string()?)),
+            Some(b't') if self.s[self.i..].starts_with(b"true") => {
+                self.i += 4;
+                Ok(Json::Bool(true))
+            }
+            Some(b'f') if self.s[self.i..].starts_with(b"false") => {
+                self.i += 5;
+                Ok(Json::Bool(false))
+            }
+            Some(b'n') if self.s[self.i..].starts_with(b"null") => {
+                self.i += 4;
+                Ok(Json::Null)
+            }
+            _ => {
+                let start = self.i;
+                while self.i < self.s.len() && b"+-0123456789.eE".contains(&self.s[self.i]) {
+                    self.i += 1;
+                }
+                std::str::from_utf8(&self.s[start..self.i])
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .map(Json::Num)
+                    .ok_or_else(|| format!("bad value at {start}"))
+            }
+        }
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        self.eat(b'"')?;
+        let mut out = String::new();
+        loop {
+            let c = *self.s.get(self.i).ok_or("unterminated string")?;
+            self.i += 1;
+            match c {
+                b'"' => return Ok(out),
+                b'\\' => {
+                    let e = *self.s.get(self.i).ok_or("bad escape")?;
+                    self.i += 1;
+                    match e {
+                        b'n' => out.push('\n'),
+                        b't' => out.push('\t'),
+                        b'u' => {
+                            let hex = std::str::from_utf8(
+                                self.s.get(self.i..self.i + 4).ok_or("bad \\u")?,
+                            )
+                            .map_err(|e| e.to_string())?;
+                            let code = u32::from_str_radix(hex, 16).map_err(|e| e.to_string())?;
+                            out.push(char::from_u32(code).unwrap_or('?'));
+                            self.i += 4;
+                        }
+                        other => out.push(other as char),
+                    }
+                }
+                _ => {
+                    // Copy a whole UTF-8 sequence.
+                    let start = self.i - 1;
+                    let mut end = self.i;
+                    while end < self.s.len() && (self.s[end] & 0xC0) == 0x80 {
+                        end += 1;
+                    }
+                    out.push_str(&String::from_utf8_lossy(&self.s[start..end]));
+                    self.i = end;
+                }
+            }
+        }
+    }
+}
+
+/// Expected `simgpu-stat` shape check helpers.
+pub fn group<'a>(stat: &'a Json, name: &str) -> &'a Json {
+    stat.find("groups", "name", &Json::Str(name.to_string()))
+        .unwrap_or_else(|| panic!("simgpu-stat has no group `{name}`:\n{stat}"))
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::Json;
+
+    #[test]
+    fn parses_stat_like_document() {
+        let j = Json::parse(r#"{"devices":[{"capacity":1073741824,"used":0,"busy_ns":5,"kernels":1}],"groups":[{"name":"a\"b","used":[1]}],"x":null,"t":true}"#).unwrap();
+        assert_eq!(j.u64("devices.0.capacity"), 1 << 30);
+        assert_eq!(j.str("groups.0.name"), "a\"b");
+        assert_eq!(j.u64("groups.0.used.0"), 1);
+    }
+}

@@ -1,0 +1,434 @@
+//! Unit tests of the shared state: each test uses its own state file under /dev/shm.
+
+use super::*;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+struct TempState(PathBuf);
+impl TempState {
+    fn new(name: &str) -> TempState {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        TempState(PathBuf::from(format!(
+            "/dev/shm/simgpu-unit-{}-{}-{name}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )))
+    }
+    fn open(&self, cfg: &Config) -> Shared {
+        Shared::open(&self.0, cfg).unwrap()
+    }
+}
+impl Drop for TempState {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn cfg(memory: u64) -> Config {
+    Config {
+        memory,
+        devices: 2,
+        ..Config::default()
+    }
+}
+
+/// Forks; the child runs `f` and `_exit`s with its result.
+fn fork(f: impl FnOnce() -> i32) -> libc::pid_t {
+    // SAFETY: the child only runs `f` (simgpu calls, which are fork-safe: no lock held across fork is
+    // needed by them) and then `_exit`s without returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
+        // SAFETY: terminates the child immediately, without running the parent's atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    pid
+}
+
+fn wait(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    status
+}
+
+#[test]
+fn reserve_never_exceeds_capacity_under_threads() {
+    let t = TempState::new("reserve");
+    let s = Arc::new(t.open(&cfg(1000)));
+    let max_seen = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, max_seen) = (s.clone(), max_seen.clone());
+            std::thread::spawn(move || {
+                let mut held = 0;
+                for i in 0..20_000u64 {
+                    let n = 1 + i % 97;
+                    if s.try_reserve(0, n) {
+                        held += n;
+                    }
+                    let used = s.device_used(0);
+                    assert!(used <= 1000, "used {used} > capacity");
+                    max_seen.fetch_max(used as usize, Ordering::Relaxed);
+                    if i % 3 == 0 && held > 0 {
+                        s.release(0, held);
+                        held = 0;
+                    }
+                }
+                s.release(0, held);
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    assert_eq!(s.device_used(0), 0);
+    assert!(
+        max_seen.load(Ordering::Relaxed) > 900,
+        "contention never reached capacity"
+    );
+    let p = s.processes();
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].pid, std::process::id());
+    assert_eq!(p[0].used, vec![0, 0]);
+    // Never above capacity (process figures rise after the device's and fall before it); how close
+    // to capacity it got depends on scheduling.
+    assert!(
+        p[0].peak[0] <= 1000 && p[0].peak[0] >= 97,
+        "peak {}",
+        p[0].peak[0]
+    );
+    // Device 1 is separate; device 2 does not exist.
+    assert!(s.try_reserve(1, 1000));
+    assert!(!s.try_reserve(1, 1));
+    assert!(!s.try_reserve(2, 1));
+    assert_eq!(s.device_capacity(2), 0);
+}
+
+#[test]
+fn first_creator_decides_and_concurrent_openers_agree() {
+    let t = TempState::new("create");
+    let path = t.0.clone();
+    let opened: Vec<_> = (0..8)
+        .map(|i| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let c = Config {
+                    memory: 1000 + i,
+                    devices: 1 + (i as u32 % 3),
+                    ..Config::default()
+                };
+                let s = Shared::open(&path, &c).unwrap();
+                (s.device_count(), s.device_capacity(0))
+            })
+        })
+        .collect();
+    let results: Vec<_> = opened.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
+    let later = Shared::open(&path, &cfg(5)).unwrap();
+    assert_eq!((later.device_count(), later.device_capacity(0)), results[0]);
+    // No temporary files left behind.
+    let dir: Vec<_> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&*path.file_name().unwrap().to_string_lossy())
+        })
+        .collect();
+    assert_eq!(dir.len(), 1);
+}
+
+#[test]
+fn foreign_or_corrupt_file_is_an_error() {
+    let t = TempState::new("corrupt");
+    std::fs::write(&t.0, b"hello, not a state file").unwrap();
+    let e = Shared::open(&t.0, &cfg(1)).err().unwrap();
+    assert!(
+        e.contains(&*t.0.to_string_lossy()) && e.contains("magic"),
+        "{e}"
+    );
+    std::fs::write(&t.0, b"").unwrap();
+    assert!(snapshot(&t.0).is_err());
+    let mut bytes = MAGIC_FOR_TESTS.to_vec();
+    bytes.extend_from_slice(&99u32.to_le_bytes());
+    bytes.extend_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&t.0, &bytes).unwrap();
+    let e = Shared::open(&t.0, &cfg(1)).err().unwrap();
+    assert!(e.contains("layout version 99"), "{e}");
+    assert!(Shared::open(std::path::Path::new("/nonexistent-dir/x"), &cfg(1)).is_err());
+}
+
+const MAGIC_FOR_TESTS: [u8; 8] = *b"SIMGPUst";
+
+#[test]
+fn dead_process_memory_is_reclaimed() {
+    let t = TempState::new("reclaim");
+    let s = t.open(&Config {
+        group: "g1".into(),
+        ..cfg(1 << 30)
+    });
+    s.register().unwrap();
+    assert!(s.try_reserve(0, 100));
+    let child = fork(|| {
+        // Reserves most of the device and exits without releasing.
+        if !s.try_reserve(0, 600 << 20) {
+            return 1;
+        }
+        if s.processes().len() != 2 {
+            return 2;
+        }
+        0
+    });
+    assert_eq!(wait(child), 0);
+    // The child's 600 MiB are still counted until someone sweeps (a failing reservation does);
+    // snapshots already leave them out.
+    assert_eq!(s.device_used(0), 100 + (600 << 20));
+    let snap = snapshot(&t.0).unwrap();
+    assert_eq!(snap.processes.len(), 1, "dead child listed: {snap:?}");
+    assert_eq!(snap.devices[0].used, 100);
+    assert_eq!(snap.groups[0].used[0], 100);
+    assert!(
+        s.try_reserve(0, 900 << 20),
+        "dead child's memory not reclaimed"
+    );
+    assert_eq!(s.device_used(0), 100 + (900 << 20));
+    let snap = snapshot(&t.0).unwrap();
+    assert_eq!(snap.groups.len(), 1);
+    let g = &snap.groups[0];
+    assert_eq!(g.name, "g1");
+    assert_eq!(g.used[0], 100 + (900 << 20));
+    // The group's peak saw parent and child together.
+    assert_eq!(g.peak[0], 100 + (900 << 20));
+    assert_eq!(snap.processes[0].peak[0], 100 + (900 << 20));
+    assert_eq!(snap.processes[0].group, "g1");
+}
+
+#[test]
+fn group_peak_includes_child_while_alive() {
+    let t = TempState::new("peak");
+    let s = t.open(&Config {
+        group: "grp".into(),
+        ..cfg(1 << 30)
+    });
+    s.register().unwrap();
+    assert!(s.try_reserve(0, 1000));
+    let child = fork(|| i32::from(!s.try_reserve(0, 5000)));
+    assert_eq!(wait(child), 0);
+    let snap = snapshot(&t.0).unwrap();
+    assert_eq!(snap.groups[0].peak[0], 6000);
+    assert_eq!(snap.processes[0].peak[0], 1000);
+    s.sweep().unwrap();
+    let snap = snapshot(&t.0).unwrap();
+    assert_eq!(snap.groups[0].used[0], 1000);
+    assert_eq!(snap.devices[0].used, 1000);
+}
+
+#[test]
+fn turns_are_fifo_between_threads() {
+    let t = TempState::new("fair");
+    let s = Arc::new(t.open(&cfg(1 << 30)));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..3)
+        .map(|id| {
+            let (s, order) = (s.clone(), order.clone());
+            std::thread::spawn(move || {
+                for _ in 0..100 {
+                    let turn = s.acquire_device(0);
+                    order.lock().unwrap().push((turn.ticket(), id));
+                    // Sleep, not spin: on a loaded machine the waiters need the CPU to queue up.
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    let order = order.lock().unwrap();
+    // Granted strictly in ticket order, one at a time.
+    assert!(
+        order.windows(2).all(|w| w[1].0 == w[0].0 + 1),
+        "not FIFO: {order:?}"
+    );
+    // A thread that re-queues goes behind those already waiting: mostly round-robin.
+    let repeats = order[..250].windows(2).filter(|w| w[0].1 == w[1].1).count();
+    assert!(repeats < 125, "{repeats} back-to-back repeats in 250 turns");
+    assert_eq!(s.device_kernels(0), 300);
+    assert!(s.device_busy_ns(0) >= 300 * 300_000);
+    let p = s.processes();
+    assert_eq!(p[0].kernels[0], 300);
+    assert_eq!(p[0].busy_ns[0], s.device_busy_ns(0));
+}
+
+#[test]
+fn concurrent_kernels_allows_n_holders() {
+    let t = TempState::new("conc");
+    let s = t.open(&Config {
+        concurrent_kernels: 2,
+        ..cfg(1 << 30)
+    });
+    let a = s.acquire_device(0);
+    let b = s.acquire_device(0);
+    let start = Instant::now();
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| {
+            let _c = s.acquire_device(0);
+            start.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(a);
+        let waited = h.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(45),
+            "third holder did not wait: {waited:?}"
+        );
+    });
+    drop(b);
+    assert_eq!(s.device_kernels(0), 3);
+}
+
+#[test]
+fn killed_turn_holder_does_not_block() {
+    let t = TempState::new("killed");
+    let s = t.open(&cfg(1 << 30));
+    s.register().unwrap();
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two ints.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let child = fork(|| {
+        let _turn = s.acquire_device(0);
+        // SAFETY: writes one byte from a valid buffer to our pipe.
+        unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let mut b = [0u8; 1];
+    // SAFETY: reads one byte into a valid buffer from our pipe.
+    assert_eq!(unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) }, 1);
+    // Another waiter queued behind the child's turn, in a second child that is killed before its turn.
+    let waiter = fork(|| {
+        let _turn = s.acquire_device(0);
+        0
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: plain signals to our own children.
+    unsafe {
+        libc::kill(waiter, libc::SIGKILL);
+        libc::kill(child, libc::SIGKILL);
+    }
+    wait(waiter);
+    wait(child);
+    let start = Instant::now();
+    drop(s.acquire_device(0));
+    let waited = start.elapsed();
+    assert!(
+        waited < Duration::from_millis(300),
+        "waited {waited:?} for a dead holder"
+    );
+    // And the device keeps working normally afterwards.
+    let start = Instant::now();
+    for _ in 0..10 {
+        drop(s.acquire_device(0));
+    }
+    assert!(start.elapsed() < Duration::from_millis(50));
+    // SAFETY: closing our pipe's descriptors.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
+#[test]
+fn turns_alternate_between_processes() {
+    let t = TempState::new("procs");
+    let s = t.open(&cfg(1 << 30));
+    s.register().unwrap();
+    let run = |s: &Shared| {
+        let until = Instant::now() + Duration::from_millis(400);
+        while Instant::now() < until {
+            let _turn = s.acquire_device(0);
+            let end = Instant::now() + Duration::from_micros(500);
+            while Instant::now() < end {}
+        }
+    };
+    let child = fork(|| {
+        run(&s);
+        0
+    });
+    run(&s);
+    assert_eq!(wait(child), 0);
+    let snap = snapshot(&t.0).unwrap();
+    let mine = snap
+        .processes
+        .iter()
+        .find(|p| p.pid == std::process::id())
+        .unwrap();
+    let total = snap.devices[0].busy_ns as f64;
+    let share = mine.busy_ns[0] as f64 / total;
+    assert!((0.35..0.65).contains(&share), "share {share}");
+    // The group (default "") kept the dead child's busy time.
+    assert_eq!(snap.groups[0].busy_ns[0], snap.devices[0].busy_ns);
+}
+
+#[test]
+fn utilization_over_the_last_second() {
+    let t = TempState::new("util");
+    let s = t.open(&cfg(1 << 30));
+    assert_eq!(s.utilization(0), 0);
+    // Busy half of the time for 1.2 s.
+    let until = Instant::now() + Duration::from_millis(1200);
+    while Instant::now() < until {
+        {
+            let _turn = s.acquire_device(0);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let u = s.utilization(0);
+    assert!((35..=65).contains(&u), "utilization {u}");
+    let p = s.process_utilization(0, 0);
+    assert_eq!(p.len(), 1);
+    assert!((35..=65).contains(&p[0].1), "process utilization {:?}", p);
+    // A long kernel in flight counts.
+    let turn = s.acquire_device(0);
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(s.utilization(0) >= 95, "{}", s.utilization(0));
+    drop(turn);
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(s.utilization(0) <= 5, "{}", s.utilization(0));
+}
+
+#[test]
+fn snapshot_json_shape() {
+    let t = TempState::new("json");
+    let s = t.open(&Config {
+        group: "a\"b".into(),
+        ..cfg(1 << 20)
+    });
+    assert!(s.try_reserve(0, 42));
+    let json = snapshot_json(&snapshot(&t.0).unwrap());
+    assert!(
+        json.starts_with("{\"devices\":[{\"capacity\":1048576,\"used\":42,"),
+        "{json}"
+    );
+    assert!(json.contains("\"group\":\"a\\\"b\""), "{json}");
+    assert!(
+        json.contains(&format!("\"pid\":{},", std::process::id())),
+        "{json}"
+    );
+}
+
+#[test]
+fn uuid_format() {
+    let d = device_info(3, 1);
+    assert_eq!(
+        format_uuid(&d.uuid),
+        "GPU-53494d47-5055-4000-8000-000000000003"
+    );
+}
