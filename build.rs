@@ -19,7 +19,11 @@ fn hooked(path: &str, symbol_col: usize, hook_col: usize, library: &'static str)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|l| l.split('\t').collect::<Vec<_>>())
         .filter(|c| c[hook_col] != "-")
-        .map(|c| Hooked { symbol: c[symbol_col].to_owned(), group: c[hook_col].to_owned(), library })
+        .map(|c| Hooked {
+            symbol: c[symbol_col].to_owned(),
+            group: c[hook_col].to_owned(),
+            library,
+        })
         .collect()
 }
 
@@ -39,7 +43,10 @@ fn main() {
     // rustc's version script exports only Rust items; this one adds the C interposers.
     let exports = Path::new(&out_dir).join("c-exports.map");
     std::fs::write(&exports, "{ global: dlsym; dlvsym; };\n").unwrap();
-    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", exports.display());
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        exports.display()
+    );
 
     let mut hooks = hooked("src/api/driver_entry_points.tsv", 0, 6, "Cuda");
     hooks.extend(hooked("src/api/nvml_entry_points.tsv", 0, 3, "Nvml"));
@@ -59,8 +66,12 @@ fn main() {
         writeln!(out, "    (c{:?}, Library::{}),", h.symbol, h.library).unwrap();
     }
     out.push_str("];\n\n");
-    out.push_str("/// The real-function slot and the hook for a hooked entry point's exact exported name.\n");
-    out.push_str("pub fn hooked_entry(symbol: &[u8]) -> Option<(Real, *const ())> {\n    match symbol {\n");
+    out.push_str(
+        "/// The real-function slot and the hook for a hooked entry point's exact exported name.\n",
+    );
+    out.push_str(
+        "pub fn hooked_entry(symbol: &[u8]) -> Option<(Real, *const ())> {\n    match symbol {\n",
+    );
     for h in hooks.iter().filter(|h| h.group != "call") {
         writeln!(
             out,

@@ -21,7 +21,7 @@ pub enum Mode {
     /// Nothing is configured anywhere and there is no ledger to join: every call is the driver's own.
     Transparent,
     /// Quotas apply.
-    Enforcing(Tenant),
+    Enforcing(Box<Tenant>),
 }
 
 static MODE: OnceLock<Mode> = OnceLock::new();
@@ -35,12 +35,14 @@ pub fn mode() -> &'static Mode {
             log::info(format_args!("{note}"));
         }
         for error in &config.errors {
-            log::error(format_args!("{error}; allocations on the devices it concerns are refused"));
+            log::error(format_args!(
+                "{error}; allocations on the devices it concerns are refused"
+            ));
         }
         if !config.is_configured() && !config.ledger_path.exists() {
             return Mode::Transparent;
         }
-        Mode::Enforcing(Tenant::new(config))
+        Mode::Enforcing(Box::new(Tenant::new(config)))
     })
 }
 
@@ -104,10 +106,6 @@ pub struct Tenant {
     pub context_reserve: u64,
 }
 
-/// Bytes charged per CUDA context when `GPUSLICE_CONTEXT_RESERVE` is not set: about what a CUDA 12
-/// context costs on a current data-centre GPU.
-pub const DEFAULT_CONTEXT_RESERVE: u64 = 512 << 20;
-
 thread_local! {
     /// The last (context, device ordinal) this thread resolved: allocations repeat on one context.
     static LAST_CONTEXT: Cell<(usize, CUdevice)> = const { Cell::new((0, -1)) };
@@ -115,7 +113,9 @@ thread_local! {
 
 impl Tenant {
     fn new(config: Config) -> Tenant {
-        let context_reserve = if config.context_reserve == 0 { DEFAULT_CONTEXT_RESERVE } else { config.context_reserve };
+        let context_reserve = config
+            .context_reserve
+            .unwrap_or(config::DEFAULT_CONTEXT_RESERVE);
         Tenant {
             config,
             ledger: OnceLock::new(),
@@ -132,7 +132,9 @@ impl Tenant {
                 let visible = crate::hooks::calls::visible_devices();
                 let options = LedgerOptions::from_config(&self.config, &visible);
                 Ledger::open(&self.config.ledger_path, &options).map_err(|e| {
-                    log::error(format_args!("{e}; every allocation is refused until this is fixed"));
+                    log::error(format_args!(
+                        "{e}; every allocation is refused until this is fixed"
+                    ));
                     e.to_string()
                 })
             })
@@ -185,9 +187,15 @@ impl Tenant {
         let uuid = crate::hooks::calls::device_uuid(ordinal)?;
         let slot = self.resolve_slot(ordinal, &uuid);
         if let Err(why) = &slot {
-            log::error(format_args!("device {ordinal} ({uuid}): {why}; allocations there are refused"));
+            log::error(format_args!(
+                "device {ordinal} ({uuid}): {why}; allocations there are refused"
+            ));
         }
-        let device = Device { ordinal, uuid, slot };
+        let device = Device {
+            ordinal,
+            uuid,
+            slot,
+        };
         self.devices.lock().insert(ordinal, device.clone());
         Ok(device)
     }
@@ -197,9 +205,12 @@ impl Tenant {
             return Err(why);
         }
         let ledger = self.ledger().map_err(str::to_owned)?;
-        ledger
-            .device_index(uuid)
-            .ok_or_else(|| format!("the ledger {} has no room for this device", ledger.path().display()))
+        ledger.device_index(uuid).ok_or_else(|| {
+            format!(
+                "the ledger {} has no room for this device",
+                ledger.path().display()
+            )
+        })
     }
 
     /// Reserves `bytes` on `device` before the driver is asked for them.
@@ -225,8 +236,15 @@ impl Tenant {
             attempt = ledger.try_reserve(slot, bytes);
         }
         match attempt {
-            Ok(()) => Ok(Charge { device: slot, bytes }),
-            Err(QuotaExceeded { requested, used, limit }) => {
+            Ok(()) => Ok(Charge {
+                device: slot,
+                bytes,
+            }),
+            Err(QuotaExceeded {
+                requested,
+                used,
+                limit,
+            }) => {
                 log::warn(format_args!(
                     "tenant {}: {what} of {} on {} (device {}) refused: {} of {} in use",
                     self.config.tenant,
@@ -254,7 +272,13 @@ impl Tenant {
 
     /// Charges `bytes` on the current device around `call`, which allocates and returns the new
     /// allocation's key; the charge is kept under that key, or rolled back if the driver failed.
-    pub fn charged(&self, device: &Device, bytes: u64, what: &str, call: impl FnOnce() -> Result<u64, CUerror>) -> CUresult {
+    pub fn charged(
+        &self,
+        device: &Device,
+        bytes: u64,
+        what: &str,
+        call: impl FnOnce() -> Result<u64, CUerror>,
+    ) -> CUresult {
         let charge = self.reserve(device, bytes, what)?;
         match call() {
             Ok(key) => {
@@ -284,10 +308,25 @@ impl Tenant {
         let Some(old) = old else { return Ok(()) };
         if bytes > old.bytes {
             let extra = self.reserve(device, bytes - old.bytes, what)?;
-            self.records.lock().allocations.insert(key, Charge { device: old.device, bytes: old.bytes + extra.bytes });
+            self.records.lock().allocations.insert(
+                key,
+                Charge {
+                    device: old.device,
+                    bytes: old.bytes + extra.bytes,
+                },
+            );
         } else if bytes < old.bytes {
-            self.release(Charge { device: old.device, bytes: old.bytes - bytes });
-            self.records.lock().allocations.insert(key, Charge { device: old.device, bytes });
+            self.release(Charge {
+                device: old.device,
+                bytes: old.bytes - bytes,
+            });
+            self.records.lock().allocations.insert(
+                key,
+                Charge {
+                    device: old.device,
+                    bytes,
+                },
+            );
         }
         Ok(())
     }
@@ -303,7 +342,14 @@ impl Tenant {
     }
 
     pub fn record_physical(&self, handle: u64, charge: Charge) {
-        self.records.lock().physical.insert(handle, Physical { charge, released: false, mappings: 0 });
+        self.records.lock().physical.insert(
+            handle,
+            Physical {
+                charge,
+                released: false,
+                mappings: 0,
+            },
+        );
     }
 
     pub fn physical_released(&self, handle: u64) {
@@ -333,10 +379,17 @@ impl Tenant {
     pub fn unmapped(&self, va: u64, size: u64) {
         let mut r = self.records.lock();
         let end = va.saturating_add(size);
-        let starts: Vec<u64> = r.mappings.range(..end).filter(|(s, (len, _))| s.saturating_add(*len) > va).map(|(s, _)| *s).collect();
+        let starts: Vec<u64> = r
+            .mappings
+            .range(..end)
+            .filter(|(s, (len, _))| s.saturating_add(*len) > va)
+            .map(|(s, _)| *s)
+            .collect();
         let mut freed = Vec::new();
         for start in starts {
-            let Some((_, handle)) = r.mappings.remove(&start) else { continue };
+            let Some((_, handle)) = r.mappings.remove(&start) else {
+                continue;
+            };
             if let Some(p) = r.physical.get_mut(&handle) {
                 p.mappings = p.mappings.saturating_sub(1);
                 if p.released && p.mappings == 0 {
@@ -359,7 +412,9 @@ impl Tenant {
         let holds = holds.unwrap_or(before.saturating_add(reserved));
         entry.bytes = holds;
         drop(r);
-        let Some(Ok(ledger)) = self.ledger.get() else { return };
+        let Some(Ok(ledger)) = self.ledger.get() else {
+            return;
+        };
         let grown = holds.saturating_sub(before);
         if grown < reserved {
             ledger.release(device, reserved - grown);
@@ -382,7 +437,13 @@ impl Tenant {
 
     /// Re-reads every known pool's reserved size and returns what the driver released.
     pub fn settle_pools(&self) {
-        let pools: Vec<(usize, Charge)> = self.records.lock().pools.iter().map(|(k, v)| (*k, *v)).collect();
+        let pools: Vec<(usize, Charge)> = self
+            .records
+            .lock()
+            .pools
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
         for (pool, charge) in pools {
             if let Some(holds) = crate::hooks::calls::pool_reserved(pool) {
                 if holds < charge.bytes {
@@ -416,7 +477,11 @@ impl Tenant {
     /// A primary context retain: the first one charges the context reservation.
     pub fn primary_retain(&self, device: &Device, call: impl FnOnce() -> CUresult) -> CUresult {
         let first = !self.records.lock().primary.contains_key(&device.ordinal);
-        let charge = if first { Some(self.reserve(device, self.context_reserve, "context creation")?) } else { None };
+        let charge = if first {
+            Some(self.reserve(device, self.context_reserve, "context creation")?)
+        } else {
+            None
+        };
         if let Err(e) = call() {
             if let Some(c) = charge {
                 self.release(c);
@@ -460,7 +525,12 @@ impl Tenant {
 
     /// What the program is shown as the device's size and free memory: (free, total), or `None` when
     /// the device has no limit (the driver's own figures stand).
-    pub fn shown_memory(&self, device: &Device, driver_free: u64, driver_total: u64) -> Option<(u64, u64)> {
+    pub fn shown_memory(
+        &self,
+        device: &Device,
+        driver_free: u64,
+        driver_total: u64,
+    ) -> Option<(u64, u64)> {
         let slot = *device.slot.as_ref().ok()?;
         let ledger = self.ledger().ok()?;
         let limit = ledger.limit(slot);

@@ -21,16 +21,23 @@ pub enum Library {
 extern "C" {
     /// glibc's dlsym, found without going through our interposer (shim-c/interpose.c).
     fn gpuslice_real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
-    fn gpuslice_real_dlvsym(handle: *mut c_void, name: *const c_char, version: *const c_char) -> *mut c_void;
+    fn gpuslice_real_dlvsym(
+        handle: *mut c_void,
+        name: *const c_char,
+        version: *const c_char,
+    ) -> *mut c_void;
 }
 
 /// glibc's `dlsym`.
+// The handle is opaque to us and validated by the loader, never dereferenced here.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     // SAFETY: `name` is NUL-terminated; glibc's dlsym accepts any handle value and reports errors by NULL.
     unsafe { gpuslice_real_dlsym(handle, name.as_ptr()) }
 }
 
 /// glibc's `dlvsym`.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn real_dlvsym(handle: *mut c_void, name: &CStr, version: &CStr) -> *mut c_void {
     // SAFETY: both strings are NUL-terminated; glibc's dlvsym reports errors by NULL.
     unsafe { gpuslice_real_dlvsym(handle, name.as_ptr(), version.as_ptr()) }
@@ -57,7 +64,11 @@ pub fn real(which: Real) -> Option<*const ()> {
 fn resolve(which: Real) -> Option<*const ()> {
     let (name, library) = HOOKED[which as usize];
     let handle = library_handle(library);
-    let addr = if handle.is_null() { std::ptr::null_mut() } else { real_dlsym(handle, name) };
+    let addr = if handle.is_null() {
+        std::ptr::null_mut()
+    } else {
+        real_dlsym(handle, name)
+    };
     if addr.is_null() {
         // A library that is not there yet may be loaded later: stay unresolved unless it is loaded.
         if !handle.is_null() {
@@ -71,7 +82,10 @@ fn resolve(which: Real) -> Option<*const ()> {
 
 /// The real library's handle (null when it is not to be found).
 pub fn library_handle(library: Library) -> *mut c_void {
-    static HANDLES: [AtomicPtr<c_void>; 2] = [AtomicPtr::new(std::ptr::null_mut()), AtomicPtr::new(std::ptr::null_mut())];
+    static HANDLES: [AtomicPtr<c_void>; 2] = [
+        AtomicPtr::new(std::ptr::null_mut()),
+        AtomicPtr::new(std::ptr::null_mut()),
+    ];
     let slot = &HANDLES[library as usize];
     let h = slot.load(Ordering::Acquire);
     if !h.is_null() {
@@ -98,7 +112,9 @@ fn open_library(library: Library) -> *mut c_void {
         Library::Cuda => ("GPUSLICE_REAL_LIBCUDA", CUDA_NAMES),
         Library::Nvml => ("GPUSLICE_REAL_NVML", NVML_NAMES),
     };
-    if let Some(path) = std::env::var_os(var).and_then(|p| CString::new(p.into_encoded_bytes()).ok()) {
+    if let Some(path) =
+        std::env::var_os(var).and_then(|p| CString::new(p.into_encoded_bytes()).ok())
+    {
         return accept(dlopen(&path, libc::RTLD_NOW | libc::RTLD_LOCAL));
     }
     for name in names {
@@ -132,6 +148,8 @@ fn is_self(handle: *mut c_void) -> bool {
 }
 
 /// The path of the object that holds `addr` (for `gpuslice doctor` and logs).
+// `addr` is only looked up in the loader's tables, never dereferenced.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn object_path(addr: *const c_void) -> Option<String> {
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     // SAFETY: dladdr only reads `addr` as a number and fills `info`.
@@ -142,5 +160,9 @@ pub fn object_path(addr: *const c_void) -> Option<String> {
         return None;
     }
     // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
-    Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
+    Some(
+        unsafe { CStr::from_ptr(info.dli_fname) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }

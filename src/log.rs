@@ -55,7 +55,7 @@ pub fn enabled(level: Level) -> bool {
 fn emit(level: Level, args: fmt::Arguments<'_>) {
     // One write per line so lines of concurrent threads/processes do not interleave.
     let mut line = Vec::with_capacity(160);
-    let _ = write!(line, "gpuslice: {}: {}\n", level.name(), args);
+    let _ = writeln!(line, "gpuslice: {}: {}", level.name(), args);
     let _ = std::io::stderr().write_all(&line);
 }
 

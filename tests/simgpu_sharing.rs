@@ -103,8 +103,5 @@ fn launches_are_asynchronous() {
     );
     let stat = sim.stat();
     assert_eq!(stat.u64("devices.0.kernels"), 100, "stat: {stat}");
-    assert!(
-        stat.u64("devices.0.busy_ns") >= 100_000_000,
-        "stat: {stat}"
-    );
+    assert!(stat.u64("devices.0.busy_ns") >= 100_000_000, "stat: {stat}");
 }

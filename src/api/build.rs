@@ -62,8 +62,14 @@ fn main() {
     write("entry_points.rs", &out);
     let mut out = String::new();
     let errors = rows("errors.tsv");
-    for (api, ty, prefix) in [("cuda", "CUerror", "CUDA_ERROR_"), ("nvml", "NvmlError", "NVML_ERROR_")] {
-        let codes: Vec<_> = errors.iter().filter(|r| r[0] == api && r[1] != "0").collect();
+    for (api, ty, prefix) in [
+        ("cuda", "CUerror", "CUDA_ERROR_"),
+        ("nvml", "NvmlError", "NVML_ERROR_"),
+    ] {
+        let codes: Vec<_> = errors
+            .iter()
+            .filter(|r| r[0] == api && r[1] != "0")
+            .collect();
         writeln!(out, "impl {ty} {{").unwrap();
         for r in &codes {
             let short = r[2].strip_prefix(prefix).unwrap_or(&r[2]);
@@ -75,8 +81,17 @@ fn main() {
             .unwrap();
         }
         writeln!(out, "}}\n").unwrap();
-        writeln!(out, "/// ({ty} code, name, the real library's string), sorted by code.").unwrap();
-        writeln!(out, "pub static {}_CODES: &[(u32, &str, &str)] = &[", api.to_uppercase()).unwrap();
+        writeln!(
+            out,
+            "/// ({ty} code, name, the real library's string), sorted by code."
+        )
+        .unwrap();
+        writeln!(
+            out,
+            "pub static {}_CODES: &[(u32, &str, &str)] = &[",
+            api.to_uppercase()
+        )
+        .unwrap();
         let mut all: Vec<_> = errors.iter().filter(|r| r[0] == api).collect();
         all.sort_by_key(|r| r[1].parse::<u32>().unwrap());
         for r in all {

@@ -63,7 +63,13 @@ include!(concat!(env!("OUT_DIR"), "/entry_points.rs"));
 
 fn by_symbol() -> &'static HashMap<&'static str, usize> {
     static MAP: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
-    MAP.get_or_init(|| DRIVER_ENTRY_POINTS.iter().enumerate().map(|(i, e)| (e.symbol, i)).collect())
+    MAP.get_or_init(|| {
+        DRIVER_ENTRY_POINTS
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.symbol, i))
+            .collect()
+    })
 }
 
 fn by_base() -> &'static HashMap<&'static str, Vec<usize>> {
@@ -108,12 +114,20 @@ mod tests {
     fn tables_are_consistent() {
         assert!(DRIVER_ENTRY_POINTS.len() > 600);
         let e = driver_entry_point("cuMemAlloc_v2").unwrap();
-        assert_eq!((e.base, e.version, e.stream), ("cuMemAlloc", 3020, Stream::Legacy));
+        assert_eq!(
+            (e.base, e.version, e.stream),
+            ("cuMemAlloc", 3020, Stream::Legacy)
+        );
         let names: Vec<_> = variants_of("cuLaunchKernel").map(|e| e.symbol).collect();
         assert_eq!(names, ["cuLaunchKernel", "cuLaunchKernel_ptsz"]);
-        assert!(NVML_ENTRY_POINTS.windows(2).all(|w| w[0].symbol < w[1].symbol));
+        assert!(NVML_ENTRY_POINTS
+            .windows(2)
+            .all(|w| w[0].symbol < w[1].symbol));
         assert!(nvml_entry_point("nvmlDeviceGetMemoryInfo_v2").is_some());
         let mut seen = std::collections::HashSet::new();
-        assert!(DRIVER_ENTRY_POINTS.iter().all(|e| seen.insert(e.symbol)), "duplicate symbol");
+        assert!(
+            DRIVER_ENTRY_POINTS.iter().all(|e| seen.insert(e.symbol)),
+            "duplicate symbol"
+        );
     }
 }

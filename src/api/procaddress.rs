@@ -54,7 +54,8 @@ pub fn resolve(symbol: &str, cuda_version: i32, flags: u64, max_version: u32) ->
     if known().next().is_none() {
         return Resolution::SymbolNotFound;
     }
-    let per_thread = flags & PER_THREAD_DEFAULT_STREAM != 0 && known().any(|e| e.stream.is_per_thread());
+    let per_thread =
+        flags & PER_THREAD_DEFAULT_STREAM != 0 && known().any(|e| e.stream.is_per_thread());
     known()
         .filter(|e| e.stream.is_per_thread() == per_thread && e.version <= wanted)
         .max_by_key(|e| e.version)
@@ -80,10 +81,22 @@ mod tests {
         assert_eq!(sym("cuMemcpy", 7000, 2), Some("cuMemcpy_ptds"));
         assert_eq!(sym("cuMemcpy", 7000, 3), Some("cuMemcpy_ptds"));
         assert_eq!(sym("cuMemcpy", 7000, 1), Some("cuMemcpy"));
-        assert_eq!(resolve("cuMemcpy", 4000, 2, u32::MAX), Resolution::VersionNotSufficient);
-        assert_eq!(resolve("cuMemAlloc", 1999, 0, u32::MAX), Resolution::VersionNotSufficient);
-        assert_eq!(resolve("cuMemAlloc_v2", 12000, 0, u32::MAX), Resolution::SymbolNotFound);
-        assert_eq!(resolve("cuMemAlloc", 12000, 4, u32::MAX), Resolution::InvalidFlags);
+        assert_eq!(
+            resolve("cuMemcpy", 4000, 2, u32::MAX),
+            Resolution::VersionNotSufficient
+        );
+        assert_eq!(
+            resolve("cuMemAlloc", 1999, 0, u32::MAX),
+            Resolution::VersionNotSufficient
+        );
+        assert_eq!(
+            resolve("cuMemAlloc_v2", 12000, 0, u32::MAX),
+            Resolution::SymbolNotFound
+        );
+        assert_eq!(
+            resolve("cuMemAlloc", 12000, 4, u32::MAX),
+            Resolution::InvalidFlags
+        );
         assert_eq!(sym("cuCtxCreate", 12080, 0), Some("cuCtxCreate_v4"));
         assert_eq!(sym("cuCtxCreate", 13000, 0), Some("cuCtxCreate_v4"));
         assert_eq!(sym("cuLaunchKernel", 12000, 2), Some("cuLaunchKernel_ptsz"));

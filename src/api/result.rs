@@ -24,7 +24,10 @@ pub type NvmlReturn = Result<(), NvmlError>;
 
 include!(concat!(env!("OUT_DIR"), "/errors.rs"));
 
-fn lookup(table: &'static [(u32, &'static str, &'static str)], code: u32) -> Option<(&'static str, &'static str)> {
+fn lookup(
+    table: &'static [(u32, &'static str, &'static str)],
+    code: u32,
+) -> Option<(&'static str, &'static str)> {
     table
         .binary_search_by_key(&code, |e| e.0)
         .ok()
@@ -121,7 +124,10 @@ mod tests {
         let raw: u32 = unsafe { std::mem::transmute(err) };
         assert_eq!(raw, 2);
         assert_eq!(cu_code(Ok(())), 0);
-        assert_eq!(format!("{:?}", CUerror::INVALID_VALUE), "CUDA_ERROR_INVALID_VALUE");
+        assert_eq!(
+            format!("{:?}", CUerror::INVALID_VALUE),
+            "CUDA_ERROR_INVALID_VALUE"
+        );
         assert_eq!(cuda_error_string(2), Some("out of memory"));
         assert_eq!(nvml_error_string(2), "Invalid Argument");
     }

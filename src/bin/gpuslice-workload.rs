@@ -81,7 +81,7 @@ fn main() {
     let max = arg(&args, "--max", u64::MAX >> 20).saturating_mul(1 << 20);
     let hold_ms = arg(&args, "--hold-ms", 0);
     let d = load();
-    // SAFETY (all calls below): driver entry points called with valid out-parameters, in the
+    // SAFETY: all calls below are driver entry points called with valid out-parameters, in the
     // documented order (init, context, then memory calls).
     unsafe {
         check(&d, "cuInit", (d.init)(0));

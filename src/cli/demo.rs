@@ -18,21 +18,46 @@ struct Tenant {
 }
 
 const TENANTS: [Tenant; 2] = [
-    Tenant { name: "alpha", quota: "2GiB", wants_mib: 4096 },
-    Tenant { name: "beta", quota: "3GiB", wants_mib: 1024 },
+    Tenant {
+        name: "alpha",
+        quota: "2GiB",
+        wants_mib: 4096,
+    },
+    Tenant {
+        name: "beta",
+        quota: "3GiB",
+        wants_mib: 1024,
+    },
 ];
 
 fn simgpu_dir(exe_dir: &Path) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("GPUSLICE_SIMGPU") {
         return Some(PathBuf::from(p));
     }
-    [exe_dir.join("../simgpu/lib"), exe_dir.join("../../simgpu/lib"), exe_dir.join("../lib/simgpu")]
-        .into_iter()
-        .find(|d| d.join("libcuda.so.1").exists())
+    [
+        exe_dir.join("../simgpu/lib"),
+        exe_dir.join("../../simgpu/lib"),
+        exe_dir.join("../lib/simgpu"),
+    ]
+    .into_iter()
+    .find(|d| d.join("libcuda.so.1").exists())
 }
 
-fn real_driver_present() -> bool {
-    Path::new("/dev/nvidiactl").exists() && std::env::var_os("GPUSLICE_DEMO_SIMGPU").is_none()
+/// A working NVIDIA driver: the workload itself initialises CUDA and sees a device.
+fn real_driver_present(workload: &Path) -> bool {
+    if std::env::var_os("GPUSLICE_DEMO_SIMGPU").is_some() {
+        return false;
+    }
+    Command::new(workload)
+        .args(["--max", "0"])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .is_ok_and(|o| {
+            o.status.success()
+                && String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l.starts_with("total=") && l != "total=0")
+        })
 }
 
 pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
@@ -44,13 +69,16 @@ pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
     let exe_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     let workload = exe_dir.join("gpuslice-workload");
     if !workload.exists() {
-        return Err(format!("{} is missing (build the whole package: cargo build)", workload.display()));
+        return Err(format!(
+            "{} is missing (build the whole package: cargo build)",
+            workload.display()
+        ));
     }
     let scratch = std::env::temp_dir().join(format!("gpuslice-demo-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
 
     let mut env: Vec<(String, String)> = Vec::new();
-    let device = if real_driver_present() {
+    let device = if real_driver_present(&workload) {
         "the NVIDIA GPU".to_string()
     } else {
         let dir = simgpu_dir(&exe_dir).ok_or(
@@ -61,7 +89,10 @@ pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
             _ => dir.display().to_string(),
         };
         env.push(("LD_LIBRARY_PATH".into(), ld));
-        env.push(("SIMGPU_STATE".into(), format!("gpuslice-demo-{}", std::process::id())));
+        env.push((
+            "SIMGPU_STATE".into(),
+            format!("gpuslice-demo-{}", std::process::id()),
+        ));
         env.push(("SIMGPU_MEMORY".into(), "8GiB".into()));
         "a simulated 8 GiB GPU (simgpu; no NVIDIA driver on this machine)".to_string()
     };
@@ -72,18 +103,29 @@ pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
         .map(|t| {
             let ledger = scratch.join(format!("{}.ledger", t.name));
             let mut cmd = Command::new(&workload);
-            cmd.args(["--chunk", "256", "--max", &t.wants_mib.to_string(), "--hold-ms", "300"])
-                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .env("GPUSLICE_MEMORY_LIMIT", t.quota)
-                .env("GPUSLICE_TENANT", t.name)
-                .env("GPUSLICE_LEDGER", &ledger)
-                .env("LD_PRELOAD", &library);
+            cmd.args([
+                "--chunk",
+                "256",
+                "--max",
+                &t.wants_mib.to_string(),
+                "--hold-ms",
+                "300",
+            ])
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("GPUSLICE_MEMORY_LIMIT", t.quota)
+            .env("GPUSLICE_TENANT", t.name)
+            .env("GPUSLICE_LEDGER", &ledger)
+            .env("LD_PRELOAD", &library);
             cmd.output()
         })
         .collect();
 
-    println!("{:<7} {:>6}  {:>16}  {:>22}  result", "tenant", "quota", "cuMemGetInfo total", "allocated (256 MiB each)");
+    println!(
+        "{:<7} {:>6}  {:>16}  {:>22}  result",
+        "tenant", "quota", "cuMemGetInfo total", "allocated (256 MiB each)"
+    );
     let mut ok = true;
+    let mut log_lines = Vec::new();
     for (t, out) in TENANTS.iter().zip(children) {
         let out = out.map_err(|e| format!("cannot run {}: {e}", workload.display()))?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -96,29 +138,44 @@ pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
                 format!("failed: {e}")
             }
             (None, "ok") => format!("got all it asked for ({} MiB)", t.wants_mib),
-            (None, "CUDA_ERROR_OUT_OF_MEMORY") => "stopped at its quota: CUDA_ERROR_OUT_OF_MEMORY".to_string(),
+            (None, "CUDA_ERROR_OUT_OF_MEMORY") => {
+                "stopped at its quota: CUDA_ERROR_OUT_OF_MEMORY".to_string()
+            }
             (None, other) => {
                 ok = false;
                 format!("unexpected: {other}")
             }
         };
         println!(
-            "{:<7} {:>6}  {:>16}  {:>22}  {result}",
+            "{:<7} {:>6}  {:>18}  {:>24}  {result}",
             t.name,
-            t.quota,
+            t.quota.replace("GiB", " GiB"),
             format_bytes(num("total")),
             format!("{} ({})", format_bytes(num("allocated")), num("chunks"))
         );
+        let stderr = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
             ok = false;
-            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+            eprint!("{stderr}");
+        }
+        log_lines.extend(
+            stderr
+                .lines()
+                .filter(|l| l.starts_with("gpuslice:"))
+                .map(str::to_owned),
+        );
+    }
+    if !log_lines.is_empty() {
+        println!("\nWhat gpuslice logged:");
+        for l in &log_lines {
+            println!("  {l}");
         }
     }
     println!(
         "\nEach tenant sees its quota as the card's size. The context each process creates is charged to\n\
          its quota too ({} by default), so alpha's 2 GiB leaves room for 6 allocations of 256 MiB.\n\
          Try: gpuslice run --memory 1GiB -- <your CUDA program>",
-        format_bytes(crate::accounting::DEFAULT_CONTEXT_RESERVE)
+        format_bytes(crate::config::DEFAULT_CONTEXT_RESERVE)
     );
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(if ok { 0 } else { 1 })

@@ -47,7 +47,10 @@ impl Args {
                 if valued.contains(&name) {
                     let value = match inline {
                         Some(v) => v,
-                        None => it.next().cloned().ok_or_else(|| format!("--{name} needs a value"))?,
+                        None => it
+                            .next()
+                            .cloned()
+                            .ok_or_else(|| format!("--{name} needs a value"))?,
                     };
                     flags.push((name.to_owned(), Some(value)));
                 } else {
@@ -62,14 +65,22 @@ impl Args {
         Ok(Args { flags, rest })
     }
     fn value(&self, name: &str) -> Option<&str> {
-        self.flags.iter().rev().find(|(n, _)| n == name).and_then(|(_, v)| v.as_deref())
+        self.flags
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.as_deref())
     }
     fn has(&self, name: &str) -> bool {
         self.flags.iter().any(|(n, _)| n == name)
     }
     /// Rejects flags the subcommand does not know.
     fn only(&self, known: &[&str]) -> Result<(), String> {
-        match self.flags.iter().find(|(n, _)| !known.contains(&n.as_str())) {
+        match self
+            .flags
+            .iter()
+            .find(|(n, _)| !known.contains(&n.as_str()))
+        {
             Some((n, _)) => Err(format!("unknown option --{n}")),
             None => Ok(()),
         }

@@ -22,11 +22,19 @@ pub(crate) fn library_path() -> Result<PathBuf, String> {
         .iter()
         .find(|p| p.exists())
         .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
-        .ok_or_else(|| format!("libgpuslice.so not found beside {} (set GPUSLICE_LIBRARY)", exe.display()))
+        .ok_or_else(|| {
+            format!(
+                "libgpuslice.so not found beside {} (set GPUSLICE_LIBRARY)",
+                exe.display()
+            )
+        })
 }
 
 pub(crate) fn run(args: &[String]) -> Result<i32, String> {
-    let a = Args::parse(args, &["memory", "tenant", "ledger", "share", "limit", "priority"])?;
+    let a = Args::parse(
+        args,
+        &["memory", "tenant", "ledger", "share", "limit", "priority"],
+    )?;
     a.only(&["memory", "tenant", "ledger", "share", "limit", "priority"])?;
     let Some((program, program_args)) = a.rest.split_first() else {
         return Err("run: no command given (gpuslice run --memory 4GiB -- CMD ARGS...)".into());

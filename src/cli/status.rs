@@ -30,7 +30,11 @@ fn limit_text(limit: u64, invalid: bool) -> String {
 fn table(s: &Snapshot) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "tenant {} - ledger {}", s.tenant, s.path.display());
-    let _ = writeln!(out, "{:<42} {:>14} {:>12} {:>12}", "device", "limit", "used", "peak");
+    let _ = writeln!(
+        out,
+        "{:<42} {:>14} {:>12} {:>12}",
+        "device", "limit", "used", "peak"
+    );
     for d in &s.devices {
         let _ = writeln!(
             out,
@@ -47,11 +51,19 @@ fn table(s: &Snapshot) -> String {
             .used
             .iter()
             .map(|(dev, bytes)| {
-                let uuid = s.devices.iter().find(|d| d.index == *dev).map_or("?", |d| d.uuid.as_str());
+                let uuid = s
+                    .devices
+                    .iter()
+                    .find(|d| d.index == *dev)
+                    .map_or("?", |d| d.uuid.as_str());
                 format!("{uuid}: {}", format_bytes(*bytes))
             })
             .collect();
-        let state = if p.alive { "" } else { " (exited, being reclaimed)" };
+        let state = if p.alive {
+            ""
+        } else {
+            " (exited, being reclaimed)"
+        };
         let _ = writeln!(out, "  pid {:<8} {}{state}", p.pid, usage.join(", "));
     }
     out
@@ -94,8 +106,17 @@ fn json(s: &Snapshot) -> String {
         .processes
         .iter()
         .map(|p| {
-            let used: Vec<String> = p.used.iter().map(|(d, b)| format!("{{\"device\":{d},\"bytes\":{b}}}")).collect();
-            format!("{{\"pid\":{},\"alive\":{},\"used\":[{}]}}", p.pid, p.alive, used.join(","))
+            let used: Vec<String> = p
+                .used
+                .iter()
+                .map(|(d, b)| format!("{{\"device\":{d},\"bytes\":{b}}}"))
+                .collect();
+            format!(
+                "{{\"pid\":{},\"alive\":{},\"used\":[{}]}}",
+                p.pid,
+                p.alive,
+                used.join(",")
+            )
         })
         .collect();
     format!(
@@ -110,7 +131,9 @@ fn json(s: &Snapshot) -> String {
 pub(crate) fn set(args: &[String]) -> Result<i32, String> {
     let a = Args::parse(args, &["tenant", "ledger", "memory", "device"])?;
     a.only(&["tenant", "ledger", "memory", "device"])?;
-    let memory = a.value("memory").ok_or("set: --memory SIZE is required (or `unlimited`)")?;
+    let memory = a
+        .value("memory")
+        .ok_or("set: --memory SIZE is required (or `unlimited`)")?;
     let bytes = if memory == "unlimited" {
         UNLIMITED
     } else {
@@ -122,15 +145,22 @@ pub(crate) fn set(args: &[String]) -> Result<i32, String> {
     let targets: Vec<usize> = match a.value("device") {
         None => snap.devices.iter().map(|d| d.index).collect(),
         Some(key) if key.starts_with("GPU-") => {
-            vec![ledger.device_index(key).ok_or_else(|| format!("--device {key}: not a GPU UUID"))?]
+            vec![ledger
+                .device_index(key)
+                .ok_or_else(|| format!("--device {key}: not a GPU UUID"))?]
         }
         Some(key) => {
-            let i: usize = key.parse().map_err(|_| format!("--device {key:?}: expected a GPU-UUID or a ledger index"))?;
+            let i: usize = key
+                .parse()
+                .map_err(|_| format!("--device {key:?}: expected a GPU-UUID or a ledger index"))?;
             vec![i]
         }
     };
     if targets.is_empty() {
-        return Err(format!("{}: no device has been used yet; name one with --device GPU-...", path.display()));
+        return Err(format!(
+            "{}: no device has been used yet; name one with --device GPU-...",
+            path.display()
+        ));
     }
     for dev in targets {
         ledger.set_limit(dev, bytes).map_err(|e| e.to_string())?;

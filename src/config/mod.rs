@@ -58,6 +58,11 @@ use std::path::{Path, PathBuf};
 
 pub use size::{format_bytes, parse_percent, parse_size, Units};
 
+/// Bytes charged per CUDA context when `GPUSLICE_CONTEXT_RESERVE` is not set: about what a CUDA 12
+/// context costs on a current data-centre GPU. The driver does not report a context's footprint, so a
+/// fixed reservation keeps the quota exact without guessing from other processes' activity.
+pub const DEFAULT_CONTEXT_RESERVE: u64 = 512 << 20;
+
 /// Default quota file, read when `GPUSLICE_QUOTA_FILE` is unset and the file exists.
 pub const DEFAULT_QUOTA_FILE: &str = "/etc/gpuslice/quota.toml";
 /// Directory of the default ledgers.
@@ -224,8 +229,9 @@ pub struct Config {
     /// Per-device memory limits in bytes.
     pub memory: PerDevice<u64>,
     pub log_level: LogLevel,
-    /// Bytes charged to the quota per CUDA context; 0 = count what the driver reports.
-    pub context_reserve: u64,
+    /// Bytes charged to the quota per CUDA context (`GPUSLICE_CONTEXT_RESERVE`); `None` = the default
+    /// ([`DEFAULT_CONTEXT_RESERVE`]); `Some(0)` = contexts are not charged.
+    pub context_reserve: Option<u64>,
     /// Guaranteed compute share, percent.
     pub compute_share: PerDevice<u8>,
     /// Compute cap, percent.
@@ -262,7 +268,7 @@ impl Config {
             || self.compute_share.is_set()
             || self.compute_limit.is_set()
             || self.priority != Setting::Unset
-            || self.context_reserve != 0
+            || self.context_reserve.is_some()
             || self.quota_file.is_some()
             || !self.errors.is_empty()
     }
@@ -341,12 +347,12 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
     };
 
     let context_reserve = match env("GPUSLICE_CONTEXT_RESERVE") {
-        None => 0,
+        None => None,
         Some(v) => match parse_size(&v, Units::Gpuslice) {
-            Ok(n) => n,
+            Ok(n) => Some(n),
             Err(e) => {
                 b.fail_all(format!("{}: {e}", quoted("GPUSLICE_CONTEXT_RESERVE", &v)));
-                0
+                None
             }
         },
     };

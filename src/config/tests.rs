@@ -36,7 +36,7 @@ fn nothing_configured() {
         PathBuf::from("/dev/shm/gpuslice/default.ledger")
     );
     assert_eq!(c.log_level, LogLevel::Warn);
-    assert_eq!(c.context_reserve, 0);
+    assert_eq!(c.context_reserve, None);
     assert!(c.errors.is_empty() && c.notes.is_empty());
 }
 
@@ -126,7 +126,7 @@ fn other_settings() {
         PathBuf::from("/dev/shm/gpuslice/team-a.ledger")
     );
     assert_eq!(c.log_level, LogLevel::Debug);
-    assert_eq!(c.context_reserve, 300 << 20);
+    assert_eq!(c.context_reserve, Some(300 << 20));
     assert_eq!(c.compute_share_for(1, UUID_A), Setting::Value(25));
     assert_eq!(c.compute_share_for(2, UUID_A), Setting::Unset);
     assert_eq!(c.compute_limit_for(3, UUID_A), Setting::Value(80));

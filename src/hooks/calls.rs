@@ -43,7 +43,14 @@ pub fn device_uuid(ordinal: CUdevice) -> Result<String, CUerror> {
 
 pub fn format_uuid(b: &[u8; 16]) -> String {
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 /// What a memory pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
@@ -75,5 +82,7 @@ pub fn visible_devices() -> Vec<(u32, String)> {
     if unsafe { real::cuDeviceGetCount(&mut count) }.is_err() {
         return Vec::new();
     }
-    (0..count).filter_map(|i| device_uuid(i).ok().map(|u| (i as u32, u))).collect()
+    (0..count)
+        .filter_map(|i| device_uuid(i).ok().map(|u| (i as u32, u)))
+        .collect()
 }

@@ -32,7 +32,9 @@ fn create(pctx: Out<CUcontext>, dev: CUdevice, call: impl FnOnce() -> CUresult) 
     if pctx.is_null() {
         return call();
     }
-    let Ok(device) = t.device(dev) else { return call() };
+    let Ok(device) = t.device(dev) else {
+        return call();
+    };
     let charge = t.reserve(&device, t.context_reserve, "context creation")?;
     if let Err(e) = call() {
         t.release(charge);
@@ -55,7 +57,9 @@ fn destroy(ctx: CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
 
 fn primary_retain(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     let Some(t) = tenant() else { return call() };
-    let Ok(device) = t.device(dev) else { return call() };
+    let Ok(device) = t.device(dev) else {
+        return call();
+    };
     t.primary_retain(&device, call)
 }
 

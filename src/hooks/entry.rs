@@ -21,7 +21,11 @@ hooks! {
                             || real::cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status));
 }
 
-fn get_proc_address(symbol: *const c_char, pfn: Out<*mut c_void>, call: impl FnOnce() -> CUresult) -> CUresult {
+fn get_proc_address(
+    symbol: *const c_char,
+    pfn: Out<*mut c_void>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     call()?;
     if let (Some(p), false) = (pfn.get(), symbol.is_null()) {
         if !p.is_null() {
@@ -35,7 +39,9 @@ fn get_proc_address(symbol: *const c_char, pfn: Out<*mut c_void>, call: impl FnO
 
 /// The hook for the exact variant the real driver resolved `base` to, or `resolved` itself.
 fn substitute(base: &CStr, resolved: *mut c_void) -> *mut c_void {
-    let Ok(base) = base.to_str() else { return resolved };
+    let Ok(base) = base.to_str() else {
+        return resolved;
+    };
     let mut hooked_base = false;
     for variant in variants_of(base) {
         if let Some((real, hook)) = hooked_entry(variant.symbol.as_bytes()) {
@@ -83,7 +89,13 @@ pub unsafe extern "C" fn gpuslice_dlsym_hook(
             // SAFETY: the C side passes the caller's NUL-terminated version string.
             driver::real_dlvsym(handle, name, unsafe { CStr::from_ptr(version) })
         };
-        Some(if !found.is_null() && driver::real(real) == Some(found as *const ()) { hook as *mut c_void } else { found })
+        Some(
+            if !found.is_null() && driver::real(real) == Some(found as *const ()) {
+                hook as *mut c_void
+            } else {
+                found
+            },
+        )
     };
     match std::panic::catch_unwind(body) {
         Ok(Some(p)) => {

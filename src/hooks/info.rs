@@ -24,8 +24,12 @@ use super::Word;
 fn mem_get_info<S: Word>(free: Out<S>, total: Out<S>, call: impl FnOnce() -> CUresult) -> CUresult {
     call()?;
     let Some(t) = tenant() else { return Ok(()) };
-    let (Some(f), Some(tot)) = (free.get(), total.get()) else { return Ok(()) };
-    let Ok(device) = t.current_device() else { return Ok(()) };
+    let (Some(f), Some(tot)) = (free.get(), total.get()) else {
+        return Ok(());
+    };
+    let Ok(device) = t.current_device() else {
+        return Ok(());
+    };
     if let Some((f, tot)) = t.shown_memory(&device, f.to_u64(), tot.to_u64()) {
         free.set(S::from_u64(f));
         total.set(S::from_u64(tot));
@@ -37,7 +41,9 @@ fn total_mem<S: Word>(bytes: Out<S>, dev: CUdevice, call: impl FnOnce() -> CUres
     call()?;
     let Some(t) = tenant() else { return Ok(()) };
     let Some(b) = bytes.get() else { return Ok(()) };
-    let Ok(device) = t.device(dev) else { return Ok(()) };
+    let Ok(device) = t.device(dev) else {
+        return Ok(());
+    };
     if let Some((_, total)) = t.shown_memory(&device, b.to_u64(), b.to_u64()) {
         bytes.set(S::from_u64(total));
     }

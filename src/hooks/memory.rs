@@ -10,8 +10,9 @@
 use super::{hooks, In, Out, Word};
 use crate::accounting::{tenant, Charge, Device, Tenant};
 use gpuslice_api::types::{
-    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemoryPool, CUmipmappedArray,
-    CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE,
+    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemoryPool,
+    CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
+    CU_MEM_LOCATION_TYPE_DEVICE,
 };
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::c_uint;
@@ -108,9 +109,16 @@ fn on_current_device() -> Result<Option<(&'static Tenant, Device)>, CUerror> {
     Ok(Some((t, t.current_device()?)))
 }
 
-fn alloc<P: Word>(dptr: Out<P>, bytes: u64, what: &str, call: impl FnOnce() -> CUresult) -> CUresult {
+fn alloc<P: Word>(
+    dptr: Out<P>,
+    bytes: u64,
+    what: &str,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     // No context, no tenant: the driver answers (and reports its own error).
-    let Ok(Some((t, device))) = on_current_device() else { return call() };
+    let Ok(Some((t, device))) = on_current_device() else {
+        return call();
+    };
     if dptr.is_null() {
         return call();
     }
@@ -128,20 +136,28 @@ fn alloc_pitch<P: Word, Q: Word>(
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(u64) -> CUresult,
 ) -> CUresult {
-    let Ok(Some((t, device))) = on_current_device() else { return call() };
+    let Ok(Some((t, device))) = on_current_device() else {
+        return call();
+    };
     if dptr.is_null() || pitch.is_null() {
         return call();
     }
     // Before the call the pitch is not known: charge the width rounded to the usual 512-byte pitch
     // alignment, then settle on pitch x height.
-    let estimate = width.div_ceil(512).saturating_mul(512).saturating_mul(height);
+    let estimate = width
+        .div_ceil(512)
+        .saturating_mul(512)
+        .saturating_mul(height);
     let mut key = 0;
     t.charged(&device, estimate, "cuMemAllocPitch", || {
         call()?;
         key = dptr.get().map_or(0, Word::to_u64);
         Ok(key)
     })?;
-    let real_bytes = pitch.get().map_or(estimate, Word::to_u64).saturating_mul(height);
+    let real_bytes = pitch
+        .get()
+        .map_or(estimate, Word::to_u64)
+        .saturating_mul(height);
     if let Err(e) = t.recharge(key, &device, real_bytes, "cuMemAllocPitch") {
         // Over quota once the real pitch is known: undo the allocation.
         let _ = t.uncharge(key, || free(key));
@@ -159,8 +175,15 @@ fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
 
 static POOLS_USED: AtomicBool = AtomicBool::new(false);
 
-fn alloc_from_pool(dptr: Out<CUdeviceptr>, bytes: u64, pool: Option<usize>, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Ok(Some((t, device))) = on_current_device() else { return call() };
+fn alloc_from_pool(
+    dptr: Out<CUdeviceptr>,
+    bytes: u64,
+    pool: Option<usize>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Ok(Some((t, device))) = on_current_device() else {
+        return call();
+    };
     let Some(pool) = pool.or_else(|| super::calls::current_pool(device.ordinal)) else {
         // No pool to watch: charge the allocation itself, returned by its free.
         return t.charged(&device, bytes, "cuMemAllocAsync", || {
@@ -178,7 +201,12 @@ fn alloc_from_pool(dptr: Out<CUdeviceptr>, bytes: u64, pool: Option<usize>, call
         return Err(e);
     }
     POOLS_USED.store(true, Ordering::Relaxed);
-    t.pool_now_holds(pool, charge.device, super::calls::pool_reserved(pool), charge.bytes);
+    t.pool_now_holds(
+        pool,
+        charge.device,
+        super::calls::pool_reserved(pool),
+        charge.bytes,
+    );
     Ok(())
 }
 
@@ -200,14 +228,21 @@ fn pool_destroy(pool: usize, call: impl FnOnce() -> CUresult) -> CUresult {
     Ok(())
 }
 
-fn mem_create(handle: Out<u64>, bytes: u64, prop: In<CUmemAllocationProp>, call: impl FnOnce() -> CUresult) -> CUresult {
+fn mem_create(
+    handle: Out<u64>,
+    bytes: u64,
+    prop: In<CUmemAllocationProp>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let Some(t) = tenant() else { return call() };
     let device = match prop.get() {
         Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => p.location.id,
         // Host-located or invalid: not device memory (or the driver rejects it).
         _ => return call(),
     };
-    let Ok(device) = t.device(device) else { return call() };
+    let Ok(device) = t.device(device) else {
+        return call();
+    };
     let charge = t.reserve(&device, bytes, "cuMemCreate")?;
     if let Err(e) = call() {
         t.release(charge);
@@ -244,9 +279,17 @@ fn mem_unmap(ptr: u64, size: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     Ok(())
 }
 
-fn array_create<H>(handle: Out<*mut H>, bytes: Option<u64>, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Ok(Some((t, device))) = on_current_device() else { return call() };
-    let (Some(bytes), false) = (bytes, handle.is_null()) else { return call() };
+fn array_create<H>(
+    handle: Out<*mut H>,
+    bytes: Option<u64>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Ok(Some((t, device))) = on_current_device() else {
+        return call();
+    };
+    let (Some(bytes), false) = (bytes, handle.is_null()) else {
+        return call();
+    };
     let charge: Charge = t.reserve(&device, bytes, "array creation")?;
     if let Err(e) = call() {
         t.release(charge);
@@ -280,7 +323,14 @@ fn format_bytes(format: u32) -> u64 {
 /// The device memory an array takes, estimated from above: texels x bytes, each mipmap level in
 /// turn, rounded up to the 2 MiB pages arrays are laid out in. The driver does not report an array's
 /// footprint, so the estimate is deliberately not smaller than what a driver lays out.
-pub fn array_bytes(width: u64, height: u64, depth: u64, format: u32, channels: u32, levels: u32) -> u64 {
+pub fn array_bytes(
+    width: u64,
+    height: u64,
+    depth: u64,
+    format: u32,
+    channels: u32,
+    levels: u32,
+) -> u64 {
     const PAGE: u64 = 2 << 20;
     let texel = format_bytes(format).saturating_mul(u64::from(channels.max(1)));
     let mut total: u64 = 0;

@@ -53,7 +53,9 @@ pub fn enter<R: PanicResult>(pass: impl FnOnce() -> R, body: impl FnOnce() -> R)
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(r) => r,
         Err(_) => {
-            crate::log::error(format_args!("internal error (panic) in a hook; the call reports an unknown error"));
+            crate::log::error(format_args!(
+                "internal error (panic) in a hook; the call reports an unknown error"
+            ));
             R::from_panic()
         }
     }

@@ -38,17 +38,29 @@ impl MemoryFigures for nvmlMemory_v2_t {
     }
 }
 
-fn memory_info<M: MemoryFigures>(device: nvmlDevice_t, memory: Out<M>, call: impl FnOnce() -> NvmlReturn) -> NvmlReturn {
+fn memory_info<M: MemoryFigures>(
+    device: nvmlDevice_t,
+    memory: Out<M>,
+    call: impl FnOnce() -> NvmlReturn,
+) -> NvmlReturn {
     call()?;
     let Some(t) = tenant() else { return Ok(()) };
-    let Some(mut m) = memory.get() else { return Ok(()) };
+    let Some(mut m) = memory.get() else {
+        return Ok(());
+    };
     let mut uuid = [0 as c_char; 96];
     // SAFETY: `uuid` is a writable buffer of the length given.
-    if unsafe { super::calls::nvml::real::nvmlDeviceGetUUID(device, uuid.as_mut_ptr(), uuid.len() as u32) }.is_err() {
+    if unsafe {
+        super::calls::nvml::real::nvmlDeviceGetUUID(device, uuid.as_mut_ptr(), uuid.len() as u32)
+    }
+    .is_err()
+    {
         return Ok(());
     }
     // SAFETY: NVML wrote a NUL-terminated string into the buffer (it is zero-initialised besides).
-    let uuid = unsafe { std::ffi::CStr::from_ptr(uuid.as_ptr()) }.to_string_lossy().into_owned();
+    let uuid = unsafe { std::ffi::CStr::from_ptr(uuid.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
     let (total, _, free) = m.figures();
     if let Some((used, limit)) = t.usage_by_uuid(&uuid) {
         let shown_total = limit.min(total);

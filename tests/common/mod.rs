@@ -400,9 +400,8 @@ impl Json {
                 (Json::Obj(o), _) => o.iter().find(|(k, _)| k == part).map(|(_, v)| v),
                 _ => None,
             };
-            v = next.unwrap_or_else(|| {
-                panic!("simgpu-stat has no `{path}` (at `{part}`) in:\n{self}")
-            });
+            v = next
+                .unwrap_or_else(|| panic!("simgpu-stat has no `{path}` (at `{part}`) in:\n{self}"));
         }
         v
     }

@@ -23,7 +23,10 @@ fn main() {
                 let line = line.trim_start();
                 for prefix in ["pub unsafe extern \"C\" fn ", "pub extern \"C\" fn "] {
                     if let Some(rest) = line.strip_prefix(prefix) {
-                        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                        let name: String = rest
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
                         if name.starts_with("cu") {
                             implemented.insert(name);
                         }
@@ -36,7 +39,10 @@ fn main() {
     let text = std::fs::read_to_string(table).unwrap();
     let mut out = String::new();
     let mut functions = Vec::new();
-    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         let cols: Vec<&str> = line.split('\t').collect();
         let (symbol, kind) = (cols[0], cols[4]);
         if kind == "data" {
@@ -54,7 +60,10 @@ fn main() {
         }
     }
     for name in &implemented {
-        assert!(functions.contains(name), "{name} is implemented but not in the entry-point table");
+        assert!(
+            functions.contains(name),
+            "{name} is implemented but not in the entry-point table"
+        );
     }
     out.push_str("\n/// Address of every exported driver function, by exported name (sorted).\n");
     out.push_str("pub static EXPORTS: &[Export] = &[\n");
@@ -63,5 +72,9 @@ fn main() {
         writeln!(out, "    Export({f:?}, {f} as *const ()),").unwrap();
     }
     out.push_str("];\n");
-    std::fs::write(Path::new(&std::env::var("OUT_DIR").unwrap()).join("exports.rs"), out).unwrap();
+    std::fs::write(
+        Path::new(&std::env::var("OUT_DIR").unwrap()).join("exports.rs"),
+        out,
+    )
+    .unwrap();
 }

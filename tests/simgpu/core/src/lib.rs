@@ -81,12 +81,13 @@ fn device_info(ordinal: u32, total_memory: u64) -> DeviceInfo {
     uuid[12..].copy_from_slice(&ordinal.to_be_bytes());
     DeviceInfo {
         ordinal,
-        name: "NVIDIA simgpu".to_owned(),
+        // What a current data-centre GPU reports (H100 SXM5), marked as simulated.
+        name: "NVIDIA H100 80GB HBM3 (simgpu)".to_owned(),
         uuid,
         pci_bus_id: format!("0000:{:02X}:00.0", 0x17 + ordinal * 0x10),
         total_memory,
-        multiprocessor_count: 108,
-        compute_capability: (8, 0),
+        multiprocessor_count: 132,
+        compute_capability: (9, 0),
     }
 }
 
