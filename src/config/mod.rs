@@ -22,7 +22,7 @@
 //! | `GPUSLICE_LEDGER` | absolute path of the shared ledger, default `/dev/shm/gpuslice/<tenant>.ledger` |
 //! | `GPUSLICE_LEDGER_GROUP` | group (name or gid) allowed to share the ledger (mode 0660) |
 //! | `GPUSLICE_LOG` | `off`, `error`, `warn` (default), `info`, `debug`, `trace` |
-//! | `GPUSLICE_CONTEXT_RESERVE` | bytes charged per CUDA context (default `0`: what the driver reports) |
+//! | `GPUSLICE_CONTEXT_RESERVE` | bytes charged per CUDA context (default 512 MiB; `0`: contexts are not charged) |
 //! | `GPUSLICE_COMPUTE_SHARE`, `GPUSLICE_COMPUTE_LIMIT` | percent 1..=100, per-device lists like the memory limit |
 //! | `GPUSLICE_PRIORITY` | `high` or `normal` |
 //!

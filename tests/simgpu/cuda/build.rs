@@ -13,6 +13,9 @@ fn main() {
     println!("cargo:rerun-if-changed={table}");
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
+    // As NVIDIA links libcuda.so.1 (DT_SYMBOLIC): the library's own references, such as the addresses
+    // cuGetProcAddress hands out, bind to its own functions, never to a preloaded library's.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
 
     let mut implemented = BTreeSet::new();
     for entry in std::fs::read_dir("src").unwrap() {

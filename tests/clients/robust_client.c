@@ -1,0 +1,367 @@
+/* A CUDA program (linked with -lcuda, NVIDIA's cuda.h) for tests/shim_robustness.rs: it is run with
+ * libgpuslice.so preloaded and reports what the driver API returned to it as `key=value` lines.
+ * Return codes are printed, never hidden: the tests assert on them.
+ *
+ * Modes (argv[1]):
+ *   storm SECONDS THREADS SEED   THREADS threads allocate and free random sizes (1-64 MiB, 4 KiB
+ *                                multiples; cuMemAlloc_v2/cuMemFree_v2 and, on a quarter of them,
+ *                                cuMemAllocAsync/cuMemFreeAsync) for SECONDS; then free everything,
+ *                                print counts and freed=1, wait for stdin to close, release the
+ *                                context, print done=1
+ *   hold MIB                     allocate MIB, print ready=1, wait for stdin to close, exit without
+ *                                freeing
+ *   retry MIB TIMEOUT_MS         allocate MIB once (first=RC); on a line from stdin, retry every 5 ms
+ *                                until it succeeds or TIMEOUT_MS passed (got=, elapsed_ms=, last=)
+ *   cmd                          set up (init=, retain= return codes), then one command per stdin
+ *                                line: alloc MIB | free | info | fork MIB | exec MIB | reap | exit
+ *   execchild MIB FD             (started by `cmd`'s exec) allocate MIB, print exec_alloc=, wait for
+ *                                FD to reach end of file, exit without freeing
+ */
+#include <cuda.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB ((size_t)1 << 20)
+
+static const char *err_name(CUresult rc) {
+    const char *name = NULL;
+    if (cuGetErrorName(rc, &name) != CUDA_SUCCESS || name == NULL)
+        return "?";
+    return name;
+}
+
+/* A failed step that the test does not expect to fail ends the client, naming the call. */
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ != CUDA_SUCCESS) {                                                                 \
+            printf("error=%s rc=%d name=%s line=%d\n", #call, (int)rc_, err_name(rc_), __LINE__); \
+            fflush(stdout);                                                                        \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static CUdevice dev;
+static CUcontext ctx;
+
+static void setup(void) {
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+}
+
+/* Blocks until stdin reaches end of file (the test's signal to finish). */
+static void wait_stdin_eof(void) {
+    char buf[256];
+    while (read(0, buf, sizeof buf) > 0)
+        ;
+}
+
+/* ---- storm ---- */
+
+struct storm_stats {
+    long allocs, refused, async_allocs, frees;
+    int bad_rc;
+    char bad_call[64];
+};
+
+static int storm_seconds;
+static unsigned storm_seed;
+
+static void *storm_thread(void *arg) {
+    struct storm_stats *st = arg;
+    enum { LIVE = 8 };
+    CUdeviceptr live[LIVE];
+    int is_async[LIVE];
+    int n = 0;
+    unsigned seed = storm_seed ^ (unsigned)(uintptr_t)arg ^ (unsigned)getpid() * 2654435761u;
+    CUstream stream;
+    CUresult rc;
+#define STORM_CHECK(call, name)                                                                    \
+    do {                                                                                           \
+        rc = (call);                                                                               \
+        if (rc != CUDA_SUCCESS) {                                                                  \
+            st->bad_rc = (int)rc;                                                                  \
+            snprintf(st->bad_call, sizeof st->bad_call, "%s", name);                               \
+            return NULL;                                                                           \
+        }                                                                                          \
+    } while (0)
+    STORM_CHECK(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    STORM_CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    uint64_t end = now_ms() + (uint64_t)storm_seconds * 1000u;
+    while (now_ms() < end) {
+        int r = rand_r(&seed) % 100;
+        if (n < LIVE && (n == 0 || r < 55)) {
+            size_t size = MIB + (size_t)(rand_r(&seed) % (63 * 256 + 1)) * 4096;
+            int a = rand_r(&seed) % 4 == 0;
+            CUdeviceptr p = 0;
+            rc = a ? cuMemAllocAsync(&p, size, stream) : cuMemAlloc(&p, size);
+            if (rc == CUDA_SUCCESS) {
+                live[n] = p;
+                is_async[n] = a;
+                n++;
+                st->allocs++;
+                st->async_allocs += a;
+            } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+                st->refused++;
+                /* Give the others a chance to free: a refused program usually backs off. */
+                if (n > 0) {
+                    n--;
+                    STORM_CHECK(is_async[n] ? cuMemFreeAsync(live[n], stream) : cuMemFree(live[n]),
+                                "free after refusal");
+                    st->frees++;
+                }
+            } else {
+                STORM_CHECK(rc, a ? "cuMemAllocAsync" : "cuMemAlloc_v2");
+            }
+        } else if (n > 0) {
+            int i = rand_r(&seed) % n;
+            STORM_CHECK(is_async[i] ? cuMemFreeAsync(live[i], stream) : cuMemFree(live[i]), "free");
+            live[i] = live[n - 1];
+            is_async[i] = is_async[n - 1];
+            n--;
+            st->frees++;
+        }
+        if (rand_r(&seed) % 16 == 0)
+            STORM_CHECK(cuStreamSynchronize(stream), "cuStreamSynchronize");
+    }
+    while (n > 0) {
+        n--;
+        STORM_CHECK(is_async[n] ? cuMemFreeAsync(live[n], stream) : cuMemFree(live[n]), "final free");
+        st->frees++;
+    }
+    STORM_CHECK(cuStreamSynchronize(stream), "final cuStreamSynchronize");
+    STORM_CHECK(cuStreamDestroy(stream), "cuStreamDestroy");
+    return NULL;
+#undef STORM_CHECK
+}
+
+static int mode_storm(int seconds, int threads, unsigned seed) {
+    enum { MAX_THREADS = 64 };
+    if (threads < 1 || threads > MAX_THREADS)
+        return 2;
+    storm_seconds = seconds;
+    storm_seed = seed;
+    setup();
+    pthread_t tid[MAX_THREADS];
+    static struct storm_stats st[MAX_THREADS];
+    for (int i = 0; i < threads; i++)
+        if (pthread_create(&tid[i], NULL, storm_thread, &st[i]) != 0)
+            return 3;
+    long allocs = 0, refused = 0, async_allocs = 0, frees = 0;
+    int bad = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(tid[i], NULL);
+        allocs += st[i].allocs;
+        refused += st[i].refused;
+        async_allocs += st[i].async_allocs;
+        frees += st[i].frees;
+        if (st[i].bad_rc != 0) {
+            bad++;
+            printf("bad_call=%s bad_rc=%d (%s)\n", st[i].bad_call, st[i].bad_rc,
+                   err_name((CUresult)st[i].bad_rc));
+        }
+    }
+    printf("allocs=%ld\nrefused=%ld\nasync_allocs=%ld\nfrees=%ld\nbad=%d\npid=%d\nfreed=1\n", allocs,
+           refused, async_allocs, frees, bad, (int)getpid());
+    fflush(stdout);
+    wait_stdin_eof();
+    CHECK(cuDevicePrimaryCtxRelease(dev));
+    printf("done=1\n");
+    return 0;
+}
+
+/* ---- hold / retry ---- */
+
+static int mode_hold(size_t mib) {
+    setup();
+    CUdeviceptr p;
+    CHECK(cuMemAlloc(&p, mib * MIB));
+    printf("ready=1\npid=%d\n", (int)getpid());
+    fflush(stdout);
+    wait_stdin_eof();
+    _exit(0);
+}
+
+static int mode_retry(size_t mib, uint64_t timeout_ms) {
+    setup();
+    CUdeviceptr p;
+    CUresult rc = cuMemAlloc(&p, mib * MIB);
+    printf("first=%d\n", (int)rc);
+    fflush(stdout);
+    if (rc == CUDA_SUCCESS)
+        return 0;
+    char line[64];
+    if (fgets(line, sizeof line, stdin) == NULL)
+        return 0;
+    uint64_t t0 = now_ms(), elapsed = 0;
+    long tries = 0;
+    for (;;) {
+        rc = cuMemAlloc(&p, mib * MIB);
+        tries++;
+        elapsed = now_ms() - t0;
+        if (rc != CUDA_ERROR_OUT_OF_MEMORY || elapsed >= timeout_ms)
+            break;
+        usleep(5000);
+    }
+    printf("got=%d\nlast=%d\nelapsed_ms=%llu\ntries=%ld\n", rc == CUDA_SUCCESS, (int)rc,
+           (unsigned long long)elapsed, tries);
+    return 0;
+}
+
+/* ---- cmd ---- */
+
+struct child {
+    pid_t pid;
+    int release_fd; /* closing it tells the child to exit */
+};
+
+static int mode_cmd(const char *self) {
+    CUresult rc = cuInit(0);
+    printf("init=%d\n", (int)rc);
+    if (rc == CUDA_SUCCESS)
+        rc = cuDeviceGet(&dev, 0);
+    if (rc == CUDA_SUCCESS)
+        rc = cuDevicePrimaryCtxRetain(&ctx, dev);
+    printf("retain=%d\n", (int)rc);
+    if (rc == CUDA_SUCCESS)
+        CHECK(cuCtxSetCurrent(ctx));
+    printf("pid=%d\nready=1\n", (int)getpid());
+    fflush(stdout);
+
+    enum { MAX = 256, MAX_CHILDREN = 16 };
+    CUdeviceptr ptrs[MAX];
+    int n = 0;
+    struct child children[MAX_CHILDREN];
+    int nchildren = 0;
+    char line[256];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        char word[32] = "";
+        unsigned long arg = 0;
+        if (sscanf(line, "%31s %lu", word, &arg) < 1)
+            continue;
+        if (strcmp(word, "alloc") == 0) {
+            CUdeviceptr p = 0;
+            rc = cuMemAlloc(&p, arg * MIB);
+            if (rc == CUDA_SUCCESS && n < MAX)
+                ptrs[n++] = p;
+            printf("alloc=%d\n", (int)rc);
+        } else if (strcmp(word, "free") == 0) {
+            rc = n > 0 ? cuMemFree(ptrs[--n]) : CUDA_ERROR_INVALID_VALUE;
+            printf("free=%d\n", (int)rc);
+        } else if (strcmp(word, "info") == 0) {
+            size_t f = 0, t = 0;
+            rc = cuMemGetInfo(&f, &t);
+            printf("info_free=%zu\ninfo_total=%zu\ninfo=%d\n", f, t, (int)rc);
+        } else if (strcmp(word, "fork") == 0 || strcmp(word, "exec") == 0) {
+            int release[2], ready[2];
+            if (nchildren == MAX_CHILDREN || pipe(release) != 0 || pipe(ready) != 0) {
+                printf("forked=-1\n");
+                fflush(stdout);
+                continue;
+            }
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                close(release[1]);
+                close(ready[0]);
+                if (word[0] == 'e') {
+                    /* The exec'd program finds the ledger only through the environment. */
+                    char mib[32], fd[32];
+                    snprintf(mib, sizeof mib, "%lu", arg);
+                    snprintf(fd, sizeof fd, "%d", release[0]);
+                    dup2(ready[1], 3 + 100);
+                    close(ready[1]);
+                    execl(self, self, "execchild", mib, fd, "103", (char *)NULL);
+                    printf("exec_error=%d\n", errno);
+                    fflush(stdout);
+                    _exit(127);
+                }
+                /* The forked child allocates on the context it inherited. */
+                CUdeviceptr p = 0;
+                rc = cuMemAlloc(&p, arg * MIB);
+                printf("child_alloc=%d\nchild_pid=%d\n", (int)rc, (int)getpid());
+                fflush(stdout);
+                if (write(ready[1], "r", 1) != 1)
+                    _exit(3);
+                char c;
+                while (read(release[0], &c, 1) > 0)
+                    ;
+                _exit(0);
+            }
+            close(release[0]);
+            close(ready[1]);
+            char c;
+            ssize_t got = read(ready[0], &c, 1);
+            close(ready[0]);
+            children[nchildren].pid = pid;
+            children[nchildren].release_fd = release[1];
+            nchildren++;
+            printf("forked=%d\nchild_ready=%d\n", (int)pid, got == 1);
+        } else if (strcmp(word, "reap") == 0) {
+            if (nchildren == 0) {
+                printf("reaped=-1\n");
+            } else {
+                nchildren--;
+                close(children[nchildren].release_fd);
+                int status = 0;
+                waitpid(children[nchildren].pid, &status, 0);
+                printf("reaped=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+            }
+        } else if (strcmp(word, "exit") == 0) {
+            printf("bye=1\n");
+            fflush(stdout);
+            return 0;
+        } else {
+            printf("unknown=%s\n", word);
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static int mode_execchild(size_t mib, int release_fd, int ready_fd) {
+    setup();
+    CUdeviceptr p = 0;
+    CUresult rc = cuMemAlloc(&p, mib * MIB);
+    printf("exec_alloc=%d\nexec_pid=%d\n", (int)rc, (int)getpid());
+    fflush(stdout);
+    if (write(ready_fd, "r", 1) != 1)
+        return 3;
+    close(ready_fd);
+    char c;
+    while (read(release_fd, &c, 1) > 0)
+        ;
+    _exit(0);
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "storm") == 0 && argc == 5)
+        return mode_storm(atoi(argv[2]), atoi(argv[3]), (unsigned)strtoul(argv[4], NULL, 10));
+    if (strcmp(mode, "hold") == 0 && argc == 3)
+        return mode_hold(strtoull(argv[2], NULL, 10));
+    if (strcmp(mode, "retry") == 0 && argc == 4)
+        return mode_retry(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
+    if (strcmp(mode, "cmd") == 0)
+        return mode_cmd(argv[0]);
+    if (strcmp(mode, "execchild") == 0 && argc == 5)
+        return mode_execchild(strtoull(argv[2], NULL, 10), atoi(argv[3]), atoi(argv[4]));
+    fprintf(stderr, "usage: %s storm S T SEED | hold MIB | retry MIB MS | cmd\n", argv[0]);
+    return 2;
+}
