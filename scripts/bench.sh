@@ -5,7 +5,7 @@
 # time (paired, interleaved runs pinned to one CPU, medians) and as instructions (callgrind,
 # deterministic). Prints a table; method and results: docs/BENCHMARKS.md.
 #
-# Usage: scripts/bench.sh [--reps N] [--startup-runs N] [--cpu C]   (defaults 9, 150, 1)
+# Usage: scripts/bench.sh [--reps N] [--startup-runs N] [--cpu C]   (defaults 9, 200, 1)
 # Builds the release profile in $CARGO_TARGET_DIR (default target/) and installs simgpu into a private
 # directory, $TARGET/bench/simgpu/lib. Outputs (callgrind files, results.json) go to $TARGET/bench/out.
 set -euo pipefail

@@ -42,6 +42,14 @@ pub fn mode() -> &'static Mode {
         if !config.is_configured() && !config.ledger_path.exists() {
             return Mode::Transparent;
         }
+        // Preloaded over a gpuslice drop-in libcuda: the drop-in enforces; counting here too would
+        // charge everything twice. Finding the driver decides it, so find it now.
+        if crate::driver::role() == crate::driver::Role::Preload {
+            crate::driver::library_handle(crate::driver::Library::Cuda);
+            if crate::driver::deferring() {
+                return Mode::Transparent;
+            }
+        }
         Mode::Enforcing(Box::new(Tenant::new(config)))
     })
 }

@@ -1,13 +1,17 @@
 //! Finding the real driver and its functions.
 //!
 //! The real `libcuda.so.1` / `libnvidia-ml.so.1` are found by `GPUSLICE_REAL_LIBCUDA` /
-//! `GPUSLICE_REAL_NVML` when set, otherwise the copy the process already loaded (`RTLD_NOLOAD`), otherwise
-//! by the standard name. A library that turns out to be gpuslice itself is refused. Each hooked entry
+//! `GPUSLICE_REAL_NVML` when set (and nowhere else if that is refused), otherwise the copy the process
+//! already loaded (`RTLD_NOLOAD`), otherwise by the standard name, otherwise in the standard driver
+//! locations. This very library (same file, even bind-mounted over the driver's) is never its own
+//! driver. Another gpuslice library (one exporting `gpuslice_dlsym_hook`) is skipped by a drop-in
+//! library, and accepted by the preloaded one, which then defers to it (see [`deferring`]): every call
+//! flows preloaded hook -> drop-in hook -> real driver, counted once. Each hooked entry
 //! point's real function is resolved once, lazily, with glibc's own `dlsym` (never our interposer), into
 //! a slot with three states: unresolved, missing, or the address.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 include!(concat!(env!("OUT_DIR"), "/hook_table.rs"));
 
@@ -103,9 +107,55 @@ fn dlopen(name: &CStr, flags: c_int) -> *mut c_void {
     unsafe { libc::dlopen(name.as_ptr(), flags) }
 }
 
-/// Standard names, then the Debian/Ubuntu/RHEL driver locations.
+/// Standard names, then the driver's usual locations (Debian/Ubuntu multiarch, RHEL, NVIDIA's container
+/// toolkit and GPU operator, WSL), by absolute path: a drop-in first on the library path answers to the
+/// standard name itself.
 const CUDA_NAMES: &[&CStr] = &[c"libcuda.so.1", c"libcuda.so"];
 const NVML_NAMES: &[&CStr] = &[c"libnvidia-ml.so.1", c"libnvidia-ml.so"];
+const DRIVER_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/usr/lib64",
+    "/usr/lib64/nvidia",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+    "/run/nvidia/driver/usr/lib64",
+    "/usr/lib/wsl/lib",
+];
+
+/// What this library is: the preloaded `libgpuslice.so` or one of the drop-in libraries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Preload = 0,
+    DropinCuda = 1,
+    DropinNvml = 2,
+}
+
+static ROLE: AtomicU8 = AtomicU8::new(Role::Preload as u8);
+static DEFERRING: AtomicBool = AtomicBool::new(false);
+
+/// Called by a drop-in library's constructor, before any of its exports can run.
+pub fn set_role(role: Role) {
+    ROLE.store(role as u8, Ordering::Release);
+}
+
+pub fn role() -> Role {
+    match ROLE.load(Ordering::Acquire) {
+        1 => Role::DropinCuda,
+        2 => Role::DropinNvml,
+        _ => Role::Preload,
+    }
+}
+
+/// True when this (preloaded) library found a gpuslice drop-in as its CUDA driver: the drop-in
+/// enforces, so this library must count nothing (`accounting::mode()` is then transparent).
+pub fn deferring() -> bool {
+    DEFERRING.load(Ordering::Acquire)
+}
 
 fn open_library(library: Library) -> *mut c_void {
     let (var, names) = match library {
@@ -115,36 +165,145 @@ fn open_library(library: Library) -> *mut c_void {
     if let Some(path) =
         std::env::var_os(var).and_then(|p| CString::new(p.into_encoded_bytes()).ok())
     {
-        return accept(dlopen(&path, libc::RTLD_NOW | libc::RTLD_LOCAL));
+        // An explicit choice is never second-guessed by a search: refused means no driver.
+        let h = accept(library, dlopen(&path, libc::RTLD_NOW | libc::RTLD_LOCAL));
+        if h.is_null() {
+            crate::log::error(format_args!(
+                "{var}={} is not a usable {} (missing, not a library, or gpuslice itself); its calls fail",
+                path.to_string_lossy(),
+                names[0].to_string_lossy()
+            ));
+        }
+        return h;
     }
     for name in names {
-        let h = accept(dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD));
+        let h = accept(library, dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD));
         if !h.is_null() {
             return h;
         }
     }
     for name in names {
-        let h = accept(dlopen(name, libc::RTLD_NOW | libc::RTLD_LOCAL));
+        let h = accept(library, dlopen(name, libc::RTLD_NOW | libc::RTLD_LOCAL));
         if !h.is_null() {
             return h;
         }
+    }
+    for dir in DRIVER_DIRS {
+        let Ok(path) = CString::new(format!("{dir}/{}", names[0].to_string_lossy())) else {
+            continue;
+        };
+        if !std::path::Path::new(path.to_str().unwrap_or_default()).exists() {
+            continue;
+        }
+        let h = accept(library, dlopen(&path, libc::RTLD_NOW | libc::RTLD_LOCAL));
+        if !h.is_null() {
+            return h;
+        }
+    }
+    if role() != Role::Preload {
+        crate::log::error(format_args!(
+            "no real {} found (set {var}); its calls fail",
+            names[0].to_string_lossy()
+        ));
     }
     std::ptr::null_mut()
 }
 
-/// Refuses a handle whose library is gpuslice itself (a drop-in copy first on the library path).
-fn accept(handle: *mut c_void) -> *mut c_void {
-    if handle.is_null() || !is_self(handle) {
+/// This very library -> refused; another gpuslice library -> refused by a drop-in (drop-ins never
+/// chain), accepted by the preloaded library, which defers to it; anything else -> accepted.
+fn accept(library: Library, handle: *mut c_void) -> *mut c_void {
+    if handle.is_null() {
         return handle;
     }
-    // SAFETY: `handle` came from dlopen and is closed once.
+    let refuse = if is_this_library(handle) {
+        true
+    } else if is_gpuslice(handle) {
+        if role() == Role::Preload {
+            if library == Library::Cuda {
+                DEFERRING.store(true, Ordering::Release);
+                crate::log::info(format_args!(
+                    "the CUDA driver found is a gpuslice drop-in library: it enforces, this one defers"
+                ));
+            }
+            false
+        } else {
+            true
+        }
+    } else {
+        false
+    };
+    if !refuse {
+        return handle;
+    }
+    // SAFETY: `handle` came from dlopen and is closed once (this drops only our reference).
     unsafe { libc::dlclose(handle) };
     std::ptr::null_mut()
 }
 
-fn is_self(handle: *mut c_void) -> bool {
-    let probe = real_dlsym(handle, c"gpuslice_dlsym_hook");
-    !probe.is_null()
+fn is_gpuslice(handle: *mut c_void) -> bool {
+    !real_dlsym(handle, c"gpuslice_dlsym_hook").is_null()
+}
+
+/// Whether `handle` is this library: the same loaded object, or the same file (device and inode; a
+/// bind mount of it over the driver's path is still the same file).
+fn is_this_library(handle: *mut c_void) -> bool {
+    let Some(own) = object_path(is_this_library as *const c_void) else {
+        return false;
+    };
+    if let Ok(own_c) = CString::new(own.clone()) {
+        // SAFETY: `own_c` is NUL-terminated; RTLD_NOLOAD only looks the object up (and takes a reference).
+        let me = unsafe { libc::dlopen(own_c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if !me.is_null() {
+            // SAFETY: drops the reference just taken.
+            unsafe { libc::dlclose(me) };
+            if me == handle {
+                return true;
+            }
+        }
+    }
+    match (handle_path(handle), file_id(&own)) {
+        (Some(path), Some(own_id)) => file_id(&path) == Some(own_id),
+        _ => false,
+    }
+}
+
+fn file_id(path: &str) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The file a dlopen handle was loaded from.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn handle_path(handle: *mut c_void) -> Option<String> {
+    let mut map: *mut libc::c_void = std::ptr::null_mut();
+    // SAFETY: dlinfo(RTLD_DI_LINKMAP) writes a `struct link_map *` for a valid handle.
+    if unsafe {
+        libc::dlinfo(
+            handle,
+            libc::RTLD_DI_LINKMAP,
+            (&mut map as *mut *mut c_void).cast(),
+        )
+    } != 0
+        || map.is_null()
+    {
+        return None;
+    }
+    // SAFETY: glibc's `struct link_map` starts with l_addr (an address) then l_name (a C string).
+    let name = unsafe { *(map as *const *const c_char).add(1) };
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: l_name is a NUL-terminated string owned by the loader.
+    let name = unsafe { CStr::from_ptr(name) }
+        .to_string_lossy()
+        .into_owned();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The file the real library was loaded from (for `gpuslice doctor` and logs), if it was found.
+pub fn library_path(library: Library) -> Option<String> {
+    let h = library_handle(library);
+    (!h.is_null()).then(|| handle_path(h)).flatten()
 }
 
 /// The path of the object that holds `addr` (for `gpuslice doctor` and logs).

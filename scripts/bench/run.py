@@ -5,7 +5,7 @@ Every figure compares the same client (scripts/bench/bench.c) on simgpu, once wi
 LD_PRELOAD=libgpuslice.so (a quota configured, so the hooks do their work):
 
   * wall time: for each repetition, every mode runs as a pair of processes (without, with; the order
-    alternates between repetitions), all pinned to one CPU (taskset -c CPU). Reported: the median over
+    alternates between repetitions), all pinned to one CPU (sched_setaffinity). Reported: the median over
     repetitions of each side's ns/op, and the median of the paired differences ("added").
   * instructions: each mode once under `valgrind --tool=callgrind --toggle-collect=bench_loop_<mode>`
     per side: the Ir executed inside the measured loop divided by its iteration count (deterministic).
@@ -14,6 +14,7 @@ LD_PRELOAD=libgpuslice.so (a quota configured, so the hooks do their work):
     current), interleaved pairs of runs, medians; plus the whole process's Ir under callgrind.
 """
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -45,7 +46,7 @@ def main():
     ap.add_argument("--work", required=True, help="output dir (callgrind files, results)")
     ap.add_argument("--shm", required=True, help="scratch dir for simgpu's state file and the ledger")
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--startup-runs", type=int, default=150)
+    ap.add_argument("--startup-runs", type=int, default=200)
     ap.add_argument("--cpu", default="1")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
@@ -68,10 +69,14 @@ def main():
         GPUSLICE_TENANT="bench",
     )
     sides = {"without": base_env, "with": with_env}
-    pin = ["taskset", "-c", a.cpu]
+    # Pin this driver, and so every process it starts, to one CPU. Not `taskset CMD`: with
+    # LD_PRELOAD in its environment taskset itself would load the shim, and the start-up figure
+    # would count that load twice.
+    os.sched_setaffinity(0, {int(a.cpu)})
+    load0 = f"{os.getloadavg()[0]:.2f}"
 
     def run(env, args, check=True):
-        p = subprocess.run(pin + [a.bench] + args, env=env, capture_output=True, text=True)
+        p = subprocess.run([a.bench] + args, env=env, capture_output=True, text=True)
         if check and p.returncode != 0:
             sys.exit(f"bench {' '.join(args)} failed ({p.returncode}):\n{p.stdout}{p.stderr}")
         return p
@@ -114,6 +119,16 @@ def main():
             self_cost, calls, summary = callgrind_report.parse(out)
             ir[mode][side] = summary / cg_n
         print(f"callgrind: {mode} done", flush=True)
+    # The same pair with the shim loaded but no quota anywhere (transparent mode).
+    transparent_env = {k: v for k, v in with_env.items()
+                       if k not in ("GPUSLICE_MEMORY_LIMIT", "GPUSLICE_LEDGER", "GPUSLICE_TENANT")}
+    # (Transparent only if this machine has no /etc/gpuslice/quota.toml and no ledger under
+    # /dev/shm/gpuslice: the note printed with the figure says so.)
+    out = os.path.join(a.work, "callgrind.alloc.transparent.out")
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                    "--toggle-collect=bench_loop_alloc", a.bench, "alloc", str(MODES["alloc"][1])],
+                   env=transparent_env, capture_output=True, text=True, check=True)
+    ir_transparent = callgrind_report.parse(out)[2] / MODES["alloc"][1]
     # Where the shim's instructions go in the alloc/free pair.
     breakdowns["alloc"] = subprocess.run(
         [sys.executable, os.path.join(HERE, "callgrind_report.py"), "breakdown",
@@ -131,19 +146,24 @@ def main():
             dt = time.perf_counter_ns() - t0
             if i >= 10:  # the first runs warm the page cache, create the state file and ledger
                 start[side].append(dt / 1e6)
-    startup_ir = {}
+    startup_ir, startup_objects = {}, {}
     for side, env in sides.items():
         out = os.path.join(a.work, f"callgrind.startup.{side}.out")
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", a.bench,
                         "startup"], env=env, capture_output=True, text=True, check=True)
-        startup_ir[side] = callgrind_report.parse(out)[2]
+        self_cost, _calls, startup_ir[side] = callgrind_report.parse(out)
+        per_object = collections.Counter()
+        for (ob, _fn), c in self_cost.items():
+            per_object[callgrind_report.short(ob)] += c
+        startup_objects[side] = per_object
     print("startup: done", flush=True)
 
     hyperfine = None
     if shutil.which("hyperfine"):
         hf_json = os.path.join(a.work, "hyperfine.json")
         envs = {s: " ".join(f"{k}={v}" for k, v in e.items()) for s, e in sides.items()}
-        cmds = [f"taskset -c {a.cpu} env -i {envs[s]} {a.bench} startup" for s in ("without", "with")]
+        # `env -i` on both sides: only the client sees LD_PRELOAD, and both pay the same exec.
+        cmds = [f"env -i {envs[s]} {a.bench} startup" for s in ("without", "with")]
         subprocess.run(["hyperfine", "-N", "--warmup", "10", "--runs", "100", "--export-json",
                         hf_json, "-n", "without", cmds[0], "-n", "with", cmds[1]],
                        capture_output=True, text=True, check=True)
@@ -156,10 +176,15 @@ def main():
 
     # ---- table ----
     med = statistics.median
+
+    def iqr(sorted_values, fmt):
+        q = statistics.quantiles(sorted_values, n=4) if len(sorted_values) > 1 else sorted_values * 3
+        return f"{q[0]:{fmt}}..{q[2]:{fmt}}"
     rows = []
     for mode, (n, cg_n, goal_ns, goal_ir, label) in MODES.items():
         w, s = ns[mode]["without"], ns[mode]["with"]
-        added_ns = med([b - c for b, c in zip(s, w)])
+        diffs = sorted(b - c for b, c in zip(s, w))
+        added_ns = med(diffs)
         added_ir = ir[mode]["with"] - ir[mode]["without"]
         if goal_ns == 0:
             ok = "yes" if abs(added_ir) < 0.5 else "NO"
@@ -167,20 +192,23 @@ def main():
         else:
             ok = "yes" if added_ns <= goal_ns and added_ir <= goal_ir else "NO"
             goal = f"<= {goal_ns} ns, <= {goal_ir} Ir"
-        rows.append([label, f"{med(w):.1f}", f"{med(s):.1f}", f"{added_ns:+.1f}",
+        rows.append([label, f"{med(w):.1f}", f"{med(s):.1f}", f"{added_ns:+.1f} [{iqr(diffs, '.1f')}]",
                      f"{ir[mode]['without']:.0f}", f"{ir[mode]['with']:.0f}", f"{added_ir:+.0f}",
                      goal, ok])
     sw, ss = start["without"], start["with"]
-    added_ms = med([b - c for b, c in zip(ss, sw)])
+    diffs = sorted(b - c for b, c in zip(ss, sw))
+    added_ms = med(diffs)
     rows.append(["process start-up to a current context (ms, whole process)", f"{med(sw):.3f}",
-                 f"{med(ss):.3f}", f"{added_ms:+.3f}", f"{startup_ir['without']}",
+                 f"{med(ss):.3f}", f"{added_ms:+.3f} [{iqr(diffs, '.3f')}]", f"{startup_ir['without']}",
                  f"{startup_ir['with']}", f"{startup_ir['with'] - startup_ir['without']:+d}",
                  f"<= {STARTUP_GOAL_MS} ms", "yes" if added_ms <= STARTUP_GOAL_MS else "NO"])
-    head = ["call", "ns without", "ns with", "ns added (median of pairs)", "Ir without",
+    head = ["call", "ns without", "ns with", "ns added [IQR]", "Ir without",
             "Ir with", "Ir added", "goal", "met"]
     print()
-    print(f"{a.reps} repetitions of paired runs on CPU {a.cpu}; ns = median ns/op; "
-          f"Ir = callgrind instructions per op")
+    print(f"{a.reps} repetitions of paired runs on CPU {a.cpu} (load average before/after: {load0} / "
+          f"{os.getloadavg()[0]:.2f}); ns = median ns/op over repetitions, added = median of the "
+          f"paired differences [interquartile range]; Ir = callgrind instructions per op; start-up: "
+          f"{a.startup_runs} pairs, ms per process, Ir of the whole process")
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for r in rows:
@@ -193,6 +221,14 @@ def main():
         print(f"hyperfine cross-check (start-up, median of 100 runs each, not interleaved): without "
               f"{hw[0]:.3f} ms (sd {hw[1]:.3f}), with {hs[0]:.3f} ms (sd {hs[1]:.3f}), "
               f"added {hs[0] - hw[0]:+.3f} ms")
+    print(f"alloc/free pair with the shim loaded but NO quota configured (transparent): "
+          f"{ir_transparent:.0f} Ir, {ir_transparent - ir['alloc']['without']:+.0f} vs without"
+          + ("" if not (os.path.exists("/etc/gpuslice/quota.toml") or os.path.exists("/dev/shm/gpuslice"))
+             else " (NOTE: this machine has a default quota file or ledger: maybe not transparent)"))
+    deltas = {o: startup_objects["with"][o] - startup_objects["without"][o]
+              for o in set(startup_objects["with"]) | set(startup_objects["without"])}
+    print("start-up instructions added, by object: " + ", ".join(
+        f"{o} {d:+d}" for o, d in sorted(deltas.items(), key=lambda kv: -abs(kv[1])) if d))
     print()
     print("Where the shim's instructions go in the alloc/free pair (callgrind, with the shim):")
     print(breakdowns["alloc"])

@@ -71,11 +71,12 @@ pub type CUlaunchAttributeID = u32;
 pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID = 2;
 pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: CUlaunchAttributeID = 8;
 
-/// `CUlaunchAttributeValue`: a 64-byte union; read the member the id names.
+/// `CUlaunchAttributeValue`: a 64-byte union; read the member the id names. Some members hold pointers
+/// and 64-bit values, so the union is 8-byte aligned in C.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union CUlaunchAttributeValue {
-    pub pad: [u8; 64],
+    pub pad: [u64; 8],
     pub cooperative: i32,
     pub priority: i32,
 }

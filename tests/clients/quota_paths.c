@@ -5,7 +5,7 @@
  *   quota_paths_dlsym.c      dlopen("libcuda.so.1") + dlsym for every function
  *   quota_paths_procaddr.c   every function through cuGetProcAddress_v2 (`v2`) or the CUDA 11.3
  *                            cuGetProcAddress (`v1`), itself found with dlsym
- * Usage: quota_paths [v1|v2] MODE, MODE = matrix | fill.
+ * Usage: quota_paths [dlsym|v1|v2] MODE, MODE = matrix | fill | hold.
  *
  * matrix: for each allocation kind K, with A and B two allocations (sizes in tests/shim_paths.rs):
  *   K.start  (before anything)          K.a  (A allocated)        K.b (B attempted, A held)
@@ -15,6 +15,7 @@
  * count gpuslice's warnings per attempt.
  * fill: for each kind, 64 MiB allocations until one fails: K.fill_count, K.fill_rc, then everything
  * freed: K.fill_free_after.
+ * hold: cuMemAlloc of A, ready=1, then wait until stdin closes and free it.
  * Both print bound.FIELD=OBJECT!SYMBOL (dladdr of each function the client obtained) and done=1. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -435,7 +436,18 @@ int main(int argc, char **argv) {
     CHECK(A.memGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     printf("vmm_granularity=%zu\n", granularity);
 
-    for (size_t k = 0; k < NKINDS; k++) {
+    if (strcmp(mode, "hold") == 0) {
+        /* Hold A (cuMemAlloc) until stdin closes: another process of the tenant looks meanwhile. */
+        struct obj a;
+        CHECK(alloc_kind("alloc", SIZE_A, &a));
+        printf("ready=1\n");
+        fflush(stdout);
+        char buf[64];
+        while (fread(buf, 1, sizeof buf, stdin) > 0)
+            ;
+        free_kind("alloc", &a, 0);
+    }
+    for (size_t k = 0; k < NKINDS && strcmp(mode, "hold") != 0; k++) {
         if (strcmp(mode, "matrix") == 0)
             matrix_kind(KINDS[k]);
         else if (strcmp(mode, "fill") == 0)

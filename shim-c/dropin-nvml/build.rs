@@ -1,0 +1,8 @@
+//! Expands the API table into this drop-in library's trampolines and export list (shim-c/dropin-build.rs).
+
+include!("../dropin-build.rs");
+
+fn main() {
+    generate("src/api/nvml_entry_points.tsv", 1, 3);
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnvidia-ml.so.1");
+}

@@ -1,0 +1,33 @@
+//! gpuslice as a drop-in `libnvidia-ml.so.1`: exports everything NVIDIA's NVML exports, shows the
+//! tenant's quota as the memory total (like the preloaded libgpuslice.so), and forwards everything else
+//! to the real library (`GPUSLICE_REAL_NVML` or the standard locations; never itself).
+
+use gpuslice::driver::{Library, Role};
+
+const LIBRARY: Library = Library::Nvml;
+const ROLE: Role = Role::DropinNvml;
+
+/// What a call answers when no real NVML was found: NVML_ERROR_LIBRARY_NOT_FOUND.
+extern "C" fn no_library() -> Code {
+    12
+}
+
+/// What a call answers when the real NVML lacks the function: NVML_ERROR_FUNCTION_NOT_FOUND.
+extern "C" fn not_found() -> Code {
+    13
+}
+
+/// `nvmlErrorString` returns a string, not an nvmlReturn_t.
+extern "C" fn error_string_missing() -> *const std::ffi::c_char {
+    c"Function Not Found (gpuslice: the real NVML lacks nvmlErrorString)".as_ptr()
+}
+
+fn missing_function(name: &std::ffi::CStr) -> *const c_void {
+    if name.to_bytes() == b"nvmlErrorString" {
+        error_string_missing as *const c_void
+    } else {
+        not_found as *const c_void
+    }
+}
+
+include!("../../dropin-common.rs");
