@@ -5,7 +5,7 @@
 # time (paired, interleaved runs pinned to one CPU, medians) and as instructions (callgrind,
 # deterministic). Prints a table; method and results: docs/BENCHMARKS.md.
 #
-# Usage: scripts/bench.sh [--reps N] [--startup-runs N] [--cpu C]   (defaults 9, 200, 1)
+# Usage: scripts/bench.sh [--reps N] [--startup-runs N] [--cpu C]   (defaults 9, 400, 1)
 # Builds the release profile in $CARGO_TARGET_DIR (default target/) and installs simgpu into a private
 # directory, $TARGET/bench/simgpu/lib. Outputs (callgrind files, results.json) go to $TARGET/bench/out.
 set -euo pipefail
@@ -18,11 +18,11 @@ BENCH="$TARGET/bench"
 OUT="$BENCH/out"
 step() { echo "==> $*" >&2; }
 
-# Tools: a C compiler, valgrind (instruction counts), taskset (util-linux), hyperfine (cross-check).
+# Tools: a C compiler, valgrind (instruction counts), strace (syscall counts), hyperfine (cross-check).
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
-command -v taskset >/dev/null 2>&1 || need+=(util-linux)
+command -v strace >/dev/null 2>&1 || need+=(strace)
 command -v hyperfine >/dev/null 2>&1 || need+=(hyperfine)
 if [ ${#need[@]} -gt 0 ]; then
   step "apt-get install ${need[*]}"
@@ -31,7 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-for t in cc valgrind taskset python3; do
+for t in cc valgrind python3; do
   command -v "$t" >/dev/null 2>&1 || { echo "bench: $t is required" >&2; exit 1; }
 done
 

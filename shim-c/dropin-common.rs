@@ -1,5 +1,6 @@
 // Shared by the drop-in libraries' `lib.rs` (shim-c/dropin-cuda, shim-c/dropin-nvml), which `include!`
-// it after defining LIBRARY, ROLE, `no_library` and `not_found`.
+// it after defining LIBRARY, ROLE and `stand_in(name, library_found)` (what a call answers when the
+// real library, or the function in it, is missing).
 //
 // The library exports every name of its API table: hooked entry points are the Rust hooks of the
 // gpuslice rlib (exported by their `#[no_mangle]` names), every other function is a trampoline
@@ -7,7 +8,7 @@
 // function, resolved on its first call by `gpuslice_dropin_resolve`.
 
 use gpuslice::driver;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 include!(concat!(env!("OUT_DIR"), "/names.rs"));
@@ -35,18 +36,19 @@ static INIT: extern "C" fn() = init;
 /// trampolines' common resolver with the caller's argument registers saved.
 #[no_mangle]
 pub extern "C" fn gpuslice_dropin_resolve(index: u32) -> *const c_void {
-    std::panic::catch_unwind(|| resolve(index as usize)).unwrap_or(no_library as *const c_void)
+    std::panic::catch_unwind(|| resolve(index as usize)).unwrap_or_else(|_| {
+        let name = NAMES.get(index as usize).copied().unwrap_or(c"");
+        stand_in(name, false)
+    })
 }
 
 fn resolve(index: usize) -> *const c_void {
     // Reads the configuration once (log level, errors worth reporting) before anything is logged.
     let _ = gpuslice::accounting::mode();
-    let Some(name) = NAMES.get(index) else {
-        return no_library as *const c_void;
-    };
+    let name = NAMES.get(index).copied().unwrap_or(c"");
     let handle = driver::library_handle(LIBRARY);
     if handle.is_null() {
-        return no_library as *const c_void;
+        return stand_in(name, false);
     }
     let f = driver::real_dlsym(handle, name);
     if f.is_null() {
@@ -58,10 +60,7 @@ fn resolve(index: usize) -> *const c_void {
                 name.to_string_lossy()
             ));
         }
-        return missing_function(name);
+        return stand_in(name, true);
     }
     f
 }
-
-/// Keeps `c_int` in use for the stand-ins of both libraries.
-type Code = c_int;

@@ -11,7 +11,7 @@ use crate::ledger::{Ledger, LedgerOptions, QuotaExceeded, UNLIMITED};
 use crate::log;
 use gpuslice_api::types::{CUcontext, CUdevice};
 use gpuslice_api::{CUerror, CUresult};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, ReentrantMutex, ReentrantMutexGuard};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
@@ -112,6 +112,10 @@ pub struct Tenant {
     records: Mutex<Records>,
     /// Bytes charged per context.
     pub context_reserve: u64,
+    /// Serialises the pool bookkeeping (reserve, driver call, read of the pool's size, settle): the
+    /// charge is derived from the pool's size before and after, which another thread's allocation or
+    /// settle must not change in between. Reentrant: a refused reservation settles the pools.
+    pools_serial: ReentrantMutex<()>,
 }
 
 thread_local! {
@@ -130,6 +134,7 @@ impl Tenant {
             devices: Mutex::new(HashMap::new()),
             records: Mutex::new(Records::default()),
             context_reserve,
+            pools_serial: ReentrantMutex::new(()),
         }
     }
 
@@ -302,8 +307,16 @@ impl Tenant {
 
     /// Frees through `call`, then returns the allocation's charge (if it was charged).
     pub fn uncharge(&self, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-        call()?;
-        if let Some(charge) = self.records.lock().allocations.remove(&key) {
+        // The record goes before the driver frees: from then on the driver may hand the same
+        // address to another thread's allocation, whose new record must not be the one removed.
+        let charge = self.records.lock().allocations.remove(&key);
+        if let Err(e) = call() {
+            if let Some(charge) = charge {
+                self.records.lock().allocations.insert(key, charge);
+            }
+            return Err(e);
+        }
+        if let Some(charge) = charge {
             self.release(charge);
         }
         Ok(())
@@ -443,8 +456,15 @@ impl Tenant {
         }
     }
 
+    /// Held by a stream-ordered allocation from before its reservation until its pool's charge is
+    /// settled ([`Tenant::pool_now_holds`]).
+    pub fn pool_serial(&self) -> ReentrantMutexGuard<'_, ()> {
+        self.pools_serial.lock()
+    }
+
     /// Re-reads every known pool's reserved size and returns what the driver released.
     pub fn settle_pools(&self) {
+        let _serial = self.pool_serial();
         let pools: Vec<(usize, Charge)> = self
             .records
             .lock()
@@ -462,6 +482,7 @@ impl Tenant {
     }
 
     pub fn forget_pool(&self, pool: usize) {
+        let _serial = self.pool_serial();
         if let Some(charge) = self.records.lock().pools.remove(&pool) {
             self.release(charge);
         }

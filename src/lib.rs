@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod ledger;
+pub mod scheduling;
 
 pub mod accounting;
 pub mod cli;

@@ -278,6 +278,13 @@ fn storm_of_threads_and_processes_never_passes_the_limit() {
             Session::start(&mut cmd, &format!("storm client {i}"))
         })
         .collect();
+    // Everyone holds its context before anyone allocates.
+    for c in &mut clients {
+        c.until("ready");
+    }
+    for c in &mut clients {
+        c.send("go");
+    }
     let mut refused = 0;
     let mut allocs = 0;
     let mut async_allocs = 0;
@@ -837,7 +844,7 @@ fn status_prints_the_documented_table_and_json() {
         .env("GPUSLICE_TENANT", "team-a")
         .args(["hold", "1024"]);
     let mut holder = Session::start(&mut cmd, "holder");
-    let pid: u64 = holder.until("ready")["pid"].parse().unwrap();
+    let pid: u64 = holder.until("pid")["pid"].parse().unwrap();
 
     let table = gpuslice(&sim, &["status", "--ledger", p]);
     table.assert_success();
@@ -964,4 +971,46 @@ fn run_passes_exit_codes_and_signals_and_sets_the_quota() {
     let j = status_json(&sim, &ledger);
     assert_eq!(j.str("tenant"), "t1", "{j}");
     assert_eq!(num(device0(&j), "limit"), GIB, "{j}");
+}
+
+#[test]
+fn a_killed_process_with_a_forked_helper_still_returns_its_memory() {
+    // A CUDA process forks a helper that never touches CUDA (data-loader workers, shell-outs), then
+    // is SIGKILLed while the helper lives on: its memory must still come back within a second.
+    let dir = tmp_dir("forkidle");
+    let ledger = dir.join("forkidle.ledger");
+    let sim = Sim::new("forkidle");
+    let start = |args: &[&str], desc: &str| {
+        let mut cmd = shimmed(&sim, &ledger);
+        cmd.env("GPUSLICE_MEMORY_LIMIT", "2560MiB").args(args);
+        Session::start(&mut cmd, desc)
+    };
+    let mut holder = start(&["cmd"], "holder with a helper");
+    holder.until("ready");
+    assert_eq!(holder.ask("alloc 1024", "alloc"), "0");
+    let helper: i32 = holder.ask("forkidle", "idle_pid").parse().unwrap();
+    struct Reap(i32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on the helper this test made (an orphan once its parent is killed).
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _helper = Reap(helper);
+    let mut waiter = start(&["retry", "1024", "3000"], "waiter");
+    assert_eq!(waiter.until("first")["first"], OOM, "{}", waiter.report());
+    signal(holder.pid(), libc::SIGKILL);
+    let (st, _, _) = holder.finish();
+    assert_eq!(st.signal(), Some(libc::SIGKILL));
+    waiter.send("go");
+    let kv = waiter.until("tries");
+    assert_eq!(
+        kv["got"],
+        "1",
+        "the killed process's memory stayed charged while its forked helper (pid {helper}) lives: {}\n{}",
+        status_json(&sim, &ledger),
+        waiter.report()
+    );
+    let ms: u64 = kv["elapsed_ms"].parse().unwrap();
+    assert!(ms < 1000, "took {ms} ms\n{}", waiter.report());
 }

@@ -17,6 +17,7 @@ import argparse
 import collections
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -37,6 +38,17 @@ MODES = {
 STARTUP_GOAL_MS = 0.3
 
 
+def strace_counts(path):
+    """syscall -> calls, from `strace -c` output."""
+    counts = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 5 and parts[0][0].isdigit() and parts[-1] != "total":
+                counts[parts[-1]] = int(parts[3])
+    return counts
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", required=True, help="the compiled bench client")
@@ -46,7 +58,7 @@ def main():
     ap.add_argument("--work", required=True, help="output dir (callgrind files, results)")
     ap.add_argument("--shm", required=True, help="scratch dir for simgpu's state file and the ledger")
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--startup-runs", type=int, default=200)
+    ap.add_argument("--startup-runs", type=int, default=400)
     ap.add_argument("--cpu", default="1")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
@@ -72,7 +84,10 @@ def main():
     # Pin this driver, and so every process it starts, to one CPU. Not `taskset CMD`: with
     # LD_PRELOAD in its environment taskset itself would load the shim, and the start-up figure
     # would count that load twice.
-    os.sched_setaffinity(0, {int(a.cpu)})
+    cpu = int(a.cpu)
+    if cpu not in os.sched_getaffinity(0):
+        cpu = max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
     load0 = f"{os.getloadavg()[0]:.2f}"
 
     def run(env, args, check=True):
@@ -129,23 +144,51 @@ def main():
                     "--toggle-collect=bench_loop_alloc", a.bench, "alloc", str(MODES["alloc"][1])],
                    env=transparent_env, capture_output=True, text=True, check=True)
     ir_transparent = callgrind_report.parse(out)[2] / MODES["alloc"][1]
-    # Where the shim's instructions go in the alloc/free pair.
-    breakdowns["alloc"] = subprocess.run(
-        [sys.executable, os.path.join(HERE, "callgrind_report.py"), "breakdown",
-         os.path.join(a.work, "callgrind.alloc.with.out"), str(MODES["alloc"][1]),
-         "libgpuslice.so", "cuMemAlloc_v2,cuMemFree_v2", "20"],
-        capture_output=True, text=True, check=True).stdout
+    # Where the shim's instructions go, for every call it adds instructions to.
+    forwarded = {"alloc": "cuMemAlloc_v2,cuMemFree_v2", "launch": "cuLaunchKernel",
+                 "getctx": "cuCtxGetCurrent", "getattr": "cuDeviceGetAttribute"}
+    for mode in MODES:
+        if ir[mode]["with"] - ir[mode]["without"] >= 0.5:
+            breakdowns[mode] = subprocess.run(
+                [sys.executable, os.path.join(HERE, "callgrind_report.py"), "breakdown",
+                 os.path.join(a.work, f"callgrind.{mode}.with.out"), str(MODES[mode][1]),
+                 "libgpuslice.so", forwarded[mode], "20"],
+                capture_output=True, text=True, check=True).stdout
+
+    # 2b. System calls per op (callgrind counts user-space instructions only; a syscall costs far more
+    # than its few user instructions): strace -c at two iteration counts, the difference per iteration.
+    sys_per_op = {m: {} for m in MODES}
+    if shutil.which("strace"):
+        for mode in MODES:
+            for side, env in sides.items():
+                counts = []
+                for n in (1000, 3000):
+                    out = os.path.join(a.work, f"strace.{mode}.{side}.{n}.txt")
+                    subprocess.run(["strace", "-f", "-c", "-o", out, a.bench, mode, str(n)], env=env,
+                                   capture_output=True, text=True, check=True)
+                    counts.append(strace_counts(out))
+                # Each run also makes n/10+1 warm-up iterations.
+                iters = (3000 + 301) - (1000 + 101)
+                names = set(counts[0]) | set(counts[1])
+                sys_per_op[mode][side] = {k: (counts[1].get(k, 0) - counts[0].get(k, 0)) / iters
+                                          for k in names}
+        print("strace: done", flush=True)
 
     # 3. Start-up: whole processes, interleaved pairs.
     start = {"without": [], "with": []}
+    start_cpu = {"without": [], "with": []}  # user + system CPU time of the child, ms
     for i in range(a.startup_runs + 10):
         order = ["without", "with"] if i % 2 == 0 else ["with", "without"]
         for side in order:
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter_ns()
             run(sides[side], ["startup"])
             dt = time.perf_counter_ns() - t0
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_ms = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e3
             if i >= 10:  # the first runs warm the page cache, create the state file and ledger
                 start[side].append(dt / 1e6)
+                start_cpu[side].append(cpu_ms)
     startup_ir, startup_objects = {}, {}
     for side, env in sides.items():
         out = os.path.join(a.work, f"callgrind.startup.{side}.out")
@@ -177,6 +220,16 @@ def main():
     # ---- table ----
     med = statistics.median
 
+    def syscalls_added(mode):
+        if not sys_per_op[mode]:
+            return "(no strace)"
+        w, s = sys_per_op[mode]["without"], sys_per_op[mode]["with"]
+        added = {k: s.get(k, 0) - w.get(k, 0) for k in set(w) | set(s)}
+        added = {k: v for k, v in added.items() if abs(v) >= 0.05}
+        if not added:
+            return "0"
+        return ", ".join(f"{v:+.1f} {k}" for k, v in sorted(added.items()))
+
     def iqr(sorted_values, fmt):
         q = statistics.quantiles(sorted_values, n=4) if len(sorted_values) > 1 else sorted_values * 3
         return f"{q[0]:{fmt}}..{q[2]:{fmt}}"
@@ -194,18 +247,18 @@ def main():
             goal = f"<= {goal_ns} ns, <= {goal_ir} Ir"
         rows.append([label, f"{med(w):.1f}", f"{med(s):.1f}", f"{added_ns:+.1f} [{iqr(diffs, '.1f')}]",
                      f"{ir[mode]['without']:.0f}", f"{ir[mode]['with']:.0f}", f"{added_ir:+.0f}",
-                     goal, ok])
+                     syscalls_added(mode), goal, ok])
     sw, ss = start["without"], start["with"]
     diffs = sorted(b - c for b, c in zip(ss, sw))
     added_ms = med(diffs)
     rows.append(["process start-up to a current context (ms, whole process)", f"{med(sw):.3f}",
                  f"{med(ss):.3f}", f"{added_ms:+.3f} [{iqr(diffs, '.3f')}]", f"{startup_ir['without']}",
-                 f"{startup_ir['with']}", f"{startup_ir['with'] - startup_ir['without']:+d}",
+                 f"{startup_ir['with']}", f"{startup_ir['with'] - startup_ir['without']:+d}", "",
                  f"<= {STARTUP_GOAL_MS} ms", "yes" if added_ms <= STARTUP_GOAL_MS else "NO"])
     head = ["call", "ns without", "ns with", "ns added [IQR]", "Ir without",
-            "Ir with", "Ir added", "goal", "met"]
+            "Ir with", "Ir added", "syscalls added", "goal", "met"]
     print()
-    print(f"{a.reps} repetitions of paired runs on CPU {a.cpu} (load average before/after: {load0} / "
+    print(f"{a.reps} repetitions of paired runs on CPU {cpu} (load average before/after: {load0} / "
           f"{os.getloadavg()[0]:.2f}); ns = median ns/op over repetitions, added = median of the "
           f"paired differences [interquartile range]; Ir = callgrind instructions per op; start-up: "
           f"{a.startup_runs} pairs, ms per process, Ir of the whole process")
@@ -216,6 +269,10 @@ def main():
     print()
     print("For scale (from the issue): HAMi-core adds about 240 instructions to every launch and about "
           "1,300 to every allocate/free pair.")
+    cw, cs = start_cpu["without"], start_cpu["with"]
+    print(f"start-up CPU time (user + system of the process, median of {a.startup_runs}): without "
+          f"{med(cw):.3f} ms, with {med(cs):.3f} ms, added (median of pairs) "
+          f"{med([b - c for b, c in zip(cs, cw)]):+.3f} ms")
     if hyperfine:
         hw, hs = hyperfine["without"], hyperfine["with"]
         print(f"hyperfine cross-check (start-up, median of 100 runs each, not interleaved): without "
@@ -229,14 +286,18 @@ def main():
               for o in set(startup_objects["with"]) | set(startup_objects["without"])}
     print("start-up instructions added, by object: " + ", ".join(
         f"{o} {d:+d}" for o, d in sorted(deltas.items(), key=lambda kv: -abs(kv[1])) if d))
+    for mode, text in breakdowns.items():
+        print()
+        print(f"Where the shim's instructions go in `{mode}` ({MODES[mode][4]}; callgrind, with the "
+              f"shim, per op):")
+        print(text, end="")
     print()
-    print("Where the shim's instructions go in the alloc/free pair (callgrind, with the shim):")
-    print(breakdowns["alloc"])
     print(f"simgpu-stat after the run: {stat.strip()}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"ns": ns, "ir": ir, "startup_ms": start, "startup_ir": startup_ir,
-                       "hyperfine_ms": hyperfine, "rows": rows, "head": head}, f, indent=1)
+            json.dump({"ns": ns, "ir": ir, "startup_ms": start, "startup_cpu_ms": start_cpu, "startup_ir": startup_ir,
+                       "hyperfine_ms": hyperfine, "syscalls_per_op": sys_per_op, "rows": rows,
+                       "head": head}, f, indent=1)
 
 
 if __name__ == "__main__":

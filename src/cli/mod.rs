@@ -2,6 +2,7 @@
 //! flags does not need a parser crate in a tool whose library is preloaded everywhere).
 
 mod demo;
+mod doctor;
 mod run;
 mod status;
 
@@ -17,6 +18,8 @@ usage:
       per device: limit, used, peak; processes and their usage (read-only)
   gpuslice set --memory SIZE [--device GPU-UUID|INDEX] [--tenant NAME | --ledger PATH]
       change a running tenant's limit; applies to its next allocation
+  gpuslice doctor
+      is the quota enforced for CUDA programs started here, how, and what is misconfigured (exit 1 if not)
   gpuslice demo
       two tenants share one GPU (simulated by simgpu when no NVIDIA driver is present)
 
@@ -109,6 +112,7 @@ pub fn main(args: Vec<String>) -> i32 {
         "status" => status::status(rest),
         "set" => status::set(rest),
         "demo" => demo::demo(rest),
+        "doctor" => doctor::doctor(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(0)

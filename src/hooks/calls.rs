@@ -86,3 +86,21 @@ pub fn visible_devices() -> Vec<(u32, String)> {
         .filter_map(|i| device_uuid(i).ok().map(|u| (i as u32, u)))
         .collect()
 }
+
+/// Driver functions the compute-share scheduler calls (events and stream-capture queries).
+pub mod sched {
+    use super::*;
+    use gpuslice_api::types::CUevent;
+    real_calls! {
+        ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+        fn cuEventCreate(event: *mut CUevent, flags: c_uint);
+        fn cuEventDestroy_v2(event: CUevent);
+        fn cuEventQuery(event: CUevent);
+        fn cuEventRecord(event: CUevent, stream: CUstream);
+        fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
+        fn cuEventSynchronize(event: CUevent);
+        fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
+        fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
+        fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
+    }
+}

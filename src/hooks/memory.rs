@@ -195,6 +195,7 @@ fn alloc_from_pool(
         return call();
     }
     // Worst case the pool grows by the request: reserve that, then charge what it really holds.
+    let _serial = t.pool_serial();
     let charge = t.reserve(&device, bytes, "cuMemAllocAsync")?;
     if let Err(e) = call() {
         t.release(charge);

@@ -12,6 +12,7 @@ pub mod calls;
 pub mod context;
 pub mod entry;
 pub mod info;
+pub mod launch;
 pub mod memory;
 pub mod nvml;
 

@@ -17,7 +17,7 @@
 //!   allocations (fail closed). Nothing read from the mapping is used as an index.
 
 mod shm;
-mod sys;
+pub(crate) mod sys;
 
 use std::fmt;
 use std::io;

@@ -3,23 +3,27 @@
  * Return codes are printed, never hidden: the tests assert on them.
  *
  * Modes (argv[1]):
- *   storm SECONDS THREADS SEED   THREADS threads allocate and free random sizes (1-64 MiB, 4 KiB
- *                                multiples; cuMemAlloc_v2/cuMemFree_v2 and, on a quarter of them,
- *                                cuMemAllocAsync/cuMemFreeAsync) for SECONDS; then free everything,
- *                                print counts and freed=1, wait for stdin to close, release the
- *                                context, print done=1
+ *   storm SECONDS THREADS SEED [ASYNC_PERCENT]
+ *                                THREADS threads allocate and free random sizes (1-64 MiB, 4 KiB
+ *                                multiples; cuMemAlloc_v2/cuMemFree_v2 and, on ASYNC_PERCENT
+ *                                (default 25) of them, cuMemAllocAsync/cuMemFreeAsync) for
+ *                                SECONDS from a line on stdin (after ready=1); then free
+ *                                everything, print counts and freed=1, wait for stdin to close,
+ *                                release the context, print done=1
  *   hold MIB                     allocate MIB, print ready=1, wait for stdin to close, exit without
  *                                freeing
  *   retry MIB TIMEOUT_MS         allocate MIB once (first=RC); on a line from stdin, retry every 5 ms
  *                                until it succeeds or TIMEOUT_MS passed (got=, elapsed_ms=, last=)
  *   cmd                          set up (init=, retain= return codes), then one command per stdin
- *                                line: alloc MIB | free | info | fork MIB | exec MIB | reap | exit
+ *                                line: alloc MIB | free | info | fork MIB | exec MIB | forkidle |
+ *                                reap | exit
  *   execchild MIB FD             (started by `cmd`'s exec) allocate MIB, print exec_alloc=, wait for
  *                                FD to reach end of file, exit without freeing
  */
 #include <cuda.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +85,7 @@ struct storm_stats {
 
 static int storm_seconds;
 static unsigned storm_seed;
+static int storm_async_pct = 25;
 
 static void *storm_thread(void *arg) {
     struct storm_stats *st = arg;
@@ -107,7 +112,7 @@ static void *storm_thread(void *arg) {
         int r = rand_r(&seed) % 100;
         if (n < LIVE && (n == 0 || r < 55)) {
             size_t size = MIB + (size_t)(rand_r(&seed) % (63 * 256 + 1)) * 4096;
-            int a = rand_r(&seed) % 4 == 0;
+            int a = rand_r(&seed) % 100 < storm_async_pct;
             CUdeviceptr p = 0;
             rc = a ? cuMemAllocAsync(&p, size, stream) : cuMemAlloc(&p, size);
             if (rc == CUDA_SUCCESS) {
@@ -157,6 +162,12 @@ static int mode_storm(int seconds, int threads, unsigned seed) {
     storm_seconds = seconds;
     storm_seed = seed;
     setup();
+    /* Every process holds its context before any of them starts: the test's start line. */
+    printf("ready=1\n");
+    fflush(stdout);
+    char line[64];
+    if (fgets(line, sizeof line, stdin) == NULL)
+        return 4;
     pthread_t tid[MAX_THREADS];
     static struct storm_stats st[MAX_THREADS];
     for (int i = 0; i < threads; i++)
@@ -228,6 +239,7 @@ static int mode_retry(size_t mib, uint64_t timeout_ms) {
 struct child {
     pid_t pid;
     int release_fd; /* closing it tells the child to exit */
+    int idle;       /* a forkidle child: ended by SIGTERM */
 };
 
 static int mode_cmd(const char *self) {
@@ -310,14 +322,40 @@ static int mode_cmd(const char *self) {
             close(ready[0]);
             children[nchildren].pid = pid;
             children[nchildren].release_fd = release[1];
+            children[nchildren].idle = 0;
             nchildren++;
             printf("forked=%d\nchild_ready=%d\n", (int)pid, got == 1);
+        } else if (strcmp(word, "forkidle") == 0) {
+            /* A child that never touches CUDA (a data-loader worker, a shell-out helper). */
+            int release[2];
+            if (nchildren == MAX_CHILDREN || pipe(release) != 0) {
+                printf("idle_pid=-1\n");
+                fflush(stdout);
+                continue;
+            }
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                /* It outlives its parent, as such helpers do: only a signal ends it. */
+                close(release[0]);
+                close(release[1]);
+                for (;;)
+                    pause();
+            }
+            close(release[0]);
+            children[nchildren].pid = pid;
+            children[nchildren].release_fd = release[1];
+            children[nchildren].idle = 1;
+            nchildren++;
+            printf("idle_pid=%d\n", (int)pid);
         } else if (strcmp(word, "reap") == 0) {
             if (nchildren == 0) {
                 printf("reaped=-1\n");
             } else {
                 nchildren--;
                 close(children[nchildren].release_fd);
+                if (children[nchildren].idle)
+                    kill(children[nchildren].pid, SIGTERM);
                 int status = 0;
                 waitpid(children[nchildren].pid, &status, 0);
                 printf("reaped=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
@@ -352,8 +390,11 @@ static int mode_execchild(size_t mib, int release_fd, int ready_fd) {
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *mode = argc > 1 ? argv[1] : "";
-    if (strcmp(mode, "storm") == 0 && argc == 5)
+    if (strcmp(mode, "storm") == 0 && (argc == 5 || argc == 6)) {
+        if (argc == 6)
+            storm_async_pct = atoi(argv[5]);
         return mode_storm(atoi(argv[2]), atoi(argv[3]), (unsigned)strtoul(argv[4], NULL, 10));
+    }
     if (strcmp(mode, "hold") == 0 && argc == 3)
         return mode_hold(strtoull(argv[2], NULL, 10));
     if (strcmp(mode, "retry") == 0 && argc == 4)

@@ -9,18 +9,22 @@ const LIBRARY: Library = Library::Cuda;
 const ROLE: Role = Role::DropinCuda;
 
 /// What a call answers when no real driver was found: CUDA_ERROR_NOT_INITIALIZED.
-extern "C" fn no_library() -> Code {
+extern "C" fn no_library() -> c_int {
     3
 }
 
 /// What a call answers when the real driver lacks the function: CUDA_ERROR_NOT_FOUND.
-extern "C" fn not_found() -> Code {
+extern "C" fn not_found() -> c_int {
     500
 }
 
 /// Every driver API function returns a CUresult.
-fn missing_function(_name: &std::ffi::CStr) -> *const c_void {
-    not_found as *const c_void
+fn stand_in(_name: &CStr, library_found: bool) -> *const c_void {
+    if library_found {
+        not_found as *const c_void
+    } else {
+        no_library as *const c_void
+    }
 }
 
 include!("../../dropin-common.rs");

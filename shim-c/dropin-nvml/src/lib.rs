@@ -8,25 +8,27 @@ const LIBRARY: Library = Library::Nvml;
 const ROLE: Role = Role::DropinNvml;
 
 /// What a call answers when no real NVML was found: NVML_ERROR_LIBRARY_NOT_FOUND.
-extern "C" fn no_library() -> Code {
+extern "C" fn no_library() -> c_int {
     12
 }
 
 /// What a call answers when the real NVML lacks the function: NVML_ERROR_FUNCTION_NOT_FOUND.
-extern "C" fn not_found() -> Code {
+extern "C" fn not_found() -> c_int {
     13
 }
 
 /// `nvmlErrorString` returns a string, not an nvmlReturn_t.
-extern "C" fn error_string_missing() -> *const std::ffi::c_char {
-    c"Function Not Found (gpuslice: the real NVML lacks nvmlErrorString)".as_ptr()
+extern "C" fn error_string_stand_in() -> *const std::ffi::c_char {
+    c"Unknown Error (gpuslice: the real NVML library or its nvmlErrorString is missing)".as_ptr()
 }
 
-fn missing_function(name: &std::ffi::CStr) -> *const c_void {
+fn stand_in(name: &CStr, library_found: bool) -> *const c_void {
     if name.to_bytes() == b"nvmlErrorString" {
-        error_string_missing as *const c_void
-    } else {
+        error_string_stand_in as *const c_void
+    } else if library_found {
         not_found as *const c_void
+    } else {
+        no_library as *const c_void
     }
 }
 

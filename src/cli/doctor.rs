@@ -1,0 +1,294 @@
+//! `gpuslice doctor`: whether a CUDA program started in this environment would have its quota
+//! enforced, how (preloaded library, drop-in library, neither), with which real driver and ledger, and
+//! what is misconfigured, in plain words. Exit code 0 only when enforcement would happen and nothing is
+//! wrong.
+//!
+//! What gets loaded is not guessed from variables: `gpuslice-probe` (installed beside this binary, and
+//! linked without gpuslice, unlike this binary) is started under the caller's environment, opens
+//! `libcuda.so.1` and `libnvidia-ml.so.1` as CUDA programs do and reports what the loader gave it.
+//! The configuration, quota file and ledger are checked here with the library's own parsers.
+
+use super::Args;
+use crate::config::{self, format_bytes, Config};
+use crate::ledger::Ledger;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What the probe saw.
+#[derive(Default, Debug)]
+struct Probe {
+    preloaded: Vec<String>,
+    kv: BTreeMap<String, Vec<String>>,
+    messages: Vec<String>,
+}
+
+impl Probe {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.kv.get(key).and_then(|v| v.last()).map(String::as_str)
+    }
+    fn all(&self, key: &str) -> &[String] {
+        self.kv.get(key).map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+fn probe_binary() -> Result<PathBuf, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find this program's path: {e}"))?;
+    let probe = exe.with_file_name("gpuslice-probe");
+    if probe.exists() {
+        Ok(probe)
+    } else {
+        Err(format!(
+            "{} is missing (it is installed beside gpuslice)",
+            probe.display()
+        ))
+    }
+}
+
+fn run_probe() -> Result<Probe, String> {
+    let bin = probe_binary()?;
+    let out = Command::new(&bin)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut probe = Probe::default();
+    for line in stdout.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            if k == "preloaded" {
+                probe.preloaded.push(v.to_owned());
+            }
+            probe.kv.entry(k.to_owned()).or_default().push(v.to_owned());
+        }
+    }
+    probe.messages = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("gpuslice:"))
+        .map(str::to_owned)
+        .collect();
+    if probe.get("done") != Some("1") {
+        return Err(format!(
+            "{} did not finish ({}); a program started here may crash when it loads the driver:\n{}",
+            bin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(probe)
+}
+
+/// Entries of LD_PRELOAD or /etc/ld.so.preload (separated by spaces or colons) that are not there.
+fn missing_preloads(list: &str) -> Vec<String> {
+    list.split([' ', ':', '\n', '\t'])
+        .filter(|e| !e.is_empty())
+        .filter(|e| e.contains('/') && !Path::new(e).exists())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether this user may write `path`, or create it (its nearest existing ancestor is writable).
+fn writable(path: &Path) -> bool {
+    let mut p = path.to_path_buf();
+    loop {
+        if p.exists() {
+            let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+                return false;
+            };
+            // SAFETY: `c` is a NUL-terminated path; access only inspects it.
+            return unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0;
+        }
+        if !p.pop() {
+            return false;
+        }
+    }
+}
+
+fn describe_limits(cfg: &Config) -> String {
+    let mut parts = Vec::new();
+    let show = |v: &Result<u64, String>| match v {
+        Ok(b) => format_bytes(*b),
+        Err(e) => format!("invalid ({e})"),
+    };
+    if let Some(all) = &cfg.memory.all {
+        parts.push(format!("{} per device", show(all)));
+    }
+    for (i, v) in &cfg.memory.by_index {
+        parts.push(format!("device {i}: {}", show(v)));
+    }
+    for (u, v) in &cfg.memory.by_uuid {
+        parts.push(format!("{u}: {}", show(v)));
+    }
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+pub fn doctor(args: &[String]) -> Result<i32, String> {
+    let args = Args::parse(args, &[])?;
+    args.only(&[])?;
+    let mut problems: Vec<String> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+
+    // What a program started here would load.
+    let probe = match run_probe() {
+        Ok(p) => p,
+        Err(e) => {
+            problems.push(e);
+            Probe::default()
+        }
+    };
+    let ld_preload = std::env::var("LD_PRELOAD").unwrap_or_default();
+    for m in missing_preloads(&ld_preload) {
+        problems.push(format!(
+            "LD_PRELOAD names {m}, which does not exist (the loader skips it with a warning)"
+        ));
+    }
+    if let Ok(text) = std::fs::read_to_string("/etc/ld.so.preload") {
+        for m in missing_preloads(&text) {
+            problems.push(format!(
+                "/etc/ld.so.preload names {m}, which does not exist"
+            ));
+        }
+    }
+    let preloaded = probe.preloaded.first().cloned();
+    let cuda_dropin = probe.get("cuda_gpuslice") == Some("1");
+    let nvml_dropin = probe.get("nvml_gpuslice") == Some("2");
+    let cuda_path = probe.get("cuda_path").map(str::to_owned);
+    let cuda_real = probe.all("cuda_real").first().cloned();
+    let nvml_real = probe.all("nvml_real").first().cloned();
+
+    println!("gpuslice doctor: what a CUDA program started in this environment gets");
+    match &preloaded {
+        Some(p) => println!("  preloaded library: {p}"),
+        None => println!(
+            "  preloaded library: none (LD_PRELOAD {})",
+            if ld_preload.is_empty() {
+                "is not set".to_owned()
+            } else {
+                format!("= {ld_preload:?} holds no gpuslice library")
+            }
+        ),
+    }
+    match (&cuda_path, cuda_dropin) {
+        (Some(p), true) => println!("  libcuda.so.1: {p} (gpuslice drop-in library)"),
+        (Some(p), false) => println!("  libcuda.so.1: {p} (the driver itself)"),
+        (None, _) => println!(
+            "  libcuda.so.1: not found ({})",
+            probe.get("cuda_error").unwrap_or("probe failed")
+        ),
+    }
+    match &cuda_real {
+        Some(p) => println!(
+            "  real CUDA driver: {p} ({})",
+            probe.get("cuda_call").unwrap_or("")
+        ),
+        None => println!("  real CUDA driver: not found"),
+    }
+    match (probe.get("nvml_path"), nvml_dropin) {
+        (Some(p), true) => println!("  libnvidia-ml.so.1: {p} (gpuslice drop-in library)"),
+        (Some(p), false) => println!("  libnvidia-ml.so.1: {p} (NVIDIA's library itself)"),
+        (None, _) => println!("  libnvidia-ml.so.1: not found"),
+    }
+    if let Some(p) = &nvml_real {
+        println!("  real NVML: {p}");
+    }
+
+    // The configuration, as the library reads it.
+    let cfg = config::load();
+    problems.extend(cfg.errors.iter().cloned());
+    if let Ok(q) = std::env::var("GPUSLICE_QUOTA_FILE") {
+        if std::fs::File::open(&q).is_err() {
+            problems.push(format!(
+                "GPUSLICE_QUOTA_FILE={q} cannot be read by this user"
+            ));
+        }
+    }
+    let ledger_exists = cfg.ledger_path.exists();
+    let configured = cfg.is_configured() || ledger_exists;
+    println!("  tenant: {}", cfg.tenant);
+    println!("  memory quota: {}", describe_limits(&cfg));
+    if let Some(q) = &cfg.quota_file {
+        println!("  quota file: {}", q.display());
+    }
+    let ledger_state = if ledger_exists {
+        match Ledger::open_readonly(&cfg.ledger_path) {
+            Ok(_) if writable(&cfg.ledger_path) => "exists, valid, writable".to_owned(),
+            Ok(_) => {
+                problems.push(format!(
+                    "the ledger {} is not writable by this user: every allocation would be refused",
+                    cfg.ledger_path.display()
+                ));
+                "exists, valid, NOT writable".to_owned()
+            }
+            Err(e) => {
+                problems.push(format!("{e}: every allocation would be refused"));
+                "unusable".to_owned()
+            }
+        }
+    } else if writable(&cfg.ledger_path) {
+        "created by the first CUDA program".to_owned()
+    } else {
+        if configured {
+            problems.push(format!(
+                "the ledger {} cannot be created by this user: every allocation would be refused",
+                cfg.ledger_path.display()
+            ));
+        }
+        "cannot be created".to_owned()
+    };
+    println!("  ledger: {} ({ledger_state})", cfg.ledger_path.display());
+    for m in &probe.messages {
+        notes.push(format!("the library says: {m}"));
+    }
+
+    // The verdict.
+    let how = match (&preloaded, cuda_dropin) {
+        (Some(_), true) => Some(
+            "drop-in libcuda.so.1 (the preloaded library defers to it, nothing is counted twice)",
+        ),
+        (Some(_), false) => Some("preloaded library (LD_PRELOAD or /etc/ld.so.preload)"),
+        (None, true) => Some("drop-in libcuda.so.1 on the library path"),
+        (None, false) => None,
+    };
+    if how.is_none() {
+        match &cuda_path {
+            Some(p) => problems.push(format!(
+                "libcuda.so.1 on the library path is the real driver ({p}) and no gpuslice library is \
+                 preloaded: CUDA programs here reach the driver directly (set LD_PRELOAD to libgpuslice.so, \
+                 or put the drop-in libraries first on the library path; see docs/DEPLOYMENT.md)"
+            )),
+            None => problems.push(
+                "no gpuslice library is preloaded and no libcuda.so.1 is on the library path".into(),
+            ),
+        }
+    }
+    if how.is_some() && cuda_real.is_none() {
+        problems.push(
+            "gpuslice found no real CUDA driver: every CUDA call would fail (set GPUSLICE_REAL_LIBCUDA to \
+             the driver's libcuda.so.1)"
+                .into(),
+        );
+    }
+    if !configured {
+        problems.push(
+            "no quota is configured (no GPUSLICE_MEMORY_LIMIT, no quota file, no ledger): gpuslice is \
+             transparent and limits nothing"
+                .into(),
+        );
+    }
+    let active = how.is_some() && cuda_real.is_some() && configured;
+    match (active, how) {
+        (true, Some(how)) => println!("enforcement: ACTIVE via {how}"),
+        _ => println!("enforcement: NOT ACTIVE"),
+    }
+    for n in &notes {
+        println!("note: {n}");
+    }
+    for p in &problems {
+        println!("problem: {p}");
+    }
+    Ok(if active && problems.is_empty() { 0 } else { 1 })
+}

@@ -1,0 +1,84 @@
+//! Launch hooks: every entry point that puts kernels on the device passes through the compute-share
+//! gate ([`crate::scheduling::gate`]) before the real driver sees it.
+
+use super::{hooks, In};
+use crate::scheduling::gate;
+use gpuslice_api::launch_types::CUlaunchConfig;
+use gpuslice_api::types::{CUfunction, CUgraphExec, CUstream};
+use gpuslice_api::{CUerror, CUresult};
+use std::ffi::{c_uint, c_void};
+
+/// `CUDA_LAUNCH_PARAMS_v1` (cuda.h): the element of cuLaunchCooperativeKernelMultiDevice's list.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchParams {
+    pub function: CUfunction,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub stream: CUstream,
+    pub kernel_params: *mut *mut c_void,
+}
+
+hooks! {
+    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+                      shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
+        => gate(&[stream], false, || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra));
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+                           shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
+        => gate(&[stream], true, || real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra));
+    fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void)
+        => gate(&[config_stream(config)], false, || real::cuLaunchKernelEx(config, f, params, extra));
+    fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void)
+        => gate(&[config_stream(config)], true, || real::cuLaunchKernelEx_ptsz(config, f, params, extra));
+    fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+                                 shared: c_uint, stream: CUstream, params: *mut *mut c_void)
+        => gate(&[stream], false, || real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params));
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+                                      shared: c_uint, stream: CUstream, params: *mut *mut c_void)
+        => gate(&[stream], true, || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params));
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut LaunchParams, count: c_uint, flags: c_uint)
+        => gate(&multi_streams(list, count), false, || real::cuLaunchCooperativeKernelMultiDevice(list, count, flags));
+    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream)
+        => gate(&[stream], false, || real::cuGraphLaunch(exec, stream));
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream)
+        => gate(&[stream], true, || real::cuGraphLaunch_ptsz(exec, stream));
+}
+
+/// The stream of a `cuLaunchKernelEx` configuration (NULL config: the driver reports it).
+///
+/// # Safety
+/// `config` is NULL or points to a `CUlaunchConfig`, as the driver API requires.
+unsafe fn config_stream(config: *const CUlaunchConfig) -> CUstream {
+    // SAFETY: the caller's contract.
+    unsafe { In::new(config) }
+        .get()
+        .map_or(std::ptr::null_mut(), |c| c.hStream)
+}
+
+/// The streams of a multi-device cooperative launch.
+///
+/// # Safety
+/// `list` is NULL or points to `count` elements, as the driver API requires.
+unsafe fn multi_streams(list: *const LaunchParams, count: c_uint) -> Vec<CUstream> {
+    (0..count.min(64) as usize)
+        // SAFETY: element `i < count` of the caller's array.
+        .filter_map(|i| {
+            unsafe { In::new(list.wrapping_add(i)) }
+                .get()
+                .map(|p| p.stream)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn launch_params_layout_matches_cuda_h() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<super::LaunchParams>(), 56);
+        assert_eq!(offset_of!(super::LaunchParams, stream), 40);
+        assert_eq!(offset_of!(super::LaunchParams, kernel_params), 48);
+    }
+}

@@ -1,0 +1,691 @@
+//! Compute shares (docs/COMPUTE.md): the tenants of one GPU time-slice its kernel launches through a
+//! device ledger, without a daemon.
+//!
+//! * [`arbiter`]: the pure logic (virtual time, token bucket, choice of the next owner).
+//! * [`device`]: the shared file (layout in `shm.rs`), its arbitration lock, tenants, slots, liveness.
+//! * This module: the process's side. Launch hooks call [`gate`]: with no device ledger it is one atomic
+//!   load; with one tenant and no cap, two; on a contended device only the owner's launches reach the
+//!   driver (at most `Q` in flight, an event after each), the others wait for a grant. A per-process
+//!   scheduler thread ends the owner's slice (over, idle, or preempted by a high-priority tenant),
+//!   drains its work and hands the device over.
+
+pub mod arbiter;
+pub mod device;
+mod shm;
+
+pub use shm::{MAX_SLOTS, MAX_TENANTS};
+
+use crate::config::{self, Priority, Setting};
+use crate::hooks::calls::sched::real as cu;
+use crate::log;
+use arbiter::{Choice, GRACE_NS, IDLE_NS};
+use device::{futex_wait, futex_wake, now_ns, DeviceLedger};
+use gpuslice_api::types::{CUcontext, CUevent, CUstream};
+use gpuslice_api::CUresult;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::time::Duration;
+
+/// Default directory of the device ledgers.
+pub const DEFAULT_DEVICE_DIR: &str = "/dev/shm/gpuslice/devices";
+
+/// The directory of the device ledgers (`GPUSLICE_DEVICE_DIR`).
+pub fn device_dir() -> PathBuf {
+    std::env::var_os("GPUSLICE_DEVICE_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DEVICE_DIR))
+}
+
+/// 0: not decided yet; 1: not participating; otherwise the `&'static Sched`.
+static STATE: AtomicUsize = AtomicUsize::new(0);
+const NOT_PARTICIPATING: usize = 1;
+static INIT: Mutex<()> = Mutex::new(());
+
+const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
+/// How often the scheduler thread re-reads the ledger (contention, settings, liveness).
+const REFRESH_NS: u64 = 10_000_000;
+const SWEEP_NS: u64 = 100_000_000;
+/// Longest a waiter sleeps before checking the owner's liveness again.
+const WAITER_POLL_NS: u64 = 2_000_000;
+/// An owner whose heartbeat is older than this (and past its slice plus grace) is revoked.
+const BEAT_STALE_NS: u64 = 20_000_000;
+/// The owner's scheduler thread checks for idleness at least this often.
+const OWNER_POLL_NS: u64 = 250_000;
+
+/// Gates a launch on `streams` (`per_thread`: the `_ptsz` variant). The fast paths first.
+#[inline]
+pub fn gate(streams: &[CUstream], per_thread: bool, launch: impl FnOnce() -> CUresult) -> CUresult {
+    match STATE.load(Acquire) {
+        NOT_PARTICIPATING => launch(),
+        0 => match init() {
+            Some(s) => s.gate(streams, per_thread, launch),
+            None => launch(),
+        },
+        p => {
+            // SAFETY: a non-sentinel STATE is a leaked, never-freed `Sched`.
+            let s = unsafe { &*(p as *const Sched) };
+            if !s.contended.load(Relaxed) {
+                return launch();
+            }
+            s.gate(streams, per_thread, launch)
+        }
+    }
+}
+
+/// This process's scheduler, when it participates.
+pub fn current() -> Option<&'static Sched> {
+    match STATE.load(Acquire) {
+        0 | NOT_PARTICIPATING => None,
+        // SAFETY: as in `gate`.
+        p => Some(unsafe { &*(p as *const Sched) }),
+    }
+}
+
+/// What the configuration says for this device: (share, cap, high, explicitly configured).
+fn settings(cfg: &config::Config, ordinal: u32, uuid: &str) -> (u32, u32, bool, bool) {
+    let mut configured = false;
+    let share = match cfg.compute_share_for(ordinal, uuid) {
+        Setting::Value(v) => {
+            configured = true;
+            v as u32
+        }
+        Setting::Unset => arbiter::DEFAULT_SHARE,
+        Setting::Invalid(e) => {
+            configured = true;
+            log::error(format_args!(
+                "{e}; compute share 1% and cap 1% on {uuid} (strictest)"
+            ));
+            1
+        }
+    };
+    let cap = match cfg.compute_limit_for(ordinal, uuid) {
+        Setting::Value(v) => {
+            configured = true;
+            (v as u32).min(100) % 100
+        }
+        Setting::Unset => 0,
+        Setting::Invalid(_) => {
+            configured = true;
+            1
+        }
+    };
+    let high = match &cfg.priority {
+        Setting::Value(p) => {
+            configured = true;
+            *p == Priority::High
+        }
+        Setting::Unset => false,
+        Setting::Invalid(_) => {
+            configured = true;
+            false
+        }
+    };
+    (share.max(1), cap, high, configured)
+}
+
+/// The device of the calling thread's context: (ordinal, UUID).
+fn current_device() -> Option<(u32, String)> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-parameter.
+    unsafe { crate::hooks::calls::real::cuCtxGetCurrent(&mut ctx) }.ok()?;
+    if ctx.is_null() {
+        return None;
+    }
+    let mut ordinal = -1;
+    // SAFETY: valid out-parameter.
+    unsafe { crate::hooks::calls::real::cuCtxGetDevice(&mut ordinal) }.ok()?;
+    let uuid = crate::hooks::calls::device_uuid(ordinal).ok()?;
+    Some((ordinal as u32, uuid))
+}
+
+#[cold]
+fn init() -> Option<&'static Sched> {
+    let _g = INIT.lock();
+    match STATE.load(Acquire) {
+        0 => {}
+        NOT_PARTICIPATING => return None,
+        _ => return current(),
+    }
+    let Some((ordinal, uuid)) = current_device() else {
+        // No context yet: the driver reports that; decide at the next launch.
+        return None;
+    };
+    let cfg = config::load();
+    let path = device::path_for(&device_dir(), &uuid);
+    match try_join(&cfg, ordinal, &uuid, &path) {
+        Some(s) => Some(s),
+        None => {
+            STATE.store(NOT_PARTICIPATING, Release);
+            // Re-checked once a second: a device ledger created later (another tenant) is joined.
+            let _ = std::thread::Builder::new()
+                .name("gpuslice-watch".into())
+                .spawn(move || loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                    if path.exists() {
+                        let _g = INIT.lock();
+                        if let Some(s) = try_join(&cfg, ordinal, &uuid, &path) {
+                            STATE.store(s as *const Sched as usize, Release);
+                            return;
+                        }
+                    }
+                });
+            None
+        }
+    }
+}
+
+fn try_join(
+    cfg: &config::Config,
+    ordinal: u32,
+    uuid: &str,
+    path: &std::path::Path,
+) -> Option<&'static Sched> {
+    let (share, cap, high, configured) = settings(cfg, ordinal, uuid);
+    if !configured && !path.exists() {
+        return None;
+    }
+    let ledger = match DeviceLedger::open(path, uuid, configured) {
+        Ok(l) => l,
+        Err(e) => {
+            log::error(format_args!(
+                "{e}; compute shares are not enforced for this process"
+            ));
+            return None;
+        }
+    };
+    ledger.sweep(None);
+    // A slot first (the lock needs a holder id), then the tenant under the lock.
+    let slot = ledger.claim_slot(usize::MAX >> 1)?;
+    let tenant = {
+        let g = ledger.lock(slot);
+        ledger.find_or_add_tenant(&g, &cfg.tenant, share, cap, high)
+    };
+    let Some(tenant) = tenant else {
+        log::error(format_args!(
+            "device ledger {}: no room for tenant {:?}; compute shares are not enforced",
+            path.display(),
+            cfg.tenant
+        ));
+        return None;
+    };
+    ledger.layout().slots[slot]
+        .tenant
+        .store(tenant as u32, Release);
+    log::info(format_args!(
+        "compute: joined {} as tenant {:?} (slot {slot})",
+        path.display(),
+        cfg.tenant
+    ));
+    let s: &'static Sched = Box::leak(Box::new(Sched {
+        ledger,
+        slot,
+        tenant,
+        contended: AtomicBool::new(true),
+        high: AtomicBool::new(high),
+        beside_high: AtomicBool::new(false),
+        owned: AtomicU32::new(0),
+        stopping: AtomicBool::new(false),
+        launching: AtomicU32::new(0),
+        last_submit_ns: AtomicU64::new(0),
+        launch_ns: AtomicU64::new(250_000),
+        last_completion_ns: AtomicU64::new(0),
+        inflight: Mutex::new(VecDeque::new()),
+        free_events: Mutex::new(Vec::new()),
+    }));
+    s.refresh(now_ns());
+    let _ = std::thread::Builder::new()
+        .name("gpuslice-sched".into())
+        .spawn(move || s.run());
+    STATE.store(s as *const Sched as usize, Release);
+    Some(s)
+}
+
+/// An event recorded after a launch.
+struct Pending {
+    event: usize,
+    ctx: usize,
+}
+
+/// The process's participation in one device's scheduling.
+pub struct Sched {
+    ledger: DeviceLedger,
+    slot: usize,
+    tenant: usize,
+    /// More than one tenant attached, or our tenant is capped: launches take the slow path.
+    contended: AtomicBool,
+    high: AtomicBool,
+    /// Another tenant has high priority: keep one launch in flight.
+    beside_high: AtomicBool,
+    /// The epoch under which we own the device (0 = we do not).
+    owned: AtomicU32,
+    /// Our slice is ending: launches wait.
+    stopping: AtomicBool,
+    /// Launch hooks between their ownership check and the end of their launch.
+    launching: AtomicU32,
+    last_submit_ns: AtomicU64,
+    /// Estimated device time of one launch (EWMA), for `Q`.
+    launch_ns: AtomicU64,
+    last_completion_ns: AtomicU64,
+    inflight: Mutex<VecDeque<Pending>>,
+    free_events: Mutex<Vec<Pending>>,
+}
+
+impl Sched {
+    fn me(&self) -> u32 {
+        self.slot as u32 + 1
+    }
+
+    fn owns_now(&self) -> bool {
+        let h = &self.ledger.layout().header;
+        let e = self.owned.load(SeqCst);
+        e != 0
+            && !self.stopping.load(SeqCst)
+            && h.owner.load(Acquire) == self.me()
+            && h.epoch.load(Acquire) == e
+    }
+
+    fn gate(
+        &self,
+        streams: &[CUstream],
+        per_thread: bool,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        // Launches into a capturing stream build a graph; nothing runs.
+        if streams.iter().any(|&s| capturing(s, per_thread)) {
+            return launch();
+        }
+        let mut waited_from = 0;
+        loop {
+            if !self.contended.load(Relaxed) {
+                return launch();
+            }
+            if self.owns_now() {
+                self.launching.fetch_add(1, SeqCst);
+                if self.stopping.load(SeqCst) || self.owned.load(SeqCst) == 0 {
+                    self.launching.fetch_sub(1, SeqCst);
+                    continue;
+                }
+                self.flow_control();
+                let r = launch();
+                if r.is_ok() {
+                    for &s in streams {
+                        self.record(s, per_thread);
+                    }
+                }
+                self.last_submit_ns.store(now_ns(), Release);
+                self.launching.fetch_sub(1, SeqCst);
+                if waited_from != 0 {
+                    self.ledger.layout().tenants[self.tenant]
+                        .wait_ns
+                        .fetch_add(now_ns().saturating_sub(waited_from), Relaxed);
+                }
+                return r;
+            }
+            if waited_from == 0 {
+                waited_from = now_ns();
+            }
+            self.wait_for_grant();
+        }
+    }
+
+    /// Waits until this process owns the device (or the device is no longer contended).
+    fn wait_for_grant(&self) {
+        let l = self.ledger.layout();
+        let h = &l.header;
+        let slot = &l.slots[self.slot];
+        if slot.wants.fetch_add(1, AcqRel) == 0 {
+            slot.wait_since.store(now_ns(), Release);
+        }
+        loop {
+            if !self.contended.load(Relaxed) {
+                break;
+            }
+            let e = h.epoch.load(Acquire);
+            let o = h.owner.load(Acquire);
+            if o == self.me() {
+                if self.owned.load(SeqCst) != e && !self.stopping.load(SeqCst) {
+                    self.owned.store(e, SeqCst);
+                }
+                if self.owns_now() {
+                    break;
+                }
+                // Our own slice is ending: wait for the hand-over.
+                futex_wait(&h.epoch, e, WAITER_POLL_NS);
+                continue;
+            }
+            let mut timeout = WAITER_POLL_NS;
+            if o == 0 {
+                let g = self.ledger.lock(self.slot);
+                if h.owner.load(Acquire) == 0 {
+                    let c = g.hand_over(now_ns());
+                    drop(g);
+                    futex_wake(&h.epoch);
+                    if let Choice::Wait { retry_ns } = c {
+                        timeout = retry_ns.min(WAITER_POLL_NS);
+                    }
+                }
+                continue_if_changed(h, e, timeout);
+                continue;
+            }
+            let owner = (o - 1) as usize;
+            if owner < MAX_SLOTS {
+                let ot = l.slots[owner].tenant.load(Acquire) as usize;
+                if self.high.load(Relaxed)
+                    && ot < MAX_TENANTS
+                    && l.tenants[ot].priority.load(Acquire) != 1
+                    && h.preempt.swap(1, AcqRel) == 0
+                {
+                    futex_wake(&h.preempt);
+                }
+                let now = now_ns();
+                // Stopped or hung: past its slice plus the grace, and silent (a draining owner beats).
+                let overdue = now > h.grant_ns.load(Acquire) + h.slice_ns.load(Acquire) + GRACE_NS
+                    && now.saturating_sub(h.owner_beat_ns.load(Acquire)) > BEAT_STALE_NS;
+                if overdue || !self.ledger.slot_alive(owner, Some(self.slot)) {
+                    self.revoke(o, e);
+                    continue;
+                }
+            }
+            futex_wait(&h.epoch, e, timeout);
+        }
+        if slot.wants.fetch_sub(1, AcqRel) == 1 {
+            slot.wait_since.store(0, Release);
+        }
+    }
+
+    /// Takes the device from a dead or stopped owner (still `owner` under `epoch`).
+    fn revoke(&self, owner: u32, epoch: u32) {
+        let l = self.ledger.layout();
+        let h = &l.header;
+        let g = self.ledger.lock(self.slot);
+        if h.owner.load(Acquire) != owner || h.epoch.load(Acquire) != epoch {
+            return;
+        }
+        let now = now_ns();
+        let slot = (owner - 1) as usize;
+        let t = l.slots[slot].tenant.load(Acquire) as usize;
+        if t < MAX_TENANTS {
+            let held = now.saturating_sub(h.grant_ns.load(Acquire));
+            g.charge(t, held.min(h.slice_ns.load(Acquire) + GRACE_NS), now);
+        }
+        h.revocations.fetch_add(1, Relaxed);
+        log::info(format_args!(
+            "compute: revoked the device from slot {slot} (dead or stopped)"
+        ));
+        g.hand_over(now);
+        drop(g);
+        futex_wake(&h.epoch);
+    }
+
+    /// Keeps at most `Q` launches in flight: waits for the oldest.
+    fn flow_control(&self) {
+        let q = if self.beside_high.load(Relaxed) && !self.high.load(Relaxed) {
+            arbiter::QUEUE_DEPTH_BESIDE_HIGH
+        } else {
+            arbiter::queue_depth(self.launch_ns.load(Relaxed))
+        };
+        loop {
+            let oldest = {
+                let mut f = self.inflight.lock();
+                if f.len() < q {
+                    return;
+                }
+                f.pop_front()
+            };
+            if let Some(p) = oldest {
+                // SAFETY: an event we created and recorded.
+                let _ = unsafe { cu::cuEventSynchronize(p.event as CUevent) };
+                // With the queue full the device runs our work back to back: the interval between
+                // two completions seen here is one launch's work.
+                let now = now_ns();
+                let prev = self.last_completion_ns.swap(now, AcqRel);
+                let gap = now.saturating_sub(prev);
+                if prev != 0 && gap < 200_000_000 {
+                    let old = self.launch_ns.load(Relaxed);
+                    self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
+                }
+                self.free_events.lock().push(p);
+            }
+        }
+    }
+
+    /// Records an event after a launch on `stream`.
+    fn record(&self, stream: CUstream, per_thread: bool) {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-parameter.
+        let _ = unsafe { crate::hooks::calls::real::cuCtxGetCurrent(&mut ctx) };
+        let ctx = ctx as usize;
+        let reuse = {
+            let mut free = self.free_events.lock();
+            free.iter()
+                .position(|p| p.ctx == ctx)
+                .map(|i| free.swap_remove(i))
+        };
+        let p = match reuse {
+            Some(p) => p,
+            None => {
+                let mut ev: CUevent = std::ptr::null_mut();
+                // SAFETY: valid out-parameter; the event belongs to the current context.
+                if unsafe { cu::cuEventCreate(&mut ev, CU_EVENT_DISABLE_TIMING) }.is_err() {
+                    return;
+                }
+                Pending {
+                    event: ev as usize,
+                    ctx,
+                }
+            }
+        };
+        // SAFETY: our event and the caller's stream, which the launch just accepted.
+        let r = unsafe {
+            if per_thread {
+                cu::cuEventRecord_ptsz(p.event as CUevent, stream)
+            } else {
+                cu::cuEventRecord(p.event as CUevent, stream)
+            }
+        };
+        if r.is_ok() {
+            self.inflight.lock().push_back(p);
+        } else {
+            self.free_events.lock().push(p);
+        }
+    }
+
+    /// Whether every tracked launch has completed (completed ones are recycled).
+    fn completed(&self) -> bool {
+        let mut f = self.inflight.lock();
+        let mut done = Vec::new();
+        let mut all = true;
+        f.retain(|p| {
+            // SAFETY: our event.
+            if unsafe { cu::cuEventQuery(p.event as CUevent) }.is_ok() {
+                done.push(Pending {
+                    event: p.event,
+                    ctx: p.ctx,
+                });
+                false
+            } else {
+                all = false;
+                true
+            }
+        });
+        drop(f);
+        self.free_events.lock().extend(done);
+        all
+    }
+
+    /// Waits for every tracked launch.
+    fn drain(&self) {
+        let h = &self.ledger.layout().header;
+        let pending: Vec<Pending> = self.inflight.lock().drain(..).collect();
+        for p in &pending {
+            // Polled, with a heartbeat, so waiters can tell a long drain from a stopped owner.
+            // SAFETY: our event.
+            while unsafe { cu::cuEventQuery(p.event as CUevent) }
+                == Err(gpuslice_api::CUerror::NOT_READY)
+            {
+                h.owner_beat_ns.store(now_ns(), Release);
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        self.last_completion_ns.store(0, Release);
+        self.free_events.lock().extend(pending);
+    }
+
+    /// Ends our ownership: stop submitting, drain, charge grant..drained, hand over.
+    fn release(&self) {
+        let epoch = self.owned.load(SeqCst);
+        self.stopping.store(true, SeqCst);
+        while self.launching.load(SeqCst) != 0 {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        self.drain();
+        let h = &self.ledger.layout().header;
+        let g = self.ledger.lock(self.slot);
+        if h.owner.load(Acquire) == self.me() && h.epoch.load(Acquire) == epoch {
+            let now = now_ns();
+            let charge = now.saturating_sub(h.grant_ns.load(Acquire));
+            g.charge(self.tenant, charge, now);
+            let c = g.hand_over(now);
+            log::debug(format_args!("compute: released after {charge} ns -> {c:?}"));
+        }
+        drop(g);
+        futex_wake(&h.epoch);
+        self.owned.store(0, SeqCst);
+        self.stopping.store(false, SeqCst);
+    }
+
+    /// Re-reads the ledger: contention, priorities, caps; frees dead slots now and then.
+    fn refresh(&self, now: u64) {
+        let l = self.ledger.layout();
+        let mut present = [false; MAX_TENANTS];
+        for s in &l.slots {
+            if s.state.load(Acquire) == shm::SLOT_ACTIVE {
+                let t = s.tenant.load(Acquire) as usize;
+                if t < MAX_TENANTS {
+                    present[t] = true;
+                }
+            }
+        }
+        let mine = &l.tenants[self.tenant];
+        let high = mine.priority.load(Acquire) == 1;
+        let others = (0..MAX_TENANTS)
+            .filter(|&t| present[t] && t != self.tenant)
+            .count();
+        let beside_high = (0..MAX_TENANTS)
+            .any(|t| present[t] && t != self.tenant && l.tenants[t].priority.load(Acquire) == 1);
+        self.high.store(high, Relaxed);
+        self.beside_high.store(beside_high, Relaxed);
+        self.contended
+            .store(others > 0 || mine.cap.load(Acquire) != 0, Relaxed);
+        let _ = now;
+    }
+
+    /// The scheduler thread.
+    fn run(&self) {
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: valid in/out parameter. Relaxed: our event calls must not disturb the
+        // application's stream captures.
+        let _ = unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        let h = &self.ledger.layout().header;
+        let (mut last_refresh, mut last_sweep) = (0u64, 0u64);
+        loop {
+            let now = now_ns();
+            if now - last_refresh >= REFRESH_NS {
+                last_refresh = now;
+                self.refresh(now);
+                if now - last_sweep >= SWEEP_NS {
+                    last_sweep = now;
+                    self.ledger.sweep(Some(self.slot));
+                    self.ledger.lock(self.slot).sample(now);
+                }
+            }
+            let owned = self.owned.load(SeqCst);
+            if owned == 0 {
+                let e = h.epoch.load(Acquire);
+                if h.owner.load(Acquire) == self.me() && !self.stopping.load(SeqCst) {
+                    // Granted while none of our threads waited: adopt it (idleness hands it on).
+                    self.owned.store(e, SeqCst);
+                    continue;
+                }
+                futex_wait(&h.epoch, e, REFRESH_NS / 2);
+                continue;
+            }
+            if h.owner.load(Acquire) != self.me() || h.epoch.load(Acquire) != owned {
+                // Revoked (we were stopped or too slow): queue like everyone else.
+                self.owned.store(0, SeqCst);
+                continue;
+            }
+            h.owner_beat_ns.store(now, Release);
+            let grant = h.grant_ns.load(Acquire);
+            let end = grant + h.slice_ns.load(Acquire);
+            let high = self.high.load(Relaxed);
+            let quiet = now.saturating_sub(self.last_submit_ns.load(Acquire).max(grant)) > IDLE_NS
+                && self.launching.load(SeqCst) == 0;
+            let idle = quiet && self.completed();
+            let preempted = !high && h.preempt.load(Acquire) != 0 && {
+                let l = self.ledger.layout();
+                let real = self
+                    .ledger
+                    .waiters(Some(self.slot))
+                    .iter()
+                    .any(|w| l.tenants[w.tenant].priority.load(Acquire) == 1);
+                if !real {
+                    h.preempt.store(0, Release);
+                }
+                real
+            };
+            if idle || preempted || !self.contended.load(Relaxed) {
+                self.release();
+                continue;
+            }
+            if now >= end {
+                let g = self.ledger.lock(self.slot);
+                let l = self.ledger.layout();
+                let rivals = self
+                    .ledger
+                    .waiters(Some(self.slot))
+                    .into_iter()
+                    .any(|w| !high || l.tenants[w.tenant].priority.load(Acquire) == 1);
+                if !rivals {
+                    g.charge(self.tenant, now.saturating_sub(grant), now);
+                    if g.renew(self.tenant, now) {
+                        continue;
+                    }
+                }
+                drop(g);
+                self.release();
+                continue;
+            }
+            let wait = (end - now).clamp(20_000, OWNER_POLL_NS);
+            if high {
+                std::thread::sleep(Duration::from_nanos(wait));
+            } else {
+                futex_wait(&h.preempt, 0, wait);
+            }
+        }
+    }
+}
+
+fn continue_if_changed(h: &shm::Header, e: u32, timeout: u64) {
+    if h.epoch.load(Acquire) == e && h.owner.load(Acquire) == 0 {
+        futex_wait(&h.epoch, e, timeout);
+    }
+}
+
+/// Whether `stream` is capturing (a failed query counts as not capturing).
+fn capturing(stream: CUstream, per_thread: bool) -> bool {
+    let mut status = 0u32;
+    // SAFETY: valid out-parameter; the caller's stream handle.
+    let r = unsafe {
+        if per_thread {
+            cu::cuStreamIsCapturing_ptsz(stream, &mut status)
+        } else {
+            cu::cuStreamIsCapturing(stream, &mut status)
+        }
+    };
+    r.is_ok() && status != 0
+}

@@ -1,0 +1,220 @@
+/* Compute-share client (tests/compute_shares.rs, scripts/bench/compute_launch.sh): an unmodified CUDA
+ * program linked with -lcuda, run with libgpuslice.so preloaded. Prints key=value lines.
+ *
+ * Modes:
+ *   spin START_NS MS US [DEPTH]        from CLOCK_REALTIME START_NS, launch `spin` kernels of US as fast
+ *                                      as possible for MS ms, keeping DEPTH (default 8) queued
+ *   graph START_NS MS US N             capture N spin launches into a graph, then cuGraphLaunch it in a
+ *                                      loop for MS ms (two graph launches queued)
+ *   request START_NS MS PERIOD_MS N US every PERIOD_MS: N kernels of US, then cuStreamSynchronize;
+ *                                      prints latency percentiles (us)
+ *   hold US                            spin kernels until stdin closes (prints ready=1 pid=...)
+ *   bench N REPS                       median ns per cuLaunchKernel (0-us kernels), REPS batches of N
+ */
+#include <cuda.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHECK(call)                                                                            \
+    do {                                                                                       \
+        CUresult rc_ = (call);                                                                 \
+        if (rc_ != CUDA_SUCCESS) {                                                             \
+            printf("error=%s rc=%d line=%d\n", #call, (int)rc_, __LINE__);                     \
+            fflush(stdout);                                                                    \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static uint64_t now_ns(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static const char module_image[] = "simgpu test module: any bytes";
+static CUfunction spin;
+static CUstream stream;
+
+static void setup(void) {
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, module_image));
+    CHECK(cuModuleGetFunction(&spin, mod, "spin_kernel"));
+    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+}
+
+static CUresult launch(uint64_t us) {
+    void *params[] = {&us};
+    return cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+}
+
+static void wait_start(uint64_t start_ns) {
+    while (now_ns(CLOCK_REALTIME) < start_ns)
+        usleep(200);
+}
+
+enum { MAX_RING = 64 };
+
+static int mode_spin(uint64_t start_ns, uint64_t ms, uint64_t us, int depth) {
+    setup();
+    CUevent ring[MAX_RING];
+    if (depth < 1 || depth > MAX_RING)
+        depth = 8;
+    for (int i = 0; i < depth; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    wait_start(start_ns);
+    uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < end) {
+        if (n >= depth)
+            CHECK(cuEventSynchronize(ring[n % depth]));
+        CHECK(launch(us));
+        CHECK(cuEventRecord(ring[n % depth], stream));
+        n++;
+    }
+    CHECK(cuStreamSynchronize(stream));
+    printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
+           (unsigned long long)now_ns(CLOCK_REALTIME), n);
+    return 0;
+}
+
+static int mode_graph(uint64_t start_ns, uint64_t ms, uint64_t us, int nodes) {
+    setup();
+    CUgraph graph;
+    CUgraphExec exec;
+    CHECK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int i = 0; i < nodes; i++)
+        CHECK(launch(us));
+    CHECK(cuStreamEndCapture(stream, &graph));
+    CHECK(cuGraphInstantiate(&exec, graph, 0));
+    CUevent ring[2];
+    for (int i = 0; i < 2; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    wait_start(start_ns);
+    uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < end) {
+        if (n >= 2)
+            CHECK(cuEventSynchronize(ring[n % 2]));
+        CHECK(cuGraphLaunch(exec, stream));
+        CHECK(cuEventRecord(ring[n % 2], stream));
+        n++;
+    }
+    CHECK(cuStreamSynchronize(stream));
+    printf("start_ns=%llu\nend_ns=%llu\ngraph_launches=%ld\n", (unsigned long long)t0,
+           (unsigned long long)now_ns(CLOCK_REALTIME), n);
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int mode_request(uint64_t start_ns, uint64_t ms, uint64_t period_ms, int n, uint64_t us) {
+    setup();
+    /* Warm up (first launch creates the stream's worker, etc.). */
+    CHECK(launch(us));
+    CHECK(cuStreamSynchronize(stream));
+    wait_start(start_ns);
+    size_t cap = ms / period_ms + 2, count = 0;
+    uint64_t *lat = calloc(cap, sizeof *lat);
+    uint64_t t0 = now_ns(CLOCK_MONOTONIC), end = t0 + ms * 1000000ull, next = t0;
+    while (count < cap) {
+        uint64_t now = now_ns(CLOCK_MONOTONIC);
+        if (now >= end)
+            break;
+        if (now < next) {
+            struct timespec d = {0, (long)(next - now)};
+            nanosleep(&d, NULL);
+            continue;
+        }
+        uint64_t a = now_ns(CLOCK_MONOTONIC);
+        for (int i = 0; i < n; i++)
+            CHECK(launch(us));
+        CHECK(cuStreamSynchronize(stream));
+        lat[count++] = now_ns(CLOCK_MONOTONIC) - a;
+        next += period_ms * 1000000ull;
+    }
+    qsort(lat, count, sizeof *lat, cmp_u64);
+    printf("requests=%zu\n", count);
+    if (count > 0) {
+        printf("p50_us=%llu\n", (unsigned long long)lat[count / 2] / 1000);
+        printf("p99_us=%llu\n", (unsigned long long)lat[(count * 99) / 100 < count ? (count * 99) / 100 : count - 1] / 1000);
+        printf("max_us=%llu\n", (unsigned long long)lat[count - 1] / 1000);
+    }
+    return 0;
+}
+
+static int mode_hold(uint64_t us) {
+    setup();
+    CHECK(launch(us));
+    CHECK(cuStreamSynchronize(stream));
+    printf("ready=1\npid=%d\n", (int)getpid());
+    fflush(stdout);
+    enum { RING = 8 };
+    CUevent ring[RING];
+    for (int i = 0; i < RING; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    for (long k = 0;; k++) {
+        if (k >= RING)
+            CHECK(cuEventSynchronize(ring[k % RING]));
+        CHECK(launch(us));
+        CHECK(cuEventRecord(ring[k % RING], stream));
+        struct pollfd p = {.fd = 0, .events = POLLIN};
+        if (poll(&p, 1, 0) > 0) {
+            char c;
+            if (read(0, &c, 1) <= 0)
+                break;
+        }
+    }
+    CHECK(cuStreamSynchronize(stream));
+    return 0;
+}
+
+static int mode_bench(int n, int reps) {
+    setup();
+    uint64_t *per = calloc((size_t)reps, sizeof *per);
+    for (int r = 0; r < reps; r++) {
+        CHECK(cuStreamSynchronize(stream));
+        uint64_t a = now_ns(CLOCK_MONOTONIC);
+        for (int i = 0; i < n; i++)
+            CHECK(launch(0));
+        per[r] = (now_ns(CLOCK_MONOTONIC) - a) / (uint64_t)n;
+    }
+    CHECK(cuStreamSynchronize(stream));
+    qsort(per, (size_t)reps, sizeof *per, cmp_u64);
+    printf("launch_ns_median=%llu\nlaunch_ns_min=%llu\n", (unsigned long long)per[reps / 2],
+           (unsigned long long)per[0]);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *m = argc > 1 ? argv[1] : "";
+    if (strcmp(m, "spin") == 0 && argc >= 5)
+        return mode_spin(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                         strtoull(argv[4], NULL, 10), argc > 5 ? atoi(argv[5]) : 8);
+    if (strcmp(m, "graph") == 0 && argc == 6)
+        return mode_graph(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                          strtoull(argv[4], NULL, 10), atoi(argv[5]));
+    if (strcmp(m, "request") == 0 && argc == 7)
+        return mode_request(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                            strtoull(argv[4], NULL, 10), atoi(argv[5]), strtoull(argv[6], NULL, 10));
+    if (strcmp(m, "hold") == 0 && argc == 3)
+        return mode_hold(strtoull(argv[2], NULL, 10));
+    if (strcmp(m, "bench") == 0 && argc == 4)
+        return mode_bench(atoi(argv[2]), atoi(argv[3]));
+    fprintf(stderr, "usage: see the comment at the top of compute_client.c\n");
+    return 2;
+}
