@@ -52,7 +52,7 @@ SHM=$(mktemp -d /dev/shm/gpuslice-bench.XXXXXX)
 trap 'rm -rf "$SHM"' EXIT
 
 step "measure (about 2 minutes)"
-python3 scripts/bench/run.py \
+python3 -B scripts/bench/run.py \
   --bench "$BENCH/bench-client" \
   --shim "$TARGET/release/libgpuslice.so" \
   --simgpu-lib "$BENCH/simgpu/lib" \

@@ -11,13 +11,14 @@
  * its meaning for other interposers (jemalloc, OpenMP runtimes, profilers).
  *
  * glibc's own dlsym/dlvsym are found without calling dlsym (which would be ourselves): libc's dynamic
- * symbol table is read through its link_map.
+ * symbol table is read through its link_map. That lookup neither allocates nor takes a lock of ours: a
+ * malloc interposer calls dlsym(RTLD_NEXT, "malloc") from inside its malloc, which can run inside the
+ * loader (dlopen) or inside our own first lookup, and must find us ready to answer, not waiting.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -28,9 +29,9 @@ typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 /* Rust: returns the answer for a hookable name (hook or real result), or 0 to forward. */
 extern void *gpuslice_dlsym_hook(void *handle, const char *name, const char *version, int *answered);
 
+/* Set once resolved (atomically: threads racing to resolve store the same values). */
 static dlsym_fn real_dlsym_ptr;
 static dlvsym_fn real_dlvsym_ptr;
-static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
 /* Looks `name` up in the dynamic symbol table of the object described by `map`, preferring the default
  * (non-hidden) version. Uses the GNU hash table, which every glibc since 2.5 carries. */
@@ -70,27 +71,45 @@ static void *elf_lookup(const struct link_map *map, const char *name) {
 }
 
 static void resolve_real(void) {
-  /* dlsym/dlvsym live in libc.so.6 since glibc 2.34, in libdl.so.2 before. */
-  static const char *const libs[] = {"libc.so.6", "libdl.so.2"};
-  for (size_t k = 0; k < sizeof libs / sizeof libs[0] && (!real_dlsym_ptr || !real_dlvsym_ptr); ++k) {
-    void *h = dlopen(libs[k], RTLD_LAZY | RTLD_NOLOAD);
-    struct link_map *map = NULL;
-    if (!h || dlinfo(h, RTLD_DI_LINKMAP, &map) != 0 || !map) continue;
-    if (!real_dlsym_ptr) real_dlsym_ptr = (dlsym_fn)elf_lookup(map, "dlsym");
-    if (!real_dlvsym_ptr) real_dlvsym_ptr = (dlvsym_fn)elf_lookup(map, "dlvsym");
-    dlclose(h);
+  /* dlsym/dlvsym live where dladdr lives: libc.so.6 since glibc 2.34, libdl.so.2 before. dladdr1 finds
+   * that object's link_map without dlopen (which allocates, and so may re-enter us via a malloc
+   * interposer). */
+  Dl_info info;
+  struct link_map *map = NULL;
+  if (!dladdr1((void *)&dladdr, &info, (void **)&map, RTLD_DL_LINKMAP) || !map) return;
+  dlsym_fn s = (dlsym_fn)elf_lookup(map, "dlsym");
+  dlvsym_fn v = (dlvsym_fn)elf_lookup(map, "dlvsym");
+  if (s) __atomic_store_n(&real_dlsym_ptr, s, __ATOMIC_RELEASE);
+  if (v) __atomic_store_n(&real_dlvsym_ptr, v, __ATOMIC_RELEASE);
+}
+
+static inline dlsym_fn get_real_dlsym(void) {
+  dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
+  if (!f) {
+    resolve_real();
+    f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
   }
+  return f;
+}
+
+static inline dlvsym_fn get_real_dlvsym(void) {
+  dlvsym_fn f = __atomic_load_n(&real_dlvsym_ptr, __ATOMIC_ACQUIRE);
+  if (!f) {
+    resolve_real();
+    f = __atomic_load_n(&real_dlvsym_ptr, __ATOMIC_ACQUIRE);
+  }
+  return f;
 }
 
 /* glibc's dlsym, for gpuslice's own lookups (never the interposer). */
 void *gpuslice_real_dlsym(void *handle, const char *name) {
-  pthread_once(&real_once, resolve_real);
-  return real_dlsym_ptr ? real_dlsym_ptr(handle, name) : NULL;
+  dlsym_fn f = get_real_dlsym();
+  return f ? f(handle, name) : NULL;
 }
 
 void *gpuslice_real_dlvsym(void *handle, const char *name, const char *version) {
-  pthread_once(&real_once, resolve_real);
-  return real_dlvsym_ptr ? real_dlvsym_ptr(handle, name, version) : NULL;
+  dlvsym_fn f = get_real_dlvsym();
+  return f ? f(handle, name, version) : NULL;
 }
 
 static inline int may_hook(const char *name) {
@@ -103,9 +122,10 @@ void *dlsym(void *handle, const char *name) {
     void *p = gpuslice_dlsym_hook(handle, name, NULL, &answered);
     if (answered) return p;
   }
-  pthread_once(&real_once, resolve_real);
+  dlsym_fn f = get_real_dlsym();
+  if (!f) return NULL;
   /* Tail call: glibc attributes the lookup (RTLD_NEXT) to our caller. */
-  return real_dlsym_ptr(handle, name);
+  return f(handle, name);
 }
 
 void *dlvsym(void *handle, const char *name, const char *version) {
@@ -114,6 +134,7 @@ void *dlvsym(void *handle, const char *name, const char *version) {
     void *p = gpuslice_dlsym_hook(handle, name, version, &answered);
     if (answered) return p;
   }
-  pthread_once(&real_once, resolve_real);
-  return real_dlvsym_ptr(handle, name, version);
+  dlvsym_fn f = get_real_dlvsym();
+  if (!f) return NULL;
+  return f(handle, name, version);
 }

@@ -14,6 +14,7 @@ use gpuslice_api::{CUerror, CUresult};
 use parking_lot::{Mutex, ReentrantMutex, ReentrantMutexGuard};
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
 
 /// What the shim does in this process.
@@ -77,22 +78,164 @@ struct Physical {
     mappings: u32,
 }
 
+/// Hashes the integer keys of the records (device pointers, handles) with one multiplication: they are
+/// distinct by construction and need no protection against chosen collisions, and SipHash would be a
+/// quarter of an allocation's added cost.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+    fn write_i32(&mut self, n: i32) {
+        self.write_u64(n as u64);
+    }
+}
+
+type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
+
+/// Device pointer -> charge, for the allocation hot path: open addressing with linear probing and
+/// backward-shift deletion over a power-of-two table kept at most half full. Key 0 marks an empty
+/// entry (no allocation lives at address 0).
+#[derive(Default)]
+struct ChargeTable {
+    keys: Vec<u64>,
+    charges: Vec<Charge>,
+    len: usize,
+}
+
+impl ChargeTable {
+    #[inline]
+    fn home(&self, key: u64) -> usize {
+        // Fibonacci hashing: the high bits of the product index the table.
+        let bits = self.keys.len().trailing_zeros();
+        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+    }
+
+    fn insert(&mut self, key: u64, charge: Charge) {
+        if key == 0 {
+            return;
+        }
+        if (self.len + 1) * 2 > self.keys.len() {
+            self.grow();
+        }
+        let mask = self.keys.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            match self.keys[i] {
+                0 => {
+                    self.keys[i] = key;
+                    self.charges[i] = charge;
+                    self.len += 1;
+                    return;
+                }
+                k if k == key => {
+                    self.charges[i] = charge;
+                    return;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    fn get(&self, key: u64) -> Option<Charge> {
+        if self.len == 0 || key == 0 {
+            return None;
+        }
+        let mask = self.keys.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            match self.keys[i] {
+                0 => return None,
+                k if k == key => return Some(self.charges[i]),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    fn remove(&mut self, key: u64) -> Option<Charge> {
+        if self.len == 0 || key == 0 {
+            return None;
+        }
+        let mask = self.keys.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            match self.keys[i] {
+                0 => return None,
+                k if k == key => break,
+                _ => i = (i + 1) & mask,
+            }
+        }
+        let found = self.charges[i];
+        // Backward shift: pull later entries of the probe run into the hole.
+        let mut hole = i;
+        let mut j = (i + 1) & mask;
+        while self.keys[j] != 0 {
+            let home = self.home(self.keys[j]);
+            // Move j into the hole if its home is not in (hole, j] (cyclically).
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.keys[hole] = self.keys[j];
+                self.charges[hole] = self.charges[j];
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.keys[hole] = 0;
+        self.len -= 1;
+        Some(found)
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let capacity = (self.keys.len() * 2).max(64);
+        let keys = std::mem::replace(&mut self.keys, vec![0; capacity]);
+        let charges = std::mem::replace(
+            &mut self.charges,
+            vec![
+                Charge {
+                    device: 0,
+                    bytes: 0
+                };
+                capacity
+            ],
+        );
+        self.len = 0;
+        for (k, c) in keys.into_iter().zip(charges) {
+            if k != 0 {
+                self.insert(k, c);
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Records {
     /// Device pointer -> charge (cuMemAlloc*, pitch, managed, stream-ordered).
-    allocations: HashMap<u64, Charge>,
+    allocations: ChargeTable,
     /// Array / mipmapped array handle -> charge.
-    arrays: HashMap<usize, Charge>,
+    arrays: KeyMap<usize, Charge>,
     /// VMM generic allocation handle -> physical allocation.
-    physical: HashMap<u64, Physical>,
+    physical: KeyMap<u64, Physical>,
     /// Mapped VA start -> (size, handle).
     mappings: BTreeMap<u64, (u64, u64)>,
     /// Memory pool -> bytes of it charged (its reserved size as last read from the driver).
-    pools: HashMap<usize, Charge>,
+    pools: KeyMap<usize, Charge>,
     /// Created context -> charge.
-    contexts: HashMap<usize, Charge>,
+    contexts: KeyMap<usize, Charge>,
     /// Device ordinal -> (primary context references, charge).
-    primary: HashMap<CUdevice, (u32, Charge)>,
+    primary: KeyMap<CUdevice, (u32, Charge)>,
 }
 
 /// One device as this process sees it.
@@ -108,7 +251,10 @@ pub struct Tenant {
     pub config: Config,
     /// Opened on first use, when the process's devices are known (a creator records their limits).
     ledger: OnceLock<Result<Ledger, String>>,
-    devices: Mutex<HashMap<CUdevice, Device>>,
+    /// Devices by ordinal, resolved once each.
+    devices: [OnceLock<Device>; MAX_ORDINALS],
+    /// The process sees exactly one device (then every allocation is on it): `Some(true)`.
+    single_device: OnceLock<bool>,
     records: Mutex<Records>,
     /// Bytes charged per context.
     pub context_reserve: u64,
@@ -117,6 +263,9 @@ pub struct Tenant {
     /// settle must not change in between. Reentrant: a refused reservation settles the pools.
     pools_serial: ReentrantMutex<()>,
 }
+
+/// Device ordinals a process can see (CUDA has no more on one machine).
+const MAX_ORDINALS: usize = 64;
 
 thread_local! {
     /// The last (context, device ordinal) this thread resolved: allocations repeat on one context.
@@ -131,7 +280,8 @@ impl Tenant {
         Tenant {
             config,
             ledger: OnceLock::new(),
-            devices: Mutex::new(HashMap::new()),
+            devices: [const { OnceLock::new() }; MAX_ORDINALS],
+            single_device: OnceLock::new(),
             records: Mutex::new(Records::default()),
             context_reserve,
             pools_serial: ReentrantMutex::new(()),
@@ -171,8 +321,12 @@ impl Tenant {
         (limit != UNLIMITED).then(|| (ledger.used(dev), limit))
     }
 
-    /// The device of the calling thread's current context.
-    pub fn current_device(&self) -> Result<Device, CUerror> {
+    /// The device of the calling thread's current context. When the process sees one device, that is
+    /// the device (a call without a current context then fails in the driver, and is rolled back).
+    pub fn current_device(&self) -> Result<&Device, CUerror> {
+        if self.sees_one_device() {
+            return self.device(0);
+        }
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: `ctx` is a valid out-parameter.
         unsafe { crate::hooks::calls::real::cuCtxGetCurrent(&mut ctx) }?;
@@ -192,10 +346,27 @@ impl Tenant {
         self.device(ordinal)
     }
 
+    fn sees_one_device(&self) -> bool {
+        if let Some(one) = self.single_device.get() {
+            return *one;
+        }
+        let mut count = 0;
+        // SAFETY: `count` is a valid out-parameter.
+        match unsafe { crate::hooks::calls::real::cuDeviceGetCount(&mut count) } {
+            // The count is fixed once the driver is initialised.
+            Ok(()) => *self.single_device.get_or_init(|| count == 1),
+            Err(_) => false,
+        }
+    }
+
     /// A device by ordinal (in this process's visible order): its UUID and ledger slot.
-    pub fn device(&self, ordinal: CUdevice) -> Result<Device, CUerror> {
-        if let Some(d) = self.devices.lock().get(&ordinal) {
-            return Ok(d.clone());
+    pub fn device(&self, ordinal: CUdevice) -> Result<&Device, CUerror> {
+        let cell = usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or(CUerror::INVALID_DEVICE)?;
+        if let Some(d) = cell.get() {
+            return Ok(d);
         }
         let uuid = crate::hooks::calls::device_uuid(ordinal)?;
         let slot = self.resolve_slot(ordinal, &uuid);
@@ -204,13 +375,11 @@ impl Tenant {
                 "device {ordinal} ({uuid}): {why}; allocations there are refused"
             ));
         }
-        let device = Device {
+        Ok(cell.get_or_init(|| Device {
             ordinal,
             uuid,
             slot,
-        };
-        self.devices.lock().insert(ordinal, device.clone());
-        Ok(device)
+        }))
     }
 
     fn resolve_slot(&self, ordinal: CUdevice, uuid: &str) -> Result<usize, String> {
@@ -309,7 +478,7 @@ impl Tenant {
     pub fn uncharge(&self, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         // The record goes before the driver frees: from then on the driver may hand the same
         // address to another thread's allocation, whose new record must not be the one removed.
-        let charge = self.records.lock().allocations.remove(&key);
+        let charge = self.records.lock().allocations.remove(key);
         if let Err(e) = call() {
             if let Some(charge) = charge {
                 self.records.lock().allocations.insert(key, charge);
@@ -325,7 +494,7 @@ impl Tenant {
     /// Adjusts the charge of a live allocation whose real size is known only after the call
     /// (pitch): grows it (fails when over quota) or shrinks it.
     pub fn recharge(&self, key: u64, device: &Device, bytes: u64, what: &str) -> CUresult {
-        let old = self.records.lock().allocations.get(&key).copied();
+        let old = self.records.lock().allocations.get(key);
         let Some(old) = old else { return Ok(()) };
         if bytes > old.bytes {
             let extra = self.reserve(device, bytes - old.bytes, what)?;
@@ -570,5 +739,39 @@ impl Tenant {
         let total = limit.min(driver_total);
         let free = total.saturating_sub(used).min(driver_free);
         Some((free, total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Charge, ChargeTable};
+
+    #[test]
+    fn charge_table_matches_a_map() {
+        let mut table = ChargeTable::default();
+        let mut model = std::collections::HashMap::new();
+        let mut x: u64 = 0x1234_5678;
+        for step in 0..20_000u64 {
+            // xorshift: keys collide in the table's low bits often enough to exercise probing.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = (x % 512 + 1) << 8;
+            if x % 3 == 0 {
+                assert_eq!(table.remove(key), model.remove(&key), "step {step}");
+            } else {
+                let charge = Charge {
+                    device: (x % 4) as usize,
+                    bytes: step,
+                };
+                table.insert(key, charge);
+                model.insert(key, charge);
+            }
+            assert_eq!(table.len, model.len());
+        }
+        for (k, v) in &model {
+            assert_eq!(table.get(*k), Some(*v));
+        }
+        assert_eq!(table.get(0), None);
     }
 }

@@ -1,6 +1,7 @@
 //! The `gpuslice` command line. Each subcommand is a module; arguments are parsed by hand (a handful of
 //! flags does not need a parser crate in a tool whose library is preloaded everywhere).
 
+mod compute;
 mod demo;
 mod doctor;
 mod run;
@@ -18,6 +19,10 @@ usage:
       per device: limit, used, peak; processes and their usage (read-only)
   gpuslice set --memory SIZE [--device GPU-UUID|INDEX] [--tenant NAME | --ledger PATH]
       change a running tenant's limit; applies to its next allocation
+  gpuslice set [--share PCT] [--limit PCT|none] [--priority high|normal] [--tenant NAME] [--device GPU-UUID]
+      change a tenant's compute share, cap or priority in the device ledgers (GPUSLICE_DEVICE_DIR)
+  gpuslice status --compute [--device GPU-UUID] [--json]
+      per device and tenant: share, cap, priority, achieved share (last ~15 s), time spent waiting
   gpuslice doctor
       is the quota enforced for CUDA programs started here, how, and what is misconfigured (exit 1 if not)
   gpuslice demo
@@ -109,7 +114,18 @@ pub fn main(args: Vec<String>) -> i32 {
     };
     let result = match cmd.as_str() {
         "run" => run::run(rest),
-        "status" => status::status(rest),
+        "status" if rest.iter().any(|a| a == "--compute") => {
+            let rest: Vec<String> = rest.iter().filter(|a| *a != "--compute").cloned().collect();
+            compute::status(&rest)
+        }
+        "status" => status::status(rest).inspect(|_| {
+            // The compute section, when device ledgers exist (shares in use on this machine).
+            let text = compute::status_text(&[], rest.iter().any(|a| a == "--json"));
+            if !text.is_empty() && text != "[]" {
+                println!("{text}");
+            }
+        }),
+        "set" if compute::wants(rest) => compute::set(rest),
         "set" => status::set(rest),
         "demo" => demo::demo(rest),
         "doctor" => doctor::doctor(rest),

@@ -274,6 +274,23 @@ impl Config {
     }
 }
 
+/// The values of `<prefix>0` .. `<prefix>63` that are set. Names are built without `format!`: this
+/// runs in every process at start-up.
+fn indexed_aliases(env: &dyn Fn(&str) -> Option<String>, prefix: &str) -> Vec<(u32, String)> {
+    let mut name = String::with_capacity(prefix.len() + 2);
+    (0..MAX_ALIAS_INDEX)
+        .filter_map(|i| {
+            name.clear();
+            name.push_str(prefix);
+            if i >= 10 {
+                name.push(char::from(b'0' + (i / 10) as u8));
+            }
+            name.push(char::from(b'0' + (i % 10) as u8));
+            env(&name).map(|v| (i, v))
+        })
+        .collect()
+}
+
 fn to_limit(s: Setting<u64>) -> Limit {
     match s {
         Setting::Value(b) => Limit::Bytes(b),
@@ -284,8 +301,17 @@ fn to_limit(s: Setting<u64>) -> Limit {
 
 /// Reads the configuration from the real environment and `/etc/gpuslice/quota.toml`.
 pub fn load() -> Config {
+    // One pass over the environment: the aliases are probed under many names (`..._LIMIT_<i>`), and
+    // each getenv would scan the whole environment again.
+    let relevant: std::collections::HashMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            (k.starts_with("GPUSLICE_") || k.starts_with("CUDA_"))
+                .then(|| (k, v.to_string_lossy().into_owned()))
+        })
+        .collect();
     load_from(
-        &|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()),
+        &|name| relevant.get(name).cloned(),
         Path::new(DEFAULT_QUOTA_FILE),
     )
 }
@@ -629,9 +655,7 @@ impl Builder {
     /// Memory limit from `GPUSLICE_MEMORY_LIMIT` or its aliases; `None` if the environment sets none.
     fn memory_from_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Option<PerDevice<u64>> {
         let hami_all = env("CUDA_DEVICE_MEMORY_LIMIT");
-        let hami_each: Vec<(u32, String)> = (0..MAX_ALIAS_INDEX)
-            .filter_map(|i| env(&format!("CUDA_DEVICE_MEMORY_LIMIT_{i}")).map(|v| (i, v)))
-            .collect();
+        let hami_each = indexed_aliases(env, "CUDA_DEVICE_MEMORY_LIMIT_");
         let mps = env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
         let hami_set = hami_all.is_some() || !hami_each.is_empty();
 
@@ -691,9 +715,7 @@ impl Builder {
         file: Option<(String, String)>,
     ) -> PerDevice<u8> {
         let hami_all = env("CUDA_DEVICE_SM_LIMIT");
-        let hami_each: Vec<(u32, String)> = (0..MAX_ALIAS_INDEX)
-            .filter_map(|i| env(&format!("CUDA_DEVICE_SM_LIMIT_{i}")).map(|v| (i, v)))
-            .collect();
+        let hami_each = indexed_aliases(env, "CUDA_DEVICE_SM_LIMIT_");
         let mps = env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
         let alias_set = hami_all.is_some() || !hami_each.is_empty() || mps.is_some();
         if let Some(v) = env("GPUSLICE_COMPUTE_LIMIT") {

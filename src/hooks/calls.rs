@@ -42,15 +42,17 @@ pub fn device_uuid(ordinal: CUdevice) -> Result<String, CUerror> {
 }
 
 pub fn format_uuid(b: &[u8; 16]) -> String {
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(40);
+    out.push_str("GPU-");
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 15)]));
+    }
+    out
 }
 
 /// What a memory pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
@@ -99,8 +101,23 @@ pub mod sched {
         fn cuEventRecord(event: CUevent, stream: CUstream);
         fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
         fn cuEventSynchronize(event: CUevent);
+        fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
         fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
         fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
         fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn uuid_text() {
+        let b = [
+            0x53, 0x49, 0x4d, 0x47, 0x50, 0x55, 0x40, 0x00, 0x80, 0, 0, 0, 0, 0, 0, 0x1f,
+        ];
+        assert_eq!(
+            super::format_uuid(&b),
+            "GPU-53494d47-5055-4000-8000-00000000001f"
+        );
     }
 }

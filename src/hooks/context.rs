@@ -35,7 +35,7 @@ fn create(pctx: Out<CUcontext>, dev: CUdevice, call: impl FnOnce() -> CUresult) 
     let Ok(device) = t.device(dev) else {
         return call();
     };
-    let charge = t.reserve(&device, t.context_reserve, "context creation")?;
+    let charge = t.reserve(device, t.context_reserve, "context creation")?;
     if let Err(e) = call() {
         t.release(charge);
         return Err(e);
@@ -60,7 +60,7 @@ fn primary_retain(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     let Ok(device) = t.device(dev) else {
         return call();
     };
-    t.primary_retain(&device, call)
+    t.primary_retain(device, call)
 }
 
 fn primary_release(dev: CUdevice, reset: bool, call: impl FnOnce() -> CUresult) -> CUresult {

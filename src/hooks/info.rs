@@ -30,7 +30,7 @@ fn mem_get_info<S: Word>(free: Out<S>, total: Out<S>, call: impl FnOnce() -> CUr
     let Ok(device) = t.current_device() else {
         return Ok(());
     };
-    if let Some((f, tot)) = t.shown_memory(&device, f.to_u64(), tot.to_u64()) {
+    if let Some((f, tot)) = t.shown_memory(device, f.to_u64(), tot.to_u64()) {
         free.set(S::from_u64(f));
         total.set(S::from_u64(tot));
     }
@@ -44,7 +44,7 @@ fn total_mem<S: Word>(bytes: Out<S>, dev: CUdevice, call: impl FnOnce() -> CUres
     let Ok(device) = t.device(dev) else {
         return Ok(());
     };
-    if let Some((_, total)) = t.shown_memory(&device, b.to_u64(), b.to_u64()) {
+    if let Some((_, total)) = t.shown_memory(device, b.to_u64(), b.to_u64()) {
         bytes.set(S::from_u64(total));
     }
     Ok(())

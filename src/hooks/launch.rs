@@ -62,9 +62,12 @@ unsafe fn config_stream(config: *const CUlaunchConfig) -> CUstream {
 /// # Safety
 /// `list` is NULL or points to `count` elements, as the driver API requires.
 unsafe fn multi_streams(list: *const LaunchParams, count: c_uint) -> Vec<CUstream> {
+    if list.is_null() {
+        return Vec::new();
+    }
     (0..count.min(64) as usize)
-        // SAFETY: element `i < count` of the caller's array.
         .filter_map(|i| {
+            // SAFETY: element `i < count` of the caller's array.
             unsafe { In::new(list.wrapping_add(i)) }
                 .get()
                 .map(|p| p.stream)

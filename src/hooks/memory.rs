@@ -104,7 +104,7 @@ hooks! {
 }
 
 /// The tenant and the current context's device, or `None` when quotas do not apply.
-fn on_current_device() -> Result<Option<(&'static Tenant, Device)>, CUerror> {
+fn on_current_device() -> Result<Option<(&'static Tenant, &'static Device)>, CUerror> {
     let Some(t) = tenant() else { return Ok(None) };
     Ok(Some((t, t.current_device()?)))
 }
@@ -122,7 +122,7 @@ fn alloc<P: Word>(
     if dptr.is_null() {
         return call();
     }
-    t.charged(&device, bytes, what, || {
+    t.charged(device, bytes, what, || {
         call()?;
         Ok(dptr.get().map_or(0, Word::to_u64))
     })
@@ -149,7 +149,7 @@ fn alloc_pitch<P: Word, Q: Word>(
         .saturating_mul(512)
         .saturating_mul(height);
     let mut key = 0;
-    t.charged(&device, estimate, "cuMemAllocPitch", || {
+    t.charged(device, estimate, "cuMemAllocPitch", || {
         call()?;
         key = dptr.get().map_or(0, Word::to_u64);
         Ok(key)
@@ -158,7 +158,7 @@ fn alloc_pitch<P: Word, Q: Word>(
         .get()
         .map_or(estimate, Word::to_u64)
         .saturating_mul(height);
-    if let Err(e) = t.recharge(key, &device, real_bytes, "cuMemAllocPitch") {
+    if let Err(e) = t.recharge(key, device, real_bytes, "cuMemAllocPitch") {
         // Over quota once the real pitch is known: undo the allocation.
         let _ = t.uncharge(key, || free(key));
         return Err(e);
@@ -186,7 +186,7 @@ fn alloc_from_pool(
     };
     let Some(pool) = pool.or_else(|| super::calls::current_pool(device.ordinal)) else {
         // No pool to watch: charge the allocation itself, returned by its free.
-        return t.charged(&device, bytes, "cuMemAllocAsync", || {
+        return t.charged(device, bytes, "cuMemAllocAsync", || {
             call()?;
             Ok(dptr.get().unwrap_or(0))
         });
@@ -196,7 +196,7 @@ fn alloc_from_pool(
     }
     // Worst case the pool grows by the request: reserve that, then charge what it really holds.
     let _serial = t.pool_serial();
-    let charge = t.reserve(&device, bytes, "cuMemAllocAsync")?;
+    let charge = t.reserve(device, bytes, "cuMemAllocAsync")?;
     if let Err(e) = call() {
         t.release(charge);
         return Err(e);
@@ -244,7 +244,7 @@ fn mem_create(
     let Ok(device) = t.device(device) else {
         return call();
     };
-    let charge = t.reserve(&device, bytes, "cuMemCreate")?;
+    let charge = t.reserve(device, bytes, "cuMemCreate")?;
     if let Err(e) = call() {
         t.release(charge);
         return Err(e);
@@ -291,7 +291,7 @@ fn array_create<H>(
     let (Some(bytes), false) = (bytes, handle.is_null()) else {
         return call();
     };
-    let charge: Charge = t.reserve(&device, bytes, "array creation")?;
+    let charge: Charge = t.reserve(device, bytes, "array creation")?;
     if let Err(e) = call() {
         t.release(charge);
         return Err(e);

@@ -41,25 +41,21 @@ impl PanicResult for gpuslice_api::NvmlReturn {
 /// Runs a hook body, or `pass` (the real function) when this thread is already inside a hook.
 #[inline]
 pub fn enter<R: PanicResult>(pass: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
-    if IN_HOOK.with(|t| t.replace(true)) {
-        return pass();
-    }
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            IN_HOOK.with(|t| t.set(false));
+    // One thread-local access per call: the token is set, the body runs (a panic is caught, so the
+    // token is always reset here), the token is cleared.
+    IN_HOOK.with(|token| {
+        if token.replace(true) {
+            return pass();
         }
-    }
-    let _reset = Reset;
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-        Ok(r) => r,
-        Err(_) => {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+        token.set(false);
+        result.unwrap_or_else(|_| {
             crate::log::error(format_args!(
                 "internal error (panic) in a hook; the call reports an unknown error"
             ));
             R::from_panic()
-        }
-    }
+        })
+    })
 }
 
 /// An output pointer received from the C caller: read or written only through these methods, and read

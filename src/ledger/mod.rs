@@ -267,6 +267,8 @@ pub struct Ledger {
     slot: AtomicUsize,
     /// Process that owns `slot`; differs from getpid() in a fork child until it reattaches.
     owner_pid: AtomicU32,
+    /// `sys::forks_seen()` when `owner_pid` was last checked.
+    forks_seen: AtomicU32,
     /// A sweep is running in this process (sweeps share one OFD, so they must not overlap).
     sweeping: AtomicBool,
     last_sweep_ms: AtomicU64,
@@ -345,6 +347,10 @@ impl Ledger {
             fd: AtomicI32::new(fd.as_raw_fd()),
             slot: AtomicUsize::new(NO_SLOT),
             owner_pid: AtomicU32::new(sys::getpid()),
+            forks_seen: AtomicU32::new({
+                sys::count_forks();
+                sys::forks_seen()
+            }),
             sweeping: AtomicBool::new(false),
             last_sweep_ms: AtomicU64::new(0),
             warned_underflow: AtomicBool::new(false),
@@ -785,6 +791,11 @@ impl Ledger {
     }
 
     fn check_fork(&self) {
+        // getpid() is a system call (glibc no longer caches it): compare it only after a fork.
+        if sys::forks_seen() == self.forks_seen.load(Ordering::Relaxed) {
+            return;
+        }
+        self.forks_seen.store(sys::forks_seen(), Ordering::Relaxed);
         if self.owner_pid.load(Ordering::Acquire) != sys::getpid() && self.slot().is_some() {
             if let Err(e) = self.reattach_after_fork() {
                 tracing::error!("gpuslice: {e}");

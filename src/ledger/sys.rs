@@ -225,6 +225,28 @@ pub fn getpid() -> u32 {
     std::process::id()
 }
 
+static FORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn count_fork() {
+    FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Starts counting forks (idempotent); call before relying on [`forks_seen`].
+pub fn count_forks() {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: registers a child handler that only increments an atomic (async-signal-safe).
+        unsafe { libc::pthread_atfork(None, None, Some(count_fork)) };
+    });
+}
+
+/// How many forks this process image has gone through since [`count_forks`] (bumped in every fork
+/// child), so a caller can tell cheaply whether its pid may have changed.
+#[inline]
+pub fn forks_seen() -> u32 {
+    FORKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub fn geteuid() -> u32 {
     // SAFETY: no arguments; cannot fail.
     unsafe { libc::geteuid() }

@@ -14,6 +14,9 @@ use std::time::Duration;
 /// A held arbitration lock older than this is taken over when its holder is dead or stopped.
 const LOCK_STALE_NS: u64 = 50_000_000;
 
+/// A process whose heartbeat is older than this is not chosen (stopped or hung).
+const BEAT_STALE_NS: u64 = 50_000_000;
+
 /// Monotonic clock in ns (shared by every process of the machine).
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -286,6 +289,7 @@ impl DeviceLedger {
                 s.pid.store(sys::getpid(), Release);
                 s.wants.store(0, Release);
                 s.wait_since.store(0, Release);
+                s.beat_ns.store(now_ns(), Release);
                 return Some(i);
             }
             sys::unlock(self.raw_fd(), LOCK_BASE + i as u64);
@@ -382,17 +386,19 @@ impl DeviceLedger {
     /// The live waiting slots (`except` left out).
     pub fn waiters(&self, except: Option<usize>) -> Vec<Waiter> {
         let l = self.layout();
+        let now = now_ns();
         (0..MAX_SLOTS)
             .filter(|&i| Some(i) != except)
             .filter_map(|i| {
                 let s = &l.slots[i];
-                (s.state.load(Acquire) == SLOT_ACTIVE && s.wants.load(Acquire) > 0).then(|| {
-                    Waiter {
+                (s.state.load(Acquire) == SLOT_ACTIVE
+                    && s.wants.load(Acquire) > 0
+                    && now.saturating_sub(s.beat_ns.load(Acquire)) < BEAT_STALE_NS)
+                    .then(|| Waiter {
                         slot: i,
                         tenant: s.tenant.load(Acquire) as usize,
                         since: s.wait_since.load(Acquire),
-                    }
-                })
+                    })
             })
             .filter(|w| w.tenant < MAX_TENANTS)
             .collect()
@@ -494,4 +500,12 @@ impl LockGuard<'_> {
         l.header.sample_ns[k].store(now, Release);
         l.header.sample_seq.store(seq + 1, Release);
     }
+}
+
+/// Number of history samples kept (for `gpuslice status`).
+pub const HISTORY_LEN: usize = HISTORY;
+
+/// The name of tenant `t`.
+pub fn tenant_name(l: &DeviceLedger, t: usize) -> String {
+    unpack(&l.layout().tenants[t].name)
 }

@@ -44,7 +44,6 @@ static STATE: AtomicUsize = AtomicUsize::new(0);
 const NOT_PARTICIPATING: usize = 1;
 static INIT: Mutex<()> = Mutex::new(());
 
-const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
 /// How often the scheduler thread re-reads the ledger (contention, settings, liveness).
 const REFRESH_NS: u64 = 10_000_000;
@@ -234,6 +233,7 @@ fn try_join(
         launch_ns: AtomicU64::new(250_000),
         last_completion_ns: AtomicU64::new(0),
         inflight: Mutex::new(VecDeque::new()),
+        measured_ns: AtomicU64::new(0),
         free_events: Mutex::new(Vec::new()),
     }));
     s.refresh(now_ns());
@@ -270,7 +270,9 @@ pub struct Sched {
     /// Estimated device time of one launch (EWMA), for `Q`.
     launch_ns: AtomicU64,
     last_completion_ns: AtomicU64,
-    inflight: Mutex<VecDeque<Pending>>,
+    inflight: Mutex<VecDeque<(Pending, Pending)>>,
+    /// Device time of our completed launches not charged yet (ns).
+    measured_ns: AtomicU64,
     free_events: Mutex<Vec<Pending>>,
 }
 
@@ -304,16 +306,23 @@ impl Sched {
                 return launch();
             }
             if self.owns_now() {
+                // Before counting as launching: a drain does not wait for our queue to shrink.
+                self.flow_control();
                 self.launching.fetch_add(1, SeqCst);
-                if self.stopping.load(SeqCst) || self.owned.load(SeqCst) == 0 {
+                if !self.owns_now() {
                     self.launching.fetch_sub(1, SeqCst);
                     continue;
                 }
-                self.flow_control();
+                let starts: Vec<Option<Pending>> = streams
+                    .iter()
+                    .map(|&s| self.record(s, per_thread))
+                    .collect();
                 let r = launch();
-                if r.is_ok() {
-                    for &s in streams {
-                        self.record(s, per_thread);
+                for (&s, start) in streams.iter().zip(starts) {
+                    let Some(start) = start else { continue };
+                    match r.is_ok().then(|| self.record(s, per_thread)).flatten() {
+                        Some(end) => self.inflight.lock().push_back((start, end)),
+                        None => self.free_events.lock().push(start),
                     }
                 }
                 self.last_submit_ns.store(now_ns(), Release);
@@ -438,7 +447,7 @@ impl Sched {
             };
             if let Some(p) = oldest {
                 // SAFETY: an event we created and recorded.
-                let _ = unsafe { cu::cuEventSynchronize(p.event as CUevent) };
+                let _ = unsafe { cu::cuEventSynchronize(p.1.event as CUevent) };
                 // With the queue full the device runs our work back to back: the interval between
                 // two completions seen here is one launch's work.
                 let now = now_ns();
@@ -448,13 +457,14 @@ impl Sched {
                     let old = self.launch_ns.load(Relaxed);
                     self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
                 }
-                self.free_events.lock().push(p);
+                self.completed_launch(p);
             }
         }
     }
 
-    /// Records an event after a launch on `stream`.
-    fn record(&self, stream: CUstream, per_thread: bool) {
+    /// Records one of our events on `stream` (before and after each launch: their interval is the
+    /// device time the launch took).
+    fn record(&self, stream: CUstream, per_thread: bool) -> Option<Pending> {
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-parameter.
         let _ = unsafe { crate::hooks::calls::real::cuCtxGetCurrent(&mut ctx) };
@@ -470,8 +480,8 @@ impl Sched {
             None => {
                 let mut ev: CUevent = std::ptr::null_mut();
                 // SAFETY: valid out-parameter; the event belongs to the current context.
-                if unsafe { cu::cuEventCreate(&mut ev, CU_EVENT_DISABLE_TIMING) }.is_err() {
-                    return;
+                if unsafe { cu::cuEventCreate(&mut ev, 0) }.is_err() {
+                    return None;
                 }
                 Pending {
                     event: ev as usize,
@@ -479,7 +489,7 @@ impl Sched {
                 }
             }
         };
-        // SAFETY: our event and the caller's stream, which the launch just accepted.
+        // SAFETY: our event and the caller's stream.
         let r = unsafe {
             if per_thread {
                 cu::cuEventRecord_ptsz(p.event as CUevent, stream)
@@ -488,43 +498,57 @@ impl Sched {
             }
         };
         if r.is_ok() {
-            self.inflight.lock().push_back(p);
+            Some(p)
         } else {
             self.free_events.lock().push(p);
+            None
         }
     }
 
-    /// Whether every tracked launch has completed (completed ones are recycled).
+    /// Adds a completed launch's device time to what the next charge takes, and recycles its events.
+    fn completed_launch(&self, (start, end): (Pending, Pending)) {
+        let mut ms = 0f32;
+        // SAFETY: two of our events, both completed.
+        if unsafe { cu::cuEventElapsedTime(&mut ms, start.event as CUevent, end.event as CUevent) }
+            .is_ok()
+            && ms > 0.0
+        {
+            self.measured_ns.fetch_add((ms as f64 * 1e6) as u64, AcqRel);
+        }
+        let mut free = self.free_events.lock();
+        free.push(start);
+        free.push(end);
+    }
+
+    /// Whether every tracked launch has completed (completed ones are accounted and recycled).
     fn completed(&self) -> bool {
-        let mut f = self.inflight.lock();
         let mut done = Vec::new();
-        let mut all = true;
-        f.retain(|p| {
-            // SAFETY: our event.
-            if unsafe { cu::cuEventQuery(p.event as CUevent) }.is_ok() {
-                done.push(Pending {
-                    event: p.event,
-                    ctx: p.ctx,
-                });
-                false
-            } else {
-                all = false;
-                true
+        let all = {
+            let mut f = self.inflight.lock();
+            // In order per stream: stop at the first one still running.
+            while let Some(p) = f.front() {
+                // SAFETY: our event.
+                if unsafe { cu::cuEventQuery(p.1.event as CUevent) }.is_err() {
+                    break;
+                }
+                done.extend(f.pop_front());
             }
-        });
-        drop(f);
-        self.free_events.lock().extend(done);
+            f.is_empty()
+        };
+        for p in done {
+            self.completed_launch(p);
+        }
         all
     }
 
     /// Waits for every tracked launch.
     fn drain(&self) {
         let h = &self.ledger.layout().header;
-        let pending: Vec<Pending> = self.inflight.lock().drain(..).collect();
+        let pending: Vec<(Pending, Pending)> = self.inflight.lock().drain(..).collect();
         for p in &pending {
             // Polled, with a heartbeat, so waiters can tell a long drain from a stopped owner.
             // SAFETY: our event.
-            while unsafe { cu::cuEventQuery(p.event as CUevent) }
+            while unsafe { cu::cuEventQuery(p.1.event as CUevent) }
                 == Err(gpuslice_api::CUerror::NOT_READY)
             {
                 h.owner_beat_ns.store(now_ns(), Release);
@@ -532,7 +556,9 @@ impl Sched {
             }
         }
         self.last_completion_ns.store(0, Release);
-        self.free_events.lock().extend(pending);
+        for p in pending {
+            self.completed_launch(p);
+        }
     }
 
     /// Ends our ownership: stop submitting, drain, charge grant..drained, hand over.
@@ -547,7 +573,7 @@ impl Sched {
         let g = self.ledger.lock(self.slot);
         if h.owner.load(Acquire) == self.me() && h.epoch.load(Acquire) == epoch {
             let now = now_ns();
-            let charge = now.saturating_sub(h.grant_ns.load(Acquire));
+            let charge = self.measured_ns.swap(0, AcqRel);
             g.charge(self.tenant, charge, now);
             let c = g.hand_over(now);
             log::debug(format_args!("compute: released after {charge} ns -> {c:?}"));
@@ -592,8 +618,10 @@ impl Sched {
         let _ = unsafe { cu::cuThreadExchangeStreamCaptureMode(&mut mode) };
         let h = &self.ledger.layout().header;
         let (mut last_refresh, mut last_sweep) = (0u64, 0u64);
+        let beat = &self.ledger.layout().slots[self.slot].beat_ns;
         loop {
             let now = now_ns();
+            beat.store(now, Release);
             if now - last_refresh >= REFRESH_NS {
                 last_refresh = now;
                 self.refresh(now);
@@ -651,7 +679,9 @@ impl Sched {
                     .into_iter()
                     .any(|w| !high || l.tenants[w.tenant].priority.load(Acquire) == 1);
                 if !rivals {
-                    g.charge(self.tenant, now.saturating_sub(grant), now);
+                    let charge = self.measured_ns.swap(0, AcqRel);
+                    log::debug(format_args!("compute: renewed after {charge} ns"));
+                    g.charge(self.tenant, charge, now);
                     if g.renew(self.tenant, now) {
                         continue;
                     }

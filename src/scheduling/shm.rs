@@ -82,6 +82,8 @@ pub struct SlotEntry {
     pub wants: AtomicU32,
     /// When the oldest of them started waiting (ns, 0 = none).
     pub wait_since: AtomicU64,
+    /// The process's heartbeat (its scheduler thread): a stopped process is not chosen.
+    pub beat_ns: AtomicU64,
 }
 
 #[repr(C)]
