@@ -422,23 +422,24 @@ impl Tenant {
                 device: slot,
                 bytes,
             }),
-            Err(QuotaExceeded {
-                requested,
-                used,
-                limit,
-            }) => {
-                log::warn(format_args!(
-                    "tenant {}: {what} of {} on {} (device {}) refused: {} of {} in use",
-                    self.config.tenant,
-                    config::format_bytes(requested),
-                    device.uuid,
-                    device.ordinal,
-                    config::format_bytes(used),
-                    config::format_bytes(limit)
-                ));
+            Err(e) => {
+                self.refused(device, bytes, what, e);
                 Err(CUerror::OUT_OF_MEMORY)
             }
         }
+    }
+
+    /// The one warn line of a refused allocation: tenant, device, requested, used and limit.
+    pub fn refused(&self, device: &Device, requested: u64, what: &str, e: QuotaExceeded) {
+        log::warn(format_args!(
+            "tenant {}: {what} of {} on {} (device {}) refused: {} of {} in use",
+            self.config.tenant,
+            config::format_bytes(requested),
+            device.uuid,
+            device.ordinal,
+            config::format_bytes(e.used),
+            config::format_bytes(e.limit)
+        ));
     }
 
     /// Returns a charge to the quota.
@@ -595,34 +596,37 @@ impl Tenant {
 
     /// Sets the charge of a memory pool to what the driver says it holds now (`None`: it cannot say,
     /// so the pool keeps the whole reservation), given `reserved` bytes already reserved for its growth.
-    pub fn pool_now_holds(&self, pool: usize, device: usize, holds: Option<u64>, reserved: u64) {
+    /// When the pool grew by more than that and the quota has no room for the rest, the pool stays
+    /// charged what was reserved and the refusal is returned: the caller undoes the allocation.
+    pub fn pool_now_holds(
+        &self,
+        pool: usize,
+        device: usize,
+        holds: Option<u64>,
+        reserved: u64,
+    ) -> Result<(), QuotaExceeded> {
         let mut r = self.records.lock();
         let entry = r.pools.entry(pool).or_insert(Charge { device, bytes: 0 });
         let before = entry.bytes;
         let holds = holds.unwrap_or(before.saturating_add(reserved));
-        entry.bytes = holds;
-        drop(r);
         let Some(Ok(ledger)) = self.ledger.get() else {
-            return;
+            entry.bytes = holds;
+            return Ok(());
         };
         let grown = holds.saturating_sub(before);
-        if grown < reserved {
-            ledger.release(device, reserved - grown);
-        } else if grown > reserved {
-            // The pool grew by more than the request (allocation granularity): charge the rest.
+        if grown > reserved {
             if let Err(e) = ledger.try_reserve(device, grown - reserved) {
-                log::warn(format_args!(
-                    "tenant {}: a memory pool grew {} beyond the quota ({} of {} in use)",
-                    self.config.tenant,
-                    config::format_bytes(e.requested),
-                    config::format_bytes(e.used),
-                    config::format_bytes(e.limit)
-                ));
+                entry.bytes = before + reserved;
+                return Err(e);
             }
+        } else if grown < reserved {
+            ledger.release(device, reserved - grown);
         }
         if holds < before {
             ledger.release(device, before - holds);
         }
+        entry.bytes = holds;
+        Ok(())
     }
 
     /// Held by a stream-ordered allocation from before its reservation until its pool's charge is
@@ -644,7 +648,7 @@ impl Tenant {
         for (pool, charge) in pools {
             if let Some(holds) = crate::hooks::calls::pool_reserved(pool) {
                 if holds < charge.bytes {
-                    self.pool_now_holds(pool, charge.device, Some(holds), 0);
+                    let _ = self.pool_now_holds(pool, charge.device, Some(holds), 0);
                 }
             }
         }

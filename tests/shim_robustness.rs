@@ -210,8 +210,12 @@ impl Session {
             self.seen.push_str(&line);
             self.seen.push('\n');
         }
+        // A child the client forked may hold stderr open: wait for its end only a while.
         if let Some(t) = self.stderr_thread.take() {
-            let _ = t.join();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         let stderr = self.stderr.lock().unwrap().clone();
         (status, self.seen.clone(), stderr)

@@ -69,6 +69,20 @@ pub fn pool_reserved(pool: usize) -> Option<u64> {
     r.ok().map(|()| value)
 }
 
+/// What a memory pool has handed out (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+pub fn pool_used(pool: usize) -> Option<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: the attribute is a cuuint64_t written to `value`.
+    let r = unsafe {
+        real::cuMemPoolGetAttribute(
+            pool as CUmemoryPool,
+            gpuslice_api::types::CU_MEMPOOL_ATTR_USED_MEM_CURRENT as c_int,
+            (&mut value as *mut u64).cast(),
+        )
+    };
+    r.ok().map(|()| value)
+}
+
 /// The memory pool `cuMemAllocAsync` uses on a device: its current pool.
 pub fn current_pool(ordinal: CUdevice) -> Option<usize> {
     let mut pool: CUmemoryPool = std::ptr::null_mut();

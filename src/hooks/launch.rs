@@ -21,7 +21,8 @@ pub struct LaunchParams {
 }
 
 hooks! {
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    // Uncontended (or no compute sharing at all): straight to the driver, before any other work.
+    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED), fast = crate::scheduling::launch_passes();
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                       shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
         => gate(&[stream], false, || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra));

@@ -60,15 +60,19 @@ hooks! {
     fn cuMemFree(dptr: c_uint) => free(dptr as u64, || real::cuMemFree(dptr));
 
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync(dptr, bytesize, stream));
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync(dptr, bytesize, stream),
+                           |p| undo_async(|| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream)));
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream));
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
+                           |p| undo_async(|| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream)));
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
         => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
-                           || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream));
+                           || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream),
+                           |p| undo_async(|| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream)));
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
         => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
-                           || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream));
+                           || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream),
+                           |p| undo_async(|| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream)));
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync_ptsz(dptr, stream));
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => settle_after(|| real::cuMemPoolTrimTo(pool, keep));
@@ -180,6 +184,7 @@ fn alloc_from_pool(
     bytes: u64,
     pool: Option<usize>,
     call: impl FnOnce() -> CUresult,
+    undo: impl FnOnce(CUdeviceptr),
 ) -> CUresult {
     let Ok(Some((t, device))) = on_current_device() else {
         return call();
@@ -194,21 +199,48 @@ fn alloc_from_pool(
     if dptr.is_null() {
         return call();
     }
-    // Worst case the pool grows by the request: reserve that, then charge what it really holds.
     let _serial = t.pool_serial();
-    let charge = t.reserve(device, bytes, "cuMemAllocAsync")?;
+    // A pool hands out its idle blocks before it grows: reserve what it may have to grow by, then
+    // charge what it really holds afterwards.
+    let held = super::calls::pool_reserved(pool);
+    let idle = match (held, super::calls::pool_used(pool)) {
+        (Some(r), Some(u)) => r.saturating_sub(u),
+        _ => 0,
+    };
+    let charge = t.reserve(device, bytes.saturating_sub(idle), "cuMemAllocAsync")?;
     if let Err(e) = call() {
         t.release(charge);
         return Err(e);
     }
     POOLS_USED.store(true, Ordering::Relaxed);
-    t.pool_now_holds(
+    let grown = t.pool_now_holds(
         pool,
         charge.device,
         super::calls::pool_reserved(pool),
         charge.bytes,
     );
+    if let Err(refused) = grown {
+        // The pool grew past the quota (its idle blocks did not fit the request): give the block
+        // back, let the pool shrink to what it held, and refuse.
+        if let Some(p) = dptr.get() {
+            undo(p);
+        }
+        if let Some(h) = held {
+            // SAFETY: `pool` is the caller's pool handle, valid for this call.
+            let _ = unsafe { real::cuMemPoolTrimTo(pool as CUmemoryPool, h as usize) };
+        }
+        let _ = t.pool_now_holds(pool, charge.device, super::calls::pool_reserved(pool), 0);
+        t.refused(device, bytes, "cuMemAllocAsync", refused);
+        return Err(CUerror::OUT_OF_MEMORY);
+    }
     Ok(())
+}
+
+/// Frees a stream-ordered allocation the quota refused after the fact, and waits for the free.
+fn undo_async(free: impl FnOnce() -> CUresult, sync: impl FnOnce() -> CUresult) {
+    if free().is_ok() {
+        let _ = sync();
+    }
 }
 
 fn settle_after(call: impl FnOnce() -> CUresult) -> CUresult {

@@ -163,9 +163,17 @@ pub(crate) use real_calls;
 
 /// Declares hooks: for each `fn name(args) -> ret => body;` it exports `name` (the C ABI entry point)
 /// and adds `real::name`, the typed call to the real function. `missing` is what a call answers when
-/// the real library or function is not there.
+/// the real library or function is not there. An optional `fast = predicate;` is checked before
+/// anything else: when it holds, the export calls the real function directly (the launch fast path).
 macro_rules! hooks {
     (ret = $ret:ty, missing = $missing:expr;
+     $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
+        $crate::hooks::hooks! {
+            ret = $ret, missing = $missing, fast = false;
+            $( fn $name ( $($arg : $ty),* ) => $body ; )*
+        }
+    };
+    (ret = $ret:ty, missing = $missing:expr, fast = $fast:expr;
      $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
         /// Typed calls to the real functions behind this module's hooks.
         #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
@@ -176,6 +184,7 @@ macro_rules! hooks {
                 ///
                 /// # Safety
                 /// The arguments satisfy the driver API's contract for this entry point.
+                #[inline]
                 pub unsafe fn $name($($arg: $ty),*) -> $ret {
                     match $crate::driver::real($crate::driver::Real::$name) {
                         // SAFETY: the slot holds the address the real library exports under this exact
@@ -189,6 +198,27 @@ macro_rules! hooks {
                 }
             )*
         }
+        /// The hook bodies, out of line so that an export's fast path stays a few instructions.
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        mod slow {
+            use super::*;
+            $(
+                /// Runs the hook body inside [`crate::hooks::enter`].
+                ///
+                /// # Safety
+                /// Called from the export with the C caller's arguments.
+                #[inline(never)]
+                pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                    $crate::hooks::enter(
+                        // SAFETY: the caller's arguments, passed through untouched.
+                        || unsafe { real::$name($($arg),*) },
+                        // SAFETY: the body passes the caller's pointers only to the real function, or
+                        // reads them through `Out`/`In` under the driver API's contract.
+                        || unsafe { $body },
+                    )
+                }
+            )*
+        }
         $(
             #[doc = concat!("The `", stringify!($name), "` hook.")]
             ///
@@ -197,13 +227,12 @@ macro_rules! hooks {
             #[cfg_attr(not(test), no_mangle)]
             #[allow(non_snake_case, clippy::too_many_arguments)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                $crate::hooks::enter(
+                if $fast {
                     // SAFETY: the caller's arguments, passed through untouched.
-                    || unsafe { real::$name($($arg),*) },
-                    // SAFETY: the body passes the caller's pointers only to the real function, or reads
-                    // them through `Out`/`In` under the driver API's contract.
-                    || unsafe { $body },
-                )
+                    return unsafe { real::$name($($arg),*) };
+                }
+                // SAFETY: the caller's arguments, as received.
+                unsafe { slow::$name($($arg),*) }
             }
         )*
     };

@@ -603,6 +603,7 @@ impl Ledger {
             }
             if l.claim_slot(i, sys::getpid(), unix_ms()) {
                 self.slot.store(i, Ordering::Release);
+                sys::guard_slot_fd(fd);
                 return Ok(());
             }
             sys::unlock(fd, LOCK_BASE + i as u64);
@@ -880,6 +881,7 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
+        sys::unguard_slot_fd(self.raw_fd());
         // Give our leftovers back now rather than waiting for a sweep (we hold our slot's lock).
         if let Some(s) = self.slot() {
             if self.owner_pid.load(Ordering::Acquire) == sys::getpid() {

@@ -247,6 +247,53 @@ pub fn forks_seen() -> u32 {
     FORKS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Descriptors that hold a slot lock, pointed at /dev/null in a fork child: a child that never uses
+/// the ledger (a data-loader worker, a helper) must not keep its parent's slot alive once the parent
+/// dies. A child that does use it reopens the file (`Ledger::reattach_after_fork`).
+static SLOT_FDS: [std::sync::atomic::AtomicI32; 16] =
+    [const { std::sync::atomic::AtomicI32::new(-1) }; 16];
+
+extern "C" fn drop_slot_fds_in_child() {
+    for slot in &SLOT_FDS {
+        let fd = slot.swap(-1, std::sync::atomic::Ordering::AcqRel);
+        if fd < 0 {
+            continue;
+        }
+        // Replaced, not closed: the Ledger still owns the number and closes it later.
+        // SAFETY: open/dup3/close are async-signal-safe and touch only descriptors we own.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup3(null, fd, libc::O_CLOEXEC);
+                libc::close(null);
+            }
+        }
+    }
+}
+
+/// Registers a descriptor that holds this process's slot lock (see [`SLOT_FDS`]).
+pub fn guard_slot_fd(fd: RawFd) {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: registers a child handler that only swaps descriptors we own (async-signal-safe calls).
+        unsafe { libc::pthread_atfork(None, None, Some(drop_slot_fds_in_child)) };
+    });
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    for slot in &SLOT_FDS {
+        if slot.compare_exchange(-1, fd, AcqRel, Acquire).is_ok() {
+            return;
+        }
+    }
+}
+
+/// Forgets a descriptor registered with [`guard_slot_fd`] (it is about to be closed).
+pub fn unguard_slot_fd(fd: RawFd) {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    for slot in &SLOT_FDS {
+        let _ = slot.compare_exchange(fd, -1, AcqRel, Acquire);
+    }
+}
+
 pub fn geteuid() -> u32 {
     // SAFETY: no arguments; cannot fail.
     unsafe { libc::geteuid() }

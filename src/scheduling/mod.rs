@@ -75,6 +75,18 @@ pub fn gate(streams: &[CUstream], per_thread: bool, launch: impl FnOnce() -> CUr
     }
 }
 
+/// Whether a launch may go straight to the driver: this process does not take part in compute
+/// sharing, or its device is not contended. One or two atomic loads; the launch hooks' fast path.
+#[inline(always)]
+pub fn launch_passes() -> bool {
+    match STATE.load(Acquire) {
+        NOT_PARTICIPATING => true,
+        0 => false,
+        // SAFETY: a non-sentinel STATE is a leaked, never-freed `Sched`.
+        p => !unsafe { &*(p as *const Sched) }.contended.load(Relaxed),
+    }
+}
+
 /// This process's scheduler, when it participates.
 pub fn current() -> Option<&'static Sched> {
     match STATE.load(Acquire) {

@@ -17,6 +17,8 @@ SIZE_B = 512 * MIB
 
 def check(result, what):
     """cuda-bindings returns (CUresult, outputs...): a failed setup step ends the client."""
+    if not isinstance(result, tuple):
+        result = (result,)
     err, rest = result[0], result[1:]
     if err != cuda.CUresult.CUDA_SUCCESS:
         print(f"error={what} returned {int(err)} ({err.name}), expected CUDA_SUCCESS", flush=True)
@@ -30,13 +32,13 @@ def step(kind, name, rc):
 
 
 def main():
-    check((cuda.cuInit(0),), "cuInit")
+    check(cuda.cuInit(0), "cuInit")
     dev = check(cuda.cuDeviceGet(0), "cuDeviceGet")
     uuid = bytes(check(cuda.cuDeviceGetUuid(dev), "cuDeviceGetUuid").bytes).hex()
     print(f"device_uuid=GPU-{uuid[0:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:32]}")
     print(f"total_mem={check(cuda.cuDeviceTotalMem(dev), 'cuDeviceTotalMem')}")
     ctx = check(cuda.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-    check((cuda.cuCtxSetCurrent(ctx),), "cuCtxSetCurrent")
+    check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     stream = check(cuda.cuStreamCreate(cuda.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
 
     def alloc(kind, size):
@@ -46,12 +48,12 @@ def main():
 
     def free(kind, ptr, verbose):
         if kind == "alloc":
-            check((cuda.cuMemFree(ptr),), "cuMemFree")
+            check(cuda.cuMemFree(ptr), "cuMemFree")
             return
-        check((cuda.cuMemFreeAsync(ptr, stream),), "cuMemFreeAsync")
+        check(cuda.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
         if verbose:
             step(kind, "free_async", 0)
-        check((cuda.cuStreamSynchronize(stream),), "cuStreamSynchronize")
+        check(cuda.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
     for kind in ("alloc", "async"):
         step(kind, "start", 0)
@@ -72,8 +74,8 @@ def main():
             free(kind, b, False)
         step(kind, "end", 0)
 
-    check((cuda.cuStreamDestroy(stream),), "cuStreamDestroy")
-    check((cuda.cuDevicePrimaryCtxRelease(dev),), "cuDevicePrimaryCtxRelease")
+    check(cuda.cuStreamDestroy(stream), "cuStreamDestroy")
+    check(cuda.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
     print("done=1", flush=True)
 
 

@@ -447,7 +447,32 @@ int main(int argc, char **argv) {
             ;
         free_kind("alloc", &a, 0);
     }
-    for (size_t k = 0; k < NKINDS && strcmp(mode, "hold") != 0; k++) {
+    if (strcmp(mode, "reuse") == 0) {
+        /* Stream-ordered memory reused before any synchronisation: the pool hands the freed block
+         * out again without growing, so the quota must not refuse it. Then a second block that does
+         * not fit beside the first: the pool would have to grow past the quota. */
+        struct obj a, b, c;
+        memset(&b, 0, sizeof b);
+        CUresult rc = alloc_kind("async", SIZE_A, &a);
+        printf("reuse.first=%d\n", (int)rc);
+        CHECK(A.memFreeAsync(a.ptr, stream));
+        rc = alloc_kind("async", SIZE_A, &b);
+        printf("reuse.again=%d\n", (int)rc);
+        if (rc != CUDA_SUCCESS)
+            b.ptr = 0;
+        rc = alloc_kind("async", SIZE_A, &c);
+        printf("reuse.beside=%d\n", (int)rc);
+        if (rc == CUDA_SUCCESS)
+            CHECK(A.memFreeAsync(c.ptr, stream));
+        if (b.ptr != 0)
+            CHECK(A.memFreeAsync(b.ptr, stream));
+        CHECK(A.streamSynchronize(stream));
+        size_t free_b = 0, total_b = 0;
+        CHECK(A.memGetInfo(&free_b, &total_b));
+        printf("reuse.free_after=%zu\n", free_b);
+        mode = "done";
+    }
+    for (size_t k = 0; k < NKINDS && strcmp(mode, "hold") != 0 && strcmp(mode, "done") != 0; k++) {
         if (strcmp(mode, "matrix") == 0)
             matrix_kind(KINDS[k]);
         else if (strcmp(mode, "fill") == 0)

@@ -186,6 +186,10 @@ struct Pool {
     used_high: u64,
     /// Freed blocks still reserved by the pool: (address, span).
     idle: Vec<(usize, usize)>,
+    /// Blocks freed on a stream whose free has not run yet: (address, span, stream id). As with the
+    /// real driver, a later allocation on the same stream may reuse them at once (stream order makes
+    /// it safe); other streams wait until the free has run.
+    pending: Vec<(usize, usize, u64)>,
     follow_event_deps: i32,
     allow_opportunistic: i32,
     allow_internal_deps: i32,
@@ -202,6 +206,7 @@ impl Pool {
             used: 0,
             used_high: 0,
             idle: Vec::new(),
+            pending: Vec::new(),
             follow_event_deps: 1,
             allow_opportunistic: 1,
             allow_internal_deps: 1,
@@ -343,19 +348,38 @@ impl Mem {
         }
     }
 
-    fn pool_alloc(&mut self, ctx: &Context, pool: usize, size: usize) -> Result<usize, CUerror> {
+    fn pool_alloc(
+        &mut self,
+        ctx: &Context,
+        pool: usize,
+        size: usize,
+        stream: u64,
+    ) -> Result<usize, CUerror> {
         let span = round_up(size, ALIGN).ok_or(CUerror::OUT_OF_MEMORY)?;
         let p = self.pools.get_mut(&pool).ok_or(CUerror::INVALID_VALUE)?;
-        // Reuse the smallest idle block that fits.
-        let reuse = p
+        // Reuse the smallest block that fits: an idle one, or one this stream freed earlier.
+        let idle = p
             .idle
             .iter()
             .enumerate()
             .filter(|(_, b)| b.1 >= span)
             .min_by_key(|(_, b)| b.1)
-            .map(|(i, _)| i);
+            .map(|(i, b)| (b.1, i));
+        let pending = p
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.1 >= span && b.2 == stream)
+            .min_by_key(|(_, b)| b.1)
+            .map(|(i, b)| (b.1, i));
+        let reuse = match (idle, pending) {
+            (Some(i), Some(q)) if q.0 < i.0 => Some(p.pending.swap_remove(q.1)).map(|b| (b.0, b.1)),
+            (Some(i), _) => Some(p.idle.swap_remove(i.1)),
+            (None, Some(q)) => Some(p.pending.swap_remove(q.1)).map(|b| (b.0, b.1)),
+            (None, None) => None,
+        };
         let (at, span) = match reuse {
-            Some(i) => p.idle.swap_remove(i),
+            Some(block) => block,
             None => {
                 if p.max_size != 0 && p.reserved as usize + span > p.max_size {
                     return Err(CUerror::OUT_OF_MEMORY);
@@ -1022,6 +1046,13 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
             return Err(CUerror::INVALID_VALUE);
         }
         m.current_pools.retain(|_, c| *c != h);
+        // Frees still in flight: their blocks go back with the pool (the driver releases them
+        // once nothing is outstanding).
+        if let Some(p) = m.pools.get_mut(&h) {
+            let pending = std::mem::take(&mut p.pending);
+            p.idle
+                .extend(pending.into_iter().map(|(at, span, _)| (at, span)));
+        }
         m.trim(h, 0);
         // Blocks still allocated from it are returned when freed (the pool is gone).
         m.pools.remove(&h);
@@ -1128,7 +1159,7 @@ fn alloc_async(
 ) -> CUresult {
     let ctx = crate::context::current()?;
     let dptr = crate::out(dptr)?;
-    crate::stream::resolve(stream, per_thread)?;
+    let s = crate::stream::resolve(stream, per_thread)?;
     if size == 0 {
         return Err(CUerror::INVALID_VALUE);
     }
@@ -1143,7 +1174,7 @@ fn alloc_async(
         }
         None => m.current_pool(ctx.device),
     };
-    *dptr = m.pool_alloc(&ctx, h, size)? as CUdeviceptr;
+    *dptr = m.pool_alloc(&ctx, h, size, s.id())? as CUdeviceptr;
     Ok(())
 }
 
@@ -1196,18 +1227,45 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 fn free_async(ptr: CUdeviceptr, stream: CUstream, per_thread: bool) -> CUresult {
     crate::context::current()?;
     let s = crate::stream::resolve(stream, per_thread)?;
+    let base = ptr as usize;
     {
         let mut m = mem();
-        match m.allocs.get_mut(&(ptr as usize)) {
+        let pool = match m.allocs.get_mut(&base) {
             Some(a)
                 if !a.freeing && matches!(a.kind, Kind::Device | Kind::Managed | Kind::Pool(_)) =>
             {
-                a.freeing = true
+                a.freeing = true;
+                match a.kind {
+                    Kind::Pool(h) => Some((h, a.span)),
+                    _ => None,
+                }
             }
             _ => return Err(CUerror::INVALID_VALUE),
+        };
+        if let Some((h, span)) = pool {
+            // The block is the pool's again for this stream at once, for every stream once the
+            // free has run (see `Pool::pending`).
+            if m.pools.contains_key(&h) {
+                m.allocs.remove(&base);
+                let p = m.pools.get_mut(&h).expect("present");
+                p.used -= span as u64;
+                p.pending.push((base, span, s.id()));
+                drop(m);
+                return crate::stream::enqueue(
+                    &s,
+                    Box::new(move || {
+                        let mut m = mem();
+                        if let Some(p) = m.pools.get_mut(&h) {
+                            if let Some(i) = p.pending.iter().position(|b| b.0 == base) {
+                                let (at, span, _) = p.pending.swap_remove(i);
+                                p.idle.push((at, span));
+                            }
+                        }
+                    }),
+                );
+            }
         }
     }
-    let base = ptr as usize;
     crate::stream::enqueue(&s, Box::new(move || mem().free(base)))
 }
 
