@@ -339,6 +339,10 @@ impl Ledger {
     }
 
     fn new(path: &Path, fd: OwnedFd, map: sys::Mapping, writable: bool, created: bool) -> Ledger {
+        // A mapping keeps the description it was made from open in every fork child, and OFD locks
+        // live as long as their description: slot locks go on a description that is never mapped,
+        // which a fork child gives up (`sys::guard_slot_fd`).
+        let fd = sys::reopen(&fd, writable).unwrap_or(fd);
         Ledger {
             path: path.to_path_buf(),
             map,

@@ -247,6 +247,25 @@ pub fn forks_seen() -> u32 {
     FORKS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// A new open file description of the file behind `fd` (same inode, even if renamed or unlinked).
+pub fn reopen(fd: &OwnedFd, writable: bool) -> io::Result<OwnedFd> {
+    let c = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let flags = if writable {
+        libc::O_RDWR
+    } else {
+        libc::O_RDONLY
+    };
+    // SAFETY: `c` is a valid NUL-terminated string; open has no other memory arguments. No
+    // O_NOFOLLOW: /proc/self/fd entries are links by design.
+    let new = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
 /// Descriptors that hold a slot lock, pointed at /dev/null in a fork child: a child that never uses
 /// the ledger (a data-loader worker, a helper) must not keep its parent's slot alive once the parent
 /// dies. A child that does use it reopens the file (`Ledger::reattach_after_fork`).

@@ -246,6 +246,8 @@ fn try_join(
         last_completion_ns: AtomicU64::new(0),
         inflight: Mutex::new(VecDeque::new()),
         measured_ns: AtomicU64::new(0),
+        event_overhead_ns: AtomicU64::new(0),
+        last_calibration_ns: AtomicU64::new(0),
         free_events: Mutex::new(Vec::new()),
     }));
     s.refresh(now_ns());
@@ -261,6 +263,18 @@ struct Pending {
     event: usize,
     ctx: usize,
 }
+
+/// Recorded events: around one launch, or back to back to calibrate what an empty pair measures. A
+/// high-priority tenant records only the end of each launch (`start` is `None`): it is charged by
+/// wall time, and a second event per launch would lengthen exactly the latency it asks to keep short.
+struct Tracked {
+    start: Option<Pending>,
+    end: Pending,
+    calibration: bool,
+}
+
+/// How often an empty event pair is recorded to re-measure the per-launch event overhead.
+const CALIBRATION_NS: u64 = 250_000_000;
 
 /// The process's participation in one device's scheduling.
 pub struct Sched {
@@ -282,9 +296,14 @@ pub struct Sched {
     /// Estimated device time of one launch (EWMA), for `Q`.
     launch_ns: AtomicU64,
     last_completion_ns: AtomicU64,
-    inflight: Mutex<VecDeque<(Pending, Pending)>>,
+    /// Event pairs in flight: around a launch, or empty (`Tracked::calibration`).
+    inflight: Mutex<VecDeque<Tracked>>,
     /// Device time of our completed launches not charged yet (ns).
     measured_ns: AtomicU64,
+    /// What an empty event pair measures (the driver's own step from one stream operation to the
+    /// next, not device time): taken off each launch's two steps. Running low estimate.
+    event_overhead_ns: AtomicU64,
+    last_calibration_ns: AtomicU64,
     free_events: Mutex<Vec<Pending>>,
 }
 
@@ -325,17 +344,33 @@ impl Sched {
                     self.launching.fetch_sub(1, SeqCst);
                     continue;
                 }
+                let high = self.high.load(Relaxed);
                 let starts: Vec<Option<Pending>> = streams
                     .iter()
-                    .map(|&s| self.record(s, per_thread))
+                    .map(|&s| {
+                        if high {
+                            None
+                        } else {
+                            self.record(s, per_thread)
+                        }
+                    })
                     .collect();
                 let r = launch();
                 for (&s, start) in streams.iter().zip(starts) {
-                    let Some(start) = start else { continue };
-                    match r.is_ok().then(|| self.record(s, per_thread)).flatten() {
-                        Some(end) => self.inflight.lock().push_back((start, end)),
-                        None => self.free_events.lock().push(start),
+                    if start.is_none() && !high {
+                        continue;
                     }
+                    match r.is_ok().then(|| self.record(s, per_thread)).flatten() {
+                        Some(end) => self.inflight.lock().push_back(Tracked {
+                            start,
+                            end,
+                            calibration: false,
+                        }),
+                        None => self.free_events.lock().extend(start),
+                    }
+                }
+                if r.is_ok() && !high {
+                    self.calibrate(streams, per_thread);
                 }
                 self.last_submit_ns.store(now_ns(), Release);
                 self.launching.fetch_sub(1, SeqCst);
@@ -459,15 +494,17 @@ impl Sched {
             };
             if let Some(p) = oldest {
                 // SAFETY: an event we created and recorded.
-                let _ = unsafe { cu::cuEventSynchronize(p.1.event as CUevent) };
-                // With the queue full the device runs our work back to back: the interval between
-                // two completions seen here is one launch's work.
-                let now = now_ns();
-                let prev = self.last_completion_ns.swap(now, AcqRel);
-                let gap = now.saturating_sub(prev);
-                if prev != 0 && gap < 200_000_000 {
-                    let old = self.launch_ns.load(Relaxed);
-                    self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
+                let _ = unsafe { cu::cuEventSynchronize(p.end.event as CUevent) };
+                if !p.calibration {
+                    // With the queue full the device runs our work back to back: the interval
+                    // between two completions seen here is one launch's work.
+                    let now = now_ns();
+                    let prev = self.last_completion_ns.swap(now, AcqRel);
+                    let gap = now.saturating_sub(prev);
+                    if prev != 0 && gap < 200_000_000 {
+                        let old = self.launch_ns.load(Relaxed);
+                        self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
+                    }
                 }
                 self.completed_launch(p);
             }
@@ -517,19 +554,78 @@ impl Sched {
         }
     }
 
-    /// Adds a completed launch's device time to what the next charge takes, and recycles its events.
-    fn completed_launch(&self, (start, end): (Pending, Pending)) {
-        let mut ms = 0f32;
-        // SAFETY: two of our events, both completed.
-        if unsafe { cu::cuEventElapsedTime(&mut ms, start.event as CUevent, end.event as CUevent) }
-            .is_ok()
-            && ms > 0.0
+    /// Now and then, two events back to back after a launch: what they measure is the driver's step
+    /// between stream operations, which a launch's event pair measures twice besides its device time.
+    fn calibrate(&self, streams: &[CUstream], per_thread: bool) {
+        let now = now_ns();
+        let last = self.last_calibration_ns.load(Relaxed);
+        let Some(&stream) = streams.first() else {
+            return;
+        };
+        if now.saturating_sub(last) < CALIBRATION_NS
+            || self
+                .last_calibration_ns
+                .compare_exchange(last, now, AcqRel, Relaxed)
+                .is_err()
         {
-            self.measured_ns.fetch_add((ms as f64 * 1e6) as u64, AcqRel);
+            return;
+        }
+        let Some(start) = self.record(stream, per_thread) else {
+            return;
+        };
+        match self.record(stream, per_thread) {
+            Some(end) => self.inflight.lock().push_back(Tracked {
+                start: Some(start),
+                end,
+                calibration: true,
+            }),
+            None => self.free_events.lock().push(start),
+        }
+    }
+
+    /// Adds a completed launch's device time to what the next charge takes (or, for an empty pair,
+    /// updates the event overhead), and recycles its events.
+    fn completed_launch(&self, t: Tracked) {
+        if let Some(start) = &t.start {
+            let mut ms = 0f32;
+            // SAFETY: two of our events, both completed.
+            let measured = unsafe {
+                cu::cuEventElapsedTime(&mut ms, start.event as CUevent, t.end.event as CUevent)
+            }
+            .is_ok()
+            .then(|| (ms.max(0.0) as f64 * 1e6) as u64);
+            if let Some(ns) = measured {
+                if t.calibration {
+                    // Low estimate: follow decreases at once, increases slowly (a busy host only adds).
+                    let old = self.event_overhead_ns.load(Relaxed);
+                    let new = if old == 0 || ns < old {
+                        ns
+                    } else {
+                        old + (ns - old) / 16
+                    };
+                    self.event_overhead_ns.store(new, Relaxed);
+                } else {
+                    let overhead = 2 * self.event_overhead_ns.load(Relaxed);
+                    self.measured_ns
+                        .fetch_add(ns.saturating_sub(overhead), AcqRel);
+                }
+            }
         }
         let mut free = self.free_events.lock();
-        free.push(start);
-        free.push(end);
+        free.extend(t.start);
+        free.push(t.end);
+    }
+
+    /// What this ownership is charged: measured device time, or for a high-priority tenant the wall
+    /// time since the grant (or renewal).
+    fn take_charge(&self, now: u64) -> u64 {
+        let measured = self.measured_ns.swap(0, AcqRel);
+        if self.high.load(Relaxed) {
+            let grant = self.ledger.layout().header.grant_ns.load(Acquire);
+            now.saturating_sub(grant)
+        } else {
+            measured
+        }
     }
 
     /// Whether every tracked launch has completed (completed ones are accounted and recycled).
@@ -540,7 +636,7 @@ impl Sched {
             // In order per stream: stop at the first one still running.
             while let Some(p) = f.front() {
                 // SAFETY: our event.
-                if unsafe { cu::cuEventQuery(p.1.event as CUevent) }.is_err() {
+                if unsafe { cu::cuEventQuery(p.end.event as CUevent) }.is_err() {
                     break;
                 }
                 done.extend(f.pop_front());
@@ -556,15 +652,15 @@ impl Sched {
     /// Waits for every tracked launch.
     fn drain(&self) {
         let h = &self.ledger.layout().header;
-        let pending: Vec<(Pending, Pending)> = self.inflight.lock().drain(..).collect();
+        let pending: Vec<Tracked> = self.inflight.lock().drain(..).collect();
         for p in &pending {
             // Polled, with a heartbeat, so waiters can tell a long drain from a stopped owner.
             // SAFETY: our event.
-            while unsafe { cu::cuEventQuery(p.1.event as CUevent) }
+            while unsafe { cu::cuEventQuery(p.end.event as CUevent) }
                 == Err(gpuslice_api::CUerror::NOT_READY)
             {
                 h.owner_beat_ns.store(now_ns(), Release);
-                std::thread::sleep(Duration::from_micros(50));
+                std::thread::sleep(Duration::from_micros(20));
             }
         }
         self.last_completion_ns.store(0, Release);
@@ -585,7 +681,7 @@ impl Sched {
         let g = self.ledger.lock(self.slot);
         if h.owner.load(Acquire) == self.me() && h.epoch.load(Acquire) == epoch {
             let now = now_ns();
-            let charge = self.measured_ns.swap(0, AcqRel);
+            let charge = self.take_charge(now);
             g.charge(self.tenant, charge, now);
             let c = g.hand_over(now);
             log::debug(format_args!("compute: released after {charge} ns -> {c:?}"));
@@ -624,6 +720,9 @@ impl Sched {
 
     /// The scheduler thread.
     fn run(&self) {
+        // Hand-overs wait in short sleeps: keep the kernel's default 50 us timer slack off them.
+        // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
         let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: valid in/out parameter. Relaxed: our event calls must not disturb the
         // application's stream captures.
@@ -691,7 +790,7 @@ impl Sched {
                     .into_iter()
                     .any(|w| !high || l.tenants[w.tenant].priority.load(Acquire) == 1);
                 if !rivals {
-                    let charge = self.measured_ns.swap(0, AcqRel);
+                    let charge = self.take_charge(now);
                     log::debug(format_args!("compute: renewed after {charge} ns"));
                     g.charge(self.tenant, charge, now);
                     if g.renew(self.tenant, now) {
