@@ -258,11 +258,17 @@ pub struct Tenant {
     records: Mutex<Records>,
     /// Bytes charged per context.
     pub context_reserve: u64,
+    /// When the last refusal was logged, and how many were not logged since (rate limit).
+    last_refusal_log: Mutex<Option<(std::time::Instant, u32)>>,
+    refusals_unlogged: std::sync::atomic::AtomicU64,
     /// Serialises the pool bookkeeping (reserve, driver call, read of the pool's size, settle): the
     /// charge is derived from the pool's size before and after, which another thread's allocation or
     /// settle must not change in between. Reentrant: a refused reservation settles the pools.
     pools_serial: ReentrantMutex<()>,
 }
+
+/// Refusal lines logged per second at most (a program retrying in a loop must not flood its log).
+pub const REFUSALS_LOGGED_PER_SECOND: u32 = 20;
 
 /// Device ordinals a process can see (CUDA has no more on one machine).
 const MAX_ORDINALS: usize = 64;
@@ -285,6 +291,8 @@ impl Tenant {
             records: Mutex::new(Records::default()),
             context_reserve,
             pools_serial: ReentrantMutex::new(()),
+            last_refusal_log: Mutex::new(None),
+            refusals_unlogged: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -397,6 +405,18 @@ impl Tenant {
 
     /// Reserves `bytes` on `device` before the driver is asked for them.
     pub fn reserve(&self, device: &Device, bytes: u64, what: &str) -> Result<Charge, CUerror> {
+        self.reserve_or_make_room(device, bytes, what, || false)
+    }
+
+    /// [`Tenant::reserve`], calling `make_room` once before refusing; when it returns true (it gave
+    /// memory back), the reservation is tried again.
+    pub fn reserve_or_make_room(
+        &self,
+        device: &Device,
+        bytes: u64,
+        what: &str,
+        make_room: impl FnOnce() -> bool,
+    ) -> Result<Charge, CUerror> {
         let slot = match &device.slot {
             Ok(slot) => *slot,
             Err(why) => {
@@ -417,6 +437,9 @@ impl Tenant {
             self.settle_pools();
             attempt = ledger.try_reserve(slot, bytes);
         }
+        if attempt.is_err() && make_room() {
+            attempt = ledger.try_reserve(slot, bytes);
+        }
         match attempt {
             Ok(()) => Ok(Charge {
                 device: slot,
@@ -429,10 +452,33 @@ impl Tenant {
         }
     }
 
-    /// The one warn line of a refused allocation: tenant, device, requested, used and limit.
+    /// The warn line of a refused allocation: tenant, device, requested, used and limit. A program
+    /// that keeps retrying gets at most [`REFUSALS_LOGGED_PER_SECOND`] lines a second; the next line
+    /// logged says how many were left out.
     pub fn refused(&self, device: &Device, requested: u64, what: &str, e: QuotaExceeded) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = std::time::Instant::now();
+        {
+            let mut window = self.last_refusal_log.lock();
+            match &mut *window {
+                Some((start, n))
+                    if now.duration_since(*start) < std::time::Duration::from_secs(1) =>
+                {
+                    if *n >= REFUSALS_LOGGED_PER_SECOND {
+                        self.refusals_unlogged.fetch_add(1, Relaxed);
+                        return;
+                    }
+                    *n += 1;
+                }
+                _ => *window = Some((now, 1)),
+            }
+        }
+        let more = match self.refusals_unlogged.swap(0, Relaxed) {
+            0 => String::new(),
+            n => format!(" ({n} earlier refusals not logged)"),
+        };
         log::warn(format_args!(
-            "tenant {}: {what} of {} on {} (device {}) refused: {} of {} in use",
+            "tenant {}: {what} of {} on {} (device {}) refused: {} of {} in use{more}",
             self.config.tenant,
             config::format_bytes(requested),
             device.uuid,

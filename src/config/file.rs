@@ -137,6 +137,16 @@ fn parse_value(s: &str) -> Result<(Value, &str), String> {
             let end = s
                 .find(|c: char| !(c.is_ascii_digit() || c == '_'))
                 .unwrap_or(s.len());
+            if s[end..].starts_with(|c: char| c.is_ascii_alphabetic() || c == '.') {
+                // `memory_limit = 4GiB`: a size needs quotes in TOML.
+                let word_end = s
+                    .find(|c: char| c.is_whitespace() || c == '#')
+                    .unwrap_or(s.len());
+                let word = &s[..word_end];
+                return Err(format!(
+                    "unquoted value {word:?} (expected a \"string\" such as \"{word}\", or a non-negative integer)"
+                ));
+            }
             let digits: String = s[..end].chars().filter(|&c| c != '_').collect();
             let n = digits
                 .parse()

@@ -301,7 +301,10 @@ fn bad_file_names_file_and_line() {
     assert!(matches!(c.memory_limit_for(0, UUID_A), Limit::Invalid(m) if m.starts_with(&want)));
     let f = temp_file("bad-syntax2.toml", "memory_limit = 4GiB\n");
     let c = cfg_with_file(&[], &f);
-    let want = format!("{}:1: unexpected text \"GiB\" after the value", f.display());
+    let want = format!(
+        "{}:1: unquoted value \"4GiB\" (expected a \"string\" such as \"4GiB\", or a non-negative integer)",
+        f.display()
+    );
     assert_eq!(c.memory_limit_for(3, UUID_B), Limit::Invalid(want));
     // Syntax errors are not hidden by an environment limit.
     let c = cfg_with_file(&[("GPUSLICE_MEMORY_LIMIT", "1GiB")], &f);

@@ -61,18 +61,18 @@ hooks! {
 
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
         => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync(dptr, bytesize, stream),
-                           |p| undo_async(|| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream)));
+                           |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
         => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
-                           |p| undo_async(|| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream)));
+                           |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
         => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
                            || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream),
-                           |p| undo_async(|| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream)));
+                           |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
         => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
                            || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream),
-                           |p| undo_async(|| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream)));
+                           |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync_ptsz(dptr, stream));
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => settle_after(|| real::cuMemPoolTrimTo(pool, keep));
@@ -184,7 +184,8 @@ fn alloc_from_pool(
     bytes: u64,
     pool: Option<usize>,
     call: impl FnOnce() -> CUresult,
-    undo: impl FnOnce(CUdeviceptr),
+    free: impl FnOnce(CUdeviceptr) -> CUresult,
+    sync: impl Fn() -> CUresult,
 ) -> CUresult {
     let Ok(Some((t, device))) = on_current_device() else {
         return call();
@@ -200,47 +201,49 @@ fn alloc_from_pool(
         return call();
     }
     let _serial = t.pool_serial();
-    // A pool hands out its idle blocks before it grows: reserve what it may have to grow by, then
-    // charge what it really holds afterwards.
-    let held = super::calls::pool_reserved(pool);
-    let idle = match (held, super::calls::pool_used(pool)) {
-        (Some(r), Some(u)) => r.saturating_sub(u),
-        _ => 0,
-    };
-    let charge = t.reserve(device, bytes.saturating_sub(idle), "cuMemAllocAsync")?;
+    // The pool may grow by the whole request: reserve it before the driver is asked (a block the
+    // pool reuses is given back right after). Near the quota, memory the pool holds for blocks
+    // already freed on this stream is released first -- the stream is synchronised so that those
+    // frees have run, and the pool trimmed to what is in use -- rather than refusing.
+    let charge = t.reserve_or_make_room(device, bytes, "cuMemAllocAsync", || {
+        let (Some(held), Some(used)) = (
+            super::calls::pool_reserved(pool),
+            super::calls::pool_used(pool),
+        ) else {
+            return false;
+        };
+        if held <= used || sync().is_err() {
+            return false;
+        }
+        // SAFETY: `pool` is the caller's pool handle, valid for this call.
+        let _ = unsafe { real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
+        let now = super::calls::pool_reserved(pool);
+        let _ = t.pool_now_holds(pool, device.slot.as_ref().copied().unwrap_or(0), now, 0);
+        now.is_some_and(|n| n < held)
+    })?;
     if let Err(e) = call() {
         t.release(charge);
         return Err(e);
     }
     POOLS_USED.store(true, Ordering::Relaxed);
-    let grown = t.pool_now_holds(
-        pool,
-        charge.device,
-        super::calls::pool_reserved(pool),
-        charge.bytes,
-    );
-    if let Err(refused) = grown {
-        // The pool grew past the quota (its idle blocks did not fit the request): give the block
-        // back, let the pool shrink to what it held, and refuse.
+    let held = super::calls::pool_reserved(pool);
+    if let Err(refused) = t.pool_now_holds(pool, charge.device, held, charge.bytes) {
+        // The pool grew by more than the request (allocation granularity) and the quota has no room
+        // for the rest: give the block back, shrink the pool, refuse.
         if let Some(p) = dptr.get() {
-            undo(p);
+            if free(p).is_ok() {
+                let _ = sync();
+            }
         }
-        if let Some(h) = held {
+        if let Some(used) = super::calls::pool_used(pool) {
             // SAFETY: `pool` is the caller's pool handle, valid for this call.
-            let _ = unsafe { real::cuMemPoolTrimTo(pool as CUmemoryPool, h as usize) };
+            let _ = unsafe { real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
         }
         let _ = t.pool_now_holds(pool, charge.device, super::calls::pool_reserved(pool), 0);
         t.refused(device, bytes, "cuMemAllocAsync", refused);
         return Err(CUerror::OUT_OF_MEMORY);
     }
     Ok(())
-}
-
-/// Frees a stream-ordered allocation the quota refused after the fact, and waits for the free.
-fn undo_async(free: impl FnOnce() -> CUresult, sync: impl FnOnce() -> CUresult) {
-    if free().is_ok() {
-        let _ = sync();
-    }
 }
 
 fn settle_after(call: impl FnOnce() -> CUresult) -> CUresult {
