@@ -80,11 +80,21 @@ const ORACLE: CBuild = CBuild {
 };
 
 /// The interception paths: (name, build, leading arguments).
-const PATHS: [(&str, CBuild, &[&str]); 4] = [
+const PATHS_LINKED_CU13: CBuild = CBuild {
+    name: "quota-paths-linked-cu13",
+    source: "quota_paths_linked.c",
+    include: "cu13",
+    link_cuda: true,
+};
+
+const PATHS: [(&str, CBuild, &[&str]); 6] = [
     ("linked", PATHS_LINKED, &[]),
     ("dlsym", PATHS_DLSYM, &["dlsym"]),
     ("procaddress_v2", PATHS_PROCADDR, &["v2"]),
     ("procaddress_v1", PATHS_PROCADDR, &["v1"]),
+    // A CUDA 13 program on a CUDA 13 driver: built against cuda.h 13.x, resolving at version 13000.
+    ("cuda13_linked", PATHS_LINKED_CU13, &[]),
+    ("cuda13_procaddress_v2", PATHS_PROCADDR, &["v2"]),
 ];
 
 /// libgpuslice.so of the profile these tests were built with (cargo builds the cdylib with them).
@@ -404,9 +414,16 @@ fn quota_matrix(path: &str) {
     let dir = scratch(path);
     let tenant = format!("paths-{}", path.replace('_', "-"));
 
-    let sim = Sim::new(&format!("quota-{path}")).env("SIMGPU_MEMORY", "4GiB");
+    let mut sim = Sim::new(&format!("quota-{path}")).env("SIMGPU_MEMORY", "4GiB");
+    let cuda13 = path.starts_with("cuda13");
+    if cuda13 {
+        sim = sim.env("SIMGPU_DRIVER_VERSION", "13000");
+    }
     let mut cmd = sim.command(&client);
     cmd.args(*args).arg("matrix");
+    if cuda13 {
+        cmd.env("QUOTA_CUDA_VERSION", "13000");
+    }
     with_quota(&mut cmd, &dir, &tenant);
     let run = run_with_timeout(&mut cmd, "");
     run.assert_success();
@@ -424,6 +441,9 @@ fn quota_matrix(path: &str) {
     // Allocating 64 MiB at a time stops exactly at the quota, on every kind.
     let mut cmd = sim.command(&client);
     cmd.args(*args).arg("fill");
+    if cuda13 {
+        cmd.env("QUOTA_CUDA_VERSION", "13000");
+    }
     with_quota(&mut cmd, &dir, &tenant);
     let fill = run_with_timeout(&mut cmd, "");
     fill.assert_success();
@@ -470,6 +490,16 @@ fn quota_matrix(path: &str) {
 #[test]
 fn quota_every_allocation_kind_linked() {
     quota_matrix("linked");
+}
+
+#[test]
+fn quota_every_allocation_kind_cuda13_linked() {
+    quota_matrix("cuda13_linked");
+}
+
+#[test]
+fn quota_every_allocation_kind_cuda13_procaddress_v2() {
+    quota_matrix("cuda13_procaddress_v2");
 }
 
 #[test]

@@ -137,6 +137,9 @@ static void *resolve(void *h, const char *how, const char *sym, const char *base
             printf("error=dlsym(libcuda.so.1, %s) returned NULL (%s)\n", sym, dlerror());
         return p;
     }
+    /* The CUDA version the program was built for (QUOTA_CUDA_VERSION: 13000 plays a CUDA 13 program). */
+    const char *version_text = getenv("QUOTA_CUDA_VERSION");
+    int version = version_text ? atoi(version_text) : 12000;
     if (strcmp(how, "v2") == 0) {
         static gpa_v2_t gpa;
         if (gpa == NULL && (gpa = (gpa_v2_t)dlsym(h, "cuGetProcAddress_v2")) == NULL) {
@@ -144,11 +147,11 @@ static void *resolve(void *h, const char *how, const char *sym, const char *base
             return NULL;
         }
         CUdriverProcAddressQueryResult status = (CUdriverProcAddressQueryResult)-1;
-        CUresult rc = gpa(base, &p, 12000, flags, &status);
+        CUresult rc = gpa(base, &p, version, flags, &status);
         if (rc != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS || p == NULL) {
-            printf("error=cuGetProcAddress_v2(%s, 12000, flags %llu) returned rc %d status %d pfn %p, "
+            printf("error=cuGetProcAddress_v2(%s, %d, flags %llu) returned rc %d status %d pfn %p, "
                    "expected 0 0 non-NULL\n",
-                   base, (unsigned long long)flags, (int)rc, (int)status, p);
+                   base, version, (unsigned long long)flags, (int)rc, (int)status, p);
             return NULL;
         }
         return p;
@@ -159,11 +162,11 @@ static void *resolve(void *h, const char *how, const char *sym, const char *base
             printf("error=dlsym(libcuda.so.1, cuGetProcAddress) returned NULL\n");
             return NULL;
         }
-        CUresult rc = gpa(base, &p, 12000, flags);
+        CUresult rc = gpa(base, &p, version, flags);
         if (rc != CUDA_SUCCESS || p == NULL) {
-            printf("error=cuGetProcAddress(%s, 12000, flags %llu) returned rc %d pfn %p, expected 0 "
+            printf("error=cuGetProcAddress(%s, %d, flags %llu) returned rc %d pfn %p, expected 0 "
                    "non-NULL\n",
-                   base, (unsigned long long)flags, (int)rc, p);
+                   base, version, (unsigned long long)flags, (int)rc, p);
             return NULL;
         }
         return p;
