@@ -144,6 +144,7 @@ macro_rules! real_calls {
                 ///
                 /// # Safety
                 /// The arguments satisfy the driver API's contract for this entry point.
+                #[inline]
                 pub unsafe fn $name($($arg: $ty),*) -> $ret {
                     match $crate::driver::real($crate::driver::Real::$name) {
                         // SAFETY: the slot holds the address the real library exports under this exact
@@ -175,28 +176,9 @@ macro_rules! hooks {
     };
     (ret = $ret:ty, missing = $missing:expr, fast = $fast:expr;
      $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
-        /// Typed calls to the real functions behind this module's hooks.
-        #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
-        pub mod real {
-            use super::*;
-            $(
-                /// Calls the real function.
-                ///
-                /// # Safety
-                /// The arguments satisfy the driver API's contract for this entry point.
-                #[inline]
-                pub unsafe fn $name($($arg: $ty),*) -> $ret {
-                    match $crate::driver::real($crate::driver::Real::$name) {
-                        // SAFETY: the slot holds the address the real library exports under this exact
-                        // name, whose C signature is the one declared here (NVIDIA's typedef for it).
-                        Some(f) => unsafe {
-                            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(f);
-                            f($($arg),*)
-                        },
-                        None => $missing,
-                    }
-                }
-            )*
+        $crate::hooks::real_calls! {
+            ret = $ret, missing = $missing;
+            $( fn $name ( $($arg : $ty),* ); )*
         }
         /// The hook bodies, out of line so that an export's fast path stays a few instructions.
         #[allow(non_snake_case, clippy::too_many_arguments)]

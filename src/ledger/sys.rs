@@ -133,31 +133,35 @@ unsafe impl Send for Mapping {}
 // SAFETY: as above: every access goes through atomics.
 unsafe impl Sync for Mapping {}
 
+/// Maps `len` bytes of `fd` shared, read-write or read-only (the ledgers' mappings). The caller has
+/// checked the file is at least that long.
+pub fn map_shared(fd: &OwnedFd, len: usize, writable: bool) -> io::Result<NonNull<u8>> {
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: a fresh mapping chosen by the kernel (addr NULL) aliases no Rust object.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))
+}
+
 impl Mapping {
     /// Maps `TOTAL_SIZE` bytes of `fd`. The caller has checked the file is at least that long.
     pub fn new(fd: &OwnedFd, writable: bool) -> io::Result<Mapping> {
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) aliases no Rust object.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                TOTAL_SIZE,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        NonNull::new(p.cast())
-            .map(|ptr| Mapping { ptr })
-            .ok_or_else(|| io::Error::other("mmap returned NULL"))
+        map_shared(fd, TOTAL_SIZE, writable).map(|ptr| Mapping { ptr: ptr.cast() })
     }
 
     pub fn layout(&self) -> &Layout {

@@ -81,28 +81,7 @@ unsafe impl Sync for Map {}
 
 impl Map {
     fn new(fd: &OwnedFd, writable: bool) -> io::Result<Map> {
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        // SAFETY: a fresh kernel-chosen mapping aliases no Rust object.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                TOTAL_SIZE,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        NonNull::new(p.cast())
-            .map(Map)
-            .ok_or_else(|| io::Error::other("mmap returned NULL"))
+        crate::ledger::sys::map_shared(fd, TOTAL_SIZE, writable).map(|p| Map(p.cast()))
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// "SIMGPU" + layout generation; published last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPUst");
 /// Bumped whenever this layout changes.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 pub const MAX_DEVICES: usize = crate::config::MAX_DEVICES as usize;
 pub const MAX_PROCESSES: usize = 256;
 pub const MAX_GROUPS: usize = 64;
@@ -63,6 +63,9 @@ pub struct Turn {
     pub owner: AtomicU64,
     /// Realtime ns at which the turn was granted.
     pub granted_ns: AtomicU64,
+    /// Realtime ns by which the kernel is over (0: not said). A GPU runs a kernel to its end whatever
+    /// the process that launched it does, so a turn past its end is finished by whoever waits.
+    pub deadline_ns: AtomicU64,
 }
 
 #[repr(C)]

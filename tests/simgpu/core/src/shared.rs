@@ -24,6 +24,9 @@ use std::time::{Duration, Instant};
 
 /// How long a waiter tolerates no progress before checking whether turn holders are alive.
 const STALL: Duration = Duration::from_millis(100);
+/// A running turn this long past its kernel's end is finished by a waiter: its process is stopped
+/// (SIGSTOP) or starved, and on a real GPU the kernel would be over.
+const OVERDUE_NS: u64 = 20_000_000;
 /// Least spacing between sweeps triggered by failed reservations.
 const SWEEP_SPACING_NS: u64 = 10_000_000;
 /// Utilization window (NVML's "past sample period").
@@ -535,6 +538,21 @@ impl Shared {
             Some(s) => ((s as u64) << 32) | self.st().slots[s].generation.load(Acquire) as u64,
             None => (u32::MAX as u64) << 32,
         };
+        loop {
+            if let Some(turn) = self.try_acquire(dev, device, slot, owner) {
+                return turn;
+            }
+            // Our ticket was skipped while we could not take it (stopped): queue again.
+        }
+    }
+
+    fn try_acquire(
+        &self,
+        dev: &Device,
+        device: u32,
+        slot: Option<usize>,
+        owner: u64,
+    ) -> Option<DeviceTurn<'_>> {
         let ticket = dev.next_ticket.fetch_add(1, AcqRel);
         let turn = &dev.turns[ticket as usize % TURNS];
         // The ring entry's previous ticket (TURNS tickets ago) must be finished.
@@ -545,11 +563,12 @@ impl Shared {
         ) {
             std::thread::sleep(Duration::from_millis(1));
             if since.elapsed() >= STALL {
-                self.reap_turns(dev);
+                self.reap_turns(dev, true);
                 since = Instant::now();
             }
         }
         turn.owner.store(owner, Release);
+        turn.deadline_ns.store(0, Release);
         turn.word
             .store(((ticket as u64) << 32) | TURN_WAITING, Release);
         let n = self.concurrent as i32;
@@ -564,21 +583,29 @@ impl Shared {
                 last = c;
                 since = Instant::now();
             } else if since.elapsed() >= STALL {
-                self.reap_turns(dev);
+                self.reap_turns(dev, true);
                 since = Instant::now();
                 continue;
+            } else {
+                self.reap_turns(dev, false);
             }
-            sys::futex_wait(&dev.completed, c, Duration::from_millis(25));
+            sys::futex_wait(&dev.completed, c, Duration::from_millis(5));
         }
         let now = sys::realtime_ns();
         turn.granted_ns.store(now, Release);
         let waiting = ((ticket as u64) << 32) | TURN_WAITING;
-        let _ = turn.word.compare_exchange(
-            waiting,
-            ((ticket as u64) << 32) | TURN_RUNNING,
-            AcqRel,
-            Acquire,
-        );
+        if turn
+            .word
+            .compare_exchange(
+                waiting,
+                ((ticket as u64) << 32) | TURN_RUNNING,
+                AcqRel,
+                Acquire,
+            )
+            .is_err()
+        {
+            return None;
+        }
         // A sample at each grant after idle bounds the utilization error (see `busy_at`).
         record(&dev.history, now, dev.busy_ns.load(Acquire));
         if let Some(s) = slot {
@@ -589,28 +616,36 @@ impl Shared {
                 p.usage[device as usize].busy_ns.load(Acquire),
             );
         }
-        DeviceTurn {
+        Some(DeviceTurn {
             shared: self,
             device: device as usize,
             ticket,
             slot,
             start: Instant::now(),
             valid: true,
-        }
+        })
     }
 
-    /// Finishes turns (in the running window) whose owners are dead.
-    fn reap_turns(&self, dev: &Device) {
+    /// Finishes turns in the running window that cannot finish by themselves: a running kernel past
+    /// its end by [`OVERDUE_NS`] (its process stopped: the kernel counts as having run to its end),
+    /// and, once nothing progressed for [`STALL`] (`stalled`), turns of dead processes and waiting
+    /// turns nobody takes (a stopped waiter, which queues again when it runs).
+    fn reap_turns(&self, dev: &Device, stalled: bool) {
         let c = dev.completed.load(Acquire);
+        let now = sys::realtime_ns();
         for turn in &dev.turns {
             let w = turn.word.load(Acquire);
             let ticket = (w >> 32) as u32;
-            if !matches!(w & 0xffff_ffff, TURN_WAITING | TURN_RUNNING)
+            let state = w & 0xffff_ffff;
+            if !matches!(state, TURN_WAITING | TURN_RUNNING)
                 || (ticket.wrapping_sub(c) as i32) >= self.concurrent as i32
             {
                 continue;
             }
-            if self.owner_alive(turn.owner.load(Acquire)) {
+            let deadline = turn.deadline_ns.load(Acquire);
+            let overdue = state == TURN_RUNNING && deadline != 0 && now > deadline + OVERDUE_NS;
+            let owner = turn.owner.load(Acquire);
+            if !overdue && !(stalled && (state == TURN_WAITING || !self.owner_alive(owner))) {
                 continue;
             }
             if turn
@@ -618,10 +653,37 @@ impl Shared {
                 .compare_exchange(w, ((ticket as u64) << 32) | TURN_DONE, AcqRel, Acquire)
                 .is_ok()
             {
+                if overdue {
+                    let ran = deadline.saturating_sub(turn.granted_ns.load(Acquire));
+                    self.account(dev, (owner >> 32) as usize, ran, deadline);
+                }
                 dev.completed.fetch_add(1, AcqRel);
                 sys::futex_wake_all(&dev.completed);
             }
         }
+    }
+
+    /// Adds a finished kernel's busy time to the device and to its process and group.
+    fn account(&self, dev: &Device, slot: usize, busy: u64, now: u64) {
+        let st = self.st();
+        let device = st
+            .devices
+            .iter()
+            .position(|d| std::ptr::eq(d, dev))
+            .unwrap_or(0);
+        let total = dev.busy_ns.fetch_add(busy, AcqRel) + busy;
+        dev.kernels.fetch_add(1, AcqRel);
+        if let Some(p) = st.slots.get(slot) {
+            let u = &p.usage[device];
+            let pbusy = u.busy_ns.fetch_add(busy, AcqRel) + busy;
+            u.kernels.fetch_add(1, AcqRel);
+            if let Some(g) = self.group_of(slot) {
+                g.usage[device].busy_ns.fetch_add(busy, AcqRel);
+                g.usage[device].kernels.fetch_add(1, AcqRel);
+            }
+            record(&p.history[device], now, pbusy);
+        }
+        record(&dev.history, now, total);
     }
 
     fn owner_alive(&self, owner: u64) -> bool {
@@ -873,6 +935,20 @@ impl DeviceTurn<'_> {
     }
 }
 
+impl DeviceTurn<'_> {
+    /// Says how long the kernel runs, so that the turn can be finished without its process if that
+    /// process stops (the GPU would run the kernel to its end regardless).
+    pub fn set_duration(&self, d: Duration) {
+        if !self.valid {
+            return;
+        }
+        let turn = &self.shared.st().devices[self.device].turns[self.ticket as usize % TURNS];
+        let granted = turn.granted_ns.load(Acquire);
+        turn.deadline_ns
+            .store(granted.saturating_add(d.as_nanos() as u64), Release);
+    }
+}
+
 impl Drop for DeviceTurn<'_> {
     fn drop(&mut self) {
         if !self.valid {
@@ -882,26 +958,16 @@ impl Drop for DeviceTurn<'_> {
         let now = sys::realtime_ns();
         let st = self.shared.st();
         let dev = &st.devices[self.device];
-        let busy = dev.busy_ns.fetch_add(elapsed, AcqRel) + elapsed;
-        dev.kernels.fetch_add(1, AcqRel);
-        if let Some(s) = self.slot {
-            let u = &st.slots[s].usage[self.device];
-            let pbusy = u.busy_ns.fetch_add(elapsed, AcqRel) + elapsed;
-            u.kernels.fetch_add(1, AcqRel);
-            if let Some(g) = self.shared.group_of(s) {
-                g.usage[self.device].busy_ns.fetch_add(elapsed, AcqRel);
-                g.usage[self.device].kernels.fetch_add(1, AcqRel);
-            }
-            record(&st.slots[s].history[self.device], now, pbusy);
-        }
-        record(&dev.history, now, busy);
         let turn = &dev.turns[self.ticket as usize % TURNS];
         let t = (self.ticket as u64) << 32;
+        // A waiter may have finished the turn already (it was overdue): it accounted it then.
         if turn
             .word
             .compare_exchange(t | TURN_RUNNING, t | TURN_DONE, AcqRel, Acquire)
             .is_ok()
         {
+            self.shared
+                .account(dev, self.slot.unwrap_or(usize::MAX), elapsed, now);
             dev.completed.fetch_add(1, AcqRel);
             sys::futex_wake_all(&dev.completed);
         }

@@ -428,3 +428,48 @@ fn uuid_format() {
         "GPU-53494d47-5055-4000-8000-000000000003"
     );
 }
+
+#[test]
+fn stopped_turn_holder_blocks_only_until_its_kernel_would_end() {
+    let t = TempState::new("stopped");
+    let s = t.open(&cfg(1 << 30));
+    s.register().unwrap();
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two ints.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let child = fork(|| {
+        let turn = s.acquire_device(0);
+        turn.set_duration(Duration::from_millis(10));
+        // SAFETY: writes one byte from a valid buffer to our pipe.
+        unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
+        // SAFETY: stops this process, holding the turn, as SIGSTOP does to a program mid-kernel.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        drop(turn);
+        0
+    });
+    let mut b = [0u8; 1];
+    // SAFETY: reads one byte into a valid buffer from our pipe.
+    assert_eq!(unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) }, 1);
+    let start = Instant::now();
+    drop(s.acquire_device(0));
+    let waited = start.elapsed();
+    // The kernel ends 10 ms after its grant; a waiter finishes it 20 ms after that.
+    assert!(
+        waited < Duration::from_millis(100),
+        "waited {waited:?} for a stopped holder"
+    );
+    // The stopped process's kernel counts as having run its 10 ms, once (not again when it resumes).
+    // SAFETY: plain signals to our own child.
+    unsafe { libc::kill(child, libc::SIGCONT) };
+    wait(child);
+    let device = s.device_busy_ns(0);
+    assert!(
+        (10_000_000..15_000_000).contains(&device),
+        "device busy {device} ns"
+    );
+    // SAFETY: closing our pipe's descriptors.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}

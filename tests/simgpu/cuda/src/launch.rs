@@ -34,6 +34,7 @@ impl Kernel {
         match simgpu_core::shared() {
             Ok(shared) => {
                 let turn = shared.acquire_device(self.device);
+                turn.set_duration(self.duration);
                 wait_precisely(self.duration);
                 drop(turn);
             }
