@@ -33,19 +33,24 @@ extern void *gpuslice_dlsym_hook(void *handle, const char *name, const char *ver
 static dlsym_fn real_dlsym_ptr;
 static dlvsym_fn real_dlvsym_ptr;
 
-/* Looks `name` up in the dynamic symbol table of the object described by `map`, preferring the default
- * (non-hidden) version. Uses the GNU hash table, which every glibc since 2.5 carries. */
-static void *elf_lookup(const struct link_map *map, const char *name) {
+/* An address from the dynamic section: glibc relocates these entries in place where the section is
+ * writable (x86_64, aarch64); where it is not, they are still offsets from the load base. */
+static ElfW(Addr) dyn_ptr(ElfW(Addr) base, ElfW(Addr) value) { return value < base ? base + value : value; }
+
+/* Looks `name` up in the dynamic symbol table of the object loaded at `base` with dynamic section
+ * `dyn`, preferring the default (non-hidden) version. Uses the GNU hash table, which every glibc since
+ * 2.5 carries. */
+static void *elf_lookup(ElfW(Addr) base, const ElfW(Dyn) *dyn, const char *name) {
   const ElfW(Sym) *symtab = NULL;
   const char *strtab = NULL;
   const uint32_t *gnu_hash = NULL;
   const ElfW(Half) *versym = NULL;
-  for (const ElfW(Dyn) *d = map->l_ld; d->d_tag != DT_NULL; ++d) {
+  for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; ++d) {
     switch (d->d_tag) {
-    case DT_SYMTAB: symtab = (const ElfW(Sym) *)d->d_un.d_ptr; break;
-    case DT_STRTAB: strtab = (const char *)d->d_un.d_ptr; break;
-    case DT_GNU_HASH: gnu_hash = (const uint32_t *)d->d_un.d_ptr; break;
-    case DT_VERSYM: versym = (const ElfW(Half) *)d->d_un.d_ptr; break;
+    case DT_SYMTAB: symtab = (const ElfW(Sym) *)dyn_ptr(base, d->d_un.d_ptr); break;
+    case DT_STRTAB: strtab = (const char *)dyn_ptr(base, d->d_un.d_ptr); break;
+    case DT_GNU_HASH: gnu_hash = (const uint32_t *)dyn_ptr(base, d->d_un.d_ptr); break;
+    case DT_VERSYM: versym = (const ElfW(Half) *)dyn_ptr(base, d->d_un.d_ptr); break;
     default: break;
     }
   }
@@ -61,7 +66,7 @@ static void *elf_lookup(const struct link_map *map, const char *name) {
   for (;; ++i) {
     const uint32_t ch = chain[i - symoffset];
     if ((ch | 1) == (h | 1) && strcmp(strtab + symtab[i].st_name, name) == 0 && symtab[i].st_value != 0) {
-      void *addr = (void *)(map->l_addr + symtab[i].st_value);
+      void *addr = (void *)(base + symtab[i].st_value);
       if (!versym || !(versym[i] & 0x8000)) return addr; /* the default version */
       if (!fallback) fallback = addr;
     }
@@ -70,15 +75,38 @@ static void *elf_lookup(const struct link_map *map, const char *name) {
   return fallback;
 }
 
+/* The loaded object that contains `target`: its load base and dynamic section. */
+struct object_of {
+  ElfW(Addr) target;
+  ElfW(Addr) base;
+  const ElfW(Dyn) *dyn;
+};
+
+static int find_object(struct dl_phdr_info *info, size_t size, void *data) {
+  (void)size;
+  struct object_of *o = data;
+  const ElfW(Dyn) *dyn = NULL;
+  int contains = 0;
+  for (ElfW(Half) i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    ElfW(Addr) start = info->dlpi_addr + ph->p_vaddr;
+    if (ph->p_type == PT_LOAD && o->target >= start && o->target < start + ph->p_memsz) contains = 1;
+    if (ph->p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)start;
+  }
+  if (!contains || !dyn) return 0;
+  o->base = info->dlpi_addr;
+  o->dyn = dyn;
+  return 1;
+}
+
 static void resolve_real(void) {
-  /* dlsym/dlvsym live where dladdr lives: libc.so.6 since glibc 2.34, libdl.so.2 before. dladdr1 finds
-   * that object's link_map without dlopen (which allocates, and so may re-enter us via a malloc
-   * interposer). */
-  Dl_info info;
-  struct link_map *map = NULL;
-  if (!dladdr1((void *)&dladdr, &info, (void **)&map, RTLD_DL_LINKMAP) || !map) return;
-  dlsym_fn s = (dlsym_fn)elf_lookup(map, "dlsym");
-  dlvsym_fn v = (dlvsym_fn)elf_lookup(map, "dlvsym");
+  /* dlsym/dlvsym live where dladdr lives: libc.so.6 since glibc 2.34, libdl.so.2 before. Its object is
+   * found by address with dl_iterate_phdr: no dlopen (which allocates, and so may re-enter us through a
+   * malloc interposer) and no symbol search (dladdr's costs tens of thousands of instructions). */
+  struct object_of o = {(ElfW(Addr))(void *)&dladdr, 0, NULL};
+  if (!dl_iterate_phdr(find_object, &o) || !o.dyn) return;
+  dlsym_fn s = (dlsym_fn)elf_lookup(o.base, o.dyn, "dlsym");
+  dlvsym_fn v = (dlvsym_fn)elf_lookup(o.base, o.dyn, "dlvsym");
   if (s) __atomic_store_n(&real_dlsym_ptr, s, __ATOMIC_RELEASE);
   if (v) __atomic_store_n(&real_dlvsym_ptr, v, __ATOMIC_RELEASE);
 }

@@ -302,8 +302,9 @@ fn to_limit(s: Setting<u64>) -> Limit {
 /// Reads the configuration from the real environment and `/etc/gpuslice/quota.toml`.
 pub fn load() -> Config {
     // One pass over the environment: the aliases are probed under many names (`..._LIMIT_<i>`), and
-    // each getenv would scan the whole environment again.
-    let relevant: std::collections::HashMap<String, String> = std::env::vars_os()
+    // each getenv would scan the whole environment again. A handful of variables at most: a linear
+    // search beats hashing 130 probes.
+    let relevant: Vec<(String, String)> = std::env::vars_os()
         .filter_map(|(k, v)| {
             let k = k.into_string().ok()?;
             (k.starts_with("GPUSLICE_") || k.starts_with("CUDA_"))
@@ -311,7 +312,12 @@ pub fn load() -> Config {
         })
         .collect();
     load_from(
-        &|name| relevant.get(name).cloned(),
+        &|name| {
+            relevant
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        },
         Path::new(DEFAULT_QUOTA_FILE),
     )
 }
