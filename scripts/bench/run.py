@@ -33,10 +33,16 @@ import callgrind_report  # noqa: E402
 MODES = {
     "alloc": (20000, 2000, 150, 200, "cuMemAlloc_v2 + cuMemFree_v2 pair (1 MiB)"),
     "launch": (20000, 2000, 10, 40, "cuLaunchKernel, no compute share"),
+    "launch_share": (20000, 2000, 15, 40, "cuLaunchKernel, compute share 50, one tenant"),
     "getctx": (200000, 20000, 0, 0, "cuCtxGetCurrent (not hooked)"),
     "getattr": (100000, 5000, 0, 0, "cuDeviceGetAttribute (not hooked)"),
 }
 STARTUP_GOAL_MS = 0.3
+
+
+def client_mode(mode):
+    """The bench client's mode for a row (rows may differ only by the shim's configuration)."""
+    return "launch" if mode == "launch_share" else mode
 
 
 def strace_counts(path):
@@ -82,6 +88,12 @@ def main():
         GPUSLICE_TENANT="bench",
     )
     sides = {"without": base_env, "with": with_env}
+    # The compute-share row: the same launches with a share configured (one tenant on the device).
+    share_env = dict(with_env, GPUSLICE_COMPUTE_SHARE="50",
+                     GPUSLICE_DEVICE_DIR=os.path.join(a.shm, "devices"))
+
+    def env_for(mode, side):
+        return share_env if (mode == "launch_share" and side == "with") else sides[side]
     # Pin this driver, and so every process it starts, to one CPU. Not `taskset CMD`: with
     # LD_PRELOAD in its environment taskset itself would load the shim, and the start-up figure
     # would count that load twice.
@@ -118,17 +130,19 @@ def main():
         order = ["without", "with"] if rep % 2 == 0 else ["with", "without"]
         for mode, (n, *_rest) in MODES.items():
             for side in order:
-                ns[mode][side].append(ns_per_op(sides[side], mode, n))
+                ns[mode][side].append(ns_per_op(env_for(mode, side), client_mode(mode), n))
         print(f"timing: repetition {rep + 1}/{a.reps} done", flush=True)
 
     # 2. Instructions under callgrind.
     ir = {m: {} for m in MODES}
     breakdowns = {}
     for mode, (_n, cg_n, *_rest) in MODES.items():
-        for side, env in sides.items():
+        for side in sides:
+            env = env_for(mode, side)
             out = os.path.join(a.work, f"callgrind.{mode}.{side}.out")
             cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                   f"--toggle-collect=bench_loop_{mode}", a.bench, mode, str(cg_n)]
+                   f"--toggle-collect=bench_loop_{client_mode(mode)}", a.bench, client_mode(mode),
+                   str(cg_n)]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
@@ -147,6 +161,7 @@ def main():
     ir_transparent = callgrind_report.parse(out)[2] / MODES["alloc"][1]
     # Where the shim's instructions go, for every call it adds instructions to.
     forwarded = {"alloc": "cuMemAlloc_v2,cuMemFree_v2", "launch": "cuLaunchKernel",
+                 "launch_share": "cuLaunchKernel",
                  "getctx": "cuCtxGetCurrent", "getattr": "cuDeviceGetAttribute"}
     for mode in MODES:
         if ir[mode]["with"] - ir[mode]["without"] >= 0.5:
@@ -161,12 +176,13 @@ def main():
     sys_per_op = {m: {} for m in MODES}
     if shutil.which("strace"):
         for mode in MODES:
-            for side, env in sides.items():
+            for side in sides:
+                env = env_for(mode, side)
                 counts = []
                 for n in (1000, 3000):
                     out = os.path.join(a.work, f"strace.{mode}.{side}.{n}.txt")
-                    subprocess.run(["strace", "-f", "-c", "-o", out, a.bench, mode, str(n)], env=env,
-                                   capture_output=True, text=True, check=True)
+                    subprocess.run(["strace", "-f", "-c", "-o", out, a.bench, client_mode(mode),
+                                    str(n)], env=env, capture_output=True, text=True, check=True)
                     counts.append(strace_counts(out))
                 # Each run also makes n/10+1 warm-up iterations.
                 iters = (3000 + 301) - (1000 + 101)
