@@ -30,6 +30,63 @@ const TENANTS: [Tenant; 2] = [
     },
 ];
 
+/// Part two: the same two tenants keep the GPU busy at once, with compute shares 30 and 70.
+fn compute_part(
+    workload: &Path,
+    library: &Path,
+    env: &[(String, String)],
+    scratch: &Path,
+) -> Result<bool, String> {
+    const SPIN_US: &str = "200";
+    const SECONDS: &str = "3";
+    println!(
+        "\nCompute: both tenants launch {SPIN_US} us kernels back to back for {SECONDS} s, with shares 30 and 70."
+    );
+    let shares = [("alpha", 30u64), ("beta", 70u64)];
+    let children: Vec<_> = shares
+        .iter()
+        .map(|(name, share)| {
+            Command::new(workload)
+                .args(["--spin-us", SPIN_US, "--seconds", SECONDS])
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env("GPUSLICE_COMPUTE_SHARE", share.to_string())
+                .env("GPUSLICE_TENANT", name)
+                .env("GPUSLICE_LEDGER", scratch.join(format!("{name}.ledger")))
+                .env("GPUSLICE_DEVICE_DIR", scratch.join("devices"))
+                .env("LD_PRELOAD", library)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot run {}: {e}", workload.display()))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut results = Vec::new();
+    let mut ok = true;
+    for (child, (name, share)) in children.into_iter().zip(shares) {
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let kv: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+        let gpu_us = kv.get("gpu_us").and_then(|v| v.parse::<u64>().ok());
+        if !out.status.success() || gpu_us.is_none() {
+            ok = false;
+            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        }
+        results.push((name, share, gpu_us.unwrap_or(0)));
+    }
+    let total: u64 = results.iter().map(|r| r.2).sum::<u64>().max(1);
+    println!("{:<7} {:>6}  {:>18}", "tenant", "share", "GPU time it got");
+    for (name, share, us) in &results {
+        println!(
+            "{:<7} {:>5}%  {:>6.2} s ({:>4.1}%)",
+            name,
+            share,
+            *us as f64 / 1e6,
+            *us as f64 * 100.0 / total as f64
+        );
+    }
+    Ok(ok)
+}
+
 fn simgpu_dir(exe_dir: &Path) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("GPUSLICE_SIMGPU") {
         return Some(PathBuf::from(p));
@@ -171,10 +228,12 @@ pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
             println!("  {l}");
         }
     }
+    ok &= compute_part(&workload, &library, &env, &scratch)?;
     println!(
         "\nEach tenant sees its quota as the card's size. The context each process creates is charged to\n\
          its quota too ({} by default), so alpha's 2 GiB leaves room for 6 allocations of 256 MiB.\n\
-         Try: gpuslice run --memory 1GiB -- <your CUDA program>",
+         Under contention each tenant gets its share of the GPU's time; alone, a tenant gets all of it.\n\
+         Try: gpuslice run --memory 1GiB --share 30 -- <your CUDA program>",
         format_bytes(crate::config::DEFAULT_CONTEXT_RESERVE)
     );
     let _ = std::fs::remove_dir_all(&scratch);
