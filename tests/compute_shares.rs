@@ -182,6 +182,12 @@ fn rate(
 #[test]
 fn compute_shares_on_simgpu() {
     let mut failures = Vec::new();
+    // COMPUTE_SCENARIOS=priority,stop (a comma list) runs only those scenarios, for development.
+    let only = std::env::var("COMPUTE_SCENARIOS").ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|l| l.split(',').any(|w| w == name))
+    };
     const MS: u64 = 10_000;
 
     // Shares, 200 us spin kernels, deep queues.
@@ -192,7 +198,10 @@ fn compute_shares_on_simgpu() {
             "10/20/30/40",
             vec![("a", 10), ("b", 20), ("c", 30), ("d", 40)],
         ),
-    ] {
+    ]
+    .into_iter()
+    .filter(|_| wanted("shares"))
+    {
         let ts: Vec<T> = list
             .iter()
             .map(|&(name, share)| T {
@@ -206,65 +215,71 @@ fn compute_shares_on_simgpu() {
         assert_shares(tag, &got, &mut failures);
     }
     // Mixed kernel lengths: 50 us against 5 ms.
-    let got = shares(
-        "mixed 50us/5ms 50/50",
-        &[
-            T {
-                name: "a",
-                share: 50,
-                procs: 1,
-                args: spin_args(MS, 50),
-            },
-            T {
-                name: "b",
-                share: 50,
-                procs: 1,
-                args: spin_args(MS, 5000),
-            },
-        ],
-    );
-    assert_shares("mixed", &got, &mut failures);
+    if wanted("mixed") {
+        let got = shares(
+            "mixed 50us/5ms 50/50",
+            &[
+                T {
+                    name: "a",
+                    share: 50,
+                    procs: 1,
+                    args: spin_args(MS, 50),
+                },
+                T {
+                    name: "b",
+                    share: 50,
+                    procs: 1,
+                    args: spin_args(MS, 5000),
+                },
+            ],
+        );
+        assert_shares("mixed", &got, &mut failures);
+    }
     // A tenant made of two processes.
-    let got = shares(
-        "two-process tenant 30/70",
-        &[
-            T {
-                name: "a",
-                share: 30,
-                procs: 1,
-                args: spin_args(MS, 200),
-            },
-            T {
-                name: "b",
-                share: 70,
-                procs: 2,
-                args: spin_args(MS, 200),
-            },
-        ],
-    );
-    assert_shares("two-process", &got, &mut failures);
+    if wanted("two") {
+        let got = shares(
+            "two-process tenant 30/70",
+            &[
+                T {
+                    name: "a",
+                    share: 30,
+                    procs: 1,
+                    args: spin_args(MS, 200),
+                },
+                T {
+                    name: "b",
+                    share: 70,
+                    procs: 2,
+                    args: spin_args(MS, 200),
+                },
+            ],
+        );
+        assert_shares("two-process", &got, &mut failures);
+    }
     // A tenant that only launches CUDA graphs (10 captured spin launches each).
-    let got = shares(
-        "graph tenant 30/70",
-        &[
-            T {
-                name: "g",
-                share: 30,
-                procs: 1,
-                args: vec![s(MS), s(200), s(10)],
-            },
-            T {
-                name: "b",
-                share: 70,
-                procs: 1,
-                args: spin_args(MS, 200),
-            },
-        ],
-    );
-    assert_shares("graph", &got, &mut failures);
+    if wanted("graph") {
+        let got = shares(
+            "graph tenant 30/70",
+            &[
+                T {
+                    name: "g",
+                    share: 30,
+                    procs: 1,
+                    args: vec![s(MS), s(200), s(10)],
+                },
+                T {
+                    name: "b",
+                    share: 70,
+                    procs: 1,
+                    args: spin_args(MS, 200),
+                },
+            ],
+        );
+        assert_shares("graph", &got, &mut failures);
+    }
 
     // Work-conserving: `a` stops after 1.5 s; within 1 s `b` keeps the device >= 95% busy.
-    {
+    if wanted("conserving") {
         let scene = Scene::new("conserving");
         let start = start_in(700);
         let t0 = Instant::now() + Duration::from_millis(700);
@@ -300,7 +315,7 @@ fn compute_shares_on_simgpu() {
     }
 
     // Cap: 30% alone on the device.
-    {
+    if wanted("cap") {
         let scene = Scene::new("cap");
         let start = start_in(700);
         let run_ms = 6000;
@@ -324,7 +339,7 @@ fn compute_shares_on_simgpu() {
     }
 
     // Priority: requests of 10 x 100 us every 20 ms, alone and beside 2 ms kernels.
-    {
+    if wanted("priority") {
         let alone = {
             let scene = Scene::new("prio-alone");
             let c = scene.spawn(
@@ -333,7 +348,8 @@ fn compute_shares_on_simgpu() {
                 &[
                     s("request"),
                     s(start_in(500)),
-                    s(3000),
+                    // As long as the run beside: both p99s from 400 requests.
+                    s(8000),
                     s(20),
                     s(10),
                     s(100),
@@ -348,12 +364,12 @@ fn compute_shares_on_simgpu() {
         let h = scene.spawn(
             "h",
             &[("GPUSLICE_PRIORITY", "high")],
-            &[s("request"), s(start), s(5000), s(20), s(10), s(100)],
+            &[s("request"), s(start), s(8000), s(20), s(10), s(100)],
         );
         let n = scene.spawn(
             "n",
             &[("GPUSLICE_COMPUTE_SHARE", "50")],
-            &[s("spin"), s(start), s(5000), s(2000), s(2)],
+            &[s("spin"), s(start), s(8000), s(2000), s(2)],
         );
         let rh = finish(h, "h");
         let rn = finish(n, "n");
@@ -378,7 +394,10 @@ fn compute_shares_on_simgpu() {
     }
 
     // A tenant SIGKILLed, then one SIGSTOPped, while holding the device: the other proceeds.
-    for sig in [libc::SIGKILL, libc::SIGSTOP] {
+    for sig in [libc::SIGKILL, libc::SIGSTOP]
+        .into_iter()
+        .filter(|_| wanted("stop"))
+    {
         let name = if sig == libc::SIGKILL {
             "SIGKILL"
         } else {
@@ -424,7 +443,7 @@ fn compute_shares_on_simgpu() {
     }
 
     // A share changed live reaches its target within one second.
-    {
+    if wanted("live") {
         let scene = Scene::new("live");
         let start = start_in(700);
         let t0 = Instant::now() + Duration::from_millis(700);

@@ -670,13 +670,19 @@ impl Sched {
     }
 
     /// Ends our ownership: stop submitting, drain, charge grant..drained, hand over.
-    fn release(&self) {
+    /// With `drain` false (a high-priority tenant preempts us) the device is handed over as soon as
+    /// we stop submitting: what we have in flight (at most one launch beside a high-priority tenant)
+    /// runs before the new owner's work in the device's order anyway, and it is charged to us when it
+    /// completes; waiting for it here would only add wake-up latency to the high-priority request.
+    fn release(&self, drain: bool) {
         let epoch = self.owned.load(SeqCst);
         self.stopping.store(true, SeqCst);
         while self.launching.load(SeqCst) != 0 {
             std::thread::sleep(Duration::from_micros(20));
         }
-        self.drain();
+        if drain {
+            self.drain();
+        }
         let h = &self.ledger.layout().header;
         let g = self.ledger.lock(self.slot);
         if h.owner.load(Acquire) == self.me() && h.epoch.load(Acquire) == epoch {
@@ -778,7 +784,7 @@ impl Sched {
                 real
             };
             if idle || preempted || !self.contended.load(Relaxed) {
-                self.release();
+                self.release(!preempted);
                 continue;
             }
             if now >= end {
@@ -798,7 +804,7 @@ impl Sched {
                     }
                 }
                 drop(g);
-                self.release();
+                self.release(true);
                 continue;
             }
             let wait = (end - now).clamp(20_000, OWNER_POLL_NS);
