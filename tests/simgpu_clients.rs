@@ -389,4 +389,17 @@ fn trace_records_driver_calls() {
             text.lines().take(60).collect::<Vec<_>>().join("\n")
         );
     }
+    // Key arguments: what was allocated, copied, launched and freed.
+    for what in [
+        "  alloc ",
+        "  copy ",
+        "kernel spin_kernel 2000us",
+        "  free ",
+    ] {
+        assert!(
+            text.lines().any(|l| l.contains(what)),
+            "trace has no `{what}` line; trace:\n{}",
+            text.lines().take(60).collect::<Vec<_>>().join("\n")
+        );
+    }
 }

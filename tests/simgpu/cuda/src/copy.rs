@@ -102,6 +102,10 @@ fn execute(plan: Plan, src: Side, dst: Side, mode: Mode) -> CUresult {
     if plan.width == 0 || plan.height == 0 {
         return Ok(());
     }
+    simgpu_core::trace(format_args!(
+        "  copy {} x {} bytes {:#x} -> {:#x}",
+        plan.height, plan.width, plan.src, plan.dst
+    ));
     match mode {
         Mode::Sync { per_thread } => {
             wait_default(per_thread)?;

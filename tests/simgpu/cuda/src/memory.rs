@@ -290,6 +290,10 @@ impl Mem {
         kind: Kind,
     ) -> Result<usize, CUerror> {
         let at = self.take(ctx.device, span, align)?;
+        simgpu_core::trace(format_args!(
+            "  alloc {size} bytes ({span} reserved) on device {} at {at:#x}",
+            ctx.device
+        ));
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let a = Alloc {
             size,
@@ -315,6 +319,7 @@ impl Mem {
         let Some(a) = self.allocs.remove(&base) else {
             return;
         };
+        simgpu_core::trace(format_args!("  free {base:#x} ({} bytes)", a.size));
         match a.kind {
             Kind::Pool(h) => match self.pools.get_mut(&h) {
                 Some(p) => {
