@@ -270,13 +270,6 @@ fn dropin_never_loads_itself_as_the_driver() {
     );
 }
 
-const PROCADDRESS_CLIENT: CBuild = CBuild {
-    name: "dropin-procaddress",
-    source: "dropin_procaddress.c",
-    include: "cu13",
-    link_cuda: false,
-};
-
 /// (base names, hooked exported symbols) of the driver table.
 fn driver_table() -> (BTreeSet<String>, BTreeSet<String>) {
     let table = std::fs::read_to_string(root().join("src/api/driver_entry_points.tsv")).unwrap();
@@ -309,12 +302,14 @@ fn real_driver_answers_through_dropin_and_preload() {
         }
     }
     let sim = sim("dropin-real");
-    let client = compile(&PROCADDRESS_CLIENT);
+    let client = compile(&PROCADDRESS);
     let nvidia = nvidia_driver_dir();
     let ledger = ledger("real");
     let run_with = |cmd: &mut Command| {
+        // With the owner of each answer, and cuInit / cuDriverGetVersion first.
+        cmd.args(["owners", "init"]);
         let child = sim.spawn(cmd);
-        let run = feed(child, &input, "dropin_procaddress");
+        let run = feed(child, &input, "procaddress");
         assert!(run.status.success(), "{}", run.report());
         assert_eq!(run.get("done"), "1", "{}", run.report());
         run
