@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod ledger;
+pub mod slotfile;
 pub mod scheduling;
 
 pub mod accounting;

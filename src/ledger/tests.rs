@@ -2,6 +2,7 @@ use super::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
+use std::time::Duration;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -341,6 +342,9 @@ fn snapshot_and_readonly() {
     let a = Ledger::open(&path, &limited(2 * GIB)).unwrap();
     let d = a.device_index(UUID_A).unwrap();
     a.try_reserve(d, GIB).unwrap();
+    // Refusals at the quota are counted per device.
+    assert!(a.try_reserve(d, 2 * GIB).is_err());
+    assert!(a.try_reserve(d, 2 * GIB).is_err());
     let r = Ledger::open_readonly(&path).unwrap();
     assert_eq!(r.slot(), None);
     assert!(r.try_reserve(d, 1).is_err());
@@ -357,7 +361,8 @@ fn snapshot_and_readonly() {
             limit: 2 * GIB,
             invalid_config: false,
             used: GIB,
-            peak: GIB
+            peak: GIB,
+            denied: 2,
         }]
     );
     assert_eq!(
@@ -444,7 +449,7 @@ fn damaged_files_are_refused() {
         r,
         Err(LedgerError::WrongVersion {
             found: 99,
-            expected: 1,
+            expected: LAYOUT_VERSION,
             ..
         })
     ));
