@@ -3,8 +3,8 @@
 
 pub mod config;
 pub mod ledger;
-pub mod slotfile;
 pub mod scheduling;
+pub mod slotfile;
 
 pub mod accounting;
 pub mod cli;

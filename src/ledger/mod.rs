@@ -29,9 +29,9 @@ use crate::config::{canonical_uuid, format_bytes, Config, Limit};
 use crate::log;
 use crate::slotfile::{self, io_err, sys, CreateOptions, ReadOnly, Writable};
 pub use shm::Layout;
-pub use shm::{LAYOUT_VERSION, MAX_DEVICES, MAX_SLOTS, UNLIMITED};
 #[cfg(test)]
 use shm::TOTAL_SIZE;
+pub use shm::{LAYOUT_VERSION, MAX_DEVICES, MAX_SLOTS, UNLIMITED};
 
 /// Why a ledger could not be opened (the slot file's errors). Each message names the path; the
 /// caller denies allocations.
@@ -420,7 +420,8 @@ impl Ledger {
         }
         self.check_fork();
         let l = self.layout();
-        if l.device_state(dev) != shm::DEV_READY {
+        // A truncated file (fstat: one system call, beside the driver's allocation) fails closed.
+        if self.damaged(true) || l.device_state(dev) != shm::DEV_READY {
             return Err(deny);
         }
         let refused = match l.reserve(dev, bytes) {
@@ -435,9 +436,6 @@ impl Ledger {
             }
             Err(r) => r,
         };
-        if self.damaged(true) {
-            return Err(deny);
-        }
         let now = now_ms();
         let last = self.last_sweep_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= SWEEP_INTERVAL_MS
@@ -468,7 +466,8 @@ impl Ledger {
     /// Gives back `bytes` on `dev` (after a free, or to roll back a reservation the driver then
     /// refused). Saturating: more than was recorded is clamped, and reported once.
     pub fn release(&self, dev: usize, bytes: u64) {
-        if !self.writable || dev >= MAX_DEVICES {
+        // A damaged file's numbers mean nothing any more (and it refuses everything).
+        if !self.writable || dev >= MAX_DEVICES || self.warned_damage.load(Ordering::Relaxed) {
             return;
         }
         self.check_fork();
@@ -523,7 +522,9 @@ impl Ledger {
         self.forks_seen.store(sys::forks_seen(), Ordering::Relaxed);
         if self.owner_pid.load(Ordering::Acquire) != sys::getpid() && self.slot().is_some() {
             if let Err(e) = self.reattach_after_fork() {
-                log::error(format_args!("{e}; this fork child's allocations are refused"));
+                log::error(format_args!(
+                    "{e}; this fork child's allocations are refused"
+                ));
             }
         }
     }

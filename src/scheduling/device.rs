@@ -282,7 +282,8 @@ impl DeviceLedger {
         let Map::Shared(w) = &self.map else {
             return;
         };
-        if w.check_size() && self.layout().header.prefix.state.load(Acquire) == slotfile::STATE_READY
+        if w.check_size()
+            && self.layout().header.prefix.state.load(Acquire) == slotfile::STATE_READY
         {
             return;
         }

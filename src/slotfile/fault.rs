@@ -105,7 +105,13 @@ fn repair(e: &Entry) {
     // SAFETY: fallocate is a plain system call on a descriptor we own (mode 0: allocate, extending
     // the size; it never shrinks a file).
     let restored = unsafe { libc::fallocate(fd, 0, 0, len as libc::off_t) } == 0;
-    if !restored {
+    if restored {
+        // The content is no longer what its processes wrote: say so to all of them (the
+        // state word of the slot file's prefix, at byte 12 of the mapping).
+        // SAFETY: the mapping is at least 16 bytes and 8-aligned; its pages exist again.
+        let state = unsafe { &*((addr + 12) as *const AtomicU32) };
+        state.store(super::STATE_DAMAGED, Ordering::Release);
+    } else {
         // SAFETY: replaces exactly the registered range, which belongs to our mapping, with fresh
         // private zero pages at the same address (MAP_FIXED); every reference into it stays valid
         // (same address, same length, still readable and writable).
@@ -128,7 +134,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     let at = unsafe { (*info).si_addr() } as usize;
     for e in &TABLE {
         let addr = e.addr.load(Ordering::Acquire);
-        if addr != 0 && addr != usize::MAX && at >= addr && at < addr + e.len.load(Ordering::Acquire)
+        if addr != 0
+            && addr != usize::MAX
+            && at >= addr
+            && at < addr + e.len.load(Ordering::Acquire)
         {
             repair(e);
             return; // the faulting access runs again, on pages that exist now

@@ -50,6 +50,9 @@ pub const STATE_INITIALISING: u32 = u32::from_le_bytes(*b"INIT");
 /// Header `state`: complete and usable.
 pub const STATE_READY: u32 = u32::from_le_bytes(*b"REDY");
 
+/// Header `state`: truncated while in use and re-extended with zeros; refused until recreated.
+pub const STATE_DAMAGED: u32 = u32::from_le_bytes(*b"DMGD");
+
 /// How long an opener waits for a file another process is still initialising.
 pub const READY_WAIT: Duration = Duration::from_secs(1);
 
@@ -162,7 +165,7 @@ impl fmt::Display for Error {
             ),
             Error::Symlink { path } => write!(
                 f,
-                "ledger {}: is a symbolic link (refused; point the setting at the file itself)",
+                "ledger {}: is a symbolic link (refused; point GPUSLICE_LEDGER at the file itself)",
                 path.display()
             ),
             Error::Insecure { path, why } => {
@@ -188,7 +191,7 @@ impl fmt::Display for Error {
                 expected,
             } => write!(
                 f,
-                "ledger {}: layout version {found}, this gpuslice uses {expected} (all processes must run the same gpuslice)",
+                "ledger {}: layout version {found}, this gpuslice uses {expected} (all processes sharing it must run the same gpuslice)",
                 path.display()
             ),
             Error::Corrupt { path, what } => {
@@ -343,6 +346,14 @@ fn validate<L: SlotLayout>(path: &Path, fd: &OwnedFd, writable: bool) -> Result<
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
+            STATE_DAMAGED => {
+                return Err(Error::Corrupt {
+                    path: p(),
+                    what:
+                        "it was truncated while in use (remove it; the next program recreates it)"
+                            .into(),
+                })
+            }
             STATE_INITIALISING => {
                 return Err(Error::NotReady {
                     path: p(),
@@ -443,7 +454,11 @@ impl<L: SlotLayout> Writable<L> {
         })
     }
 
-    fn create(path: &Path, opts: CreateOptions, init: impl FnOnce(&L)) -> Result<Writable<L>, Error> {
+    fn create(
+        path: &Path,
+        opts: CreateOptions,
+        init: impl FnOnce(&L),
+    ) -> Result<Writable<L>, Error> {
         let dir = path.parent().unwrap_or(Path::new("/"));
         if !dir.exists() {
             make_dir(dir, opts.gid).map_err(io_err(path, "creating its directory"))?;
@@ -460,8 +475,7 @@ impl<L: SlotLayout> Writable<L> {
             };
             sys::fchmod(f, opts.mode).map_err(io_err(path, "chmod"))?;
             if let Some(g) = opts.gid {
-                sys::fchown_group(f, g)
-                    .map_err(io_err(path, "chown to GPUSLICE_LEDGER_GROUP"))?;
+                sys::fchown_group(f, g).map_err(io_err(path, "chown to GPUSLICE_LEDGER_GROUP"))?;
             }
             let size = size_of::<L>() as u64;
             sys::fallocate(f, size).map_err(|err| match err.raw_os_error() {
@@ -471,10 +485,13 @@ impl<L: SlotLayout> Writable<L> {
                 },
                 _ => io_err(path, "allocating its space")(err),
             })?;
-            let fd = fd.take().ok_or_else(|| io_err(path, "open")(io::ErrorKind::Other.into()))?;
+            let fd = fd
+                .take()
+                .ok_or_else(|| io_err(path, "open")(io::ErrorKind::Other.into()))?;
             let w = Self::map(path, fd, true)?;
             let pre = prefix(w.layout());
-            pre.magic.store(u64::from_ne_bytes(L::MAGIC), Ordering::Relaxed);
+            pre.magic
+                .store(u64::from_ne_bytes(L::MAGIC), Ordering::Relaxed);
             pre.version.store(L::VERSION, Ordering::Relaxed);
             pre.total_size.store(size, Ordering::Relaxed);
             pre.state.store(STATE_INITIALISING, Ordering::Relaxed);
@@ -530,13 +547,29 @@ impl<L: SlotLayout> Writable<L> {
     /// access through the mapping can fault: the zeros then fail closed.
     pub fn check_size(&self) -> bool {
         match sys::fstat(&self.fd) {
-            Ok(st) if st.st_size as u64 >= size_of::<L>() as u64 => !self.damaged(),
+            Ok(st) if st.st_size as u64 >= size_of::<L>() as u64 => {
+                // Re-extended by another process's repair, or scribbled: the header says so.
+                let pre = prefix(self.layout());
+                !self.damaged()
+                    && pre.magic.load(Ordering::Acquire) == u64::from_ne_bytes(L::MAGIC)
+                    && pre.state.load(Ordering::Acquire) == STATE_READY
+            }
             _ => {
                 if let Some(g) = &self.guard {
                     g.repair();
                 }
+                self.mark_damaged();
                 false
             }
+        }
+    }
+
+    /// Marks the file DAMAGED (every process using it then fails closed; joiners are refused).
+    fn mark_damaged(&self) {
+        if !self.detached() {
+            prefix(self.layout())
+                .state
+                .store(STATE_DAMAGED, Ordering::Release);
         }
     }
 
@@ -722,7 +755,11 @@ pub fn slot_alive<L: SlotLayout>(fd: RawFd, i: usize) -> bool {
 
 /// If slot `i`'s holder is dead, runs `reclaim` holding its lock (so exactly one cleaner does) and
 /// returns what it returned.
-pub fn take_dead_slot<L: SlotLayout, T>(fd: RawFd, i: usize, reclaim: impl FnOnce() -> T) -> Option<T> {
+pub fn take_dead_slot<L: SlotLayout, T>(
+    fd: RawFd,
+    i: usize,
+    reclaim: impl FnOnce() -> T,
+) -> Option<T> {
     if !matches!(sys::try_lock(fd, L::lock_offset(i)), Ok(true)) {
         return None;
     }

@@ -34,7 +34,9 @@ const PRIVATE: CreateOptions = CreateOptions {
 };
 
 fn open(path: &Path) -> Result<Writable<Tiny>, Error> {
-    Writable::<Tiny>::open(path, Some(PRIVATE), |l| l.counter.store(5, Ordering::Relaxed))
+    Writable::<Tiny>::open(path, Some(PRIVATE), |l| {
+        l.counter.store(5, Ordering::Relaxed)
+    })
 }
 
 #[test]
@@ -226,7 +228,8 @@ fn claimed_slot_is_not_held_by_a_fork_child() {
     // pointed at /dev/null at fork).
     assert!(!slot_alive::<Tiny>(other.as_raw_fd(), 0));
     assert_eq!(
-        take_dead_slot::<Tiny, _>(other.as_raw_fd(), 0, || l.slots[0].store(0, Ordering::Release)),
+        take_dead_slot::<Tiny, _>(other.as_raw_fd(), 0, || l.slots[0]
+            .store(0, Ordering::Release)),
         Some(())
     );
     // Our own claim holds.
@@ -273,7 +276,12 @@ fn claim_and_reclaim_interleavings() {
                 Step::Mark => {
                     holder[who] = locked[who]
                         && l.slots[0]
-                            .compare_exchange(0, 1 + who as u32, Ordering::AcqRel, Ordering::Acquire)
+                            .compare_exchange(
+                                0,
+                                1 + who as u32,
+                                Ordering::AcqRel,
+                                Ordering::Acquire,
+                            )
                             .is_ok();
                     if locked[who] && !holder[who] {
                         sys::unlock(fd, Tiny::lock_offset(0));
@@ -283,16 +291,23 @@ fn claim_and_reclaim_interleavings() {
             pc[who] += 1;
         }
         assert!(!(holder[0] && holder[1]), "{order:?}: two holders");
-        assert!(holder[0] || holder[1], "{order:?}: nobody got the free slot");
+        assert!(
+            holder[0] || holder[1],
+            "{order:?}: nobody got the free slot"
+        );
         // A third party cannot reclaim a live holder's slot ...
         let cleaner = w.lock_fd().unwrap();
-        assert_eq!(take_dead_slot::<Tiny, _>(cleaner.as_raw_fd(), 0, || ()), None);
+        assert_eq!(
+            take_dead_slot::<Tiny, _>(cleaner.as_raw_fd(), 0, || ()),
+            None
+        );
         // ... and can once the holder is gone (its description closed), exactly once.
         let [a, b] = fds;
         drop(a);
         drop(b);
         assert_eq!(
-            take_dead_slot::<Tiny, _>(cleaner.as_raw_fd(), 0, || l.slots[0].store(0, Ordering::Release)),
+            take_dead_slot::<Tiny, _>(cleaner.as_raw_fd(), 0, || l.slots[0]
+                .store(0, Ordering::Release)),
             Some(())
         );
         assert_eq!(l.slots[0].load(Ordering::Acquire), 0);
@@ -331,6 +346,9 @@ fn full_filesystem_at_creation_is_a_clear_error() {
     let _ = std::process::Command::new("umount").arg(&d).status();
     assert!(matches!(e, Error::NoSpace { .. }), "{e}");
     let msg = e.to_string();
-    assert!(msg.contains(&path.display().to_string()) && msg.contains("no space"), "{msg}");
+    assert!(
+        msg.contains(&path.display().to_string()) && msg.contains("no space"),
+        "{msg}"
+    );
     assert_eq!(leftovers, vec![std::ffi::OsString::from("filler")]);
 }
