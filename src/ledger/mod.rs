@@ -93,13 +93,54 @@ impl LedgerOptions {
                 devices.push((uuid.clone(), cfg.memory_limit_for(u32::MAX, uuid)));
             }
         }
+        let mut default_limit = cfg.default_memory_limit();
+        if let Some(msg) = unmatched_keys(cfg, visible) {
+            // Limits were configured, none for a device this process can use: refuse, say why.
+            for (uuid, limit) in devices.iter_mut() {
+                if visible.iter().any(|(_, u)| u == uuid) {
+                    *limit = Limit::Invalid(msg.clone());
+                }
+            }
+            default_limit = Limit::Invalid(msg);
+        }
         LedgerOptions {
             tenant: cfg.tenant.clone(),
-            default_limit: cfg.default_memory_limit(),
+            default_limit,
             devices,
             group: cfg.ledger_group.clone(),
         }
     }
+}
+
+/// When the memory limit is a list of per-device keys none of which names a visible device (a
+/// typo in a UUID, index 1 on a one-GPU machine, a MIG key), the message that refuses allocations:
+/// the keys given and the devices visible. A list that matches at least one visible device is valid.
+fn unmatched_keys(cfg: &Config, visible: &[(u32, String)]) -> Option<String> {
+    let m = &cfg.memory;
+    if m.poison.is_some() || m.all.is_some() || (m.by_index.is_empty() && m.by_uuid.is_empty()) {
+        return None;
+    }
+    if visible.is_empty() {
+        return None;
+    }
+    let matched = visible.iter().any(|(i, u)| {
+        m.by_index.contains_key(i) || canonical_uuid(u).is_some_and(|c| m.by_uuid.contains_key(&c))
+    });
+    if matched {
+        return None;
+    }
+    let keys: Vec<String> = m
+        .by_index
+        .keys()
+        .map(|i| i.to_string())
+        .chain(m.by_uuid.keys().cloned())
+        .collect();
+    let seen: Vec<String> = visible.iter().map(|(i, u)| format!("{i}={u}")).collect();
+    Some(format!(
+        "the memory limit lists devices {} but none of them is visible to this process (visible: {}); no device would have a limit, so allocations are refused",
+        keys.join(", "),
+        seen.join(", ")
+    ))
 }
 
 /// `Limit` as stored: (bytes, flags). Invalid configuration = limit 0 (deny all) + a flag saying why.

@@ -602,3 +602,38 @@ fn from_config() {
     );
     assert_eq!(o.tenant, "default");
 }
+
+#[test]
+fn per_device_keys_matching_no_visible_device_refuse() {
+    let load = |v: &str| {
+        let v = v.to_string();
+        crate::config::load_from(
+            &move |k| (k == "GPUSLICE_MEMORY_LIMIT").then(|| v.clone()),
+            Path::new("/nonexistent"),
+        )
+    };
+    let visible = [(0, UUID_A.to_string())];
+    for typo in ["1=1GiB", "GPU-99999999-0000-1111-2222-333344445555=1GiB"] {
+        let o = LedgerOptions::from_config(&load(typo), &visible);
+        let Limit::Invalid(msg) = &o.devices[0].1 else {
+            panic!("{typo}: {:?}", o.devices)
+        };
+        assert!(
+            msg.contains("none of them is visible") && msg.contains(UUID_A),
+            "{msg}"
+        );
+        assert!(matches!(o.default_limit, Limit::Invalid(_)));
+    }
+    // A list that names a visible device (and others) stays valid.
+    let o = LedgerOptions::from_config(&load(&format!("1=1GiB,{UUID_A}=2GiB")), &visible);
+    assert_eq!(o.devices[0], (UUID_A.to_string(), Limit::Bytes(2 * GIB)));
+    // `,` is not "no limit".
+    for v in [",", ",,", " , "] {
+        let c = load(v);
+        assert!(c.memory.poison.is_some(), "{v:?}");
+        assert!(
+            c.errors.iter().any(|e| e.contains("GPUSLICE_MEMORY_LIMIT")),
+            "{v:?}"
+        );
+    }
+}
