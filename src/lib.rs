@@ -7,7 +7,6 @@ pub mod scheduling;
 pub mod slotfile;
 
 pub mod accounting;
-pub mod cli;
 pub mod driver;
 pub mod hooks;
 pub mod log;
