@@ -24,10 +24,6 @@ const ROBUST: CBuild = CBuild {
 /// `CUDA_ERROR_OUT_OF_MEMORY` as the client prints it.
 const OOM: &str = "2";
 
-fn gpuslice_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpuslice"))
-}
-
 /// The `libgpuslice.so` of the code under test (the newer of `deps/` and the installed copy).
 fn shim_lib() -> PathBuf {
     let installed = gpuslice_bin().with_file_name("libgpuslice.so");
