@@ -368,13 +368,12 @@ fn validate<L: SlotLayout>(path: &Path, fd: &OwnedFd, writable: bool) -> Result<
             }
         }
         let declared = u64_at(TOTAL_SIZE_AT);
-        let checked = L::check_header(&h).and_then(|()| {
-            if declared == total {
-                Ok(())
-            } else {
-                Err(("declared size", declared, total))
-            }
-        });
+        let size_check = if declared == total {
+            Ok(())
+        } else {
+            Err(("declared size", declared, total))
+        };
+        let checked = L::check_header(&h).and(size_check);
         if let Err((what, found, want)) = checked {
             return Err(Error::Corrupt {
                 path: p(),
