@@ -53,6 +53,7 @@
 //! every device's memory limit invalid.
 
 mod file;
+pub mod paths;
 pub mod size;
 
 use std::collections::BTreeMap;
@@ -224,6 +225,9 @@ pub struct Config {
     pub tenant: String,
     /// Path of the ledger shared by the tenant's processes.
     pub ledger_path: PathBuf,
+    /// The ledger directory when `ledger_path` is a default one (`<dir>/uid-<uid>/<tenant>.ledger`,
+    /// see [`paths`]); `None` when `GPUSLICE_LEDGER` or the quota file names the ledger.
+    pub ledger_dir: Option<PathBuf>,
     /// Group allowed to share the ledger (`GPUSLICE_LEDGER_GROUP` / file `ledger_group`).
     pub ledger_group: Option<String>,
     /// Quota file that was read, if any.
@@ -276,6 +280,34 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Moves a default ledger to this user's usable directory (another user may have taken the
+    /// first name, [`paths`]); when none is left, every memory limit fails closed saying why.
+    pub fn place_default_ledger(&mut self) {
+        let Some(base) = &self.ledger_dir else {
+            return;
+        };
+        let group = self.ledger_group.as_deref();
+        let who = paths::Owner {
+            uid: crate::slotfile::sys::geteuid(),
+            group: group.and_then(|g| crate::slotfile::sys::group_id(g).ok()),
+        };
+        let file = self.ledger_path.file_name().map(PathBuf::from);
+        match paths::user_dir(base, group, who, &crate::slotfile::sys::in_group) {
+            Ok(dir) => {
+                if let Some(f) = file {
+                    self.ledger_path = dir.join(f);
+                }
+            }
+            Err(e) => {
+                let msg = format!("ledger of tenant {}: {e}", self.tenant);
+                self.errors.push(msg.clone());
+                self.memory.poison_with(&msg);
+            }
+        }
+    }
+}
+
 /// The values of `<prefix>0` .. `<prefix>63` that are set. Names are built without `format!`: this
 /// runs in every process at start-up.
 fn indexed_aliases(env: &dyn Fn(&str) -> Option<String>, prefix: &str) -> Vec<(u32, String)> {
@@ -313,7 +345,7 @@ pub fn load() -> Config {
                 .then(|| (k, v.to_string_lossy().into_owned()))
         })
         .collect();
-    load_from(
+    let mut cfg = load_from(
         &|name| {
             relevant
                 .iter()
@@ -321,7 +353,9 @@ pub fn load() -> Config {
                 .map(|(_, v)| v.clone())
         },
         Path::new(DEFAULT_QUOTA_FILE),
-    )
+    );
+    cfg.place_default_ledger();
+    cfg
 }
 
 /// Reads the configuration from `env` and the quota file (`GPUSLICE_QUOTA_FILE`, or
@@ -416,7 +450,15 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
             PathBuf::from(DEFAULT_LEDGER_DIR)
         }
     };
-    let default_ledger = ledger_dir.join(format!("{tenant}.ledger"));
+    let ledger_group = env("GPUSLICE_LEDGER_GROUP")
+        .or_else(|| fv("ledger_group").map(|(v, _)| v))
+        .filter(|g| !g.trim().is_empty());
+    let default_ledger = paths::first_candidate(
+        &ledger_dir,
+        ledger_group.as_deref(),
+        crate::slotfile::sys::geteuid(),
+    )
+    .join(format!("{tenant}.ledger"));
     // The file's `ledger` belongs to the file's tenant: a tenant named in the environment uses its
     // own default ledger unless GPUSLICE_LEDGER names one.
     let tenant_from_env = env("GPUSLICE_TENANT").is_some();
@@ -427,27 +469,26 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
                 .filter(|_| !tenant_from_env)
                 .map(|(v, src)| (src, v))
         }) {
-        None => default_ledger,
+        None => default_ledger.clone(),
         Some((src, v)) => {
             let p = PathBuf::from(&v);
             if v.is_empty() || !p.is_absolute() || v.ends_with('/') {
                 b.fail_all(format!(
                     "{src}: not an absolute file path (expected e.g. /dev/shm/gpuslice/team-a.ledger)"
                 ));
-                default_ledger
+                default_ledger.clone()
             } else {
                 p
             }
         }
     };
 
-    let ledger_group = env("GPUSLICE_LEDGER_GROUP")
-        .or_else(|| fv("ledger_group").map(|(v, _)| v))
-        .filter(|g| !g.trim().is_empty());
+    let ledger_dir = (ledger_path == default_ledger).then_some(ledger_dir);
 
     let mut cfg = Config {
         tenant,
         ledger_path,
+        ledger_dir,
         ledger_group,
         quota_file: file.path,
         memory,

@@ -114,6 +114,8 @@ impl DeviceLedger {
         let opts = create.then_some(CreateOptions {
             mode: 0o600,
             gid: None,
+            // Every tenant of the GPU, of whichever user, creates its ledger there.
+            shared_dir: true,
         });
         let file = Writable::<Layout>::open(path, opts, |l| {
             l.header.epoch.store(1, Relaxed);
