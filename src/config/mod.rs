@@ -19,7 +19,7 @@
 //! | `GPUSLICE_MEMORY_LIMIT` | a size (`4GiB`, `4096MiB`, `4G`, `512M`, `1.5GiB`, `1TiB`, `64K`, `4294967296`), for every device; or a list `0=4GiB,1=2GiB` keyed by the device index in the process's visible order, or `GPU-<uuid>=4GiB` (a UUID key beats an index key); a bare value in the list applies to the devices not listed |
 //! | `GPUSLICE_QUOTA_FILE` | path of the quota file |
 //! | `GPUSLICE_TENANT` | tenant name (`A-Za-z0-9._-`, at most 64), default `default` |
-//! | `GPUSLICE_LEDGER` | absolute path of the shared ledger, default `/dev/shm/gpuslice/<tenant>.ledger` |
+//! | `GPUSLICE_LEDGER` | absolute path of the shared ledger, default `<ledger dir>/uid-<uid>/<tenant>.ledger` ([`paths`]) |
 //! | `GPUSLICE_LEDGER_DIR` | absolute directory of the default ledgers (default `/dev/shm/gpuslice`); the device ledgers default to its `devices/` |
 //! | `GPUSLICE_DEVICE_DIR` | absolute directory of the per-GPU device ledgers (compute shares), default `<ledger dir>/devices` |
 //! | `GPUSLICE_LEDGER_GROUP` | group (name or gid) allowed to share the ledger (mode 0660) |
