@@ -35,10 +35,8 @@ pub fn mode() -> &'static Mode {
         for note in &config.notes {
             log::info(format_args!("{note}"));
         }
-        for error in &config.errors {
-            log::error(format_args!(
-                "{error}; allocations on the devices it concerns are refused"
-            ));
+        for line in config.error_lines() {
+            log::error(format_args!("{line}"));
         }
         if !config.is_configured() && !config.ledger_path.exists() {
             return Mode::Transparent;

@@ -247,6 +247,22 @@ pub struct Config {
     pub notes: Vec<String>,
     /// Every configuration error, each naming its variable or `file:line`, the value and what was expected.
     pub errors: Vec<String>,
+    /// What each error in `errors` does to the process ([`Config::effect_of`]).
+    effects: BTreeMap<String, &'static str>,
+}
+
+/// What a bad value does, said after it in the log.
+pub mod effect {
+    /// A memory limit: fails closed on the devices it concerns.
+    pub const MEMORY: &str = "allocations on the devices it concerns are refused";
+    /// A compute share or cap: the strictest setting (share and cap), applied.
+    pub const COMPUTE: &str =
+        "compute share 1% and cap 1% on the devices it concerns (strictest); allocations are not affected";
+    /// A value that cannot be attributed to one device (tenant, ledger, quota file, context reserve).
+    pub const EVERYTHING: &str =
+        "allocations on every device are refused, and compute runs at share 1% and cap 1% (strictest)";
+    pub const PRIORITY: &str = "compute priority normal; allocations are not affected";
+    pub const LOG: &str = "logging at warn; allocations are not affected";
 }
 
 impl Config {
@@ -266,6 +282,22 @@ impl Config {
 
     pub fn compute_limit_for(&self, index: u32, uuid: &str) -> Setting<u8> {
         self.compute_limit.get(index, uuid)
+    }
+
+    /// What `error` (one of [`Config::errors`]) does to the process: [`effect`].
+    pub fn effect_of(&self, error: &str) -> &'static str {
+        self.effects
+            .get(error)
+            .copied()
+            .unwrap_or(effect::EVERYTHING)
+    }
+
+    /// Each error followed by what it does, as the library logs it.
+    pub fn error_lines(&self) -> Vec<String> {
+        self.errors
+            .iter()
+            .map(|e| format!("{e}; {}", self.effect_of(e)))
+            .collect()
     }
 
     /// Whether any limit or quota is present anywhere (including invalid ones, which must be enforced).
@@ -302,6 +334,7 @@ impl Config {
             Err(e) => {
                 let msg = format!("ledger of tenant {}: {e}", self.tenant);
                 self.errors.push(msg.clone());
+                self.effects.insert(msg.clone(), effect::MEMORY);
                 self.memory.poison_with(&msg);
             }
         }
@@ -365,6 +398,7 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
         notes: Vec::new(),
         errors: Vec::new(),
         poison_all: Vec::new(),
+        effects: BTreeMap::new(),
     };
     let file = b.read_quota_file(env, default_quota_file);
     let fv = |key: &str| file.top.get(key).cloned();
@@ -405,10 +439,12 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
             "debug" => LogLevel::Debug,
             "trace" => LogLevel::Trace,
             _ => {
-                b.errors.push(format!(
+                let msg = format!(
                     "{}: unknown log level (expected off, error, warn, info, debug, trace)",
                     quoted("GPUSLICE_LOG", &v)
-                ));
+                );
+                b.effects.insert(msg.clone(), effect::LOG);
+                b.errors.push(msg);
                 LogLevel::Warn
             }
         },
@@ -499,14 +535,21 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
         priority,
         notes: b.notes,
         errors: b.errors,
+        effects: b.effects,
     };
     // Collect the per-value errors too, so the caller can log every one of them once.
     for map in [&cfg.compute_share, &cfg.compute_limit] {
-        collect_errors(map, &mut cfg.errors);
+        collect_errors(map, &mut cfg.errors, &mut cfg.effects, effect::COMPUTE);
     }
-    collect_errors(&cfg.memory, &mut cfg.errors);
+    collect_errors(
+        &cfg.memory,
+        &mut cfg.errors,
+        &mut cfg.effects,
+        effect::MEMORY,
+    );
     if let Setting::Invalid(e) = &cfg.priority {
         cfg.errors.push(e.clone());
+        cfg.effects.entry(e.clone()).or_insert(effect::PRIORITY);
     }
     for msg in b.poison_all {
         cfg.memory.poison_with(&msg);
@@ -517,19 +560,20 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
     cfg
 }
 
-fn collect_errors<T>(map: &PerDevice<T>, errors: &mut Vec<String>) {
+fn collect_errors<T>(
+    map: &PerDevice<T>,
+    errors: &mut Vec<String>,
+    effects: &mut BTreeMap<String, &'static str>,
+    effect: &'static str,
+) {
     let all = map.all.iter();
-    for r in all.chain(map.by_index.values()).chain(map.by_uuid.values()) {
-        if let Err(e) = r {
-            if !errors.contains(e) {
-                errors.push(e.clone());
-            }
+    let values = all.chain(map.by_index.values()).chain(map.by_uuid.values());
+    let found = values.filter_map(|r| r.as_ref().err()).chain(&map.poison);
+    for e in found {
+        if !errors.contains(e) {
+            errors.push(e.clone());
         }
-    }
-    if let Some(p) = &map.poison {
-        if !errors.contains(p) {
-            errors.push(p.clone());
-        }
+        effects.entry(e.clone()).or_insert(effect);
     }
 }
 
@@ -616,10 +660,12 @@ struct Builder {
     errors: Vec<String>,
     /// Errors that concern every device.
     poison_all: Vec<String>,
+    effects: BTreeMap<String, &'static str>,
 }
 
 impl Builder {
     fn fail_all(&mut self, msg: String) {
+        self.effects.insert(msg.clone(), effect::EVERYTHING);
         self.errors.push(msg.clone());
         self.poison_all.push(msg);
     }
