@@ -425,3 +425,28 @@ fn fuzz_generated_settings() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn each_error_says_what_it_does() {
+    let c = cfg(&[
+        ("GPUSLICE_MEMORY_LIMIT", "lots"),
+        ("GPUSLICE_COMPUTE_SHARE", "0"),
+        ("GPUSLICE_PRIORITY", "urgent"),
+        ("GPUSLICE_LOG", "loud"),
+    ]);
+    let effect = |var: &str| {
+        let e = c
+            .errors
+            .iter()
+            .find(|e| e.starts_with(var))
+            .unwrap_or_else(|| panic!("no error for {var}: {:?}", c.errors));
+        c.effect_of(e)
+    };
+    assert_eq!(effect("GPUSLICE_MEMORY_LIMIT="), effect::MEMORY);
+    assert_eq!(effect("GPUSLICE_COMPUTE_SHARE="), effect::COMPUTE);
+    assert_eq!(effect("GPUSLICE_PRIORITY="), effect::PRIORITY);
+    assert_eq!(effect("GPUSLICE_LOG="), effect::LOG);
+    let c = cfg(&[("GPUSLICE_TENANT", "../x"), ("GPUSLICE_MEMORY_LIMIT", "1GiB")]);
+    assert_eq!(c.effect_of(&c.errors[0]), effect::EVERYTHING);
+    assert!(c.error_lines()[0].ends_with(effect::EVERYTHING));
+}
