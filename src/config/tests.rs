@@ -446,7 +446,10 @@ fn each_error_says_what_it_does() {
     assert_eq!(effect("GPUSLICE_COMPUTE_SHARE="), effect::COMPUTE);
     assert_eq!(effect("GPUSLICE_PRIORITY="), effect::PRIORITY);
     assert_eq!(effect("GPUSLICE_LOG="), effect::LOG);
-    let c = cfg(&[("GPUSLICE_TENANT", "../x"), ("GPUSLICE_MEMORY_LIMIT", "1GiB")]);
+    let c = cfg(&[
+        ("GPUSLICE_TENANT", "../x"),
+        ("GPUSLICE_MEMORY_LIMIT", "1GiB"),
+    ]);
     assert_eq!(c.effect_of(&c.errors[0]), effect::EVERYTHING);
     assert!(c.error_lines()[0].ends_with(effect::EVERYTHING));
 }
