@@ -31,7 +31,7 @@ static MODE: OnceLock<Mode> = OnceLock::new();
 pub fn mode() -> &'static Mode {
     MODE.get_or_init(|| {
         let config = config::load();
-        log::set_level(crate::log_level(config.log_level));
+        log::set_level(config.log_level);
         for note in &config.notes {
             log::info(format_args!("{note}"));
         }

@@ -104,16 +104,8 @@ pub enum Priority {
     Normal,
 }
 
-/// `GPUSLICE_LOG` levels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    Off,
-    Error,
-    Warn,
-    Info,
-    Debug,
-    Trace,
-}
+/// `GPUSLICE_LOG` levels: the logger's own type (one type, one parser: [`crate::log::Level`]).
+pub use crate::log::Level as LogLevel;
 
 /// A setting that may differ per device. Lookup order: poison, UUID key, index key, `all`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -431,23 +423,16 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
 
     let log_level = match env("GPUSLICE_LOG") {
         None => LogLevel::Warn,
-        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "warn" => LogLevel::Warn,
-            "off" => LogLevel::Off,
-            "error" => LogLevel::Error,
-            "info" => LogLevel::Info,
-            "debug" => LogLevel::Debug,
-            "trace" => LogLevel::Trace,
-            _ => {
-                let msg = format!(
-                    "{}: unknown log level (expected off, error, warn, info, debug, trace)",
-                    quoted("GPUSLICE_LOG", &v)
-                );
-                b.effects.insert(msg.clone(), effect::LOG);
-                b.errors.push(msg);
-                LogLevel::Warn
-            }
-        },
+        Some(v) if v.trim().is_empty() => LogLevel::Warn,
+        Some(v) => LogLevel::parse(&v).unwrap_or_else(|| {
+            let msg = format!(
+                "{}: unknown log level (expected off, error, warn, info, debug, trace)",
+                quoted("GPUSLICE_LOG", &v)
+            );
+            b.effects.insert(msg.clone(), effect::LOG);
+            b.errors.push(msg);
+            LogLevel::Warn
+        }),
     };
 
     let context_reserve = match env("GPUSLICE_CONTEXT_RESERVE") {

@@ -391,6 +391,12 @@ impl Sched {
             if !self.contended.load(Relaxed) {
                 break;
             }
+            if slot.wants.load(Acquire) == 0 {
+                // The file was zeroed under us (truncated and repaired, or scribbled): we still
+                // wait, and a hand-over only picks slots that say so.
+                slot.wants.store(1, Release);
+                slot.wait_since.store(now_ns(), Release);
+            }
             let e = h.epoch.load(Acquire);
             let o = h.owner.load(Acquire);
             if o == self.me() {
@@ -439,7 +445,12 @@ impl Sched {
             }
             futex_wait(&h.epoch, e, timeout);
         }
-        if slot.wants.fetch_sub(1, AcqRel) == 1 {
+        // Saturating: the count may have been zeroed (and set to 1 above) meanwhile.
+        let before = slot
+            .wants
+            .fetch_update(AcqRel, Acquire, |w| Some(w.saturating_sub(1)))
+            .unwrap_or(0);
+        if before <= 1 {
             slot.wait_since.store(0, Release);
         }
     }
