@@ -255,6 +255,42 @@ impl DeviceLedger {
         got
     }
 
+    /// Changes tenant `name`'s settings (`gpuslice set`) under the arbitration lock, from a process
+    /// that does not schedule: it holds a process slot (the lock's holder id) only meanwhile.
+    /// `Ok(false)`: no tenant of that name here.
+    pub fn update_tenant(
+        &self,
+        name: &str,
+        share: Option<u32>,
+        cap: Option<u32>,
+        high: Option<bool>,
+    ) -> Result<bool, DeviceLedgerError> {
+        let slot = self.claim_slot(usize::MAX >> 1).ok_or_else(|| {
+            DeviceLedgerError::Invalid(self.path.clone(), "no free process slot".into())
+        })?;
+        let found = {
+            let _g = self.lock(slot);
+            let t = self.find_tenant(name);
+            if let Some(t) = t {
+                let e = &self.layout().tenants[t];
+                if let Some(v) = share {
+                    e.share.store(v.clamp(1, 100), Release);
+                }
+                if let Some(v) = cap {
+                    e.cap.store(v.min(100) % 100, Release);
+                }
+                if let Some(v) = high {
+                    e.priority.store(v as u32, Release);
+                }
+            }
+            t.is_some()
+        };
+        self.layout().slots[slot].state.store(SLOT_FREE, Release);
+        slotfile::release_slot::<Layout>(self.raw_fd(), slot);
+        self.own.lock().slot = None;
+        Ok(found)
+    }
+
     /// Frees the slots of dead processes (the cleaner holds the dead slot's lock while it does).
     /// First checks the file's size: a truncated file is repaired (`slotfile`), and what this
     /// process had in it (its slot, its tenant) is put back, so arbitration resumes within one
