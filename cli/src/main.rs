@@ -5,6 +5,7 @@
 mod compute;
 mod demo;
 mod doctor;
+mod observe;
 mod run;
 mod status;
 
@@ -34,6 +35,10 @@ enum Command {
     Doctor,
     /// Two tenants share one GPU (simulated by simgpu when no NVIDIA driver is present).
     Demo,
+    /// Serve every tenant's figures as Prometheus metrics on /metrics (docs/OBSERVABILITY.md).
+    Exporter(observe::ExporterArgs),
+    /// Live view per GPU and tenant: memory against quota, achieved against promised share, waiting.
+    Top(observe::TopArgs),
 }
 
 /// Which tenant ledger a subcommand works on.
@@ -80,6 +85,8 @@ fn main() {
         Command::Set(a) => status::set(a),
         Command::Doctor => doctor::doctor(),
         Command::Demo => demo::demo(),
+        Command::Exporter(a) => observe::exporter(a),
+        Command::Top(a) => observe::top(a),
     };
     let code = match result {
         Ok(code) => code,

@@ -228,6 +228,8 @@ pub struct DeviceSnapshot {
     pub invalid_config: bool,
     pub used: u64,
     pub peak: u64,
+    /// Allocations refused at the quota on this device since the ledger was created.
+    pub denied: u64,
 }
 
 /// Per-process line of a [`Snapshot`].
@@ -736,6 +738,13 @@ impl Ledger {
         })
     }
 
+    /// Counts an allocation refused at the quota on `dev` (once per refusal the program sees).
+    pub fn count_denied(&self, dev: usize) {
+        if self.writable && dev < MAX_DEVICES {
+            self.layout().count_denied(dev);
+        }
+    }
+
     fn charge_slot(&self, dev: usize, bytes: u64) {
         if let Some(s) = self.slot() {
             self.layout().slot_add(s, dev, bytes);
@@ -856,6 +865,7 @@ impl Ledger {
                 invalid_config: l.flags(d) & shm::DEV_FLAG_INVALID != 0,
                 used: l.used(d),
                 peak: l.peak(d),
+                denied: l.denied(d),
             })
             .collect();
         let me = self.slot();

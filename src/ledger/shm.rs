@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// First 8 bytes of every ledger.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
 /// Layout version; bumped on any change of this file's structs.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Devices a ledger can track.
 pub const MAX_DEVICES: usize = 16;
 /// Processes that can share a ledger at once.
@@ -69,6 +69,8 @@ pub struct DeviceEntry {
     pub limit: AtomicU64,
     pub used: AtomicU64,
     pub peak: AtomicU64,
+    /// Allocations refused at the quota on this device (monotonic; `gpuslice exporter` reports it).
+    pub denied: AtomicU64,
 }
 
 #[repr(C)]
@@ -301,6 +303,14 @@ impl Layout {
         self.devices[dev].peak.load(Ordering::Acquire)
     }
 
+    pub fn denied(&self, dev: usize) -> u64 {
+        self.devices[dev].denied.load(Ordering::Acquire)
+    }
+
+    pub fn count_denied(&self, dev: usize) {
+        self.devices[dev].denied.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn set_limit(&self, dev: usize, limit: u64) {
         let e = &self.devices[dev];
         e.limit.store(limit, Ordering::Release);
@@ -435,12 +445,12 @@ mod tests {
 
     #[test]
     fn layout_is_stable() {
-        // Offsets are part of the file format (LAYOUT_VERSION 1).
+        // Offsets are part of the file format (LAYOUT_VERSION 2).
         assert_eq!(HEADER_SIZE, 256);
-        assert_eq!(size_of::<DeviceEntry>(), 96);
+        assert_eq!(size_of::<DeviceEntry>(), 104);
         assert_eq!(size_of::<Slot>(), 16 + 8 * MAX_DEVICES);
         assert_eq!(DEVICE_TABLE_OFFSET, HEADER_SIZE);
-        assert_eq!(SLOT_TABLE_OFFSET, HEADER_SIZE + MAX_DEVICES * 96);
+        assert_eq!(SLOT_TABLE_OFFSET, HEADER_SIZE + MAX_DEVICES * 104);
         assert_eq!(
             TOTAL_SIZE,
             SLOT_TABLE_OFFSET + MAX_SLOTS * size_of::<Slot>()

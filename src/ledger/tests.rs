@@ -357,7 +357,8 @@ fn snapshot_and_readonly() {
             limit: 2 * GIB,
             invalid_config: false,
             used: GIB,
-            peak: GIB
+            peak: GIB,
+            denied: 0
         }]
     );
     assert_eq!(
