@@ -137,7 +137,7 @@ fn frame(sources: &Sources, gpus: &mut GpuIndex, prev: &mut Previous, hint: &str
         };
         out.push(format!("{name}  {uuid}"));
         out.push(format!(
-            "  {:<16} {:<31} {:>21}  {:>17}  {}",
+            "  {:<16} {:<31} {:>21}  {:>18}  {}",
             "tenant", "memory", "used / limit", "share got/promised", "waiting"
         ));
         for (tenant, row) in &table[uuid] {
