@@ -476,7 +476,7 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
 
     // Prometheus scraped the exporter: PromQL gives the achieved shares.
     let achieved = by_tenant(&prom.query(
-        "sum by (tenant) (rate(gpuslice_compute_busy_seconds_total[4s]))",
+        "sum by (tenant) (rate(gpuslice_compute_busy_seconds_total[6s]))",
         mid_run,
     ));
     println!("prometheus-achieved: {achieved:?}");
@@ -493,6 +493,31 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
     );
     let promised = by_tenant(&prom.query("gpuslice_compute_share_ratio", mid_run));
     assert_eq!(promised.get("alpha"), Some(&0.3), "{promised:?}");
+
+    // Every query of the Grafana dashboard is valid PromQL and has data from this run.
+    let dashboard =
+        Json::parse(&std::fs::read_to_string(root().join("deploy/grafana/gpuslice.json")).unwrap())
+            .expect("deploy/grafana/gpuslice.json is JSON");
+    let mut queries = 0;
+    for panel in dashboard.arr("panels") {
+        let Json::Obj(fields) = panel else { continue };
+        let Some((_, Json::Arr(targets))) = fields.iter().find(|(k, _)| k == "targets") else {
+            continue;
+        };
+        for t in targets {
+            let expr = t
+                .str("expr")
+                .replace("$__rate_interval", "4s")
+                .replace("$UUID", ".*");
+            let answer = Json::parse(&prom.query(&expr, mid_run)).unwrap();
+            assert!(
+                !answer.arr("data.result").is_empty(),
+                "dashboard query {expr} has no data"
+            );
+            queries += 1;
+        }
+    }
+    assert!(queries >= 10, "{queries} dashboard queries");
 
     for (c, name) in [(a, "alpha"), (b, "beta")] {
         finish(c, name).assert_success();
