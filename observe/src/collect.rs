@@ -227,7 +227,7 @@ pub struct DeviceCompute {
     pub tenants: Vec<ComputeTenant>,
     /// Changes of ownership of the device since its ledger was created.
     pub handovers: u64,
-    /// Ownerships taken back from a holder that overran its slice or stopped.
+    /// Ownerships taken back from a holder that died or stopped.
     pub revocations: u64,
 }
 

@@ -122,7 +122,7 @@ impl Families {
             ),
             revocations: counter(
                 "gpuslice_compute_revocations_total",
-                "Ownerships of the GPU taken back from a holder that overran its slice or stopped.",
+                "Ownerships of the GPU taken back from a holder that died or stopped.",
                 GPU,
             ),
             valid: int_gauge(
