@@ -33,7 +33,10 @@ fn main() {
         let opts = LedgerOptions {
             tenant: format!("tenant-{t:03}"),
             default_limit: Limit::Bytes(8 << 30),
-            devices: uuids.iter().map(|u| (u.clone(), Limit::Bytes(8 << 30))).collect(),
+            devices: uuids
+                .iter()
+                .map(|u| (u.clone(), Limit::Bytes(8 << 30)))
+                .collect(),
             group: None,
         };
         let l = Ledger::open(&dir.join(format!("tenant-{t:03}.ledger")), &opts).unwrap();
@@ -43,11 +46,21 @@ fn main() {
         keep.push(l);
     }
     for u in &uuids {
-        let l = DeviceLedger::open(&gpuslice::scheduling::device::path_for(&dir.join("devices"), u), u, true)
-            .unwrap();
+        let l = DeviceLedger::open(
+            &gpuslice::scheduling::device::path_for(&dir.join("devices"), u),
+            u,
+            true,
+        )
+        .unwrap();
         let g = l.lock(0);
         for t in 0..tenants.min(32) {
-            l.find_or_add_tenant(&g, &format!("tenant-{t:03}"), 100 / tenants.min(32) as u32 + 1, 0, false);
+            l.find_or_add_tenant(
+                &g,
+                &format!("tenant-{t:03}"),
+                100 / tenants.min(32) as u32 + 1,
+                0,
+                false,
+            );
         }
         drop(g);
         keep_device(l);

@@ -330,3 +330,77 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
         }),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpus::GpuIndex;
+    use gpuslice::config::Limit;
+    use gpuslice::ledger::LedgerOptions;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gpuslice-observe-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_vanished_ledger_gives_nothing_and_a_broken_one_an_error() {
+        let d = scratch("vanish");
+        assert!(read_tenant(&d.join("gone.ledger"), None, None).is_none());
+        assert!(read_device(&d.join("GPU-gone.dev")).is_none());
+        std::fs::write(d.join("bad.ledger"), b"garbage").unwrap();
+        let bad = read_tenant(&d.join("bad.ledger"), None, None).unwrap();
+        assert_eq!(bad.tenant, "bad");
+        assert!(bad.memory.unwrap_err().contains("bad.ledger"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn node_tenants_are_named_and_labelled_by_their_policy() {
+        let d = scratch("node");
+        let t = d.join("state/tenants/trainer");
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(
+            t.join("policy.toml"),
+            "name = \"trainer\"\ncreated = \"device-plugin\"\n[kubernetes]\nnamespace = \"ml\"\npod = \"p-0\"\ncontainer = \"main\"\n",
+        )
+        .unwrap();
+        let opts = LedgerOptions {
+            tenant: "trainer".into(),
+            default_limit: Limit::Bytes(1 << 30),
+            devices: vec![(
+                "GPU-00000000-0000-4000-8000-000000000001".into(),
+                Limit::Bytes(1 << 30),
+            )],
+            group: None,
+        };
+        drop(Ledger::open(&t.join("trainer.ledger"), &opts).unwrap());
+        let sources = Sources::new(Some(d.join("state")), Some(d.join("none")), None);
+        let r = sources.read();
+        assert_eq!(r.tenants.len(), 1);
+        let k = r.tenants[0].kubernetes.clone().unwrap();
+        assert_eq!((k.namespace.as_str(), k.pod.as_str()), ("ml", "p-0"));
+        let text = crate::metrics::encode(
+            &r,
+            &mut GpuIndex::with(|| {
+                [("GPU-00000000-0000-4000-8000-000000000001".to_string(), 3)].into()
+            }),
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("gpuslice_memory_limit_bytes{"))
+            .unwrap();
+        for part in [
+            "gpu=\"3\"",
+            "pod=\"p-0\"",
+            "namespace=\"ml\"",
+            "tenant=\"trainer\"",
+            "} 1073741824",
+        ] {
+            assert!(line.contains(part), "{line}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -38,7 +38,10 @@ impl Exporter {
             let response = match (request.method(), path.as_str()) {
                 (tiny_http::Method::Get, "/metrics") => {
                     let text = metrics::encode(&sources.read(), &mut gpus);
-                    with_type(tiny_http::Response::from_string(text), metrics::CONTENT_TYPE)
+                    with_type(
+                        tiny_http::Response::from_string(text),
+                        metrics::CONTENT_TYPE,
+                    )
                 }
                 (tiny_http::Method::Get, "/") => with_type(
                     tiny_http::Response::from_string(
