@@ -445,7 +445,7 @@ fn damaged_files_are_refused() {
         r,
         Err(LedgerError::WrongVersion {
             found: 99,
-            expected: 1,
+            expected: LAYOUT_VERSION,
             ..
         })
     ));
