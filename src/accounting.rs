@@ -457,9 +457,6 @@ impl Tenant {
     /// logged says how many were left out.
     pub fn refused(&self, device: &Device, requested: u64, what: &str, e: QuotaExceeded) {
         use std::sync::atomic::Ordering::Relaxed;
-        if let (Ok(slot), Some(Ok(ledger))) = (&device.slot, self.ledger.get()) {
-            ledger.count_denied(*slot);
-        }
         let now = std::time::Instant::now();
         {
             let mut window = self.last_refusal_log.lock();

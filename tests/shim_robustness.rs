@@ -617,7 +617,7 @@ fn broken_ledgers_fail_closed() {
     bytes[8..12].copy_from_slice(&3u32.to_ne_bytes());
     std::fs::write(&p, bytes).unwrap();
     let msg = format!(
-        "gpuslice: error: ledger {}: layout version 3, this gpuslice uses 2 (all processes of a tenant must run the same gpuslice){tail}",
+        "gpuslice: error: ledger {}: layout version 3, this gpuslice uses 2 (all processes sharing it must run the same gpuslice){tail}",
         p.display()
     );
     assert_fails_closed(&sim, &p, &limit, &msg);

@@ -256,10 +256,12 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
+    use gpuslice::scheduling::device::DeviceLedgerError;
     let l = match DeviceLedger::open_readonly(path) {
         Ok(l) => l,
-        Err(gpuslice::scheduling::device::DeviceLedgerError::Io(_, _, e))
-            if e.kind() == io::ErrorKind::NotFound =>
+        Err(DeviceLedgerError::Io(_, _, e)) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(DeviceLedgerError::File(gpuslice::ledger::LedgerError::Io { err, .. }))
+            if err.kind() == io::ErrorKind::NotFound =>
         {
             return None
         }

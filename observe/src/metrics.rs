@@ -87,7 +87,7 @@ impl Families {
             ),
             denied: counter(
                 "gpuslice_memory_allocation_denied_total",
-                "Allocations refused with CUDA_ERROR_OUT_OF_MEMORY at the tenant's quota on the GPU.",
+                "Reservations refused at the tenant's quota on the GPU (CUDA_ERROR_OUT_OF_MEMORY to the program).",
                 TENANT_GPU,
             ),
             processes: int_gauge(
