@@ -14,6 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The timing-sensitive run and the scrape storm do not share the CPU (tests of one binary run in
+/// parallel threads).
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn profile_dir() -> PathBuf {
     gpuslice_bin().parent().unwrap().to_path_buf()
 }
@@ -301,6 +309,7 @@ fn by_tenant(answer: &str) -> BTreeMap<String, f64> {
 
 #[test]
 fn exporter_during_a_two_tenant_run_on_simgpu() {
+    let _serial = heavy();
     const SPIN_SECONDS: u64 = 10;
     let sim = Sim::new("exporter");
     let node = sim.dir.join("node"); // no node tenants: every tenant is in the ledger directory
@@ -487,8 +496,10 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
         achieved.values().all(|v| *v > 0.0),
         "both tenants ran: {achieved:?}"
     );
+    // Its window (the last 6 s, Prometheus's own scrape times) is not the one measured above: a
+    // looser bound, and the order the shares give.
     assert!(
-        (achieved["alpha"] / total - 0.30).abs() <= 0.12,
+        (achieved["alpha"] / total - 0.30).abs() <= 0.15 && achieved["alpha"] < achieved["beta"],
         "achieved shares through PromQL: {achieved:?}"
     );
     let promised = by_tenant(&prom.query("gpuslice_compute_share_ratio", mid_run));
@@ -531,6 +542,7 @@ fn write(path: &Path, bytes: &[u8]) {
 
 #[test]
 fn broken_and_vanishing_ledgers_cost_only_their_own_series() {
+    let _serial = heavy();
     use gpuslice::config::Limit;
     use gpuslice::ledger::{Ledger, LedgerOptions};
     let sim = Sim::new("exporter-bad");
