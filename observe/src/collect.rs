@@ -73,13 +73,15 @@ impl Sources {
         let mut seen: HashSet<PathBuf> = HashSet::new();
         let mut owners: BTreeMap<String, Option<Kubernetes>> = BTreeMap::new();
         for dir in visible_entries(&self.state_dir.join("tenants")) {
-            let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            let Some(dir_name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
                 continue;
             };
+            // The layout names the ledger after the directory; the policy names the tenant (the
+            // same name when the node wrote both).
+            let ledger = dir.join(format!("{dir_name}.ledger"));
             let labels = policy::read_labels(&dir.join("policy.toml")).ok();
             let k8s = labels.as_ref().and_then(|p| p.kubernetes.clone());
-            let name = labels.map_or(name, |p| p.name);
-            let ledger = dir.join(format!("{name}.ledger"));
+            let name = labels.map_or(dir_name, |p| p.name);
             owners.insert(name.clone(), k8s.clone());
             seen.insert(ledger.clone());
             if let Some(t) = read_tenant(&ledger, Some(name), k8s) {
