@@ -13,24 +13,38 @@ fn profile_dir() -> PathBuf {
     gpuslice_bin().parent().unwrap().to_path_buf()
 }
 
+/// Processes killed (and reaped) when the test ends, however it ends.
+struct Tenants(Vec<Child>);
+
+impl Drop for Tenants {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Two tenants spinning on the simulated GPU (shares 30/70, quotas 2/3 GiB) for `seconds`.
-fn start_tenants(sim: &Sim, seconds: u32) -> Vec<Child> {
-    [("alpha", "30", "2GiB"), ("beta", "70", "3GiB")]
-        .into_iter()
-        .map(|(name, share, quota)| {
-            sim.command(profile_dir().join("gpuslice-workload"))
-                .env("LD_PRELOAD", profile_dir().join("libgpuslice.so"))
-                .env("GPUSLICE_TENANT", name)
-                .env("GPUSLICE_COMPUTE_SHARE", share)
-                .env("GPUSLICE_MEMORY_LIMIT", quota)
-                .args(["--spin-us", "200", "--seconds", &seconds.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start gpuslice-workload")
-        })
-        .collect()
+fn start_tenants(sim: &Sim, seconds: u32) -> Tenants {
+    Tenants(
+        [("alpha", "30", "2GiB"), ("beta", "70", "3GiB")]
+            .into_iter()
+            .map(|(name, share, quota)| {
+                sim.command(profile_dir().join("gpuslice-workload"))
+                    .env("LD_PRELOAD", profile_dir().join("libgpuslice.so"))
+                    .env("GPUSLICE_TENANT", name)
+                    .env("GPUSLICE_COMPUTE_SHARE", share)
+                    .env("GPUSLICE_MEMORY_LIMIT", quota)
+                    .args(["--spin-us", "200", "--seconds", &seconds.to_string()])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start gpuslice-workload")
+            })
+            .collect(),
+    )
 }
 
 /// Waits until both tenants' ledgers and the device ledger exist.
@@ -82,7 +96,7 @@ impl Drop for Tmux {
 #[test]
 fn top_in_tmux_shows_both_tenants_and_quits_on_q() {
     let sim = Sim::new("top");
-    let tenants = start_tenants(&sim, 30);
+    let _tenants = start_tenants(&sim, 30);
     wait_for_ledgers(&sim);
 
     // The command tmux runs: this machine's environment, spelled out for the shell tmux starts.
@@ -173,17 +187,12 @@ fn top_in_tmux_shows_both_tenants_and_quits_on_q() {
         "the view stayed on screen:\n{after}"
     );
     assert!(tmux.alive());
-
-    for mut c in tenants {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
 }
 
 #[test]
 fn top_without_a_terminal_prints_plain_lines() {
     let sim = Sim::new("top-plain");
-    let tenants = start_tenants(&sim, 20);
+    let _tenants = start_tenants(&sim, 20);
     wait_for_ledgers(&sim);
     let node = sim.dir.join("node");
     let run = sim.run(
@@ -202,9 +211,5 @@ fn top_without_a_terminal_prints_plain_lines() {
             "{}",
             run.stdout
         );
-    }
-    for mut c in tenants {
-        let _ = c.kill();
-        let _ = c.wait();
     }
 }
