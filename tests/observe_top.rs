@@ -62,14 +62,15 @@ fn wait_for_ledgers(sim: &Sim) {
     }
 }
 
+/// A tmux server of its own, its socket in the test's private directory.
 struct Tmux {
-    socket: String,
+    socket: PathBuf,
 }
 
 impl Tmux {
     fn cmd(&self) -> Command {
         let mut c = Command::new("tmux");
-        c.args(["-L", &self.socket, "-f", "/dev/null"]);
+        c.arg("-S").arg(&self.socket).args(["-f", "/dev/null"]);
         c
     }
 
@@ -119,7 +120,7 @@ fn top_in_tmux_shows_both_tenants_and_quits_on_q() {
         done.display()
     ));
     let tmux = Tmux {
-        socket: format!("gpuslice-top-{}", std::process::id()),
+        socket: sim.dir.join("tmux.sock"),
     };
     let out = tmux
         .cmd()
