@@ -7,7 +7,7 @@ use std::time::Duration;
 /// Where the ledgers are (the node's layout: docs/DEPLOYMENT.md).
 #[derive(clap::Args)]
 pub(crate) struct SourceArgs {
-    /// The node's state directory (node tenants: <DIR>/tenants/<NAME>/).
+    /// The node's state directory (node tenants: <DIR>/tenants/<NAME>/) [default: /run/gpuslice].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Directory of other tenants' ledgers (*.ledger) [default: GPUSLICE_LEDGER_DIR, else /dev/shm/gpuslice].
