@@ -21,6 +21,9 @@ pub struct Context {
     pub streams: crate::stream::ContextStreams,
     /// `cuCtxGetId`: unique in the process, never reused.
     pub id: u64,
+    /// simgpu-core's tag for this context: unique on the machine (the device time-slices between
+    /// tags, and runs kernels of one tag concurrently).
+    pub tag: u64,
     pub primary: bool,
     flags: AtomicU32,
     /// Created contexts: until destroyed. Primary: while retained (the object outlives it because
@@ -87,6 +90,8 @@ fn new_context(device: u32, flags: u32, primary: bool) -> Arc<Context> {
         device,
         streams: Default::default(),
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        // Without the shared state kernels run unaccounted and the tag is not used.
+        tag: simgpu_core::shared().map_or(0, |s| s.new_context_tag()),
         primary,
         flags: AtomicU32::new(flags),
         active: AtomicBool::new(false),

@@ -288,7 +288,7 @@ unsafe fn kernel_node(
     };
     // SAFETY: forwarded contract.
     Ok(NodeKind::Kernel(unsafe {
-        launch::prepare(f, shape, params, ctx.device)
+        launch::prepare(f, shape, params, ctx.device, ctx.tag)
     }?))
 }
 
