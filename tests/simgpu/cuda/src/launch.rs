@@ -40,7 +40,17 @@ pub(crate) struct Kernel {
 impl Kernel {
     /// Runs the kernel on the device: waits for the device, runs its work (see the module docs).
     pub fn execute(&self) {
-        simgpu_core::trace(format_args!("kernel {} {:?}", self.func.name(), self.work));
+        match self.work {
+            Work::Timed(d) => simgpu_core::trace(format_args!(
+                "kernel {} {}us",
+                self.func.name(),
+                d.as_micros()
+            )),
+            Work::Barrier { tag, participants } => simgpu_core::trace(format_args!(
+                "kernel {} barrier tag {tag} participants {participants}",
+                self.func.name()
+            )),
+        }
         match simgpu_core::shared() {
             Ok(shared) => {
                 let run = shared.run_kernel(self.device, self.context, self.work);
