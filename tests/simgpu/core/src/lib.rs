@@ -153,8 +153,19 @@ pub fn snapshot_json(s: &Snapshot) -> String {
         .iter()
         .map(|d| {
             format!(
-                "{{\"capacity\":{},\"used\":{},\"busy_ns\":{},\"kernels\":{},\"switches\":{}}}",
-                d.capacity, d.used, d.busy_ns, d.kernels, d.switches
+                "{{\"capacity\":{},\"used\":{},\"busy_ns\":{},\"kernels\":{},\"switches\":{},\"serving\":{},\"running\":{},\"queued\":[{}]}}",
+                d.capacity,
+                d.used,
+                d.busy_ns,
+                d.kernels,
+                d.switches,
+                d.serving,
+                d.running,
+                d.queued
+                    .iter()
+                    .map(|(pid, n)| format!("{{\"pid\":{pid},\"kernels\":{n}}}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
             )
         })
         .collect();

@@ -60,6 +60,11 @@ pub struct DeviceSnapshot {
     pub kernels: u64,
     /// Time-slice context switches (a running context made to yield to another's waiting kernel).
     pub switches: u64,
+    /// The context the device serves now (simgpu's tag; 0: idle) and its kernels running now.
+    pub serving: u64,
+    pub running: u32,
+    /// Kernels queued or running now, by process id (for "who waits on what" reports).
+    pub queued: Vec<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -710,6 +715,9 @@ fn snapshot_of(st: &State, devices: usize, alive: impl Fn(usize) -> bool) -> Sna
                 busy_ns: d.busy_ns.load(Acquire),
                 kernels: d.kernels.load(Acquire),
                 switches: d.exec.switches.load(Acquire),
+                serving: d.exec.active_context.load(Acquire),
+                running: d.exec.running.load(Acquire),
+                queued: queued_by_pid(st, d),
             })
             .collect(),
         processes: processes(st, devices, alive),
@@ -730,6 +738,25 @@ fn snapshot_of(st: &State, devices: usize, alive: impl Fn(usize) -> bool) -> Sna
             })
             .collect(),
     }
+}
+
+/// Kernels waiting or running on `d`, counted by their process's pid.
+fn queued_by_pid(st: &State, d: &Device) -> Vec<(u32, u32)> {
+    let ex = &d.exec;
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    let high = (ex.high.load(Acquire) as usize).min(TURNS);
+    for e in &ex.entries[..high] {
+        if !matches!(e.state.load(Acquire), ENTRY_WAITING | ENTRY_RUNNING) {
+            continue;
+        }
+        let slot = (e.owner.load(Relaxed) >> 32) as usize;
+        let pid = st.slots.get(slot).map_or(0, |s| s.pid.load(Relaxed));
+        match out.iter_mut().find(|p| p.0 == pid) {
+            Some(p) => p.1 += 1,
+            None => out.push((pid, 1)),
+        }
+    }
+    out
 }
 
 /// A read-only view of the state file at `path`, for tests and tools: does not create or register.
