@@ -186,3 +186,40 @@ fn concurrent_streams_are_charged_the_union_of_their_kernels() {
     );
     assert_eq!(group(&stat, "s").u64("busy_ns.0"), busy, "{stat}");
 }
+
+/// A destroyed context takes its streams and events with it: their handles are invalid afterwards
+/// (CUDA_ERROR_INVALID_HANDLE = 400); the destroyed primary context is not current-usable
+/// (CUDA_ERROR_CONTEXT_IS_DESTROYED = 709) until it is retained again; a destroyed created context is
+/// popped from the thread's stack (no current context: CUDA_ERROR_INVALID_CONTEXT = 201).
+#[test]
+fn destroyed_contexts_invalidate_their_streams_and_events() {
+    let sim = Sim::new("teardown");
+    let client = compile(&MULTIGPU);
+    for (how, ctx_sync) in [("reset", "709"), ("release", "709"), ("destroy", "201")] {
+        let run = sim.run(&client, &["teardown", how]);
+        run.assert_success();
+        let r = run.report();
+        assert_eq!(run.get("teardown"), "0", "{how}: {r}");
+        for call in [
+            "stream_query",
+            "stream_sync",
+            "event_query",
+            "event_sync",
+            "launch",
+        ] {
+            assert_eq!(run.get(call), "400", "{how}: {call}: {r}");
+        }
+        assert_eq!(run.get("ctx_sync"), ctx_sync, "{how}: {r}");
+        if how != "destroy" {
+            // The primary context comes back with the same handle; a reset kept the retain, so
+            // the release after it succeeds (and a release after a release to zero would not).
+            assert_eq!(run.get("retain_again"), "0", "{how}: {r}");
+            assert_eq!(run.get("same_handle"), "1", "{how}: {r}");
+            assert_eq!(run.get("release_after"), "0", "{how}: {r}");
+        }
+    }
+    // The queued kernel ran before the teardown returned, in every case; no memory is left.
+    let stat = sim.stat();
+    assert_eq!(stat.u64("devices.0.kernels"), 3, "{stat}");
+    assert_eq!(stat.u64("devices.0.used"), 0, "{stat}");
+}

@@ -6,6 +6,12 @@
  *       one rank of a collective on DEVICE (its primary context): ITERS times, a `spin` kernel of US
  *       then a `barrier` kernel (tag TAG, PARTICIPANTS ranks), then cuStreamSynchronize; like a
  *       tensor-parallel server doing compute then an NCCL all-reduce. Prints ready=1 first.
+ *   teardown reset|destroy|release
+ *       a stream and an event (recorded after a queued kernel) in a context, then the context is
+ *       destroyed (cuDevicePrimaryCtxReset / cuCtxDestroy / the last cuDevicePrimaryCtxRelease);
+ *       prints each later call's result code: stream_query, stream_sync, event_query, event_sync,
+ *       launch, ctx_sync, and for a primary context retain_again / release_after (what
+ *       cuDevicePrimaryCtxRetain and cuDevicePrimaryCtxRelease answer afterwards).
  *   streams DEVICE NSTREAMS N US
  *       N `spin` kernels of US on each of NSTREAMS non-blocking streams of one context (issued round
  *       robin, so they can overlap), then cuCtxSynchronize; prints wall_ns.
@@ -100,16 +106,63 @@ static int mode_streams(int device, int nstreams, long n, uint64_t us) {
     return 0;
 }
 
+static int mode_teardown(const char *how) {
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream s;
+    CUevent e;
+    if (strcmp(how, "destroy") == 0) {
+        CUmodule mod;
+        CHECK(cuInit(0));
+        CHECK(cuDeviceGet(&dev, 0));
+        CHECK(cuCtxCreate(&ctx, 0, dev));
+        CHECK(cuModuleLoadData(&mod, module_image));
+        CHECK(cuModuleGetFunction(&spin, mod, "spin_kernel"));
+    } else {
+        setup(0);
+        CHECK(cuDeviceGet(&dev, 0));
+        CHECK(cuCtxGetCurrent(&ctx));
+    }
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    launch_spin(s, 2000);
+    CHECK(cuEventRecord(e, s));
+    if (strcmp(how, "reset") == 0)
+        printf("teardown=%d\n", (int)cuDevicePrimaryCtxReset(dev));
+    else if (strcmp(how, "destroy") == 0)
+        printf("teardown=%d\n", (int)cuCtxDestroy(ctx));
+    else
+        printf("teardown=%d\n", (int)cuDevicePrimaryCtxRelease(dev));
+    printf("stream_query=%d\n", (int)cuStreamQuery(s));
+    printf("stream_sync=%d\n", (int)cuStreamSynchronize(s));
+    printf("event_query=%d\n", (int)cuEventQuery(e));
+    printf("event_sync=%d\n", (int)cuEventSynchronize(e));
+    uint64_t us = 1;
+    void *params[] = {&us};
+    printf("launch=%d\n", (int)cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+    printf("ctx_sync=%d\n", (int)cuCtxSynchronize());
+    if (strcmp(how, "destroy") != 0) {
+        CUcontext again;
+        printf("retain_again=%d\n", (int)cuDevicePrimaryCtxRetain(&again, dev));
+        printf("same_handle=%d\n", again == ctx);
+        printf("release_after=%d\n", (int)cuDevicePrimaryCtxRelease(dev));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (strcmp(mode, "rank") == 0 && argc == 7)
         return mode_rank(atoi(argv[2]), strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10),
                          atol(argv[5]), strtoull(argv[6], NULL, 10));
+    if (strcmp(mode, "teardown") == 0 && argc == 3)
+        return mode_teardown(argv[2]);
     if (strcmp(mode, "streams") == 0 && argc == 6)
         return mode_streams(atoi(argv[2]), atoi(argv[3]), atol(argv[4]),
                             strtoull(argv[5], NULL, 10));
     fprintf(stderr,
-            "usage: %s [rank DEVICE TAG PARTICIPANTS ITERS US | streams DEVICE NSTREAMS N US]\n",
+            "usage: %s [rank DEVICE TAG PARTICIPANTS ITERS US | streams DEVICE NSTREAMS N US | "
+            "teardown reset|destroy|release]\n",
             argv[0]);
     return 2;
 }

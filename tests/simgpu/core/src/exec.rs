@@ -67,6 +67,9 @@ const LOCK_STEAL_NS: u64 = 200_000_000;
 const REAP_SPACING_NS: u64 = 100_000_000;
 /// Longest sleep without looking at the schedule.
 const POLL_NS: u64 = 20_000_000;
+/// How long a context whose kernel ended with more work queued on its stream keeps the device for
+/// that work (the time its stream takes to hand the next kernel over).
+const HOLD_NS: u64 = 1_000_000;
 /// The end of a timed kernel is waited for by spinning over its last stretch.
 const SPIN_NS: u64 = 60_000;
 
@@ -160,8 +163,14 @@ impl Shared {
 
     /// Runs one kernel of `context` on `device` to its end: queues it, waits for the device, holds
     /// it for the kernel's work (see the module docs). Returns at once for a nonexistent device.
-    pub fn run_kernel(&self, device: u32, context: u64, work: Work) -> KernelRun {
-        let Some((index, id)) = self.enqueue(device, context, work) else {
+    ///
+    /// `followed`: more work is already queued behind this kernel on its stream. On a GPU that work
+    /// is in the device's queue already, so the context is not idle between the two kernels; here
+    /// the next kernel is handed over only once this one returns, so the context keeps the device
+    /// for up to 1 ms (`HOLD_NS`) after this kernel ends (unless its time slice is over and
+    /// another context waits).
+    pub fn run_kernel(&self, device: u32, context: u64, work: Work, followed: bool) -> KernelRun {
+        let Some((index, id)) = self.enqueue(device, context, work, followed) else {
             return KernelRun::default();
         };
         let mut run = KernelRun::default();
@@ -185,6 +194,7 @@ impl Shared {
             device,
             context,
             Work::Timed(Duration::from_nanos(UNTIL_ENDED)),
+            false,
         ) else {
             return DeviceTurn {
                 shared: self,
@@ -206,7 +216,13 @@ impl Shared {
     }
 
     /// Queues a kernel entry; `None` for a nonexistent device.
-    fn enqueue(&self, device: u32, context: u64, work: Work) -> Option<(usize, u64)> {
+    fn enqueue(
+        &self,
+        device: u32,
+        context: u64,
+        work: Work,
+        followed: bool,
+    ) -> Option<(usize, u64)> {
         let dev = self.device(device)?;
         let ex = &dev.exec;
         let owner = self.owner_word();
@@ -232,7 +248,8 @@ impl Shared {
                 let e = &ex.entries[i];
                 let id = ex.next_id.fetch_add(1, Relaxed) + 1;
                 e.id.store(id, Relaxed);
-                e.flags.store(0, Relaxed);
+                e.flags
+                    .store(if followed { ENTRY_FOLLOWED } else { 0 }, Relaxed);
                 e.context.store(context, Relaxed);
                 e.owner.store(owner, Relaxed);
                 e.seq.store(ex.next_seq.fetch_add(1, Relaxed), Relaxed);
@@ -337,6 +354,12 @@ impl Shared {
                 _ => {}
             }
         }
+        if others_wait {
+            let hold = ex.hold_until_ns.load(Acquire);
+            if hold > now {
+                next = next.min(hold);
+            }
+        }
         if others_wait && self.timeslice_ns > 0 {
             next = next.min(
                 ex.slice_start_ns
@@ -418,6 +441,7 @@ impl Shared {
                     self.end_busy(dev, d, now);
                 }
                 ex.switches.fetch_add(1, AcqRel);
+                ex.hold_until_ns.store(0, Relaxed);
                 active = 0;
                 changed = true;
             }
@@ -428,6 +452,7 @@ impl Shared {
             }
             // 4. An idle device goes to the longest-waiting kernel's context.
             if active == 0 {
+                ex.hold_until_ns.store(0, Relaxed);
                 if let Some(i) = waiting(&|_| true) {
                     active = entries[i].context.load(Relaxed);
                     ex.active_owner
@@ -479,6 +504,13 @@ impl Shared {
 
     /// Ends a running (or, `running == false`, a queued) kernel at `end`.
     fn finish(&self, dev: &Device, d: usize, e: &Entry, end: u64, running: bool) {
+        if running
+            && e.flags.load(Relaxed) & ENTRY_FOLLOWED != 0
+            && e.context.load(Relaxed) == dev.exec.active_context.load(Relaxed)
+        {
+            let hold = &dev.exec.hold_until_ns;
+            hold.store(hold.load(Relaxed).max(end.saturating_add(HOLD_NS)), Relaxed);
+        }
         e.remaining_ns.store(0, Relaxed);
         e.done_ns.store(end, Relaxed);
         e.state.store(ENTRY_DONE, Release);

@@ -99,6 +99,8 @@ pub struct Entry {
 }
 
 pub const ENTRY_ARRIVED: u32 = 1;
+/// More work of the kernel's stream is already queued behind it (see `Shared::run_kernel`).
+pub const ENTRY_FOLLOWED: u32 = 2;
 
 /// A device's execution state. Scheduling fields are read and written under `lock`.
 #[repr(C)]
@@ -126,6 +128,9 @@ pub struct Exec {
     pub _pad: AtomicU32,
     /// Realtime ns of the last look for kernels of dead processes.
     pub reaped_ns: AtomicU64,
+    /// The serving context keeps the device until then although nothing of it runs or waits: a
+    /// kernel of it ended with more work queued behind it on its stream.
+    pub hold_until_ns: AtomicU64,
     /// Time-slice context switches (a running context made to yield to a waiting one).
     pub switches: AtomicU64,
     pub entries: [Entry; TURNS],

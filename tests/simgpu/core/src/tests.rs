@@ -235,7 +235,7 @@ fn kernels_of_different_contexts_never_overlap() {
             std::thread::spawn(move || {
                 let ctx = s.new_context_tag();
                 for _ in 0..50 {
-                    s.run_kernel(0, ctx, Work::Timed(Duration::from_micros(300)));
+                    s.run_kernel(0, ctx, Work::Timed(Duration::from_micros(300)), false);
                 }
             })
         })
@@ -297,7 +297,7 @@ fn devices_are_arbitrated_independently() {
     let held = s.acquire_device(0);
     // Another context's kernel on device 1 runs while device 0 is held (no time-slicing here).
     let other = s.new_context_tag();
-    let run = s.run_kernel(1, other, Work::Timed(Duration::from_millis(5)));
+    let run = s.run_kernel(1, other, Work::Timed(Duration::from_millis(5)), false);
     assert_eq!(run.preempted, 0);
     assert_eq!(s.device_kernels(1), 1);
     assert_eq!(s.device_kernels(0), 0);
@@ -324,7 +324,7 @@ fn a_long_kernel_yields_to_another_context_after_a_time_slice() {
         let s2 = s.clone();
         std::thread::spawn(move || {
             let ctx = s2.new_context_tag();
-            let run = s2.run_kernel(0, ctx, Work::Timed(Duration::from_millis(1)));
+            let run = s2.run_kernel(0, ctx, Work::Timed(Duration::from_millis(1)), false);
             let _ = tx.send(run);
         });
         if slice_us == 0 {
@@ -372,6 +372,7 @@ fn barriers_across_devices_meet_thanks_to_time_slicing() {
                         tag,
                         participants: 2,
                     },
+                    false,
                 );
                 let _ = tx.send(run);
             });
@@ -442,6 +443,7 @@ fn barrier_rounds_meet_in_order() {
                         r % 2,
                         ctx,
                         Work::Timed(Duration::from_micros(100 * (r as u64 + 1))),
+                        true,
                     );
                     s.run_kernel(
                         r % 2,
@@ -450,6 +452,7 @@ fn barrier_rounds_meet_in_order() {
                             tag: 7,
                             participants: 3,
                         },
+                        false,
                     );
                     let _ = i;
                 }

@@ -114,10 +114,13 @@ fn activate(ctx: &Context) -> CUresult {
     Ok(())
 }
 
-/// Waits for the context's work, frees everything allocated in it and its own memory.
+/// Waits for the context's work, frees everything allocated in it and its own memory, and
+/// invalidates its streams and events (their handles answer `CUDA_ERROR_INVALID_HANDLE`).
 fn deactivate(ctx: &Context) {
     if ctx.active.swap(false, Ordering::AcqRel) {
         let _ = crate::stream::synchronize_context(ctx);
+        crate::stream::invalidate_context(ctx);
+        crate::event::invalidate_context(ctx.id);
         crate::memory::on_context_destroyed(ctx);
         if let Ok(s) = shared() {
             s.release(ctx.device, simgpu_core::config().context_memory);
@@ -430,7 +433,9 @@ fn primary_retain(dev: CUdevice) -> Result<CUcontext, CUerror> {
         .ctx
         .get_or_insert_with(|| new_context(device, 0, true))
         .clone();
-    if p.refs == 0 && !ctx.is_active() {
+    // Inactive: never used, released to zero, or reset (a reset keeps the retains; the context is
+    // initialised again when next retained).
+    if !ctx.is_active() {
         ctx.flags.store(p.flags, Ordering::Relaxed);
         activate(&ctx)?;
     }
@@ -463,7 +468,9 @@ fn primary_reset(dev: CUdevice) -> CUresult {
     let ctx = {
         let mut primaries = lock(primaries());
         let p = &mut primaries[device as usize];
-        p.refs = 0;
+        // "Resetting the primary context does not release it, an application that has retained the
+        // primary context should explicitly release its usage" (Driver API, cuDevicePrimaryCtxReset):
+        // the retain count is kept, so that those releases succeed.
         p.flags = 0;
         p.ctx.clone()
     };

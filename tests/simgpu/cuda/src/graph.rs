@@ -318,7 +318,10 @@ fn graph_launch(he: CUgraphExec, hs: CUstream, per_thread: bool) -> CUresult {
         &s,
         Vec::new(),
         Box::new(move || {
-            for n in &e.nodes {
+            let more = stream::more_queued();
+            let last = e.nodes.len().saturating_sub(1);
+            for (i, n) in e.nodes.iter().enumerate() {
+                stream::set_more_queued(more || i < last);
                 n.run();
             }
         }),

@@ -53,7 +53,8 @@ impl Kernel {
         }
         match simgpu_core::shared() {
             Ok(shared) => {
-                let run = shared.run_kernel(self.device, self.context, self.work);
+                let followed = stream::more_queued();
+                let run = shared.run_kernel(self.device, self.context, self.work, followed);
                 if run.preempted > 0 {
                     simgpu_core::trace(format_args!(
                         "kernel {} preempted {} times",
