@@ -223,3 +223,50 @@ fn destroyed_contexts_invalidate_their_streams_and_events() {
     assert_eq!(stat.u64("devices.0.kernels"), 3, "{stat}");
     assert_eq!(stat.u64("devices.0.used"), 0, "{stat}");
 }
+
+/// Capture modes as cuThreadExchangeStreamCaptureMode documents them: while a thread captures in
+/// GLOBAL mode, a potentially unsafe call (event/stream query or synchronize, context synchronize,
+/// cuMemAlloc) from any thread in GLOBAL mode fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900)
+/// and invalidates the capture (cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, 901, and
+/// no graph); a THREAD_LOCAL capture is only broken by its own thread; RELAXED callers never break
+/// anything.
+#[test]
+fn capture_modes_decide_which_calls_invalidate_a_capture() {
+    let sim = Sim::new("capture");
+    let client = compile(&MULTIGPU);
+    // (capture mode, caller, caller's mode, call, broken?)
+    let cases = [
+        ("global", "other", "default", "event_query", true),
+        ("global", "other", "default", "event_sync", true),
+        ("global", "other", "default", "stream_query", true),
+        ("global", "other", "default", "stream_sync", true),
+        ("global", "other", "default", "ctx_sync", true),
+        ("global", "other", "default", "mem_alloc", true),
+        ("global", "self", "default", "event_query", true),
+        ("global", "other", "relaxed", "event_query", false),
+        ("global", "other", "thread_local", "event_query", false),
+        ("global", "other", "relaxed", "mem_alloc", false),
+        ("thread_local", "other", "default", "event_query", false),
+        ("thread_local", "other", "default", "stream_sync", false),
+        ("thread_local", "self", "default", "event_query", true),
+        ("relaxed", "self", "default", "event_query", false),
+        ("relaxed", "other", "default", "mem_alloc", false),
+    ];
+    for (cap, who, mode, call, broken) in cases {
+        let run = sim.run(&client, &["capture", cap, who, mode, call]);
+        run.assert_success();
+        let what = format!("{cap} capture, {call} from {who} thread in mode {mode}");
+        let r = run.report();
+        if broken {
+            assert_eq!(run.get("call"), "900", "{what}: {r}");
+            assert_eq!(run.get("capture_launch"), "901", "{what}: {r}");
+            assert_eq!(run.get("end"), "901", "{what}: {r}");
+            assert_eq!(run.get("graph_null"), "1", "{what}: {r}");
+        } else {
+            assert_eq!(run.get("call"), "0", "{what}: {r}");
+            assert_eq!(run.get("capture_launch"), "0", "{what}: {r}");
+            assert_eq!(run.get("end"), "0", "{what}: {r}");
+            assert_eq!(run.get("graph_launch"), "0", "{what}: {r}");
+        }
+    }
+}

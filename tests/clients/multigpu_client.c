@@ -12,6 +12,15 @@
  *       prints each later call's result code: stream_query, stream_sync, event_query, event_sync,
  *       launch, ctx_sync, and for a primary context retain_again / release_after (what
  *       cuDevicePrimaryCtxRetain and cuDevicePrimaryCtxRelease answer afterwards).
+ *   capture CAPTURE_MODE self|other CALLER_MODE CALL
+ *       a thread captures a stream in CAPTURE_MODE (global, thread_local, relaxed); meanwhile the
+ *       capturing thread itself (self) or another thread (other), in CALLER_MODE (global,
+ *       thread_local, relaxed, or default: no cuThreadExchangeStreamCaptureMode), makes CALL on
+ *       objects outside the capture: event_query / event_sync (an event recorded before the
+ *       capture on another stream), stream_query / stream_sync (that other stream), ctx_sync,
+ *       mem_alloc (cuMemAlloc + cuMemFree). Prints call=, capture_launch= (a launch into the
+ *       capture after the call), end= (cuStreamEndCapture), graph_null=, and graph_launch= when a
+ *       graph was captured.
  *   streams DEVICE NSTREAMS N US
  *       N `spin` kernels of US on each of NSTREAMS non-blocking streams of one context (issued round
  *       robin, so they can overlap), then cuCtxSynchronize; prints wall_ns.
@@ -21,6 +30,7 @@
  *   barrier_kernel(uint64_t tag, uint64_t participants)
  */
 #include <cuda.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,11 +160,111 @@ static int mode_teardown(const char *how) {
     return 0;
 }
 
+static int capture_mode(const char *name) {
+    if (strcmp(name, "global") == 0)
+        return CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (strcmp(name, "thread_local") == 0)
+        return CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    if (strcmp(name, "relaxed") == 0)
+        return CU_STREAM_CAPTURE_MODE_RELAXED;
+    return -1;
+}
+
+struct call_args {
+    CUcontext ctx;
+    int mode; /* -1: leave the thread's mode alone */
+    const char *call;
+    CUevent before;
+    CUstream other;
+    int rc;
+};
+
+static void *make_call(void *p) {
+    struct call_args *a = p;
+    CHECK(cuCtxSetCurrent(a->ctx));
+    if (a->mode >= 0) {
+        CUstreamCaptureMode m = (CUstreamCaptureMode)a->mode;
+        CHECK(cuThreadExchangeStreamCaptureMode(&m));
+    }
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(a->call, "event_query") == 0)
+        rc = cuEventQuery(a->before);
+    else if (strcmp(a->call, "event_sync") == 0)
+        rc = cuEventSynchronize(a->before);
+    else if (strcmp(a->call, "stream_query") == 0)
+        rc = cuStreamQuery(a->other);
+    else if (strcmp(a->call, "stream_sync") == 0)
+        rc = cuStreamSynchronize(a->other);
+    else if (strcmp(a->call, "ctx_sync") == 0)
+        rc = cuCtxSynchronize();
+    else if (strcmp(a->call, "mem_alloc") == 0) {
+        CUdeviceptr d;
+        rc = cuMemAlloc(&d, 1 << 20);
+        if (rc == CUDA_SUCCESS)
+            rc = cuMemFree(d);
+    }
+    if (rc == CUDA_ERROR_NOT_READY)
+        rc = CUDA_SUCCESS;
+    a->rc = (int)rc;
+    return NULL;
+}
+
+static int mode_capture(const char *cap, const char *who, const char *caller_mode,
+                        const char *call) {
+    CUstream s, other;
+    CUevent before;
+    CUcontext ctx;
+    CUgraph g = NULL;
+    setup(0);
+    CHECK(cuCtxGetCurrent(&ctx));
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    CHECK(cuEventCreate(&before, CU_EVENT_DISABLE_TIMING));
+    launch_spin(other, 1000);
+    CHECK(cuEventRecord(before, other));
+    CHECK(cuStreamBeginCapture(s, (CUstreamCaptureMode)capture_mode(cap)));
+    launch_spin(s, 10);
+    struct call_args a = {ctx, capture_mode(caller_mode), call, before, other, -1};
+    if (strcmp(who, "self") == 0) {
+        int saved = -1;
+        if (a.mode >= 0) {
+            CUstreamCaptureMode m = (CUstreamCaptureMode)a.mode;
+            CHECK(cuThreadExchangeStreamCaptureMode(&m));
+            saved = (int)m;
+            a.mode = -1;
+        }
+        make_call(&a);
+        if (saved >= 0) {
+            CUstreamCaptureMode m = (CUstreamCaptureMode)saved;
+            CHECK(cuThreadExchangeStreamCaptureMode(&m));
+        }
+    } else {
+        pthread_t t;
+        pthread_create(&t, NULL, make_call, &a);
+        pthread_join(t, NULL);
+    }
+    uint64_t us = 10;
+    void *params[] = {&us};
+    printf("call=%d\n", a.rc);
+    printf("capture_launch=%d\n", (int)cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
+    printf("end=%d\n", (int)cuStreamEndCapture(s, &g));
+    printf("graph_null=%d\n", g == NULL);
+    if (g != NULL) {
+        CUgraphExec e;
+        CHECK(cuGraphInstantiate(&e, g, 0));
+        CHECK(cuGraphLaunch(e, s));
+        printf("graph_launch=%d\n", (int)cuStreamSynchronize(s));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (strcmp(mode, "rank") == 0 && argc == 7)
         return mode_rank(atoi(argv[2]), strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10),
                          atol(argv[5]), strtoull(argv[6], NULL, 10));
+    if (strcmp(mode, "capture") == 0 && argc == 6)
+        return mode_capture(argv[2], argv[3], argv[4], argv[5]);
     if (strcmp(mode, "teardown") == 0 && argc == 3)
         return mode_teardown(argv[2]);
     if (strcmp(mode, "streams") == 0 && argc == 6)
@@ -162,7 +272,7 @@ int main(int argc, char **argv) {
                             strtoull(argv[5], NULL, 10));
     fprintf(stderr,
             "usage: %s [rank DEVICE TAG PARTICIPANTS ITERS US | streams DEVICE NSTREAMS N US | "
-            "teardown reset|destroy|release]\n",
+            "teardown reset|destroy|release | capture MODE self|other MODE CALL]\n",
             argv[0]);
     return 2;
 }

@@ -333,6 +333,9 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: Option<&mut CUdevice>) -> CUresult 
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     crate::call("cuCtxSynchronize", || {
         let ctx = current()?;
+        if ctx.streams.all().iter().all(|s| s.capture().is_none()) {
+            crate::graph::check_unsafe_call()?;
+        }
         let r = crate::stream::synchronize_context(&ctx);
         crate::memory::on_synchronize(&ctx);
         r

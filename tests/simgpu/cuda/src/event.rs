@@ -114,6 +114,7 @@ fn query(h: CUevent) -> CUresult {
     if e.capture().is_some() {
         return Err(CUerror::CAPTURED_EVENT);
     }
+    crate::graph::check_unsafe_call()?;
     let rec = lock(&e.record).clone();
     match rec {
         Some(r) if r.time.get().is_none() => Err(CUerror::NOT_READY),
@@ -127,6 +128,7 @@ fn synchronize(h: CUevent) -> CUresult {
     if e.capture().is_some() {
         return Err(CUerror::CAPTURED_EVENT);
     }
+    crate::graph::check_unsafe_call()?;
     let rec = lock(&e.record).clone();
     if let Some(r) = rec {
         r.stream.wait_for(r.seq);

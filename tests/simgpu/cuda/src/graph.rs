@@ -12,7 +12,7 @@ use gpuslice_api::{CUerror, CUresult};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::ThreadId;
 
@@ -141,6 +141,76 @@ thread_local! {
     static THREAD_MODE: Cell<u32> = const { Cell::new(CU_STREAM_CAPTURE_MODE_GLOBAL) };
 }
 
+/// Capture sequences of the process begun and not ended (a hint for the fast path: 0 means none).
+static CAPTURES_GOING_ON: AtomicUsize = AtomicUsize::new(0);
+/// Every capture sequence of the process, to find those that make a call unsafe.
+static CAPTURES: Mutex<Vec<Weak<Capture>>> = Mutex::new(Vec::new());
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        // Abandoned without cuStreamEndCapture (its stream was destroyed).
+        if !self.ended.swap(true, Ordering::AcqRel) {
+            CAPTURES_GOING_ON.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The capture-mode rule for a "potentially unsafe API call" (cuThreadExchangeStreamCaptureMode,
+/// CUDA Driver API, Stream Management), made by the calling thread with its current mode:
+/// - `CU_STREAM_CAPTURE_MODE_GLOBAL` (the default): "If the local thread has an ongoing capture
+///   sequence that was not initiated with CU_STREAM_CAPTURE_MODE_RELAXED at cuStreamBeginCapture,
+///   or if any other thread has a concurrent capture sequence initiated with
+///   CU_STREAM_CAPTURE_MODE_GLOBAL, this thread is prohibited from potentially unsafe API calls."
+/// - `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only the thread's own (non-relaxed) capture counts;
+///   "concurrent capture sequences in other threads are ignored".
+/// - `CU_STREAM_CAPTURE_MODE_RELAXED`: "the local thread is not prohibited from potentially unsafe
+///   API calls".
+///
+/// A prohibited call fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the captures
+/// that prohibit it ("When an invalid operation is attempted during stream capture, any associated
+/// capture graphs are invalidated", CUDA Programming Guide, CUDA Graphs, Invalidation); their
+/// cuStreamEndCapture then answers `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. This is what breaks a
+/// PyTorch graph capture when the NCCL watchdog thread calls cudaEventQuery meanwhile (PyTorch pull
+/// requests 104555 and 148594, which move the watchdog to thread-local mode).
+///
+/// simgpu treats as potentially unsafe: cuEventQuery, cuEventSynchronize, cuStreamQuery,
+/// cuStreamSynchronize, cuCtxSynchronize (they wait for or observe work that may be captured), and
+/// cuMemAlloc / cuMemFree (not stream-ordered: the example the documentation gives is cudaMalloc).
+pub(crate) fn check_unsafe_call() -> CUresult {
+    if CAPTURES_GOING_ON.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let mode = THREAD_MODE.with(|m| m.get());
+    if mode == CU_STREAM_CAPTURE_MODE_RELAXED {
+        return Ok(());
+    }
+    let me = std::thread::current().id();
+    let mut all = lock(&CAPTURES);
+    all.retain(|w| w.upgrade().is_some_and(|c| c.active()));
+    let offending: Vec<Arc<Capture>> = all
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| {
+            (c.thread == me && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+                || (mode == CU_STREAM_CAPTURE_MODE_GLOBAL
+                    && c.thread != me
+                    && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+        })
+        .collect();
+    drop(all);
+    if offending.is_empty() {
+        return Ok(());
+    }
+    for c in &offending {
+        simgpu_core::trace(format_args!(
+            "capture {} invalidated by a potentially unsafe call from another thread or its own",
+            c.id
+        ));
+        c.invalidate();
+    }
+    Err(CUerror::STREAM_CAPTURE_UNSUPPORTED)
+}
+
 fn begin_capture(hs: CUstream, per_thread: bool, mode: u32) -> CUresult {
     if mode > CU_STREAM_CAPTURE_MODE_RELAXED {
         return Err(CUerror::INVALID_VALUE);
@@ -165,6 +235,8 @@ fn begin_capture(hs: CUstream, per_thread: bool, mode: u32) -> CUresult {
         members: Mutex::new(Vec::new()),
     });
     c.join(&s);
+    CAPTURES_GOING_ON.fetch_add(1, Ordering::AcqRel);
+    lock(&CAPTURES).push(Arc::downgrade(&c));
     Ok(())
 }
 
@@ -180,7 +252,9 @@ fn end_capture(hs: CUstream, per_thread: bool, pg: Option<&mut CUgraph>) -> CUre
     if c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != std::thread::current().id() {
         return Err(CUerror::STREAM_CAPTURE_WRONG_THREAD);
     }
-    c.ended.store(true, Ordering::Release);
+    if !c.ended.swap(true, Ordering::AcqRel) {
+        CAPTURES_GOING_ON.fetch_sub(1, Ordering::AcqRel);
+    }
     for m in lock(&c.members).iter().filter_map(Weak::upgrade) {
         m.set_capture(None);
     }

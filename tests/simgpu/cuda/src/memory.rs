@@ -597,7 +597,11 @@ fn mem_alloc(dptr: Option<&mut CUdeviceptr>, size: usize, kind: Kind) -> CUresul
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: Option<&mut CUdeviceptr>, size: usize) -> CUresult {
-    crate::call("cuMemAlloc_v2", || mem_alloc(dptr, size, Kind::Device))
+    crate::call("cuMemAlloc_v2", || {
+        // Not stream-ordered: prohibited while a capture is going on (see graph.rs).
+        crate::graph::check_unsafe_call()?;
+        mem_alloc(dptr, size, Kind::Device)
+    })
 }
 
 #[no_mangle]
@@ -679,7 +683,10 @@ fn mem_free(ptr: CUdeviceptr) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
-    crate::call("cuMemFree_v2", || mem_free(ptr))
+    crate::call("cuMemFree_v2", || {
+        crate::graph::check_unsafe_call()?;
+        mem_free(ptr)
+    })
 }
 
 #[no_mangle]

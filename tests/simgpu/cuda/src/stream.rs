@@ -595,6 +595,23 @@ fn wait_event(
     crate::event::stream_wait(&s, &e)
 }
 
+/// cuStreamSynchronize: the stream's own capture first (a conflict whatever the mode), then the
+/// capture-mode rule for potentially unsafe calls (see `graph::check_unsafe_call`).
+fn sync_export(h: CUstream, per_thread: bool) -> CUresult {
+    let s = resolve(h, per_thread)?;
+    check_not_capturing(&s)?;
+    crate::graph::check_unsafe_call()?;
+    synchronize(&s)
+}
+
+/// cuStreamQuery: as [`sync_export`].
+fn query_export(h: CUstream, per_thread: bool) -> CUresult {
+    let s = resolve(h, per_thread)?;
+    check_not_capturing(&s)?;
+    crate::graph::check_unsafe_call()?;
+    query(&s)
+}
+
 // ---- exports ----
 
 #[no_mangle]
@@ -631,24 +648,22 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
-    crate::call("cuStreamSynchronize", || synchronize(&resolve(h, false)?))
+    crate::call("cuStreamSynchronize", || sync_export(h, false))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
-    crate::call("cuStreamSynchronize_ptsz", || {
-        synchronize(&resolve(h, true)?)
-    })
+    crate::call("cuStreamSynchronize_ptsz", || sync_export(h, true))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
-    crate::call("cuStreamQuery", || query(&resolve(h, false)?))
+    crate::call("cuStreamQuery", || query_export(h, false))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
-    crate::call("cuStreamQuery_ptsz", || query(&resolve(h, true)?))
+    crate::call("cuStreamQuery_ptsz", || query_export(h, true))
 }
 
 #[no_mangle]
