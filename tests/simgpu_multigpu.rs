@@ -270,3 +270,52 @@ fn capture_modes_decide_which_calls_invalidate_a_capture() {
         }
     }
 }
+
+/// Graph memory nodes: a captured cuMemAllocAsync (or cuGraphAddMemAllocNode) allocates nothing at
+/// capture time; the graph's launch allocates (counted in the device's memory in use), a free node
+/// or a later free returns it, AUTO_FREE_ON_LAUNCH frees before a relaunch, a relaunch with the
+/// allocation still held fails (CUDA_ERROR_INVALID_VALUE = 1), and a graph whose allocation does
+/// not fit captures fine but fails to launch (CUDA_ERROR_OUT_OF_MEMORY = 2).
+#[test]
+fn graph_memory_is_allocated_when_the_graph_is_launched() {
+    let sim = Sim::new("graphmem")
+        .env("SIMGPU_MEMORY", "4GiB")
+        .env("SIMGPU_CONTEXT_MEMORY", "0");
+    let client = compile(&MULTIGPU);
+    let run = sim.run(&client, &["graphmem", "256"]);
+    run.assert_success();
+    let r = run.report();
+    let mib = |k: &str| run.get_u64(k);
+    let start = mib("start_used_mib");
+    assert_eq!(run.get("captured_ptr_nonzero"), "1", "{r}");
+    assert_eq!(
+        mib("captured_used_mib"),
+        start,
+        "capture allocated memory: {r}"
+    );
+    assert_eq!(mib("captured_graph_mib"), 0, "{r}");
+    assert_eq!(run.get("launch1"), "0", "{r}");
+    assert_eq!(mib("freed_in_graph_used_mib"), start, "{r}");
+    assert_eq!(mib("graph_high_mib"), 256, "{r}");
+    assert_eq!(run.get("launch2"), "0", "{r}");
+    assert_eq!(mib("escaped_used_mib"), start + 256, "{r}");
+    assert_eq!(mib("escaped_graph_mib"), 256, "{r}");
+    assert_eq!(run.get("relaunch_unfreed"), "1", "{r}");
+    assert_eq!(mib("freed_after_used_mib"), start, "{r}");
+    assert_eq!(run.get("relaunch_freed"), "0", "{r}");
+    assert_eq!(mib("freed_sync_used_mib"), start, "{r}");
+    assert_eq!(run.get("auto1"), "0", "{r}");
+    assert_eq!(run.get("auto2"), "0", "{r}");
+    assert_eq!(mib("auto_used_mib"), start + 256, "{r}");
+    assert_eq!(run.get("add_alloc"), "0", "{r}");
+    assert_eq!(run.get("built_ptr_nonzero"), "1", "{r}");
+    assert_eq!(run.get("add_free"), "0", "{r}");
+    assert_eq!(run.get("add_free_twice"), "1", "{r}");
+    assert_eq!(run.get("add_free_unknown"), "1", "{r}");
+    assert_eq!(run.get("launch_built"), "0", "{r}");
+    assert_eq!(mib("built_used_mib"), start, "{r}");
+    assert_eq!(run.get("capture_big"), "0", "{r}");
+    assert_eq!(run.get("end_big"), "0", "{r}");
+    assert_eq!(run.get("launch_big"), "2", "{r}");
+    assert_eq!(mib("big_used_mib"), start, "{r}");
+}

@@ -21,6 +21,11 @@
  *       mem_alloc (cuMemAlloc + cuMemFree). Prints call=, capture_launch= (a launch into the
  *       capture after the call), end= (cuStreamEndCapture), graph_null=, and graph_launch= when a
  *       graph was captured.
+ *   graphmem MIB
+ *       graph memory nodes: graphs capturing cuMemAllocAsync of MIB MiB (with and without the
+ *       matching cuMemFreeAsync), one built with cuGraphAddMemAllocNode/cuGraphAddMemFreeNode, and
+ *       one too large for the device; prints the device memory in use (cuMemGetInfo) and
+ *       CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT after each step, and each call's result.
  *   streams DEVICE NSTREAMS N US
  *       N `spin` kernels of US on each of NSTREAMS non-blocking streams of one context (issued round
  *       robin, so they can overlap), then cuCtxSynchronize; prints wall_ns.
@@ -258,6 +263,109 @@ static int mode_capture(const char *cap, const char *who, const char *caller_mod
     return 0;
 }
 
+static CUdevice dev0;
+
+static void print_mem(const char *step) {
+    size_t free_b, total_b;
+    cuuint64_t graph_used = 0;
+    CHECK(cuMemGetInfo(&free_b, &total_b));
+    CHECK(cuDeviceGetGraphMemAttribute(dev0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &graph_used));
+    printf("%s_used_mib=%llu\n%s_graph_mib=%llu\n", step,
+           (unsigned long long)((total_b - free_b) >> 20), step,
+           (unsigned long long)(graph_used >> 20));
+}
+
+/* Captures on `s`: alloc MIB, a kernel, and (if `free_in_graph`) the free. */
+static CUgraph capture_alloc(CUstream s, size_t bytes, int free_in_graph, CUdeviceptr *p) {
+    CUgraph g;
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuMemAllocAsync(p, bytes, s));
+    launch_spin(s, 10);
+    if (free_in_graph)
+        CHECK(cuMemFreeAsync(*p, s));
+    CHECK(cuStreamEndCapture(s, &g));
+    return g;
+}
+
+static int mode_graphmem(unsigned long long mib) {
+    CUstream s;
+    CUdeviceptr p;
+    CUgraphExec e;
+    size_t bytes = (size_t)mib << 20;
+    setup(0);
+    CHECK(cuDeviceGet(&dev0, 0));
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    print_mem("start");
+
+    /* 1. Allocated and freed inside the graph. */
+    CUgraph g = capture_alloc(s, bytes, 1, &p);
+    printf("captured_ptr_nonzero=%d\n", p != 0);
+    print_mem("captured");
+    CHECK(cuGraphInstantiate(&e, g, 0));
+    printf("launch1=%d\n", (int)cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    print_mem("freed_in_graph");
+    cuuint64_t high = 0;
+    CHECK(cuDeviceGetGraphMemAttribute(dev0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &high));
+    printf("graph_high_mib=%llu\n", (unsigned long long)(high >> 20));
+
+    /* 2. Not freed in the graph: held after the launch, until freed; no relaunch meanwhile. */
+    g = capture_alloc(s, bytes, 0, &p);
+    CHECK(cuGraphInstantiate(&e, g, 0));
+    printf("launch2=%d\n", (int)cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    print_mem("escaped");
+    printf("relaunch_unfreed=%d\n", (int)cuGraphLaunch(e, s));
+    CHECK(cuMemFreeAsync(p, s));
+    CHECK(cuStreamSynchronize(s));
+    print_mem("freed_after");
+    printf("relaunch_freed=%d\n", (int)cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuMemFree(p));
+    print_mem("freed_sync");
+
+    /* 3. AUTO_FREE_ON_LAUNCH: relaunching frees the previous launch's allocation first. */
+    g = capture_alloc(s, bytes, 0, &p);
+    CHECK(cuGraphInstantiateWithFlags(&e, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+    printf("auto1=%d\n", (int)cuGraphLaunch(e, s));
+    printf("auto2=%d\n", (int)cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    print_mem("auto");
+    CHECK(cuMemFree(p));
+
+    /* 4. Built node by node. */
+    CUgraphNode an, fn_;
+    CUDA_MEM_ALLOC_NODE_PARAMS ap;
+    memset(&ap, 0, sizeof ap);
+    ap.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    ap.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    ap.poolProps.location.id = 0;
+    ap.bytesize = bytes;
+    CHECK(cuGraphCreate(&g, 0));
+    printf("add_alloc=%d\n", (int)cuGraphAddMemAllocNode(&an, g, NULL, 0, &ap));
+    printf("built_ptr_nonzero=%d\n", ap.dptr != 0);
+    printf("add_free=%d\n", (int)cuGraphAddMemFreeNode(&fn_, g, &an, 1, ap.dptr));
+    printf("add_free_twice=%d\n", (int)cuGraphAddMemFreeNode(&fn_, g, &an, 1, ap.dptr));
+    printf("add_free_unknown=%d\n", (int)cuGraphAddMemFreeNode(&fn_, g, &an, 1, ap.dptr + 64));
+    CHECK(cuGraphInstantiate(&e, g, 0));
+    printf("launch_built=%d\n", (int)cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    print_mem("built");
+
+    /* 5. Larger than the device: capturing works (no memory yet), launching does not. */
+    size_t total_b, free_b;
+    CHECK(cuMemGetInfo(&free_b, &total_b));
+    CUgraph big;
+    CUdeviceptr bp;
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    printf("capture_big=%d\n", (int)cuMemAllocAsync(&bp, total_b + ((size_t)1 << 20), s));
+    printf("end_big=%d\n", (int)cuStreamEndCapture(s, &big));
+    CHECK(cuGraphInstantiate(&e, big, 0));
+    printf("launch_big=%d\n", (int)cuGraphLaunch(e, s));
+    print_mem("big");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (strcmp(mode, "rank") == 0 && argc == 7)
@@ -265,6 +373,8 @@ int main(int argc, char **argv) {
                          atol(argv[5]), strtoull(argv[6], NULL, 10));
     if (strcmp(mode, "capture") == 0 && argc == 6)
         return mode_capture(argv[2], argv[3], argv[4], argv[5]);
+    if (strcmp(mode, "graphmem") == 0 && argc == 3)
+        return mode_graphmem(strtoull(argv[2], NULL, 10));
     if (strcmp(mode, "teardown") == 0 && argc == 3)
         return mode_teardown(argv[2]);
     if (strcmp(mode, "streams") == 0 && argc == 6)
@@ -272,7 +382,7 @@ int main(int argc, char **argv) {
                             strtoull(argv[5], NULL, 10));
     fprintf(stderr,
             "usage: %s [rank DEVICE TAG PARTICIPANTS ITERS US | streams DEVICE NSTREAMS N US | "
-            "teardown reset|destroy|release | capture MODE self|other MODE CALL]\n",
+            "teardown reset|destroy|release | capture MODE self|other MODE CALL | graphmem MIB]\n",
             argv[0]);
     return 2;
 }
