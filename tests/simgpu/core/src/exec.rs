@@ -119,7 +119,7 @@ fn lock_exec(exec: &Exec) -> ExecLock<'_> {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(20));
-            if tries % 512 == 0 {
+            if tries.is_multiple_of(512) {
                 let held = exec.lock.load(Acquire);
                 let since = sys::realtime_ns().saturating_sub(exec.lock_ns.load(Relaxed));
                 if held != 0

@@ -804,7 +804,7 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
         // SAFETY: the client's pointers follow the API's contract.
         unsafe { check_deps(&g, deps, num_deps) }?;
         // "an address that was not returned by an allocation node": CUDA_ERROR_INVALID_VALUE.
-        let a = graph_memory::lookup(dptr as u64).ok_or(CUerror::INVALID_VALUE)?;
+        let a = graph_memory::lookup(dptr).ok_or(CUerror::INVALID_VALUE)?;
         // "an allocation twice in the same graph": CUDA_ERROR_INVALID_VALUE.
         let twice = lock(&g.nodes)
             .iter()

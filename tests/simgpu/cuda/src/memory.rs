@@ -685,7 +685,7 @@ fn mem_free(ptr: CUdeviceptr) -> CUresult {
 pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     crate::call("cuMemFree_v2", || {
         crate::graph::check_unsafe_call()?;
-        if let Some(a) = crate::graph_memory::lookup(ptr as u64) {
+        if let Some(a) = crate::graph_memory::lookup(ptr) {
             crate::graph_memory::release(&a);
             return Ok(());
         }
@@ -1248,7 +1248,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 fn free_async(ptr: CUdeviceptr, stream: CUstream, per_thread: bool) -> CUresult {
     crate::context::current()?;
     let s = crate::stream::resolve(stream, per_thread)?;
-    if let Some(a) = crate::graph_memory::lookup(ptr as u64) {
+    if let Some(a) = crate::graph_memory::lookup(ptr) {
         return crate::graph_memory::free_async(a, &s);
     }
     let base = ptr as usize;
