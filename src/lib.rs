@@ -6,7 +6,6 @@ pub mod ledger;
 pub mod scheduling;
 
 pub mod accounting;
-pub mod cli;
 pub mod driver;
 pub mod hooks;
 pub mod log;
