@@ -68,7 +68,8 @@ const REAP_SPACING_NS: u64 = 100_000_000;
 /// Longest sleep without looking at the schedule.
 const POLL_NS: u64 = 20_000_000;
 /// How long a context whose kernel ended with more work queued on its stream keeps the device for
-/// that work (the time its stream takes to hand the next kernel over).
+/// that work (the time its stream takes to hand the next kernel over). That kernel is then taken to
+/// have started when the previous one ended, so the hand-over costs no device time.
 const HOLD_NS: u64 = 1_000_000;
 /// The end of a timed kernel is waited for by spinning over its last stretch.
 const SPIN_NS: u64 = 60_000;
@@ -442,6 +443,7 @@ impl Shared {
                 }
                 ex.switches.fetch_add(1, AcqRel);
                 ex.hold_until_ns.store(0, Relaxed);
+                ex.hold_from_ns.store(0, Relaxed);
                 active = 0;
                 changed = true;
             }
@@ -453,6 +455,7 @@ impl Shared {
             // 4. An idle device goes to the longest-waiting kernel's context.
             if active == 0 {
                 ex.hold_until_ns.store(0, Relaxed);
+                ex.hold_from_ns.store(0, Relaxed);
                 if let Some(i) = waiting(&|_| true) {
                     active = entries[i].context.load(Relaxed);
                     ex.active_owner
@@ -468,13 +471,24 @@ impl Shared {
                     break;
                 };
                 let e = &entries[i];
-                e.segment_ns.store(now, Relaxed);
+                // The kernel that follows a held context's last one on an idle device starts when
+                // that one ended: on a GPU it was queued already, and the device was not idle.
+                let held_from = ex.hold_from_ns.swap(0, Relaxed);
+                let start = if ex.running.load(Relaxed) == 0
+                    && held_from != 0
+                    && now < ex.hold_until_ns.load(Relaxed)
+                {
+                    held_from.min(now)
+                } else {
+                    now
+                };
+                e.segment_ns.store(start, Relaxed);
                 if e.first_ns.load(Relaxed) == 0 {
-                    e.first_ns.store(now, Relaxed);
+                    e.first_ns.store(start, Relaxed);
                 }
                 if ex.running.fetch_add(1, AcqRel) == 0 {
-                    ex.busy_since_ns.store(now, Relaxed);
-                    self.mark_busy_start(dev, d, now);
+                    ex.busy_since_ns.store(start, Relaxed);
+                    self.mark_busy_start(dev, d, start);
                 }
                 e.state.store(ENTRY_RUNNING, Release);
                 changed = true;
@@ -510,6 +524,7 @@ impl Shared {
         {
             let hold = &dev.exec.hold_until_ns;
             hold.store(hold.load(Relaxed).max(end.saturating_add(HOLD_NS)), Relaxed);
+            dev.exec.hold_from_ns.store(end, Relaxed);
         }
         e.remaining_ns.store(0, Relaxed);
         e.done_ns.store(end, Relaxed);

@@ -131,6 +131,9 @@ pub struct Exec {
     /// The serving context keeps the device until then although nothing of it runs or waits: a
     /// kernel of it ended with more work queued behind it on its stream.
     pub hold_until_ns: AtomicU64,
+    /// When that kernel ended (0: no hold): the next kernel of the context, on a GPU already queued,
+    /// would have started then.
+    pub hold_from_ns: AtomicU64,
     /// Time-slice context switches (a running context made to yield to a waiting one).
     pub switches: AtomicU64,
     pub entries: [Entry; TURNS],
