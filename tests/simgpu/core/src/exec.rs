@@ -6,11 +6,15 @@
 //!   concurrently with a kernel from another context (NVIDIA Nsight VSE, "CUDA Concurrent Kernel
 //!   Trace": "A kernel from one CUDA context cannot execute concurrently with a kernel from another
 //!   CUDA context"); the device serves one context at a time. When kernels of another context are
-//!   waiting and the serving context has had the device for a time slice (`SIMGPU_TIMESLICE_US`,
-//!   default 2 ms), its running kernels are preempted (they keep the work they have done and resume
-//!   later) and the device goes to the context whose kernel has waited longest. Preempted kernels
-//!   queue again behind those waiting, so contexts take turns. A context with nothing running and
-//!   nothing queued gives the device up at once. `SIMGPU_TIMESLICE_US=0` turns preemption off.
+//!   waiting and the serving context has used a time slice of device time (`SIMGPU_TIMESLICE_US`,
+//!   default 2 ms; the time its kernels ran, not wall time), its running kernels are preempted (they
+//!   keep the work they have done and resume later) and the device goes to the context whose kernel
+//!   has waited longest. Preempted kernels queue again behind those waiting, so contexts take turns.
+//!   A context with nothing running and nothing queued gives the device up at once, unless a kernel
+//!   of it just ended with more work queued on its stream: on a GPU that work is in the device's
+//!   queue already, so the context keeps the device for it (up to 1 ms, within its slice) and the
+//!   next kernel counts as started when the previous one ended. `SIMGPU_TIMESLICE_US=0` turns
+//!   preemption off.
 //! - **Concurrent kernels within a context.** Up to `SIMGPU_CONCURRENT_KERNELS` (default 4) kernels
 //!   of the serving context run at once (kernels of different streams overlap; the CUDA programming
 //!   guide, "Concurrent Kernel Execution": kernels of different streams of one context may execute
@@ -361,12 +365,9 @@ impl Shared {
                 next = next.min(hold);
             }
         }
-        if others_wait && self.timeslice_ns > 0 {
-            next = next.min(
-                ex.slice_start_ns
-                    .load(Acquire)
-                    .saturating_add(self.timeslice_ns),
-            );
+        if others_wait && self.timeslice_ns > 0 && ex.running.load(Acquire) > 0 {
+            let used = slice_used(ex, now);
+            next = next.min(now.saturating_add(self.timeslice_ns.saturating_sub(used)));
         }
         next.max(now)
     }
@@ -419,11 +420,7 @@ impl Shared {
             // 2. The time slice: the serving context yields to another's waiting kernel.
             if active != 0
                 && self.timeslice_ns > 0
-                && now
-                    >= ex
-                        .slice_start_ns
-                        .load(Relaxed)
-                        .saturating_add(self.timeslice_ns)
+                && slice_used(ex, now) >= self.timeslice_ns
                 && waiting(&|c| c != active).is_some()
             {
                 for e in entries {
@@ -461,6 +458,7 @@ impl Shared {
                     ex.active_owner
                         .store(entries[i].owner.load(Relaxed), Relaxed);
                     ex.slice_start_ns.store(now, Relaxed);
+                    ex.slice_used_ns.store(0, Relaxed);
                     changed = true;
                 }
                 ex.active_context.store(active, Release);
@@ -567,6 +565,7 @@ impl Shared {
     /// the serving context's process and group.
     fn end_busy(&self, dev: &Device, d: usize, end: u64) {
         let busy = end.saturating_sub(dev.exec.busy_since_ns.load(Relaxed));
+        dev.exec.slice_used_ns.fetch_add(busy, Relaxed);
         let total = dev.busy_ns.fetch_add(busy, AcqRel) + busy;
         record(&dev.history, end, total);
         if let Some(s) = self.slot_of(dev.exec.active_owner.load(Relaxed)) {
@@ -681,6 +680,16 @@ impl Shared {
             )
         })
     }
+}
+
+/// Device time the serving context of `ex` has used in its slice, up to `now`.
+fn slice_used(ex: &Exec, now: u64) -> u64 {
+    let running = if ex.running.load(Acquire) > 0 {
+        now.saturating_sub(ex.busy_since_ns.load(Acquire))
+    } else {
+        0
+    };
+    ex.slice_used_ns.load(Acquire).saturating_add(running)
 }
 
 /// A free entry of `ex` (caller holds the lock): a free one, a finished one nobody freed for a

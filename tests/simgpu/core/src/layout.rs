@@ -119,6 +119,9 @@ pub struct Exec {
     pub active_owner: AtomicU64,
     /// Realtime ns at which the active context got the device.
     pub slice_start_ns: AtomicU64,
+    /// Device time the active context has used since it got the device (finished busy intervals;
+    /// the running one is added by readers). Its time slice is device time, not wall time.
+    pub slice_used_ns: AtomicU64,
     /// Realtime ns at which `running` last rose from 0 (start of the current busy interval).
     pub busy_since_ns: AtomicU64,
     pub next_seq: AtomicU64,
