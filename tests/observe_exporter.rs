@@ -481,15 +481,15 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
     }
     assert!(queries >= 10, "{queries} dashboard queries");
 
-    // The run ends; the ledgers stay. Over the whole run, the exported busy seconds split as
-    // simgpu's own busy counters (the judge) do: the exporter reports the GPU time each tenant got.
-    // With the shares honoured that is 30/70; how well the arbitration keeps 30/70 is judged by
-    // tests/compute_shares.rs, and with the CPUs saturated by other work it can drift far (a tenant
-    // starved of CPU stops asking for the GPU), so the split is printed (docs/BENCHMARKS.md).
+    // The run ends; the ledgers stay. The exported busy and wait seconds are the device ledger's
+    // figures as `gpuslice status --json` reads them.
     for (c, name) in [(a, "alpha"), (b, "beta")] {
         finish(c, name).assert_success();
     }
     let last = parse(&scrape(&addr));
+    let status = sim.run(gpuslice_bin(), &["status", "--json", "--compute"]);
+    status.assert_success();
+    let doc = Json::parse(&status.stdout).unwrap();
     let busy = |t: &str| {
         value(
             &last,
@@ -497,6 +497,39 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
             &[("tenant", t)],
         )
     };
+    for t in ["alpha", "beta"] {
+        let row = doc
+            .find("compute", "tenant", &Json::Str(t.into()))
+            .unwrap_or_else(|| panic!("no compute row for {t}: {}", status.stdout));
+        let charged = row.u64("charged_ns") as f64 / 1e9;
+        assert!(
+            (busy(t) - charged).abs() <= 1e-9 * charged.max(1.0),
+            "{t}: exported {} s, status --json charged_ns {}",
+            busy(t),
+            row.u64("charged_ns")
+        );
+        let waited = match row.at("waited_s") {
+            Json::Num(x) => *x,
+            other => panic!("waited_s {other:?}"),
+        };
+        let wait = value(
+            &last,
+            "gpuslice_compute_wait_seconds_total",
+            &[("tenant", t)],
+        );
+        assert!(
+            (wait - waited).abs() <= 0.001,
+            "{t}: wait {wait} s vs status {waited} s"
+        );
+    }
+
+    // Over the whole run, the exported busy seconds split as simgpu's own busy counters (the
+    // judge) do. With the shares honoured that is 30/70; how well the arbitration keeps it is
+    // judged by tests/compute_shares.rs: with the CPUs saturated by other work it drifts (a tenant
+    // starved of CPU stops asking for the GPU), and the time charged to a tenant holding the GPU is
+    // not exactly simgpu's busy time. So the bound is one that catches a wrong reading (tenants
+    // swapped, a wrong unit) without tripping on a loaded machine; the figures are printed
+    // (docs/BENCHMARKS.md).
     let judge = |t: &str| {
         sim.stat()
             .find("groups", "name", &Json::Str(t.into()))
@@ -516,7 +549,7 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
         (ja + jb) / 1e9
     );
     assert!(
-        (exported - judged).abs() <= 0.05,
+        (exported - judged).abs() <= 0.10,
         "exported split alpha {exported:.3} vs simgpu's {judged:.3}"
     );
 
