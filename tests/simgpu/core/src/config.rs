@@ -140,10 +140,14 @@ impl Config {
             v.parse().ok().filter(|n| *n <= 64).map(|n| scale.set(n))
         });
         let zero = std::cell::Cell::new(c.pool_attributes_zero);
-        get("SIMGPU_POOL_ATTRIBUTES_ZERO", &|v| match v {
-            "1" => Some(zero.set(true)),
-            "0" | "" => Some(zero.set(false)),
-            _ => None,
+        get("SIMGPU_POOL_ATTRIBUTES_ZERO", &|v| {
+            let on = match v {
+                "1" => true,
+                "0" | "" => false,
+                _ => return None,
+            };
+            zero.set(on);
+            Some(())
         });
         c.devices = devices.get();
         c.memory = memory.get();

@@ -45,8 +45,9 @@ fn u16_at(b: &[u8], at: usize) -> u64 {
         .map_or(0, |s| u64::from(u16::from_le_bytes([s[0], s[1]])))
 }
 fn u32_at(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 4)
-        .map_or(0, |s| u64::from(u32::from_le_bytes(s.try_into().unwrap_or_default())))
+    b.get(at..at + 4).map_or(0, |s| {
+        u64::from(u32::from_le_bytes(s.try_into().unwrap_or_default()))
+    })
 }
 fn u64_at(b: &[u8], at: usize) -> u64 {
     b.get(at..at + 8)
@@ -73,14 +74,20 @@ pub unsafe fn from_pointer(p: *const c_void) -> Image {
             let programs = u64_at(&h, 0x20).saturating_add(u16_at(&h, 0x36) * u16_at(&h, 0x38));
             let size = sections.max(programs).clamp(64, MAX_IMAGE) as usize;
             // SAFETY: the ELF headers say the file extends this far.
-            return Image { bytes: unsafe { read(p, size) } };
+            return Image {
+                bytes: unsafe { read(p, size) },
+            };
         }
         if magic == FATBIN_MAGIC {
             // SAFETY: a fatbinary starts with its 16-byte header.
             let h = unsafe { read(p, 16) };
-            let size = u16_at(&h, 6).saturating_add(u64_at(&h, 8)).clamp(16, MAX_IMAGE);
+            let size = u16_at(&h, 6)
+                .saturating_add(u64_at(&h, 8))
+                .clamp(16, MAX_IMAGE);
             // SAFETY: the header says the fatbinary extends this far.
-            return Image { bytes: unsafe { read(p, size as usize) } };
+            return Image {
+                bytes: unsafe { read(p, size as usize) },
+            };
         }
         if magic == FATBIN_WRAPPER_MAGIC {
             // SAFETY: the wrapper is { int magic; int version; const void *data; void *filename }.
@@ -95,7 +102,9 @@ pub unsafe fn from_pointer(p: *const c_void) -> Image {
     // SAFETY: per the caller, a NUL-terminated string.
     let n = unsafe { leading_nonzero(p, MAX_IMAGE as usize) };
     // SAFETY: `n` bytes were just read.
-    Image { bytes: unsafe { read(p, n) } }
+    Image {
+        bytes: unsafe { read(p, n) },
+    }
 }
 
 /// The kernels' parameter layouts in `image`.
@@ -148,10 +157,8 @@ fn ptx_param_size(decl: &str) -> (usize, usize) {
             ".align" if scalar == 0 => {
                 align = words.get(i + 1).and_then(|a| a.parse().ok()).unwrap_or(0)
             }
-            t if t.len() > 2 && matches!(&t[..2], ".u" | ".s" | ".b" | ".f") => {
-                if scalar == 0 {
-                    scalar = bits(t).unwrap_or(0);
-                }
+            t if scalar == 0 && t.len() > 2 && matches!(&t[..2], ".u" | ".s" | ".b" | ".f") => {
+                scalar = bits(t).unwrap_or(0);
             }
             _ => {}
         }
@@ -177,7 +184,11 @@ fn cubin_layouts(elf: &[u8]) -> ParamLayouts {
     let shstrndx = u16_at(elf, 0x3e) as usize;
     let section = |i: usize| -> Option<(u64, usize, usize)> {
         let h = elf.get(shoff + i * shentsize..shoff + (i + 1) * shentsize)?;
-        Some((u32_at(h, 0), u64_at(h, 0x18) as usize, u64_at(h, 0x20) as usize))
+        Some((
+            u32_at(h, 0),
+            u64_at(h, 0x18) as usize,
+            u64_at(h, 0x20) as usize,
+        ))
     };
     let Some((_, str_off, str_size)) = section(shstrndx) else {
         return out;
@@ -186,19 +197,29 @@ fn cubin_layouts(elf: &[u8]) -> ParamLayouts {
         return out;
     };
     for i in 0..shnum {
-        let Some((name_at, off, size)) = section(i) else { continue };
+        let Some((name_at, off, size)) = section(i) else {
+            continue;
+        };
         let name = names
             .get(name_at as usize..)
             .and_then(|n| n.split(|b| *b == 0).next())
             .and_then(|n| std::str::from_utf8(n).ok())
             .unwrap_or("");
-        let Some(kernel) = name.strip_prefix(".nv.info.") else { continue };
-        let Some(data) = elf.get(off..off.saturating_add(size)) else { continue };
+        let Some(kernel) = name.strip_prefix(".nv.info.") else {
+            continue;
+        };
+        let Some(data) = elf.get(off..off.saturating_add(size)) else {
+            continue;
+        };
         let mut params = Vec::new();
         let mut at = 0;
         while at + 4 <= data.len() {
             let (format, attr) = (data[at], data[at + 1]);
-            let len = if format == 0x04 { 4 + u16_at(data, at + 2) as usize } else { 4 };
+            let len = if format == 0x04 {
+                4 + u16_at(data, at + 2) as usize
+            } else {
+                4
+            };
             if format == 0x04 && attr == 0x17 {
                 let rec = &data[(at + 4).min(data.len())..(at + len).min(data.len())];
                 let ordinal = u16_at(rec, 4) as usize;

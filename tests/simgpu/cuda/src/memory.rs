@@ -1030,13 +1030,14 @@ unsafe fn put_pointer_attribute(
         CU_POINTER_ATTRIBUTE_SYNC_MEMOPS => answer!(u32, info.map(|_| 0)),
         CU_POINTER_ATTRIBUTE_BUFFER_ID => answer!(u64, info.map(|i| i.id)),
         CU_POINTER_ATTRIBUTE_IS_MANAGED => answer!(u32, info.map(|i| u32::from(i.managed))),
-        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => answer!(
-            i32,
-            info.map(|i| crate::device::visible_ordinal(i.device))
-        ),
+        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => {
+            answer!(i32, info.map(|i| crate::device::visible_ordinal(i.device)))
+        }
         CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE => answer!(
             u32,
-            info.map(|i| u32::from(i.memory_type == CU_MEMORYTYPE_DEVICE && i.pool == 0 && !i.managed))
+            info.map(|i| u32::from(
+                i.memory_type == CU_MEMORYTYPE_DEVICE && i.pool == 0 && !i.managed
+            ))
         ),
         CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => answer!(u64, info.map(|i| i.base as u64)),
         CU_POINTER_ATTRIBUTE_RANGE_SIZE => answer!(usize, info.map(|i| i.size)),

@@ -236,7 +236,12 @@ fn new_library(image: &crate::image::Image) -> Result<CUlibrary, CUerror> {
 /// `cuFuncGetParamInfo` / `cuKernelGetParamInfo`: the parameter's offset and size in the
 /// device-side parameter layout; `INVALID_VALUE` for an index past the last parameter (or a kernel
 /// whose image did not declare its parameters).
-fn param_info(f: CUfunction, index: usize, offset: Option<&mut usize>, size: *mut usize) -> CUresult {
+fn param_info(
+    f: CUfunction,
+    index: usize,
+    offset: Option<&mut usize>,
+    size: *mut usize,
+) -> CUresult {
     let f = function(f)?;
     let offset = crate::out(offset)?;
     let m = f.module.upgrade().ok_or(CUerror::INVALID_HANDLE)?;
