@@ -165,6 +165,13 @@ fn open_library(library: Library) -> *mut c_void {
         Library::Cuda => ("GPUSLICE_REAL_LIBCUDA", CUDA_NAMES),
         Library::Nvml => ("GPUSLICE_REAL_NVML", NVML_NAMES),
     };
+    if library == Library::Nvml && role() == Role::DropinCuda {
+        // The drop-in libcuda reads the real NVML to measure driver memory. Loaded first by its
+        // path, the real library would then answer the program's own dlopen("libnvidia-ml.so.1")
+        // (the loader matches loaded objects by soname) and bypass the drop-in NVML: whatever the
+        // standard name finds (the drop-in, when deployed) is loaded first and kept.
+        let _kept = dlopen(NVML_NAMES[0], libc::RTLD_NOW | libc::RTLD_LOCAL);
+    }
     if let Some(path) =
         std::env::var_os(var).and_then(|p| CString::new(p.into_encoded_bytes()).ok())
     {

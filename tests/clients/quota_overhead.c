@@ -8,7 +8,8 @@
  *   steps MODULE_MIB HEAP_MIB STACK_BYTES   context, alloc 256 MiB, load a module of MODULE_MIB MiB,
  *                                           raise the malloc heap and the stack limit, then undo each
  *                                           in turn; views after every step; then fill in 2 MiB chunks
- *   hold                                    context, ready=1, wait for a line; fill; wait for EOF
+ *   hold [MODULE_MIB HEAP_MIB STACK_BYTES]  context (and a module and limits), ready=1, wait for a line;
+ *                                           fill; views; wait for EOF
  *   async ROUNDS                            context, then ROUNDS times: cuMemAllocAsync 64 MiB blocks
  *                                           until refused, free them, synchronise
  */
@@ -63,7 +64,11 @@ static void nvml_open(void) {
     *(void **)&N.procs1 = dlsym(h, "nvmlDeviceGetComputeRunningProcesses");
     *(void **)&N.procs2 = dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v2");
     *(void **)&N.procs3 = dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
-    if (N.init() != 0 || N.by_index(0, &N.dev) != 0) { printf("error=nvml init\n"); exit(1); }
+    int rc_init = N.init(), rc_index = N.by_index(0, &N.dev);
+    if (rc_init != 0 || rc_index != 0) {
+        printf("error=nvml init %d %d\n", rc_init, rc_index);
+        exit(1);
+    }
 }
 
 /* Sum and count of a process list, and this process's line. */
@@ -166,9 +171,17 @@ int main(int argc, char **argv) {
         views("s9");
     } else if (strcmp(mode, "hold") == 0) {
         char line[64];
+        if (argc > 4) {
+            char *ptx = ptx_of(strtoull(argv[2], 0, 10));
+            CUmodule mod;
+            CHECK(cuModuleLoadData(&mod, ptx));
+            free(ptx);
+            CHECK(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(strtoull(argv[3], 0, 10) * MIB)));
+            CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, (size_t)strtoull(argv[4], 0, 10)));
+        }
         printf("ready=1\n");
         fflush(stdout);
-        if (!fgets(line, sizeof line, stdin)) return 1;
+        if (!fgets(line, sizeof line, stdin)) return 0;
         printf("fill_bytes=%llu\n", fill());
         views("held");
         while (fgets(line, sizeof line, stdin)) {}
