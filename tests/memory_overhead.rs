@@ -427,3 +427,42 @@ fn pool_attributes_answering_zero_do_not_loosen_the_quota() {
         run.report()
     );
 }
+
+#[test]
+fn a_malloc_heap_beyond_the_quota_is_refused_before_the_driver_reserves_it() {
+    let dir = scratch("heap");
+    // A device with room for the heap: only the quota can refuse it.
+    let sim = Sim::new("overhead-heap").env("SIMGPU_MEMORY", "16GiB");
+    let run = sim.run_cmd(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "heap",
+        &["steps", "10", "8192", "1024"],
+    ));
+    run.assert_success();
+    let kv = run.kv();
+    assert_eq!(
+        run.get("heap_rc"),
+        "2",
+        "an 8 GiB heap under a 1 GiB quota\n{}",
+        run.report()
+    );
+    assert_eq!(
+        step(&kv, "s3", "nvml_used"),
+        step(&kv, "s2", "nvml_used"),
+        "a refused limit changes nothing\n{}",
+        run.report()
+    );
+    assert!(
+        group_peak(&sim.stat(), "heap") <= QUOTA,
+        "the driver was let reserve the heap\n{}",
+        run.report()
+    );
+    // 8 GiB less the default 8 MiB heap the context already has.
+    assert!(
+        run.stderr.contains("cuCtxSetLimit of 7.99 GiB"),
+        "{}",
+        run.report()
+    );
+}

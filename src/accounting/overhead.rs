@@ -52,7 +52,11 @@ pub(super) struct State {
 struct Sample {
     process: ProcessFigure,
     device: Option<u64>,
-    /// What this process has charged on the device in the ledger.
+    /// What this process had charged on the device in the ledger, read just before and just after
+    /// the driver's figures. Other threads' allocations and frees may run meanwhile; as a
+    /// reservation precedes the driver's allocation and a release follows its free, the larger of
+    /// the two is at least what the driver held for them when it answered.
+    charged_low: u64,
     charged: u64,
 }
 
@@ -155,21 +159,28 @@ impl Tenant {
     }
 
     fn sample(&self, device: &Device) -> Sample {
-        let charged = match (&device.slot, self.ledger.get()) {
+        let charged = || match (&device.slot, self.ledger.get()) {
             (Ok(slot), Some(Ok(ledger))) => ledger.used_by_me(*slot),
             _ => 0,
         };
+        let first = charged();
+        let process = measure::process_used(&device.uuid);
+        let device_used = measure::device_used(&device.uuid);
+        let last = charged();
         Sample {
-            process: measure::process_used(&device.uuid),
-            device: measure::device_used(&device.uuid),
-            charged,
+            process,
+            device: device_used,
+            charged_low: first.min(last),
+            charged: first.max(last),
         }
     }
 
     /// What the driver spent between two samples (negative: it gave memory back), less what this
     /// process charged for allocations meanwhile; `None` when nothing trustworthy was read.
     fn spent(&self, device: &Device, before: &Sample, after: &Sample) -> Option<i128> {
-        let ours = i128::from(after.charged) - i128::from(before.charged);
+        // The most this process's own allocations can have moved: an error here under-measures the
+        // operation, never over-charges it; reconciliation then charges what is left.
+        let ours = i128::from(after.charged) - i128::from(before.charged_low);
         let process = match (before.process, after.process) {
             (ProcessFigure::Listed(b), ProcessFigure::Listed(a)) => Some((b, a)),
             // Not listed before: it held nothing there yet.
@@ -199,7 +210,9 @@ impl Tenant {
     }
 
     /// Runs `call` (an operation that makes the driver spend memory on `device`) and charges what it
-    /// spent: `explicit` when given (never measured), else the measured change, else `fallback`.
+    /// spent: `explicit` when given (never measured), else the measured change, else `fallback`;
+    /// never less than `floor` (a change the driver documents, such as a larger heap, which a driver
+    /// may reserve only later: the larger figure is charged).
     /// `current` is what the object is charged already (a limit changed again): the result is the
     /// object's new charge, the ledger moved by the difference. Over the quota, `undo` reverses the
     /// operation and the call fails with out-of-memory. The caller records the charge, then calls
@@ -211,29 +224,32 @@ impl Tenant {
         what: &str,
         explicit: Option<u64>,
         fallback: u64,
+        floor: Option<i128>,
         current: u64,
         call: impl FnOnce() -> Result<T, CUerror>,
         undo: impl FnOnce(T),
     ) -> Result<(T, Charge), CUerror> {
-        // An explicit charge is reserved before the driver is asked, as any allocation.
-        let upfront = self.reserve(
-            device,
-            explicit.map_or(0, |e| e.saturating_sub(current)),
-            what,
-        )?;
+        // An explicit charge, or the least the change takes, is reserved before the driver is asked,
+        // as any allocation: over the quota, the driver never sees the call.
+        let known = match (explicit, floor) {
+            (Some(e), _) => e.saturating_sub(current),
+            (None, Some(f)) => u64::try_from(f.max(0)).unwrap_or(u64::MAX),
+            (None, None) => 0,
+        };
+        let upfront = self.reserve(device, known, what)?;
         let slot = upfront.charge().device;
         let lock = MeasureLock::acquire(&self.measure_dir(), &device.uuid);
         let before = self.sample(device);
         let value = call()?;
         let after = self.sample(device);
         drop(lock);
-        let cost = match (explicit, self.spent(device, &before, &after)) {
-            (Some(bytes), _) => bytes,
-            (None, Some(delta)) => {
-                u64::try_from((i128::from(current) + delta).max(0)).unwrap_or(u64::MAX)
-            }
-            (None, None) => current.saturating_add(fallback),
+        let delta = match (explicit, self.spent(device, &before, &after)) {
+            (Some(bytes), _) => i128::from(bytes) - i128::from(current),
+            (None, Some(delta)) => delta,
+            (None, None) => i128::from(fallback),
         };
+        let delta = floor.map_or(delta, |f| delta.max(f));
+        let cost = u64::try_from((i128::from(current) + delta).max(0)).unwrap_or(u64::MAX);
         let have = current.saturating_add(upfront.charge().bytes);
         if cost > have {
             match self.reserve(device, cost - have, what) {

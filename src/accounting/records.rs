@@ -195,6 +195,8 @@ impl Tenant {
     pub fn uncharge(&self, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         // The record goes before the driver frees: from then on the driver may hand the same
         // address to another thread's allocation, whose new record must not be the one removed.
+        // A pool block stops counting as outstanding before the driver frees it: what is counted
+        // outstanding is never more than the pool really has handed out.
         let (charge, block) = {
             let mut r = self.records.lock();
             let charge = r.allocations.remove(key);
@@ -205,21 +207,22 @@ impl Tenant {
             };
             (charge, block)
         };
+        if let Some((pool, bytes)) = block {
+            self.pool_block_freed(pool, bytes);
+        }
         if let Err(e) = call() {
             let mut r = self.records.lock();
             if let Some(charge) = charge {
                 r.allocations.insert(key, charge);
             }
-            if let Some(block) = block {
-                r.pool_blocks.insert(key, block);
+            drop(r);
+            if let Some((pool, bytes)) = block {
+                self.record_pool_block(pool, 0, key, bytes);
             }
             return Err(e);
         }
         if let Some(charge) = charge {
             self.release(charge);
-        }
-        if let Some((pool, bytes)) = block {
-            self.pool_block_freed(pool, bytes);
         }
         Ok(())
     }

@@ -137,6 +137,7 @@ fn module_load(module: Out<CUmodule>, image: u64, call: impl FnOnce() -> CUresul
         "module load",
         None,
         image,
+        None,
         0,
         || {
             call()?;
@@ -164,6 +165,7 @@ fn library_load(library: Out<CUlibrary>, image: u64, call: impl FnOnce() -> CUre
         "library load",
         None,
         image,
+        None,
         0,
         || {
             call()?;
@@ -208,16 +210,15 @@ fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUr
     }
     let ctx = t.current_context();
     let current = t.overhead_of(Overhead::Limits, ctx);
-    let estimate = limit_bytes(device.ordinal, limit, value).saturating_sub(limit_bytes(
-        device.ordinal,
-        limit,
-        old,
-    ));
+    // What NVIDIA documents the change to take: charged at least (a driver may reserve it lazily).
+    let estimate = i128::from(limit_bytes(device.ordinal, limit, value))
+        - i128::from(limit_bytes(device.ordinal, limit, old));
     let ((), charge) = t.charge_measured(
         device,
         "cuCtxSetLimit",
         None,
-        estimate,
+        u64::try_from(estimate.max(0)).unwrap_or(u64::MAX),
+        Some(estimate),
         current,
         call,
         |()| {
