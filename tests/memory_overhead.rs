@@ -84,11 +84,23 @@ enum Deploy {
 
 /// A client of `tenant` (quota 1 GiB, its ledger and device directory in `dir`) on `sim`.
 fn client(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str, args: &[&str]) -> Command {
+    client_of(&CLIENT, sim, deploy, dir, tenant, args)
+}
+
+/// [`client`] for another C client.
+fn client_of(
+    build: &CBuild,
+    sim: &Sim,
+    deploy: Deploy,
+    dir: &Path,
+    tenant: &str,
+    args: &[&str],
+) -> Command {
     let simgpu = simgpu_lib_dir();
     let mut cmd = match deploy {
-        Deploy::Preload => sim.command(compile(&CLIENT)),
+        Deploy::Preload => sim.command(compile(build)),
         Deploy::Dropin | Deploy::Mixed => {
-            let mut cmd = sim.command_with_driver(compile(&CLIENT), &dropin_dir());
+            let mut cmd = sim.command_with_driver(compile(build), &dropin_dir());
             cmd.env(
                 "LD_LIBRARY_PATH",
                 format!("{}:{}", dropin_dir().display(), simgpu.display()),
@@ -465,4 +477,61 @@ fn a_malloc_heap_beyond_the_quota_is_refused_before_the_driver_reserves_it() {
         "{}",
         run.report()
     );
+}
+
+const FRAMEWORKS: CBuild = CBuild {
+    name: "quota-frameworks",
+    source: "quota_frameworks.c",
+    include: "cu12",
+    link_cuda: true,
+};
+
+/// The claims of docs/FRAMEWORKS.md, each made by a client that asks the driver what the framework
+/// asks, in the same order, under a 1 GiB quota with 300 MiB contexts.
+#[test]
+fn frameworks_see_the_quota_and_fit_with_the_documented_settings() {
+    let dir = scratch("frameworks");
+    let sim = sim("overhead-frameworks");
+    let run = |args: &[&str]| {
+        let mut cmd = client_of(&FRAMEWORKS, &sim, Deploy::Preload, &dir, "fw", args);
+        let run = sim.run_cmd(cmd.env("GPUSLICE_LOG", "error"));
+        run.assert_success();
+        run
+    };
+    let usable = QUOTA - SIM_CONTEXT;
+    // JAX/XLA: 75% of the quota does not fit beside a 300 MiB context; 70% does.
+    let xla = run(&["xla", "0.75"]);
+    assert_eq!(xla.get_u64("start_total"), QUOTA);
+    assert_eq!(xla.get_u64("start_free"), usable);
+    assert_eq!(xla.get("prealloc_rc"), "2", "{}", xla.report());
+    assert_eq!(run(&["xla", "0.70"]).get("prealloc_rc"), "0");
+    // vLLM: gpu_memory_utilization 0.9 refuses to start (free < 0.9 x total); 0.7 starts, and its KV
+    // cache fits.
+    assert_eq!(run(&["vllm", "0.9", "100"]).get("refused_to_start"), "1");
+    let vllm = run(&["vllm", "0.7", "100"]);
+    assert_eq!(vllm.get("refused_to_start"), "0");
+    assert_eq!(vllm.get("kv_rc"), "0", "{}", vllm.report());
+    // PyTorch's caching allocator: after an out-of-memory, emptying its cache lets the retry through.
+    let torch = run(&["torch"]);
+    assert_eq!(torch.get_u64("segments"), usable / (20 * MIB));
+    assert_eq!(torch.get("retry_rc"), "0", "{}", torch.report());
+    // expandable_segments: pages mapped up to the quota exactly.
+    let expandable = run(&["torch_expandable"]);
+    assert_eq!(
+        expandable.get_u64("mapped"),
+        usable,
+        "{}",
+        expandable.report()
+    );
+    assert_eq!(expandable.get_u64("end_free"), 0);
+    // backend:cudaMallocAsync: blocks up to the quota; after frees a new block is served (the shim
+    // trims the pool's freed blocks itself before refusing).
+    let pool = run(&["torch_async"]);
+    assert_eq!(pool.get_u64("blocks"), usable / (32 * MIB));
+    assert_eq!(pool.get("first_rc"), "0", "{}", pool.report());
+    // TensorFlow without allow_growth: the whole free memory in one region.
+    let tf = run(&["tf"]);
+    assert_eq!(tf.get("region_rc"), "0", "{}", tf.report());
+    assert_eq!(tf.get_u64("end_free"), 0);
+    assert!(group_peak(&sim.stat(), "fw") <= QUOTA);
 }
