@@ -535,3 +535,26 @@ fn frameworks_see_the_quota_and_fit_with_the_documented_settings() {
     assert_eq!(tf.get_u64("end_free"), 0);
     assert!(group_peak(&sim.stat(), "fw") <= QUOTA);
 }
+
+#[test]
+fn an_explicit_context_reserve_overrides_the_measurement() {
+    let dir = scratch("explicit");
+    let sim = sim("overhead-explicit");
+    let mut cmd = client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "explicit",
+        &["steps", "10", "8", "1024"],
+    );
+    let run = sim.run_cmd(cmd.env("GPUSLICE_CONTEXT_RESERVE", "100MiB"));
+    run.assert_success();
+    let kv = run.kv();
+    assert_eq!(step(&kv, "s0", "nvml_used"), 100 * MIB, "{}", run.report());
+    assert_eq!(
+        run.get_u64("fill_bytes"),
+        QUOTA - 100 * MIB,
+        "{}",
+        run.report()
+    );
+}

@@ -73,7 +73,7 @@ fn warn_once(flag: &AtomicBool, args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// The per-device measurement lock: an OFD lock on a file in the device directory, released when
+/// The per-device measurement lock: a `flock` on a file in the device directory, released when
 /// dropped (or when the process dies). A lock that cannot be had in [`LOCK_WAIT`] (a stopped
 /// holder) or a directory that cannot be used leaves the measurement unlocked (logged once).
 struct MeasureLock(Option<OwnedFd>);
@@ -82,15 +82,19 @@ impl MeasureLock {
     /// The lock of device `uuid` in `dir`.
     fn acquire(dir: &std::path::Path, uuid: &str) -> MeasureLock {
         let path = dir.join(format!("{uuid}.measure"));
-        let file = std::fs::create_dir_all(dir).and_then(|()| {
-            std::fs::OpenOptions::new()
-                .mode(0o666)
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-        });
+        // Created writable for everyone (a tenant of another uid measures on the same GPU); a file
+        // another uid created is opened read-only, which is enough for flock.
+        let file = std::fs::create_dir_all(dir)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .mode(0o666)
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+            })
+            .or_else(|_| std::fs::File::open(&path));
         let fd: OwnedFd = match file {
             Ok(f) => f.into(),
             Err(e) => {
@@ -106,7 +110,7 @@ impl MeasureLock {
         };
         let start = Instant::now();
         loop {
-            if lock_byte(&fd, libc::F_WRLCK) {
+            if lock_byte(&fd, libc::LOCK_EX) {
                 return MeasureLock(Some(fd));
             }
             if start.elapsed() >= LOCK_WAIT {
@@ -127,21 +131,16 @@ impl MeasureLock {
 impl Drop for MeasureLock {
     fn drop(&mut self) {
         if let Some(fd) = &self.0 {
-            lock_byte(fd, libc::F_UNLCK);
+            lock_byte(fd, libc::LOCK_UN);
         }
     }
 }
 
-/// Sets (`F_WRLCK`) or clears (`F_UNLCK`) an OFD lock on the file's first byte, without waiting.
+/// Takes (`LOCK_EX`) or drops (`LOCK_UN`) the file's lock, without waiting. `flock` locks belong to
+/// the open file description: they die with the process, and work on a read-only descriptor.
 fn lock_byte(fd: &OwnedFd, kind: libc::c_int) -> bool {
-    // SAFETY: an all-zero flock is valid; the fields that matter are set below.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = 0;
-    fl.l_len = 1;
-    // SAFETY: `fl` is a valid flock; F_OFD_SETLK never blocks.
-    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) == 0 }
+    // SAFETY: flock takes a descriptor and flags; LOCK_NB never blocks.
+    unsafe { libc::flock(fd.as_raw_fd(), kind | libc::LOCK_NB) == 0 }
 }
 
 impl Tenant {
@@ -236,8 +235,27 @@ impl Tenant {
             (None, Some(f)) => u64::try_from(f.max(0)).unwrap_or(u64::MAX),
             (None, None) => 0,
         };
-        let upfront = self.reserve(device, known, what)?;
+        let upfront = match (&device.slot, known) {
+            // Nothing to reserve yet: no ledger operation (a lowered limit must not refuse 0 bytes).
+            (Ok(slot), 0) => self.reserved(Charge {
+                device: *slot,
+                bytes: 0,
+            }),
+            _ => self.reserve(device, known, what)?,
+        };
         let slot = upfront.charge().device;
+        if let Some(bytes) = explicit {
+            // An explicit charge is never measured: no lock, no driver figures.
+            let value = call()?;
+            upfront.commit();
+            return Ok((
+                value,
+                Charge {
+                    device: slot,
+                    bytes,
+                },
+            ));
+        }
         let lock = MeasureLock::acquire(&self.measure_dir(), &device.uuid);
         let before = self.sample(device);
         let value = call()?;
@@ -304,6 +322,11 @@ impl Tenant {
         let ProcessFigure::Listed(holds) = sample.process else {
             return;
         };
+        if self.context_reserve_is_explicit() {
+            // Contexts are charged what the operator said; what the driver holds beyond that is
+            // mostly theirs, and cannot be told apart from other overhead.
+            return;
+        }
         let Some(Ok(ledger)) = self.ledger.get() else {
             return;
         };
@@ -387,6 +410,9 @@ impl Tenant {
 
     /// Re-reads what the driver says `device` holds for this process and reconciles.
     pub fn reconcile_device(&self, device: &Device) {
+        if self.context_reserve_is_explicit() {
+            return;
+        }
         if let Ok(slot) = device.slot {
             let sample = self.sample(device);
             self.reconcile(device, slot, &sample);

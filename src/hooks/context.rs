@@ -293,6 +293,10 @@ fn image_size(image: *const c_void) -> u64 {
             if word(0, 4) == 0xBA55_ED50 {
                 return word(6, 2).saturating_add(word(8, 8));
             }
+            // The compiler's fatbinary wrapper { magic, version, data, filename }: its data.
+            if word(0, 4) == 0x4662_43B1 {
+                return image_size(word(8, 8) as usize as *const c_void);
+            }
         }
         CStr::from_ptr(p.cast()).to_bytes().len() as u64
     }
