@@ -74,9 +74,8 @@ pub unsafe fn from_pointer(p: *const c_void) -> Image {
             let programs = u64_at(&h, 0x20).saturating_add(u16_at(&h, 0x36) * u16_at(&h, 0x38));
             let size = sections.max(programs).clamp(64, MAX_IMAGE) as usize;
             // SAFETY: the ELF headers say the file extends this far.
-            return Image {
-                bytes: unsafe { read(p, size) },
-            };
+            let bytes = unsafe { read(p, size) };
+            return Image { bytes };
         }
         if magic == FATBIN_MAGIC {
             // SAFETY: a fatbinary starts with its 16-byte header.
@@ -85,9 +84,8 @@ pub unsafe fn from_pointer(p: *const c_void) -> Image {
                 .saturating_add(u64_at(&h, 8))
                 .clamp(16, MAX_IMAGE);
             // SAFETY: the header says the fatbinary extends this far.
-            return Image {
-                bytes: unsafe { read(p, size as usize) },
-            };
+            let bytes = unsafe { read(p, size as usize) };
+            return Image { bytes };
         }
         if magic == FATBIN_WRAPPER_MAGIC {
             // SAFETY: the wrapper is { int magic; int version; const void *data; void *filename }.
@@ -102,9 +100,8 @@ pub unsafe fn from_pointer(p: *const c_void) -> Image {
     // SAFETY: per the caller, a NUL-terminated string.
     let n = unsafe { leading_nonzero(p, MAX_IMAGE as usize) };
     // SAFETY: `n` bytes were just read.
-    Image {
-        bytes: unsafe { read(p, n) },
-    }
+    let bytes = unsafe { read(p, n) };
+    Image { bytes }
 }
 
 /// The kernels' parameter layouts in `image`.
