@@ -28,7 +28,8 @@ const CLIENT: CBuild = CBuild {
 };
 
 fn profile_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_gpuslice"))
+    common::gpuslice_bin()
+        .as_path()
         .parent()
         .unwrap()
         .to_path_buf()
