@@ -157,8 +157,23 @@ fn process_used(stat: &Json, pid: &str) -> u64 {
         )
 }
 
+/// The driver overhead a process of `tenant` published in the ledger (what `gpuslice status` shows
+/// apart from its allocations).
+fn ledger_overhead(dir: &Path, tenant: &str, pid: &str) -> u64 {
+    let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join(format!("{tenant}.ledger")))
+        .expect("the tenant's ledger");
+    let snapshot = ledger.snapshot();
+    let process = snapshot
+        .processes
+        .iter()
+        .find(|p| p.pid.to_string() == pid)
+        .unwrap_or_else(|| panic!("process {pid} not in the ledger: {snapshot:?}"));
+    process.overhead.iter().map(|(_, bytes)| bytes).sum()
+}
+
 /// Holders: each creates its context (optionally a module and limits), then fills the quota in 2
-/// MiB chunks one after the other; returns each one's (fill, shown used, simgpu's used).
+/// MiB chunks one after the other; returns each one's (fill, shown used, simgpu's used, the
+/// overhead it published in the ledger).
 fn fill_in_turn(
     sim: &Sim,
     deploy: Deploy,
@@ -166,7 +181,7 @@ fn fill_in_turn(
     tenant: &str,
     n: usize,
     extra: &[&str],
-) -> Vec<(u64, u64, u64)> {
+) -> Vec<(u64, u64, u64, u64)> {
     let mut args = vec!["hold"];
     args.extend_from_slice(extra);
     let mut holders: Vec<_> = (0..n)
@@ -190,6 +205,7 @@ fn fill_in_turn(
             get("fill_bytes"),
             get("held_procs3_mine"),
             process_used(&stat, pid),
+            ledger_overhead(dir, tenant, pid),
         ));
     }
     for h in holders {
@@ -210,7 +226,7 @@ fn free_contexts_leave_the_whole_quota() {
             "{n} process(es) with free contexts: {filled} bytes allocated of a {QUOTA}-byte quota \
              ({results:?})"
         );
-        for (fill, shown, real) in &results {
+        for (fill, shown, real, _) in &results {
             assert_eq!(shown, real, "shown usage is simgpu's ({results:?})");
             assert_eq!(
                 fill, real,
@@ -235,7 +251,7 @@ fn contexts_are_charged_what_they_cost() {
                 "{deploy:?}, {n} process(es): {filled} allocated, want {want} \
                  (each context charged its 300 MiB): {results:?}"
             );
-            for (fill, shown, real) in &results {
+            for (fill, shown, real, overhead) in &results {
                 assert_eq!(
                     shown, real,
                     "{deploy:?}: shown usage is simgpu's ({results:?})"
@@ -243,6 +259,11 @@ fn contexts_are_charged_what_they_cost() {
                 assert!(
                     near(real - fill, SIM_CONTEXT),
                     "{deploy:?}: a process's overhead is its context ({results:?})"
+                );
+                assert_eq!(
+                    *overhead,
+                    real - fill,
+                    "{deploy:?}: the ledger shows overhead and allocations apart ({results:?})"
                 );
             }
             assert!(
@@ -259,7 +280,8 @@ fn modules_and_limits_are_charged_what_they_cost() {
     let sim = sim("overhead-module");
     // A 20 MiB module, a 72 MiB heap (64 MiB over the default), a 1536-byte stack (512 over).
     let results = fill_in_turn(&sim, Deploy::Preload, &dir, "mod", 1, &["20", "72", "1536"]);
-    let (fill, shown, real) = results[0];
+    let (fill, shown, real, overhead) = results[0];
+    assert_eq!(overhead, real - fill, "the ledger shows the overhead apart");
     let overhead = SIM_CONTEXT + 20 * MIB + 64 * MIB + 512 * THREADS;
     assert_eq!(shown, real, "shown usage is simgpu's");
     assert!(real <= QUOTA, "simgpu's figure {real} passed the quota");

@@ -408,14 +408,16 @@ impl Tenant {
         }
     }
 
-    /// Re-reads what the driver says `device` holds for this process and reconciles.
+    /// Re-reads what the driver says `device` holds for this process and reconciles; publishes the
+    /// process's overhead in the ledger (for `gpuslice status`).
     pub fn reconcile_device(&self, device: &Device) {
-        if self.context_reserve_is_explicit() {
-            return;
-        }
-        if let Ok(slot) = device.slot {
+        let Ok(slot) = device.slot else { return };
+        if !self.context_reserve_is_explicit() {
             let sample = self.sample(device);
             self.reconcile(device, slot, &sample);
+        }
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            ledger.set_overhead_by_me(slot, self.overhead_on(Some(slot)));
         }
     }
 
@@ -423,10 +425,7 @@ impl Tenant {
     /// destroyed or a module unloaded, when the driver gave memory back).
     pub fn reconcile_all(&self) {
         for device in self.known_devices() {
-            if let Ok(slot) = device.slot {
-                let sample = self.sample(device);
-                self.reconcile(device, slot, &sample);
-            }
+            self.reconcile_device(device);
         }
     }
 }

@@ -182,6 +182,9 @@ pub struct ProcessSnapshot {
     pub alive: bool,
     /// `(device index, bytes)` for every device it uses.
     pub used: Vec<(usize, u64)>,
+    /// `(device index, bytes)`: the part of `used` that is driver overhead (contexts, module code,
+    /// limits); the rest is allocations.
+    pub overhead: Vec<(usize, u64)>,
 }
 
 /// A read-only view for `gpuslice status`.
@@ -423,6 +426,15 @@ impl Ledger {
         }
     }
 
+    /// Publishes how much of this process's usage on a device is driver overhead (for status).
+    pub fn set_overhead_by_me(&self, dev: usize, bytes: u64) {
+        if let Some(s) = self.slot() {
+            if self.writable && dev < MAX_DEVICES {
+                self.layout().set_slot_overhead(s, dev, bytes);
+            }
+        }
+    }
+
     /// Bytes this process has reserved on a device.
     pub fn used_by_me(&self, dev: usize) -> u64 {
         match self.slot() {
@@ -634,6 +646,10 @@ impl Ledger {
                 alive: Some(i) == me || slotfile::slot_alive::<Layout>(fd, i),
                 used: (0..MAX_DEVICES)
                     .map(|d| (d, l.slot_used(i, d)))
+                    .filter(|&(_, n)| n > 0)
+                    .collect(),
+                overhead: (0..MAX_DEVICES)
+                    .map(|d| (d, l.slot_overhead(i, d).min(l.slot_used(i, d))))
                     .filter(|&(_, n)| n > 0)
                     .collect(),
             })
