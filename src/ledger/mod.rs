@@ -3,7 +3,7 @@
 //!
 //! * Layout (`shm.rs`): header (magic `GPUSLICE`, layout version, size, state, creator...), a table
 //!   of 16 devices (key = GPU UUID, limit, used, peak) and 256 process slots (state, pid, per-device
-//!   used). Fixed size, `#[repr(C)]`, made only of atomics.
+//!   used, and how much of it is driver overhead). Fixed size, `#[repr(C)]`, made only of atomics.
 //! * Creation: written under a temporary name, published READY, then `link`ed into place, so nobody
 //!   maps half a ledger. Whoever creates it sets the limits; a joiner obeys them, whatever its own
 //!   configuration says. [`Ledger::set_limit`] changes a limit live.
