@@ -581,3 +581,57 @@ fn an_explicit_context_reserve_overrides_the_measurement() {
         run.report()
     );
 }
+
+/// The same through NVIDIA's cuda-bindings (cuGetProcAddress) and through a dlopen/dlsym client:
+/// contexts at 0 leave the whole quota, contexts at 300 MiB are charged 300 MiB.
+#[test]
+fn bindings_and_dlopen_clients_are_charged_what_contexts_cost() {
+    for (context, charged) in [("0", 0), ("300MiB", SIM_CONTEXT)] {
+        let dir = scratch("bindings");
+        let sim = sim("overhead-bindings").env("SIMGPU_CONTEXT_MEMORY", context);
+        let mut cmd = sim.command(venv_python());
+        cmd.arg(client_source("quota_overhead.py"))
+            .env("LD_PRELOAD", libgpuslice())
+            .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+            .env("GPUSLICE_LEDGER", dir.join("bindings.ledger"))
+            .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+            .env("GPUSLICE_LOG", "error");
+        let run = sim.run_cmd(&mut cmd);
+        run.assert_success();
+        let report = run.report();
+        assert_eq!(run.get_u64("context_free"), QUOTA - charged, "{report}");
+        // The PTX module's code: one 2 MiB page.
+        assert_eq!(
+            run.get_u64("module_free"),
+            QUOTA - charged - GRANULE,
+            "{report}"
+        );
+        assert_eq!(
+            run.get_u64("fill_bytes"),
+            QUOTA - charged - GRANULE,
+            "{report}"
+        );
+        assert_eq!(run.get("refused_rc"), "2", "{report}");
+        assert_eq!(
+            (run.get_u64("param0_offset"), run.get_u64("param0_size")),
+            (0, 8),
+            "{report}"
+        );
+        assert_eq!(
+            run.get("ptr_memory_type"),
+            "2",
+            "CU_MEMORYTYPE_DEVICE\n{report}"
+        );
+        assert_eq!(run.get("ptr_device"), "0", "{report}");
+
+        let mut cmd = client_of(&DLOPEN, &sim, Deploy::Preload, &dir, "dlopen", &["full"]);
+        let run = sim.run_cmd(cmd.env("GPUSLICE_LOG", "error"));
+        run.assert_success();
+        assert_eq!(
+            run.get_u64("oom_allocs"),
+            (QUOTA - charged) / (64 * MIB),
+            "{}",
+            run.report()
+        );
+    }
+}
