@@ -97,11 +97,23 @@ fn client_of(
     tenant: &str,
     args: &[&str],
 ) -> Command {
+    tenant_command(compile(build), sim, deploy, dir, tenant, args)
+}
+
+/// `program` run as a process of `tenant` (see [`client`]).
+fn tenant_command(
+    program: PathBuf,
+    sim: &Sim,
+    deploy: Deploy,
+    dir: &Path,
+    tenant: &str,
+    args: &[&str],
+) -> Command {
     let simgpu = simgpu_lib_dir();
     let mut cmd = match deploy {
-        Deploy::Preload => sim.command(compile(build)),
+        Deploy::Preload => sim.command(program),
         Deploy::Dropin | Deploy::Mixed => {
-            let mut cmd = sim.command_with_driver(compile(build), &dropin_dir());
+            let mut cmd = sim.command_with_driver(program, &dropin_dir());
             cmd.env(
                 "LD_LIBRARY_PATH",
                 format!("{}:{}", dropin_dir().display(), simgpu.display()),
@@ -633,5 +645,76 @@ fn bindings_and_dlopen_clients_are_charged_what_contexts_cost() {
             "{}",
             run.report()
         );
+    }
+}
+
+/// NVML's per-process views show the tenant's own processes only: two tenants run kernels on one
+/// GPU; each one's NVML lists (compute processes, process utilisation) name its process, never the
+/// other's, which the driver's own answer (no shim) does list.
+#[test]
+fn nvml_process_views_show_only_the_tenants_processes() {
+    let dir = scratch("nvml-procs");
+    let sim = sim("overhead-nvml-procs");
+    let mut holders = Vec::new();
+    let mut pids = Vec::new();
+    for tenant in ["a", "b"] {
+        let mut cmd = client_of(
+            &LINKED_CU12,
+            &sim,
+            Deploy::Preload,
+            &dir,
+            tenant,
+            &["hold", "64", "500"],
+        );
+        let mut child = sim.spawn(&mut cmd);
+        pids.push(wait_for_key(&mut child, "pid")["pid"].clone());
+        holders.push(child);
+    }
+    // Each holder ran a kernel before printing its pid: samples since time 0 include both.
+    let script = "import pynvml as nv\nnv.nvmlInit()\nh = nv.nvmlDeviceGetHandleByIndex(0)\n\
+        print('procs=' + ','.join(str(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)))\n\
+        try:\n    samples = nv.nvmlDeviceGetProcessUtilization(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
+        print('util=' + ','.join(str(s.pid) for s in samples))\n";
+    let view = |tenant: Option<&str>| {
+        let args = ["-c", script];
+        let mut py = match tenant {
+            Some(t) => tenant_command(venv_python(), &sim, Deploy::Preload, &dir, t, &args),
+            None => {
+                let mut cmd = sim.command(venv_python());
+                cmd.args(args);
+                cmd
+            }
+        };
+        let run = sim.run_cmd(&mut py);
+        run.assert_success();
+        let list = |k: &str| -> Vec<String> {
+            run.get(k)
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        (list("procs"), list("util"), run.report())
+    };
+    let (procs, util, report) = view(None);
+    for pid in &pids {
+        assert!(procs.contains(pid), "the driver lists {pid}\n{report}");
+        assert!(util.contains(pid), "the driver samples {pid}\n{report}");
+    }
+    for (i, tenant) in ["a", "b"].iter().enumerate() {
+        let (procs, util, report) = view(Some(tenant));
+        assert_eq!(
+            procs,
+            [pids[i].clone()],
+            "tenant {tenant}'s process list\n{report}"
+        );
+        assert_eq!(
+            util,
+            [pids[i].clone()],
+            "tenant {tenant}'s utilisation samples\n{report}"
+        );
+    }
+    for h in holders {
+        finish(h, "holder").assert_success();
     }
 }
