@@ -125,59 +125,55 @@ fn overhead_device(need_context: bool) -> Option<(&'static Tenant, &'static Devi
 }
 
 fn module_load(module: Out<CUmodule>, image: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Some((t, device)) = overhead_device(true) else {
-        return call();
-    };
-    if module.is_null() {
-        return call();
-    }
-    let ctx = t.current_context();
-    let (handle, charge) = t.charge_measured(
-        device,
-        "module load",
-        None,
-        image,
-        None,
-        0,
-        || {
-            call()?;
-            Ok(module.get().unwrap_or(std::ptr::null_mut()))
-        },
-        |m| {
-            // SAFETY: the module was just loaded by this call and is not the program's yet.
-            let _ = unsafe { driver::real::cuModuleUnload(m) };
-        },
-    )?;
-    t.record_overhead(Overhead::Module, handle as usize, ctx, charge);
-    t.reconcile_device(device);
-    Ok(())
+    load(Overhead::Module, module, image, call, |m| {
+        // SAFETY: the module was just loaded by this call and is not the program's yet.
+        let _ = unsafe { driver::real::cuModuleUnload(m) };
+    })
 }
 
 fn library_load(library: Out<CUlibrary>, image: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Some((t, device)) = overhead_device(false) else {
+    load(Overhead::Library, library, image, call, |l| {
+        // SAFETY: the library was just loaded by this call and is not the program's yet.
+        let _ = unsafe { driver::real::cuLibraryUnload(l) };
+    })
+}
+
+/// A module (in the current context, which it goes with) or a library (context-independent: it
+/// goes when unloaded) of `image` bytes, charged what loading it cost the driver.
+fn load<H>(
+    kind: Overhead,
+    handle: Out<*mut H>,
+    image: u64,
+    call: impl FnOnce() -> CUresult,
+    unload: impl FnOnce(*mut H),
+) -> CUresult {
+    let module = kind == Overhead::Module;
+    let Some((t, device)) = overhead_device(module) else {
         return call();
     };
-    if library.is_null() {
+    if handle.is_null() {
         return call();
     }
-    let (handle, charge) = t.charge_measured(
+    let owner = if module { t.current_context() } else { 0 };
+    let what = if module {
+        "module load"
+    } else {
+        "library load"
+    };
+    let (loaded, charge) = t.charge_measured(
         device,
-        "library load",
+        what,
         None,
         image,
         None,
         0,
         || {
             call()?;
-            Ok(library.get().unwrap_or(std::ptr::null_mut()))
+            Ok(handle.get().unwrap_or(std::ptr::null_mut()))
         },
-        |l| {
-            // SAFETY: the library was just loaded by this call and is not the program's yet.
-            let _ = unsafe { driver::real::cuLibraryUnload(l) };
-        },
+        unload,
     )?;
-    // Libraries are context-independent: they go when unloaded.
-    t.record_overhead(Overhead::Library, handle as usize, 0, charge);
+    t.record_overhead(kind, loaded as usize, owner, charge);
     t.reconcile_device(device);
     Ok(())
 }
