@@ -718,3 +718,36 @@ fn nvml_process_views_show_only_the_tenants_processes() {
         finish(h, "holder").assert_success();
     }
 }
+
+/// Memory the shim sees no call for (a graph's memory node, allocated when the graph is launched) is
+/// charged by reconciliation before the program is next told how much memory it has.
+#[test]
+fn memory_spent_outside_any_call_is_charged_by_reconciliation() {
+    // A memory node added to a graph, and the same made by capturing a stream-ordered allocation.
+    for how in ["node", "captured"] {
+        let dir = scratch("graph");
+        let sim = sim("overhead-graph");
+        let mut cmd = client(&sim, Deploy::Preload, &dir, "graph", &["graph", "64", how]);
+        let run = sim.run_cmd(&mut cmd);
+        run.assert_success();
+        let kv = run.kv();
+        let report = run.report();
+        assert!(
+            !run.stderr.contains("gpuslice"),
+            "{how}: no complaint\n{report}"
+        );
+        let before = QUOTA - SIM_CONTEXT;
+        assert_eq!(step(&kv, "before", "free"), before, "{how}\n{report}");
+        assert_eq!(step(&kv, "instantiated", "free"), before, "{how}\n{report}");
+        assert_eq!(
+            step(&kv, "launched", "free"),
+            before - 64 * MIB,
+            "{how}: the graph's 64 MiB are charged\n{report}"
+        );
+        assert_eq!(
+            step(&kv, "launched", "nvml_used"),
+            SIM_CONTEXT + 64 * MIB,
+            "{how}\n{report}"
+        );
+    }
+}

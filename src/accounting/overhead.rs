@@ -421,6 +421,19 @@ impl Tenant {
         }
     }
 
+    /// [`Tenant::reconcile_device`] before the program is told how much memory it has
+    /// (`cuMemGetInfo`): driver memory spent since the last overhead operation (code loaded lazily at
+    /// a kernel's first launch, graph memory) is charged before the program sizes itself from the
+    /// figure. Only once the process has driver overhead (it then has NVML loaded).
+    pub fn reconcile_before_query(&self, device: &Device) {
+        if self.context_reserve_is_explicit()
+            || self.overhead_on(device.slot.as_ref().ok().copied()) == 0
+        {
+            return;
+        }
+        self.reconcile_device(device);
+    }
+
     /// [`Tenant::reconcile_device`] for every device this process used (after a context was
     /// destroyed or a module unloaded, when the driver gave memory back).
     pub fn reconcile_all(&self) {

@@ -31,6 +31,8 @@ real_calls! {
     fn cuCtxGetLimit(value: *mut usize, limit: c_int);
     fn cuCtxSetLimit(limit: c_int, value: usize);
     fn cuModuleUnload(module: CUmodule);
+    fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
+    fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
     fn cuLibraryUnload(library: CUlibrary);
 }
 
@@ -69,6 +71,22 @@ pub fn format_uuid(b: &[u8; 16]) -> String {
         out.push(char::from(HEX[usize::from(byte & 15)]));
     }
     out
+}
+
+/// Whether `stream` is being captured into a graph (work on it is recorded, not run).
+// The stream handle is opaque to us, only passed to the driver, which validates it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn capturing(stream: CUstream, per_thread: bool) -> bool {
+    let mut status: c_uint = 0;
+    // SAFETY: `status` is a valid out-parameter; the stream is the caller's.
+    let r = unsafe {
+        if per_thread {
+            real::cuStreamIsCapturing_ptsz(stream, &mut status)
+        } else {
+            real::cuStreamIsCapturing(stream, &mut status)
+        }
+    };
+    r.is_ok() && status != 0
 }
 
 /// What a memory pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).

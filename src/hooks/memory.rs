@@ -61,17 +61,17 @@ hooks! {
     fn cuMemFree(dptr: c_uint) => free(dptr as u64, || real::cuMemFree(dptr));
 
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, false), || real::cuMemAllocAsync(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, true), || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, false),
                            || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, true),
                            || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
@@ -180,10 +180,14 @@ fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
 
 static POOLS_USED: AtomicBool = AtomicBool::new(false);
 
+/// A stream-ordered allocation. Captured into a graph (`capturing`), it allocates nothing now: the
+/// graph's memory is allocated at its launch and charged by reconciliation (docs/MEMORY.md).
+#[allow(clippy::too_many_arguments)]
 fn alloc_from_pool(
     dptr: Out<CUdeviceptr>,
     bytes: u64,
     pool: Option<usize>,
+    capturing: impl FnOnce() -> bool,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(CUdeviceptr) -> CUresult,
     sync: impl Fn() -> CUresult,
@@ -191,6 +195,9 @@ fn alloc_from_pool(
     let Ok(Some((t, device))) = on_current_device() else {
         return call();
     };
+    if capturing() {
+        return call();
+    }
     let Some(pool) = pool.or_else(|| driver::current_pool(device.ordinal)) else {
         // No pool to watch: charge the allocation itself, returned by its free.
         return t.charged(device, bytes, "cuMemAllocAsync", || {

@@ -12,6 +12,9 @@
  *                                           fill; views; wait for EOF
  *   async ROUNDS                            context, then ROUNDS times: cuMemAllocAsync 64 MiB blocks
  *                                           until refused, free them, synchronise
+ *   graph MIB [captured]                    a graph with a memory node of MIB (allocated when the
+ *                                           graph is launched; made by capturing cuMemAllocAsync with
+ *                                           `captured`), launched; views
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -200,6 +203,34 @@ int main(int argc, char **argv) {
         unsigned long long more = fill();
         printf("fill_after_bytes=%llu\n", more);
         views("async");
+    } else if (strcmp(mode, "graph") == 0 && argc > 2) {
+        CUstream s;
+        CUgraph graph;
+        CUgraphNode node;
+        CUgraphExec exec;
+        CUDA_MEM_ALLOC_NODE_PARAMS params;
+        memset(&params, 0, sizeof params);
+        params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        params.poolProps.location.id = dev;
+        params.bytesize = (size_t)(strtoull(argv[2], 0, 10) * MIB);
+        CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        views("before");
+        if (argc > 3 && strcmp(argv[3], "captured") == 0) {
+            /* The same node made by capturing a stream-ordered allocation. */
+            CUdeviceptr p;
+            CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+            CHECK(cuMemAllocAsync(&p, params.bytesize, s));
+            CHECK(cuStreamEndCapture(s, &graph));
+        } else {
+            CHECK(cuGraphCreate(&graph, 0));
+            CHECK(cuGraphAddMemAllocNode(&node, graph, NULL, 0, &params));
+        }
+        CHECK(cuGraphInstantiate(&exec, graph, 0));
+        views("instantiated");
+        CHECK(cuGraphLaunch(exec, s));
+        CHECK(cuStreamSynchronize(s));
+        views("launched");
     } else {
         printf("error=usage\n");
         return 2;
