@@ -12,7 +12,7 @@ use crate::slotfile::{pack_text, unpack_text, Prefix, SlotLayout};
 
 /// First 8 bytes of every ledger.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
-/// Layout version; bumped on any change of this file's structs (2: per-device `denied`).
+/// Layout version; bumped on any change of this file's structs (2: per-device `denied`; 3: per-slot `overhead`).
 pub const LAYOUT_VERSION: u32 = 3;
 /// Devices a ledger can track.
 pub const MAX_DEVICES: usize = 16;
