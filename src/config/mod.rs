@@ -24,7 +24,7 @@
 //! | `GPUSLICE_DEVICE_DIR` | absolute directory of the per-GPU device ledgers (compute shares), default `<ledger dir>/devices` |
 //! | `GPUSLICE_LEDGER_GROUP` | group (name or gid) allowed to share the ledger (mode 0660) |
 //! | `GPUSLICE_LOG` | `off`, `error`, `warn` (default), `info`, `debug`, `trace` |
-//! | `GPUSLICE_CONTEXT_RESERVE` | bytes charged per CUDA context (default 512 MiB; `0`: contexts are not charged) |
+//! | `GPUSLICE_CONTEXT_RESERVE` | bytes charged per CUDA context instead of what the driver is measured to spend (`0`: contexts are not charged); unset: measured, 512 MiB when nothing can be measured |
 //! | `GPUSLICE_COMPUTE_SHARE`, `GPUSLICE_COMPUTE_LIMIT` | percent 1..=100, per-device lists like the memory limit |
 //! | `GPUSLICE_PRIORITY` | `high` or `normal` |
 //!
@@ -60,9 +60,9 @@ use std::path::{Path, PathBuf};
 
 pub use size::{format_bytes, parse_percent, parse_size, Units};
 
-/// Bytes charged per CUDA context when `GPUSLICE_CONTEXT_RESERVE` is not set: about what a CUDA 12
-/// context costs on a current data-centre GPU. The driver does not report a context's footprint, so a
-/// fixed reservation keeps the quota exact without guessing from other processes' activity.
+/// Bytes charged per CUDA context when `GPUSLICE_CONTEXT_RESERVE` is not set and what the driver spent
+/// cannot be measured (no NVML, docs/MEMORY.md): about what a CUDA 12 context costs on a current
+/// data-centre GPU.
 pub const DEFAULT_CONTEXT_RESERVE: u64 = 512 << 20;
 
 /// Default quota file, read when `GPUSLICE_QUOTA_FILE` is unset and the file exists.
@@ -231,8 +231,9 @@ pub struct Config {
     /// Per-device memory limits in bytes.
     pub memory: PerDevice<u64>,
     pub log_level: LogLevel,
-    /// Bytes charged to the quota per CUDA context (`GPUSLICE_CONTEXT_RESERVE`); `None` = the default
-    /// ([`DEFAULT_CONTEXT_RESERVE`]); `Some(0)` = contexts are not charged.
+    /// Bytes charged to the quota per CUDA context (`GPUSLICE_CONTEXT_RESERVE`), never measured;
+    /// `None` = measured (docs/MEMORY.md), [`DEFAULT_CONTEXT_RESERVE`] when nothing can be measured;
+    /// `Some(0)` = contexts are not charged.
     pub context_reserve: Option<u64>,
     /// Guaranteed compute share, percent.
     pub compute_share: PerDevice<u8>,

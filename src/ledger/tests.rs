@@ -380,7 +380,8 @@ fn snapshot_and_readonly() {
             slot: a.slot().unwrap(),
             pid: std::process::id(),
             alive: true,
-            used: vec![(d, GIB)]
+            used: vec![(d, GIB)],
+            overhead: vec![],
         }]
     );
 }
