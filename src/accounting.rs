@@ -325,7 +325,7 @@ impl Tenant {
     pub fn usage_by_uuid(&self, uuid: &str) -> Option<(u64, u64)> {
         let ledger = self.existing_ledger()?;
         let dev = ledger.device_index(uuid)?;
-        let limit = ledger.limit(dev);
+        let limit = self.effective_limit(ledger, dev, u32::MAX, uuid);
         (limit != UNLIMITED).then(|| (ledger.used(dev), limit))
     }
 
@@ -440,6 +440,13 @@ impl Tenant {
         if attempt.is_err() && make_room() {
             attempt = ledger.try_reserve(slot, bytes);
         }
+        if attempt.is_ok() {
+            // Reserve, then check the node's ceiling: of reservations racing past it, none proceeds.
+            if let Err(e) = self.within_policy(device, ledger, slot, bytes) {
+                ledger.release(slot, bytes);
+                attempt = Err(e);
+            }
+        }
         match attempt {
             Ok(()) => Ok(Charge {
                 device: slot,
@@ -450,6 +457,40 @@ impl Tenant {
                 Err(CUerror::OUT_OF_MEMORY)
             }
         }
+    }
+
+    /// With a node policy, the ledger's usage (this reservation included) must stay within the
+    /// policy's ceiling whatever the ledger's own limit says: the ledger is writable by the tenant.
+    fn within_policy(
+        &self,
+        device: &Device,
+        ledger: &Ledger,
+        slot: usize,
+        bytes: u64,
+    ) -> Result<(), QuotaExceeded> {
+        let Some(ceiling) = self
+            .config
+            .memory_ceiling(device.ordinal as u32, &device.uuid)
+        else {
+            return Ok(());
+        };
+        let used = ledger.used(slot);
+        if used <= ceiling {
+            return Ok(());
+        }
+        Err(QuotaExceeded {
+            requested: bytes,
+            used: used.saturating_sub(bytes),
+            limit: ceiling,
+        })
+    }
+
+    /// The ledger's limit of a device, lowered to the node policy's ceiling.
+    fn effective_limit(&self, ledger: &Ledger, slot: usize, ordinal: u32, uuid: &str) -> u64 {
+        let limit = ledger.limit(slot);
+        self.config
+            .memory_ceiling(ordinal, uuid)
+            .map_or(limit, |c| c.min(limit))
     }
 
     /// The warn line of a refused allocation: tenant, device, requested, used and limit. A program
@@ -781,7 +822,7 @@ impl Tenant {
     ) -> Option<(u64, u64)> {
         let slot = *device.slot.as_ref().ok()?;
         let ledger = self.ledger().ok()?;
-        let limit = ledger.limit(slot);
+        let limit = self.effective_limit(ledger, slot, device.ordinal as u32, &device.uuid);
         if limit == UNLIMITED {
             return None;
         }

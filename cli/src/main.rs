@@ -7,6 +7,7 @@ mod demo;
 mod doctor;
 mod run;
 mod status;
+mod tenant;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -34,6 +35,14 @@ enum Command {
     Doctor,
     /// Two tenants share one GPU (simulated by simgpu when no NVIDIA driver is present).
     Demo,
+    /// Tenants created by the node (root): create, list, delete.
+    #[command(subcommand)]
+    Tenant(tenant::TenantCommand),
+    /// CDI specs for the node.
+    #[command(subcommand)]
+    Cdi(tenant::CdiCommand),
+    /// Install libgpuslice.so as a versioned file and repoint its symlink atomically.
+    InstallLibrary(tenant::InstallArgs),
 }
 
 /// Which tenant ledger a subcommand works on.
@@ -80,6 +89,9 @@ fn main() {
         Command::Set(a) => status::set(a),
         Command::Doctor => doctor::doctor(),
         Command::Demo => demo::demo(),
+        Command::Tenant(c) => tenant::tenant(c),
+        Command::Cdi(c) => tenant::cdi(c),
+        Command::InstallLibrary(a) => tenant::install(a),
     };
     let code = match result {
         Ok(code) => code,

@@ -53,6 +53,7 @@
 //! every device's memory limit invalid.
 
 mod file;
+pub mod policy;
 pub mod size;
 
 use std::collections::BTreeMap;
@@ -243,6 +244,8 @@ pub struct Config {
     pub notes: Vec<String>,
     /// Every configuration error, each naming its variable or `file:line`, the value and what was expected.
     pub errors: Vec<String>,
+    /// The node's policy for this tenant (`policy.rs`): authoritative, only ever lowered.
+    pub policy: Option<policy::NodePolicy>,
 }
 
 impl Config {
@@ -273,6 +276,19 @@ impl Config {
             || self.context_reserve.is_some()
             || self.quota_file.is_some()
             || !self.errors.is_empty()
+            || self.policy.is_some()
+    }
+
+    /// The most the node's policy allows on a device, lowered by this process's own memory setting;
+    /// `None` without a policy. The ledger's limit applies too: the least of them rules.
+    pub fn memory_ceiling(&self, index: u32, uuid: &str) -> Option<u64> {
+        let policy = self.policy.as_ref()?;
+        let own = match self.memory_limit_for(index, uuid) {
+            Limit::Bytes(b) => b,
+            Limit::Unlimited => u64::MAX,
+            Limit::Invalid(_) => 0,
+        };
+        Some(policy.memory_on(uuid).min(own))
     }
 }
 
@@ -327,6 +343,16 @@ pub fn load() -> Config {
 /// Reads the configuration from `env` and the quota file (`GPUSLICE_QUOTA_FILE`, or
 /// `default_quota_file` when that exists).
 pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path) -> Config {
+    load_with_policy(env, default_quota_file, Path::new(policy::POLICY_FILE))
+}
+
+/// [`load_from`] with the node policy looked for at `policy_file` (tests) instead of
+/// [`policy::POLICY_FILE`].
+pub fn load_with_policy(
+    env: &dyn Fn(&str) -> Option<String>,
+    default_quota_file: &Path,
+    policy_file: &Path,
+) -> Config {
     let mut b = Builder {
         notes: Vec::new(),
         errors: Vec::new(),
@@ -458,6 +484,7 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
         priority,
         notes: b.notes,
         errors: b.errors,
+        policy: None,
     };
     // Collect the per-value errors too, so the caller can log every one of them once.
     for map in [&cfg.compute_share, &cfg.compute_limit] {
@@ -472,6 +499,7 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
         cfg.compute_share.poison_with(&msg);
         cfg.compute_limit.poison_with(&msg);
     }
+    policy::apply(&mut cfg, env, policy_file);
     cfg.errors.dedup();
     cfg
 }
