@@ -15,10 +15,14 @@ fn workload(scene: &Scene, tenant: &str, uid: u32, args: &[&str]) -> std::proces
 fn two_uids_share_a_gpu_under_node_policies() {
     let scene = Scene::new("uids", &[("SIMGPU_MEMORY", "16GiB")]);
     scene
-        .gpuslice(&["tenant", "create", "t1", "--memory", "3GiB", "--share", "30"])
+        .gpuslice(&[
+            "tenant", "create", "t1", "--memory", "3GiB", "--share", "30",
+        ])
         .ok();
     scene
-        .gpuslice(&["tenant", "create", "t2", "--memory", "5GiB", "--share", "70"])
+        .gpuslice(&[
+            "tenant", "create", "t2", "--memory", "5GiB", "--share", "70",
+        ])
         .ok();
 
     // Both quotas hold for programs of other uids; the program sees its quota as the GPU's size.
@@ -28,7 +32,12 @@ fn two_uids_share_a_gpu_under_node_policies() {
         r.ok();
         assert_eq!(r.get_u64("total"), quota, "{}", r.report());
         assert_eq!(r.get_u64("allocated"), quota - 512 * MIB, "{}", r.report());
-        assert_eq!(r.get("outcome"), "CUDA_ERROR_OUT_OF_MEMORY", "{}", r.report());
+        assert_eq!(
+            r.get("outcome"),
+            "CUDA_ERROR_OUT_OF_MEMORY",
+            "{}",
+            r.report()
+        );
     }
 
     // The environment cannot raise the quota, name another ledger or policy, or escape the device
@@ -45,11 +54,18 @@ fn two_uids_share_a_gpu_under_node_policies() {
         .env("GPUSLICE_CONTEXT_RESERVE", "0");
     let r = run(&mut cmd);
     r.ok();
-    assert_eq!(r.get_u64("allocated"), 3 * GIB - 512 * MIB, "{}", r.report());
+    assert_eq!(
+        r.get_u64("allocated"),
+        3 * GIB - 512 * MIB,
+        "{}",
+        r.report()
+    );
     assert!(
-        r.stderr.contains("GPUSLICE_TENANT, GPUSLICE_LEDGER, GPUSLICE_DEVICE_DIR ignored")
+        r.stderr
+            .contains("GPUSLICE_TENANT, GPUSLICE_LEDGER, GPUSLICE_DEVICE_DIR ignored")
             && r.stderr.contains("memory limit 100 GiB ignored")
-            && r.stderr.contains("GPUSLICE_CONTEXT_RESERVE below the default ignored"),
+            && r.stderr
+                .contains("GPUSLICE_CONTEXT_RESERVE below the default ignored"),
         "{}",
         r.report()
     );
@@ -60,12 +76,8 @@ fn two_uids_share_a_gpu_under_node_policies() {
     assert_eq!(r.get_u64("allocated"), 512 * MIB, "{}", r.report());
 
     // `gpuslice set` by the tenant is refused with a clear message and changes nothing.
-    let r = run(&mut scene.in_container(
-        "t1",
-        1001,
-        &gpuslice_bin(),
-        &["set", "--memory", "100GiB"],
-    ));
+    let r =
+        run(&mut scene.in_container("t1", 1001, &gpuslice_bin(), &["set", "--memory", "100GiB"]));
     r.failed();
     assert!(
         r.stderr.contains("created by the node") && r.stderr.contains("only root"),
@@ -112,7 +124,12 @@ fn two_uids_share_a_gpu_under_node_policies() {
     }
     let r = run(&mut workload(&scene, "t1", 1001, &["--chunk", "256"]));
     assert_eq!(r.get_u64("total"), 3 * GIB, "{}", r.report());
-    assert_eq!(r.get_u64("allocated"), 3 * GIB - 512 * MIB, "{}", r.report());
+    assert_eq!(
+        r.get_u64("allocated"),
+        3 * GIB - 512 * MIB,
+        "{}",
+        r.report()
+    );
     let policy = std::fs::read_to_string(scene.state.join("tenants/t1/policy.toml")).unwrap();
     assert!(policy.contains("memory = 3221225472"), "{policy}");
 
@@ -146,7 +163,12 @@ fn two_uids_share_a_gpu_under_node_policies() {
     );
 
     // Delete: refused while a process of the tenant lives, done once it is gone.
-    let mut holder = workload(&scene, "t1", 1001, &["--chunk", "256", "--max", "256", "--hold-ms", "4000"]);
+    let mut holder = workload(
+        &scene,
+        "t1",
+        1001,
+        &["--chunk", "256", "--max", "256", "--hold-ms", "4000"],
+    );
     let child = holder
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

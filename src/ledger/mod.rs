@@ -406,6 +406,7 @@ impl Ledger {
                     .map_err(io_err(path, "chown to GPUSLICE_LEDGER_GROUP"))?;
             }
             sys::ftruncate(&fd, TOTAL_SIZE as u64).map_err(io_err(path, "ftruncate"))?;
+            sys::allocate(&fd, TOTAL_SIZE as u64).map_err(io_err(path, "allocating its space"))?;
             let map = sys::Mapping::new(&fd, true).map_err(io_err(path, "mmap"))?;
             let l = map.layout();
             let (dl, df) = stored(&opts.default_limit);

@@ -51,6 +51,16 @@ pub fn ftruncate(fd: &OwnedFd, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Reserves the file's first `len` bytes on its filesystem, so a full filesystem (a full /dev/shm)
+/// is an error here rather than a SIGBUS when a new mapping is first written.
+pub fn allocate(fd: &OwnedFd, len: u64) -> io::Result<()> {
+    // SAFETY: plain call on an open fd; no pointers.
+    match unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) } {
+        0 => Ok(()),
+        rc => Err(io::Error::from_raw_os_error(rc)),
+    }
+}
+
 pub fn fchmod(fd: &OwnedFd, mode: u32) -> io::Result<()> {
     // SAFETY: plain syscall on an open fd.
     if unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) } != 0 {

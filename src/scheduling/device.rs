@@ -114,6 +114,8 @@ impl DeviceLedger {
                     .map_err(io_err("creating a temporary file beside it"))?;
                 let result = (|| {
                     sys::ftruncate(&fd, TOTAL_SIZE as u64).map_err(io_err("ftruncate"))?;
+                    sys::allocate(&fd, TOTAL_SIZE as u64)
+                        .map_err(io_err("allocating its space"))?;
                     let map = Map::new(&fd, true).map_err(io_err("mmap"))?;
                     // SAFETY: the mapping lives in `map`, which outlives this reference.
                     let l = unsafe { map.0.as_ref() };

@@ -186,7 +186,10 @@ impl Scene {
         let mut cmd = self.command(gpuslice_bin());
         cmd.args(args);
         let sub = (args.first().copied(), args.get(1).copied());
-        if matches!(sub, (Some("tenant"), Some("create" | "delete")) | (Some("cdi"), _)) {
+        if matches!(
+            sub,
+            (Some("tenant"), Some("create" | "delete")) | (Some("cdi"), _)
+        ) {
             cmd.arg("--state-dir").arg(&self.state);
             cmd.arg("--cdi-dir").arg(&self.cdi);
             cmd.arg("--library").arg(library());
@@ -199,8 +202,8 @@ impl Scene {
     /// The CDI spec `tenant create` wrote for `name`, parsed.
     pub fn spec(&self, name: &str) -> serde_json::Value {
         let path = self.cdi.join(format!("gpuslice.io-tenant-{name}.json"));
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         serde_json::from_str(&text).unwrap()
     }
 
@@ -226,11 +229,7 @@ impl Scene {
                 continue;
             }
             let host = m["hostPath"].as_str().unwrap();
-            let ro = m["options"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|o| o == "ro");
+            let ro = m["options"].as_array().unwrap().iter().any(|o| o == "ro");
             script.push_str(&format!("mount --bind '{host}' '{container}'\n"));
             if ro {
                 script.push_str(&format!(
