@@ -20,6 +20,10 @@ pub(crate) struct NodeArgs {
     /// The installed library (host path; its symlink target is what containers mount).
     #[arg(long, value_name = "PATH", default_value = cdi::DEFAULT_LIBRARY)]
     pub library: PathBuf,
+    /// Leave the groups out of CDI specs (`additionalGids` needs cdiVersion 0.7.0, which older
+    /// runtimes refuse); the runtime must then add the tenant's and the device group itself.
+    #[arg(long)]
+    pub cdi_without_groups: bool,
 }
 
 impl NodeArgs {
@@ -28,6 +32,7 @@ impl NodeArgs {
             layout: Layout::new(&self.state_dir),
             cdi_dir: Some(self.cdi_dir.clone()),
             library: self.library.clone(),
+            cdi_groups: !self.cdi_without_groups,
         }
     }
 }

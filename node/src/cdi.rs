@@ -66,6 +66,7 @@ pub struct Mount {
     pub options: Vec<String>,
 }
 
+/// A bind mount; `noexec` for data (never for the library, which is mapped executable).
 fn mount(host: &Path, container: &str, writable: bool) -> Mount {
     let mut options = vec![
         if writable { "rw" } else { "ro" },
@@ -73,7 +74,7 @@ fn mount(host: &Path, container: &str, writable: bool) -> Mount {
         "nodev",
         "bind",
     ];
-    if !writable {
+    if container != CONTAINER_LIBRARY {
         options.push("noexec");
     }
     Mount {
@@ -122,7 +123,11 @@ fn node_edits(node: &Node) -> Edits {
             ),
             mount(&node.layout.devices_dir(), CONTAINER_DEVICE_DIR, true),
         ],
-        additional_gids: vec![DEVICE_GID],
+        additional_gids: if node.cdi_groups {
+            vec![DEVICE_GID]
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -150,8 +155,9 @@ pub fn tenant_spec(node: &Node, policy: &Policy, gid: u32) -> Spec {
     edits
         .mounts
         .push(mount(&layout.policy_path(&policy.name), POLICY_FILE, false));
-    edits.additional_gids.insert(0, gid);
-    edits.env.push(format!("GPUSLICE_TENANT={}", policy.name));
+    if node.cdi_groups {
+        edits.additional_gids.insert(0, gid);
+    }
     let mut spec = Spec {
         cdi_version: String::new(),
         kind: TENANT_KIND.into(),

@@ -47,6 +47,10 @@ pub struct Node {
     pub cdi_dir: Option<PathBuf>,
     /// The library as containers get it (host path).
     pub library: PathBuf,
+    /// Put the groups in the spec (`additionalGids`, cdiVersion 0.7.0); without, the runtime must
+    /// add them (`podman --group-add`, a pod's `supplementalGroups`) and the spec stays 0.3.0/0.5.0
+    /// for runtimes whose CDI library is older (podman 4.3 in Debian 12).
+    pub cdi_groups: bool,
 }
 
 /// A created tenant.

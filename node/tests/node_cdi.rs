@@ -66,6 +66,28 @@ fn specs_validate_and_mount_what_the_library_needs() {
         .arg(&link);
     run(&mut cmd).ok();
     let tenant_spec = scene.cdi.join("gpuslice.io-tenant-t1.json");
+    // Without the groups (for runtimes older than CDI 0.7.0): the lowest version, 0.3.0.
+    let mut cmd = scene.command(gpuslice_bin());
+    cmd.args([
+        "tenant",
+        "create",
+        "t2",
+        "--memory",
+        "1GiB",
+        "--cdi-without-groups",
+    ])
+    .arg("--state-dir")
+    .arg(&scene.state)
+    .arg("--cdi-dir")
+    .arg(&scene.cdi)
+    .arg("--library")
+    .arg(&link);
+    run(&mut cmd).ok();
+    let old_runtime_spec = scene.cdi.join("gpuslice.io-tenant-t2.json");
+    assert_eq!(scene.spec("t2")["cdiVersion"], "0.3.0");
+    assert!(scene.spec("t2")["devices"][0]["containerEdits"]
+        .get("additionalGids")
+        .is_none());
 
     // A spec the schema must refuse, so a validator that accepts everything fails this test.
     let broken = scene.dir.join("broken.json");
@@ -74,8 +96,14 @@ fn specs_validate_and_mount_what_the_library_needs() {
         r#"{"cdiVersion": "0.7.0", "devices": [{"name": "x"}]}"#,
     )
     .unwrap();
-    let r = validate(&[&tenant_spec, &node_spec, &broken]);
+    let r = validate(&[&tenant_spec, &node_spec, &old_runtime_spec, &broken]);
     r.ok();
+    assert!(
+        r.stdout
+            .contains(&format!("{}: valid", old_runtime_spec.display())),
+        "{}",
+        r.report()
+    );
     assert!(
         r.stdout
             .contains(&format!("{}: valid", tenant_spec.display()))
