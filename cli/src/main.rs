@@ -43,6 +43,8 @@ enum Command {
     Cdi(tenant::CdiCommand),
     /// Install libgpuslice.so as a versioned file and repoint its symlink atomically.
     InstallLibrary(tenant::InstallArgs),
+    /// Kubernetes device plugin: GPUs as slices, a tenant per allocation (root).
+    DevicePlugin(tenant::DevicePluginArgs),
 }
 
 /// Which tenant ledger a subcommand works on.
@@ -92,6 +94,7 @@ fn main() {
         Command::Tenant(c) => tenant::tenant(c),
         Command::Cdi(c) => tenant::cdi(c),
         Command::InstallLibrary(a) => tenant::install(a),
+        Command::DevicePlugin(a) => tenant::device_plugin(a),
     };
     let code = match result {
         Ok(code) => code,

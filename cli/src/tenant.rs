@@ -306,3 +306,46 @@ pub(crate) fn guard_set(
     }
     gpuslice_node::policy::write(&path, &p)
 }
+
+/// `gpuslice device-plugin`.
+#[derive(Args)]
+pub(crate) struct DevicePluginArgs {
+    /// The kubelet's device-plugin directory (its registration socket and ours).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
+    kubelet_dir: PathBuf,
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Slices offered per GPU.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    slices: u32,
+    /// The extended resource pods request.
+    #[arg(long, value_name = "NAME", default_value = "gpuslice.io/slice")]
+    resource: String,
+    /// The kubelet's PodResources socket (tenants of pods that are gone are removed).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )]
+    pod_resources_socket: PathBuf,
+    /// Seconds between PodResources and health checks (a gone pod's tenant goes after two).
+    #[arg(long, value_name = "S", default_value_t = 5)]
+    sweep_seconds: u64,
+}
+
+pub(crate) fn device_plugin(a: DevicePluginArgs) -> Result<i32, String> {
+    require_root("device-plugin")?;
+    gpuslice_node::plugin::run_blocking(gpuslice_node::plugin::Config {
+        kubelet_dir: a.kubelet_dir,
+        node: a.node.node(),
+        slices: a.slices,
+        resource: a.resource,
+        pod_resources_socket: Some(a.pod_resources_socket),
+        sweep_interval: std::time::Duration::from_secs(a.sweep_seconds.max(1)),
+    })?;
+    Ok(0)
+}

@@ -4,5 +4,20 @@
 
 pub mod cdi;
 pub mod nvml;
+pub mod plugin;
 pub mod policy;
 pub mod tenant;
+
+/// The kubelet's gRPC APIs (node/proto, generated at build time).
+pub mod api {
+    /// Device plugins, v1beta1.
+    #[allow(clippy::all, clippy::pedantic)]
+    pub mod deviceplugin {
+        tonic::include_proto!("v1beta1");
+    }
+    /// PodResources, v1 (`List`).
+    #[allow(clippy::all, clippy::pedantic)]
+    pub mod podresources {
+        tonic::include_proto!("v1");
+    }
+}
