@@ -4,6 +4,7 @@
 pub mod config;
 pub mod ledger;
 pub mod scheduling;
+pub mod slotfile;
 
 pub mod accounting;
 pub mod driver;

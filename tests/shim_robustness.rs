@@ -613,11 +613,11 @@ fn broken_ledgers_fail_closed() {
     // Header: magic u64 at 0, layout version u32 at 8 (src/ledger/shm.rs).
     let p = dir.join("version.ledger");
     let mut bytes = valid.clone();
-    assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 1);
-    bytes[8..12].copy_from_slice(&2u32.to_ne_bytes());
+    assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 2);
+    bytes[8..12].copy_from_slice(&3u32.to_ne_bytes());
     std::fs::write(&p, bytes).unwrap();
     let msg = format!(
-        "gpuslice: error: ledger {}: layout version 2, this gpuslice uses 1 (all processes of a tenant must run the same gpuslice){tail}",
+        "gpuslice: error: ledger {}: layout version 3, this gpuslice uses 2 (all processes sharing it must run the same gpuslice){tail}",
         p.display()
     );
     assert_fails_closed(&sim, &p, &limit, &msg);

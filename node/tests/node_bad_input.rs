@@ -139,7 +139,7 @@ fn full_or_read_only_state_directory() {
     r.ok();
     assert_eq!(r.get("full_rc"), "2", "{}", r.report());
     assert!(
-        r.stderr.contains("No space left on device") && r.stderr.contains("not created"),
+        r.stderr.to_lowercase().contains("no space left") && r.stderr.contains("not created"),
         "{}",
         r.report()
     );

@@ -549,6 +549,13 @@ fn per_device<T: Clone>(
     parse: impl Fn(&str) -> Result<T, String>,
 ) -> PerDevice<T> {
     let mut out = PerDevice::default();
+    if text.contains(',') && text.split(',').all(|item| item.trim().is_empty()) {
+        // `,` or `,,`: a list of nothing must not read as "no limit".
+        out.poison_with(&format!(
+            "{src}: no value in the list (expected a size such as 4GiB or a list such as 0=4GiB,1=2GiB)"
+        ));
+        return out;
+    }
     for item in text.split(',').map(str::trim) {
         if item.is_empty() && text.contains(',') {
             continue; // tolerate `0=1G,` and `0=1G,,1=2G`
