@@ -210,6 +210,30 @@ pub fn doctor() -> Result<i32, String> {
     if let Some(q) = &cfg.quota_file {
         println!("  quota file: {}", q.display());
     }
+    if let Some(p) = &cfg.policy {
+        println!(
+            "  node policy: {} (read-only; {} on {}, share {}%, cap {}, priority {}; this environment can only lower it)",
+            p.path.display(),
+            format_bytes(p.memory),
+            if p.gpus.is_empty() {
+                "every GPU".to_string()
+            } else {
+                p.gpus.join(", ")
+            },
+            p.share,
+            if p.limit == 0 {
+                "none".to_string()
+            } else {
+                format!("{}%", p.limit)
+            },
+            if p.priority == config::Priority::High {
+                "high"
+            } else {
+                "normal"
+            }
+        );
+        println!("  device ledgers: {}", p.device_dir.display());
+    }
     let ledger_state = if ledger_exists {
         match Ledger::open_readonly(&cfg.ledger_path) {
             Ok(_) if writable(&cfg.ledger_path) => "exists, valid, writable".to_owned(),

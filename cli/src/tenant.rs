@@ -24,6 +24,10 @@ pub(crate) struct NodeArgs {
     /// runtimes refuse); the runtime must then add the tenant's and the device group itself.
     #[arg(long)]
     pub cdi_without_groups: bool,
+    /// Directory with `gpuslice` and `gpuslice-probe` to mount at /usr/lib/gpuslice/bin in
+    /// containers (for `gpuslice doctor`); a directory of its own, e.g. /usr/local/lib/gpuslice/bin.
+    #[arg(long, value_name = "DIR")]
+    pub tools: Option<PathBuf>,
 }
 
 impl NodeArgs {
@@ -33,6 +37,7 @@ impl NodeArgs {
             cdi_dir: Some(self.cdi_dir.clone()),
             library: self.library.clone(),
             cdi_groups: !self.cdi_without_groups,
+            tools: self.tools.clone(),
         }
     }
 }

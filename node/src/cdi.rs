@@ -74,7 +74,7 @@ fn mount(host: &Path, container: &str, writable: bool) -> Mount {
         "nodev",
         "bind",
     ];
-    if container != CONTAINER_LIBRARY {
+    if container != CONTAINER_LIBRARY && container != CONTAINER_TOOLS {
         options.push("noexec");
     }
     Mount {
@@ -110,9 +110,13 @@ pub fn library_file(library: &Path) -> PathBuf {
     std::fs::canonicalize(library).unwrap_or_else(|_| library.to_path_buf())
 }
 
-/// Edits every gpuslice container gets: library, preload list, device ledgers.
+/// Where containers find the `gpuslice` command and its probe (for `gpuslice doctor`).
+pub const CONTAINER_TOOLS: &str = "/usr/lib/gpuslice/bin";
+
+/// Edits every gpuslice container gets: library, preload list, device ledgers, and the tools
+/// directory (`gpuslice`, `gpuslice-probe`) when the node has one.
 fn node_edits(node: &Node) -> Edits {
-    Edits {
+    let mut edits = Edits {
         env: Vec::new(),
         mounts: vec![
             mount(&library_file(&node.library), CONTAINER_LIBRARY, false),
@@ -128,7 +132,11 @@ fn node_edits(node: &Node) -> Edits {
         } else {
             Vec::new()
         },
+    };
+    if let Some(tools) = node.tools.as_ref().filter(|t| t.is_dir()) {
+        edits.mounts.push(mount(tools, CONTAINER_TOOLS, false));
     }
+    edits
 }
 
 /// `<state>/ld.so.preload`: the file mounted as the container's `/etc/ld.so.preload`.

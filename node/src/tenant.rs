@@ -51,6 +51,8 @@ pub struct Node {
     /// add them (`podman --group-add`, a pod's `supplementalGroups`) and the spec stays 0.3.0/0.5.0
     /// for runtimes whose CDI library is older (podman 4.3 in Debian 12).
     pub cdi_groups: bool,
+    /// Directory holding `gpuslice` and `gpuslice-probe`, mounted into containers (if it exists).
+    pub tools: Option<PathBuf>,
 }
 
 /// A created tenant.

@@ -40,6 +40,17 @@ fn two_uids_share_a_gpu_under_node_policies() {
         );
     }
 
+    // `gpuslice doctor` in the container reports the node's policy and active enforcement.
+    let r = run(&mut scene.in_container("t1", 1001, &gpuslice_bin(), &["doctor"]));
+    assert!(
+        r.code == Some(0)
+            && r.stdout
+                .contains("node policy: /run/gpuslice/tenant/policy.toml")
+            && r.stdout.contains("enforcement: ACTIVE"),
+        "{}",
+        r.report()
+    );
+
     // The environment cannot raise the quota, name another ledger or policy, or escape the device
     // ledgers; each ignored setting gets an info line. It can lower the quota.
     let mut cmd = workload(&scene, "t1", 1001, &["--chunk", "256"]);
