@@ -7,7 +7,7 @@ mod support;
 use gpuslice_node::api::deviceplugin as dp;
 use gpuslice_node::api::podresources as pr;
 use gpuslice_node::plugin::{slice_memory, unix_channel};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,8 +75,30 @@ async fn plugin_client(
     )
 }
 
-fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path) -> Child {
-    scene
+/// The plugin process, killed when the test ends however it ends.
+struct PluginProcess(Option<Child>);
+
+impl PluginProcess {
+    /// Stops it and returns what it wrote to standard error.
+    fn stop(mut self) -> String {
+        let mut child = self.0.take().expect("running");
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path) -> PluginProcess {
+    let child = scene
         .command(gpuslice_bin())
         .arg("device-plugin")
         .arg("--kubelet-dir")
@@ -94,7 +116,8 @@ fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path) -> Child {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("gpuslice device-plugin starts")
+        .expect("gpuslice device-plugin starts");
+    PluginProcess(Some(child))
 }
 
 /// The workload as root in a private mount namespace with an Allocate response's mounts and env
@@ -187,7 +210,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     }
 
     // The plugin starts before the kubelet listens: it retries until it can register.
-    let mut plugin = start_plugin(&scene, &kubelet, &podres_sock);
+    let plugin = start_plugin(&scene, &kubelet, &podres_sock);
     std::thread::sleep(Duration::from_millis(1500));
     let mut registrations = serve_kubelet(&kubelet);
     let reg = rt.block_on(next_registration(&mut registrations));
@@ -408,14 +431,11 @@ fn device_plugin_against_a_kubelet_stand_in() {
         .exists());
     assert_eq!(device_share(&scene, &tenant), None);
 
-    let _ = plugin.kill();
-    let out = plugin.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = plugin.stop();
     assert!(
         stderr.contains("registering with the kubelet") && stderr.contains("retrying"),
         "{stderr}"
     );
     assert!(stderr.contains("the kubelet restarted"), "{stderr}");
     assert!(stderr.contains("removed (its pod is gone)"), "{stderr}");
-    let _: PathBuf = kubelet;
 }
