@@ -27,6 +27,10 @@ pub(crate) struct StatusArgs {
     /// Directory of the device ledgers (default: GPUSLICE_DEVICE_DIR, else the default).
     #[arg(long, value_name = "DIR")]
     device_dir: Option<PathBuf>,
+    /// A node's state directory: `--tenant NAME` is then the node-created tenant, and the device
+    /// ledgers are the node's.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["ledger", "device_dir"])]
+    state_dir: Option<PathBuf>,
 }
 
 /// `gpuslice set`'s arguments.
@@ -133,7 +137,14 @@ impl From<&Snapshot> for MemoryDocument {
     }
 }
 
-pub(crate) fn status(a: StatusArgs) -> Result<i32, String> {
+pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
+    if let Some(state) = &a.state_dir {
+        let layout = gpuslice_node::policy::Layout::new(state);
+        if let Some(t) = &a.ledger.tenant {
+            a.ledger.ledger = Some(layout.ledger_path(t));
+        }
+        a.device_dir = Some(layout.devices_dir());
+    }
     let memory = if a.compute {
         None
     } else {

@@ -173,6 +173,41 @@ fn two_uids_share_a_gpu_under_node_policies() {
         rb.report()
     );
 
+    // Root on the node can change a node tenant: the policy follows, and so do new processes.
+    let state = scene.state.display().to_string();
+    scene
+        .gpuslice(&[
+            "set",
+            "--tenant",
+            "t2",
+            "--state-dir",
+            &state,
+            "--memory",
+            "6GiB",
+        ])
+        .ok();
+    let policy = std::fs::read_to_string(scene.state.join("tenants/t2/policy.toml")).unwrap();
+    assert!(
+        policy.contains(&format!("memory = {}", 6 * GIB)),
+        "{policy}"
+    );
+    let r = run(&mut workload(&scene, "t2", 1002, &["--chunk", "256"]));
+    assert_eq!(
+        r.get_u64("allocated"),
+        6 * GIB - 512 * MIB,
+        "{}",
+        r.report()
+    );
+    let r = scene.gpuslice(&["status", "--tenant", "t2", "--state-dir", &state, "--json"]);
+    r.ok();
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(doc["memory"]["tenant"], "t2", "{}", r.stdout);
+    assert!(doc["compute"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|row| row["tenant"] == "t2" && row["share"] == 70));
+
     // Delete: refused while a process of the tenant lives, done once it is gone.
     let mut holder = workload(
         &scene,
