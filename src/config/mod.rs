@@ -8,6 +8,10 @@
 //!    `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), each reported by an info note;
 //! 3. the quota file (`GPUSLICE_QUOTA_FILE`, default `/etc/gpuslice/quota.toml` when it exists).
 //!
+//! A node policy (`policy.rs`: `/run/gpuslice/tenant/policy.toml`, else `GPUSLICE_POLICY`) bounds all
+//! three: they can only lower it. HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, `CUDA_TASK_PRIORITY`,
+//! `GPU_CORE_UTILIZATION_POLICY` and `LIBCUDA_LOG_LEVEL` are read too, each with an info note.
+//!
 //! Each setting comes whole from the first source that sets it: a memory limit from the
 //! environment replaces the file's `memory_limit` *and* its `[devices]` table, and a tenant from
 //! the environment replaces the file's `tenant` *and* its `ledger` (unless `GPUSLICE_LEDGER` is set).
