@@ -62,6 +62,36 @@ pub fn venv_python() -> PathBuf {
     )
 }
 
+/// tests/clients/compute_client.c (the compute-share client of the library's tests), built into
+/// `dir` against NVIDIA's headers (scripts/fetch-nvidia.sh) and simgpu's libcuda.
+pub fn compute_client(dir: &Path) -> PathBuf {
+    let include = require(
+        root().join("target/nvidia/include/cu13"),
+        "NVIDIA's headers (scripts/fetch-nvidia.sh)",
+    );
+    let out = dir.join("compute_client");
+    let r = run(Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-I"])
+        .arg(include)
+        .arg(root().join("tests/clients/compute_client.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg("-L")
+        .arg(simgpu_lib_dir())
+        .args(["-lcuda", "-ldl"]));
+    r.ok();
+    out
+}
+
+/// CLOCK_REALTIME nanoseconds `ms` from now: a start both clients wait for.
+pub fn start_in(ms: u64) -> u64 {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + std::time::Duration::from_millis(ms))
+    .as_nanos() as u64
+}
+
 /// A finished command.
 pub struct Run {
     pub desc: String,
