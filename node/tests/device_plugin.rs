@@ -198,7 +198,8 @@ fn device_plugin_against_a_kubelet_stand_in() {
         .unwrap();
     let _guard = rt.enter();
     let pods = PodResources::default();
-    {
+    let serve_pods = |pods: &PodResources| {
+        let _ = std::fs::remove_file(&podres_sock);
         let listener = tokio::net::UnixListener::bind(&podres_sock).unwrap();
         rt.spawn(
             tonic::transport::Server::builder()
@@ -206,8 +207,9 @@ fn device_plugin_against_a_kubelet_stand_in() {
                     pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()),
                 )
                 .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-        );
-    }
+        )
+    };
+    let pod_server = serve_pods(&pods);
 
     // The plugin starts before the kubelet listens: it retries until it can register.
     let plugin = start_plugin(&scene, &kubelet, &podres_sock);
@@ -387,6 +389,18 @@ fn device_plugin_against_a_kubelet_stand_in() {
         || std::fs::read_to_string(&policy_path).is_ok_and(|p| p.contains("pod = \"trainer-0\"")),
     );
 
+    // PodResources goes away: nothing is removed while the plugin cannot tell which pods exist.
+    pod_server.abort();
+    let _ = rt.block_on(pod_server);
+    pods.0.lock().unwrap().clear();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        policy_path.exists(),
+        "removed while PodResources was unreachable"
+    );
+    *pods.0.lock().unwrap() = vec![pod(vec![id(0, 0), id(0, 1), id(0, 2)])];
+    let _pod_server = serve_pods(&pods);
+
     // The pod is gone but a process of its tenant lives: the tenant stays until it ends.
     let holder_resp = resp.clone();
     let scene_ref = &scene;
@@ -438,4 +452,8 @@ fn device_plugin_against_a_kubelet_stand_in() {
     );
     assert!(stderr.contains("the kubelet restarted"), "{stderr}");
     assert!(stderr.contains("removed (its pod is gone)"), "{stderr}");
+    assert!(
+        stderr.contains("PodResources: ") && stderr.contains("no tenant removed this time"),
+        "{stderr}"
+    );
 }
