@@ -196,6 +196,7 @@ pub fn doctor() -> Result<i32, String> {
     // The configuration, as the library reads it.
     let cfg = config::load();
     problems.extend(cfg.errors.iter().cloned());
+    notes.extend(cfg.warnings.iter().cloned());
     if let Ok(q) = std::env::var("GPUSLICE_QUOTA_FILE") {
         if std::fs::File::open(&q).is_err() {
             problems.push(format!(

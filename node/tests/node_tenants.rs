@@ -52,11 +52,10 @@ fn two_uids_share_a_gpu_under_node_policies() {
     );
 
     // The environment cannot raise the quota, name another ledger or policy, or escape the device
-    // ledgers; each ignored setting gets an info line. It can lower the quota.
+    // ledgers; each ignored setting gets a warning (default log level). It can lower the quota.
     let mut cmd = workload(&scene, "t1", 1001, &["--chunk", "256"]);
     let elsewhere = scene.dir.join("elsewhere");
-    cmd.env("GPUSLICE_LOG", "info")
-        .env("GPUSLICE_MEMORY_LIMIT", "100GiB")
+    cmd.env("GPUSLICE_MEMORY_LIMIT", "100GiB")
         .env("CUDA_DEVICE_MEMORY_LIMIT", "100g")
         .env("GPUSLICE_TENANT", "free")
         .env("GPUSLICE_LEDGER", elsewhere.join("free.ledger"))

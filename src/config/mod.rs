@@ -246,6 +246,8 @@ pub struct Config {
     pub priority: Setting<Priority>,
     /// Info-level lines (how aliases were read) for the caller to log.
     pub notes: Vec<String>,
+    /// Warn-level lines: settings ignored because a node policy forbids them (`policy.rs`).
+    pub warnings: Vec<String>,
     /// Every configuration error, each naming its variable or `file:line`, the value and what was expected.
     pub errors: Vec<String>,
     /// The node's policy for this tenant (`policy.rs`): authoritative, only ever lowered.
@@ -492,6 +494,7 @@ pub fn load_with_policy(
         compute_limit,
         priority,
         notes: b.notes,
+        warnings: Vec::new(),
         errors: b.errors,
         policy: None,
     };

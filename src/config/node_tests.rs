@@ -116,7 +116,7 @@ fn a_node_policy_is_only_ever_lowered() {
     assert_eq!(c.compute_share_for(0, UUID_A), Setting::Value(30));
     assert_eq!(c.compute_limit_for(0, UUID_A), Setting::Value(50));
     assert_eq!(c.priority, Setting::Value(Priority::Normal));
-    assert_eq!(c.notes.len(), 5, "{:?}", c.notes);
+    assert_eq!(c.warnings.len(), 5, "{:?}", c.warnings);
 
     let c = cfg(&[
         ("GPUSLICE_POLICY", p),

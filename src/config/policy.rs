@@ -9,7 +9,7 @@
 //!
 //! With a policy, the tenant, its ledger (`<policy dir>/<NAME>.ledger`) and the device-ledger
 //! directory come from the policy's location; `GPUSLICE_TENANT`, `GPUSLICE_LEDGER*`,
-//! `GPUSLICE_DEVICE_DIR` are ignored (an info line says so). The memory limit a process obeys is
+//! `GPUSLICE_DEVICE_DIR` are ignored (a warning says so). The memory limit a process obeys is
 //! the least of the policy's, the ledger's and what its own environment or quota file asks: other
 //! settings can only lower it. A policy that cannot be read or parsed refuses every allocation.
 
@@ -234,7 +234,7 @@ pub(super) fn apply(cfg: &mut Config, env: &dyn Fn(&str) -> Option<String>, poli
     .filter(|k| env(k).is_some())
     .collect();
     if !ignored.is_empty() {
-        cfg.notes
+        cfg.warnings
             .push(format!("{} ignored: {from}", ignored.join(", ")));
     }
     cfg.tenant = p.name.clone();
@@ -250,7 +250,7 @@ pub(super) fn apply(cfg: &mut Config, env: &dyn Fn(&str) -> Option<String>, poli
             v
         }
         Setting::Value(v) if v > p.share => {
-            cfg.notes.push(format!(
+            cfg.warnings.push(format!(
                 "compute share {v}% ignored: {from} with share {}%",
                 p.share
             ));
@@ -261,7 +261,7 @@ pub(super) fn apply(cfg: &mut Config, env: &dyn Fn(&str) -> Option<String>, poli
     let cap = match cfg.compute_limit.get_default() {
         Setting::Value(c) if p.limit == 0 || (c > 0 && c < p.limit) => c,
         Setting::Value(c) if c != p.limit => {
-            cfg.notes.push(format!(
+            cfg.warnings.push(format!(
                 "compute cap {c}% ignored: {from} with cap {}%",
                 p.limit
             ));
@@ -271,7 +271,7 @@ pub(super) fn apply(cfg: &mut Config, env: &dyn Fn(&str) -> Option<String>, poli
     };
     let priority = match (&cfg.priority, p.priority) {
         (Setting::Value(Priority::High), Priority::Normal) => {
-            cfg.notes.push(format!(
+            cfg.warnings.push(format!(
                 "priority high ignored: {from} with priority normal"
             ));
             Priority::Normal
@@ -294,14 +294,14 @@ pub(super) fn apply(cfg: &mut Config, env: &dyn Fn(&str) -> Option<String>, poli
         .context_reserve
         .is_some_and(|r| r < DEFAULT_CONTEXT_RESERVE)
     {
-        cfg.notes.push(format!(
+        cfg.warnings.push(format!(
             "GPUSLICE_CONTEXT_RESERVE below the default ignored: {from}"
         ));
         cfg.context_reserve = None;
     }
     if let Setting::Value(m) = cfg.memory.get_default() {
         if m > p.memory {
-            cfg.notes.push(format!(
+            cfg.warnings.push(format!(
                 "memory limit {} ignored: {from} with {} per GPU",
                 super::format_bytes(m),
                 super::format_bytes(p.memory)
