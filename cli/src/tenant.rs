@@ -232,6 +232,7 @@ pub(crate) fn cdi(cmd: CdiCommand) -> Result<i32, String> {
     match cmd {
         CdiCommand::Generate { output, node } => {
             let node = node.node();
+            cdi::write_preload(&node.layout.state)?;
             let spec = cdi::node_spec(&node);
             let dir = output.parent().unwrap_or(Path::new("."));
             let file = output

@@ -224,8 +224,25 @@ pub fn atomic_write(path: &Path, text: &[u8]) -> Result<(), String> {
     })
 }
 
-/// Writes a spec as `<dir>/<file>` (directory created if missing); returns its path.
+/// A spec's host paths must exist: a runtime refuses a container whose mount source is missing.
+pub fn check_sources(spec: &Spec) -> Result<(), String> {
+    for d in &spec.devices {
+        for m in &d.container_edits.mounts {
+            if !Path::new(&m.host_path).exists() {
+                return Err(format!(
+                    "CDI spec {}={}: {} does not exist (for {}; install the library with `gpuslice install-library` or name it with --library)",
+                    spec.kind, d.name, m.host_path, m.container_path
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes a spec as `<dir>/<file>` (directory created if missing) once its mount sources exist;
+/// returns its path.
 pub fn write_spec(dir: &Path, file: &str, spec: &Spec) -> Result<PathBuf, String> {
+    check_sources(spec)?;
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let path = dir.join(file);
     let text = serde_json::to_string_pretty(spec).map_err(|e| e.to_string())?;

@@ -85,6 +85,23 @@ fn bad_input_leaves_nothing_behind() {
     let r = scene.gpuslice(&["tenant", "create", "ok", "--memory", "2GiB"]);
     r.failed();
     assert!(r.stderr.contains("already exists"), "{}", r.report());
+    // A library that is not installed: the spec would not start a container.
+    let r = run(scene
+        .command(gpuslice_bin())
+        .args(["tenant", "create", "t9", "--memory", "1GiB", "--state-dir"])
+        .arg(&scene.state)
+        .arg("--cdi-dir")
+        .arg(&scene.cdi)
+        .args(["--library", "/nonexistent/libgpuslice.so"]));
+    r.failed();
+    assert!(
+        r.stderr
+            .contains("/nonexistent/libgpuslice.so does not exist"),
+        "{}",
+        r.report()
+    );
+    assert_eq!(leftovers(&scene), before, "{}", r.report());
+    assert_eq!(device_tenants(&scene), vec!["ok", "ok"]);
     let r = scene.gpuslice(&["tenant", "create", "../x", "--memory", "1GiB"]);
     r.failed();
     assert!(r.stderr.contains("tenant name \"../x\""), "{}", r.report());
