@@ -88,6 +88,8 @@ struct DeviceDocument {
     invalid_config: bool,
     used: u64,
     peak: u64,
+    /// Allocations refused at the quota on this device.
+    denied: u64,
 }
 
 #[derive(Serialize)]
@@ -118,6 +120,7 @@ impl From<&Snapshot> for MemoryDocument {
                     invalid_config: d.invalid_config,
                     used: d.used,
                     peak: d.peak,
+                    denied: d.denied,
                 })
                 .collect(),
             processes: s
