@@ -8,6 +8,7 @@ mod doctor;
 mod observe;
 mod run;
 mod status;
+mod tenant;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -39,6 +40,16 @@ enum Command {
     Exporter(observe::ExporterArgs),
     /// Live view per GPU and tenant: memory against quota, achieved against promised share, waiting.
     Top(observe::TopArgs),
+    /// Tenants created by the node (root): create, list, delete.
+    #[command(subcommand)]
+    Tenant(tenant::TenantCommand),
+    /// CDI specs for the node.
+    #[command(subcommand)]
+    Cdi(tenant::CdiCommand),
+    /// Install libgpuslice.so as a versioned file and repoint its symlink atomically.
+    InstallLibrary(tenant::InstallArgs),
+    /// Kubernetes device plugin: GPUs as slices, a tenant per allocation (root).
+    DevicePlugin(tenant::DevicePluginArgs),
 }
 
 /// Which tenant ledger a subcommand works on.
@@ -87,6 +98,10 @@ fn main() {
         Command::Demo(a) => demo::demo(a),
         Command::Exporter(a) => observe::exporter(a),
         Command::Top(a) => observe::top(a),
+        Command::Tenant(c) => tenant::tenant(c),
+        Command::Cdi(c) => tenant::cdi(c),
+        Command::InstallLibrary(a) => tenant::install(a),
+        Command::DevicePlugin(a) => tenant::device_plugin(a),
     };
     let code = match result {
         Ok(code) => code,

@@ -48,6 +48,9 @@ pub fn mode() -> &'static Mode {
         for note in &config.notes {
             log::info(format_args!("{note}"));
         }
+        for warning in &config.warnings {
+            log::warn(format_args!("{warning}"));
+        }
         for error in &config.errors {
             log::error(format_args!(
                 "{error}; allocations on the devices it concerns are refused"

@@ -3,7 +3,7 @@
 
 use super::{Charge, Device, Tenant};
 use crate::config;
-use crate::ledger::QuotaExceeded;
+use crate::ledger::{Ledger, QuotaExceeded};
 use crate::log;
 use gpuslice_api::CUerror;
 use std::sync::atomic::Ordering::Relaxed;
@@ -89,6 +89,13 @@ impl Tenant {
         if attempt.is_err() && make_room() {
             attempt = ledger.try_reserve(slot, bytes);
         }
+        if attempt.is_ok() {
+            // Reserve, then check the node's ceiling: of reservations racing past it, none proceeds.
+            if let Err(e) = self.within_policy(device, ledger, slot, bytes) {
+                ledger.release(slot, bytes);
+                attempt = Err(e);
+            }
+        }
         match attempt {
             Ok(()) => Ok(self.reserved(Charge {
                 device: slot,
@@ -165,5 +172,47 @@ impl Tenant {
         if let Some(Ok(ledger)) = self.ledger.get() {
             ledger.release(charge.device, charge.bytes);
         }
+    }
+}
+
+impl Tenant {
+    /// With a node policy, the ledger's usage (this reservation included) must stay within the
+    /// policy's ceiling whatever the ledger's own limit says: the ledger is writable by the tenant.
+    fn within_policy(
+        &self,
+        device: &Device,
+        ledger: &Ledger,
+        slot: usize,
+        bytes: u64,
+    ) -> Result<(), QuotaExceeded> {
+        let Some(ceiling) = self
+            .config
+            .memory_ceiling(device.ordinal as u32, &device.uuid)
+        else {
+            return Ok(());
+        };
+        let used = ledger.used(slot);
+        if used <= ceiling {
+            return Ok(());
+        }
+        Err(QuotaExceeded {
+            requested: bytes,
+            used: used.saturating_sub(bytes),
+            limit: ceiling,
+        })
+    }
+
+    /// The ledger's limit of a device, lowered to the node policy's ceiling.
+    pub(super) fn effective_limit(
+        &self,
+        ledger: &Ledger,
+        slot: usize,
+        ordinal: u32,
+        uuid: &str,
+    ) -> u64 {
+        let limit = ledger.limit(slot);
+        self.config
+            .memory_ceiling(ordinal, uuid)
+            .map_or(limit, |c| c.min(limit))
     }
 }

@@ -37,7 +37,7 @@ impl Tenant {
     ) -> Option<(u64, u64)> {
         let slot = *device.slot.as_ref().ok()?;
         let ledger = self.ledger().ok()?;
-        let limit = ledger.limit(slot);
+        let limit = self.effective_limit(ledger, slot, device.ordinal as u32, &device.uuid);
         if limit == UNLIMITED {
             return None;
         }
@@ -51,7 +51,7 @@ impl Tenant {
     pub fn usage_by_uuid(&self, uuid: &str) -> Option<(u64, u64)> {
         let ledger = self.existing_ledger()?;
         let dev = ledger.device_index(uuid)?;
-        let limit = ledger.limit(dev);
+        let limit = self.effective_limit(ledger, dev, u32::MAX, uuid);
         (limit != UNLIMITED).then(|| (ledger.used(dev), limit))
     }
 
