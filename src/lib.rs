@@ -10,4 +10,3 @@ pub mod accounting;
 pub mod driver;
 pub mod hooks;
 pub mod log;
-

@@ -65,7 +65,10 @@ pub(crate) fn set(c: ComputeChange) -> Result<i32, String> {
     for path in ledgers(c.device_dir, c.device)? {
         let l = DeviceLedger::open(&path, "", false).map_err(|e| e.to_string())?;
         // Under the ledger's arbitration lock, as every decision that reads these fields.
-        if !l.update_tenant(&tenant, share, cap, high).map_err(|e| e.to_string())? {
+        if !l
+            .update_tenant(&tenant, share, cap, high)
+            .map_err(|e| e.to_string())?
+        {
             continue;
         }
         println!("{}: tenant {tenant} updated", l.uuid());

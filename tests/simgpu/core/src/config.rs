@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-/// simgpu's configuration. Device count, capacity and `concurrent_kernels` are only what this process
+/// simgpu's configuration. Device count, capacity, `concurrent_kernels` and `timeslice_ns` are only what this process
 /// *asks for*: the process that creates the state file decides them for everyone (see [`crate::shared`]).
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -17,14 +17,24 @@ pub struct Config {
     pub state_path: PathBuf,
     /// `SIMGPU_CONTEXT_MEMORY`: device memory each context costs; default 300 MiB.
     pub context_memory: u64,
-    /// `SIMGPU_CONCURRENT_KERNELS`: kernels a device runs at once; default 1.
+    /// `SIMGPU_CONCURRENT_KERNELS`: kernels of one context a device runs at once (from different
+    /// streams); default 4. Kernels of different contexts never run at once.
     pub concurrent_kernels: u32,
+    /// `SIMGPU_TIMESLICE_US`: the context time slice, in microseconds; default 2000; 0 turns
+    /// time-slicing off (a running kernel keeps the device until it ends).
+    pub timeslice_ns: u64,
     /// `SIMGPU_TRACE`: file every driver call is appended to.
     pub trace: Option<PathBuf>,
     /// `SIMGPU_KERNEL_NS`: cost of a non-`spin` kernel; default 5000.
     pub kernel_ns: u64,
     /// `SIMGPU_GROUP`: label for per-group figures; default "".
     pub group: String,
+    /// `SIMGPU_MODULE_SCALE`: device memory a loaded module's code takes, as a multiple of its
+    /// image's size (rounded up to 2 MiB); default 1, 0 makes modules free.
+    pub module_scale: u64,
+    /// `SIMGPU_POOL_ATTRIBUTES_ZERO=1`: memory pools answer 0 for their reserved and used sizes (a
+    /// driver whose answers cannot be trusted).
+    pub pool_attributes_zero: bool,
 }
 
 /// Most devices a state file holds.
@@ -38,10 +48,13 @@ impl Default for Config {
             driver_version: 12080,
             state_path: PathBuf::from("/dev/shm/simgpu-state"),
             context_memory: 300 << 20,
-            concurrent_kernels: 1,
+            concurrent_kernels: 4,
+            timeslice_ns: 2_000_000,
             trace: None,
             kernel_ns: 5000,
             group: String::new(),
+            module_scale: 1,
+            pool_attributes_zero: false,
         }
     }
 }
@@ -109,6 +122,13 @@ impl Config {
                 .filter(|n| (1..=1024).contains(n))
                 .map(|n| conc.set(n))
         });
+        let slice = std::cell::Cell::new(c.timeslice_ns);
+        get("SIMGPU_TIMESLICE_US", &|v| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n <= 60_000_000)
+                .map(|n| slice.set(n * 1000))
+        });
         let trace = std::cell::RefCell::new(None);
         get("SIMGPU_TRACE", &|v| {
             if !v.is_empty() {
@@ -127,15 +147,32 @@ impl Config {
             *group.borrow_mut() = v.to_owned();
             Some(())
         });
+        let scale = std::cell::Cell::new(c.module_scale);
+        get("SIMGPU_MODULE_SCALE", &|v| {
+            v.parse().ok().filter(|n| *n <= 64).map(|n| scale.set(n))
+        });
+        let zero = std::cell::Cell::new(c.pool_attributes_zero);
+        get("SIMGPU_POOL_ATTRIBUTES_ZERO", &|v| {
+            let on = match v {
+                "1" => true,
+                "0" | "" => false,
+                _ => return None,
+            };
+            zero.set(on);
+            Some(())
+        });
         c.devices = devices.get();
         c.memory = memory.get();
         c.driver_version = driver.get();
         c.state_path = state.into_inner();
         c.context_memory = ctx.get();
         c.concurrent_kernels = conc.get();
+        c.timeslice_ns = slice.get();
         c.trace = trace.into_inner();
         c.kernel_ns = kns.get();
         c.group = group.into_inner();
+        c.module_scale = scale.get();
+        c.pool_attributes_zero = zero.get();
         c
     }
 }

@@ -27,9 +27,12 @@ mod event;
 // Kernel launches and the execution of kernels on the shared device.
 mod launch;
 // Modules, libraries, functions and kernels.
+mod image;
 mod module;
 // Graphs: captured or built, instantiated, launched.
 mod graph;
+// Graph memory nodes: allocations that get memory when their graph is launched.
+mod graph_memory;
 
 mod exports {
     #![allow(non_upper_case_globals)]
@@ -37,8 +40,8 @@ mod exports {
     use super::Export;
     #[allow(unused_imports)]
     use super::{
-        context::*, copy::*, device::*, entry::*, event::*, graph::*, launch::*, memory::*,
-        module::*, stream::*,
+        context::*, copy::*, device::*, entry::*, event::*, graph::*, graph_memory::*, launch::*,
+        memory::*, module::*, stream::*,
     };
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
