@@ -196,7 +196,7 @@ fn device_dir_check(dir: &Path, compute_configured: bool) -> (String, Vec<String
     let mut count = 0;
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.extension().is_none_or(|e| e != "dev") {
+        if path.extension().map_or(true, |e| e != "dev") {
             continue;
         }
         count += 1;
