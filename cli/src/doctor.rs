@@ -214,6 +214,25 @@ fn device_dir_check(dir: &Path, compute_configured: bool) -> (String, Vec<String
     (state, problems)
 }
 
+/// The top-level keys of a quota file (and `[devices]` when it has that table), for the settings
+/// report; the file itself is parsed by the library (`cfg.errors` says what is wrong with it).
+fn quota_file_keys(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut keys = Vec::new();
+    let mut in_table = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_table = true;
+            keys.push(line.split('#').next().unwrap_or("").trim().to_owned());
+        } else if let (false, Some((k, _))) = (in_table, line.split_once('=')) {
+            if !k.trim_start().starts_with('#') {
+                keys.push(k.trim().to_owned());
+            }
+        }
+    }
+    keys
+}
+
 fn describe_limits(cfg: &Config) -> String {
     let mut parts = Vec::new();
     let show = |v: &Result<u64, String>| match v {
@@ -350,6 +369,15 @@ pub fn doctor() -> Result<i32, String> {
     let (ledger_state, problem) = ledger_check(&cfg.ledger_path, ledger_meta, configured);
     problems.extend(problem);
     println!("  ledger: {} ({ledger_state})", cfg.ledger_path.display());
+    // Where each setting comes from (the first of its sources that is set: config::table).
+    let keys = cfg
+        .quota_file
+        .as_deref()
+        .map(quota_file_keys)
+        .unwrap_or_default();
+    for line in config::table::report(&|name| std::env::var(name).ok(), &keys) {
+        println!("  setting {line}");
+    }
     let compute_configured = cfg.compute_share.is_set()
         || cfg.compute_limit.is_set()
         || cfg.priority != config::Setting::Unset;

@@ -60,6 +60,7 @@ mod file;
 pub mod paths;
 pub mod policy;
 pub mod size;
+pub mod table;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
