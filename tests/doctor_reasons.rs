@@ -77,6 +77,13 @@ fn healthy_environment_passes() {
         "{}",
         run.report()
     );
+    // Where each setting comes from, derived from the settings table (config::table).
+    for line in [
+        "setting memory limit: GPUSLICE_MEMORY_LIMIT=\"1GiB\"",
+        "setting compute share: GPUSLICE_COMPUTE_SHARE=\"50\"",
+    ] {
+        assert!(run.stdout.contains(line), "no {line:?}\n{}", run.report());
+    }
 }
 
 #[test]
