@@ -109,7 +109,7 @@ fn hosts_user_dirs(base: &Path, uid: u32) -> bool {
 
 /// The directory of this user's default ledgers for the ledger directory `base`: the first usable
 /// candidate, else the first missing one (created later, by the first ledger). Candidates are
-/// `base/uid-<uid>` (`.1` .. `.7`) when `base` can host them ([`hosts_user_dirs`]), else siblings
+/// `base/uid-<uid>` (`.1` .. `.7`) when `base` can host them (`hosts_user_dirs`), else siblings
 /// `<base>-uid-<uid>` in its parent (`/dev/shm`, root's and sticky). `Err` names every one taken.
 pub fn user_dir(
     base: &Path,
