@@ -102,11 +102,12 @@ impl Scene {
             .collect()
     }
 
-    /// Waits for the processes; each must end normally within its run time + 2 s.
+    /// Waits for the processes; each must end normally within its run time + 2 s. A process that
+    /// hangs is killed (all of them are waited for first, so none is left behind) and reported.
     fn finish(&self, children: Vec<std::process::Child>, start: u64, what: &str) {
+        let deadline = Instant::now() + Duration::from_millis(RUN_MS + 30_000);
+        let mut runs = Vec::new();
         for (i, mut c) in children.into_iter().enumerate() {
-            // A process that hangs is killed (and reported) rather than hanging the test.
-            let deadline = Instant::now() + Duration::from_millis(RUN_MS + 30_000);
             let hung = loop {
                 if c.try_wait().unwrap().is_some() {
                     break false;
@@ -117,7 +118,9 @@ impl Scene {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             };
-            let run = finish(c, &format!("{what}: process {i}"));
+            runs.push((i, hung, finish(c, &format!("{what}: process {i}"))));
+        }
+        for (i, hung, run) in runs {
             assert!(!hung, "{what}: process {i} hung:\n{}", run.report());
             assert_eq!(
                 run.status.signal(),
@@ -134,6 +137,12 @@ impl Scene {
                 run.report()
             );
         }
+    }
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -210,7 +219,6 @@ fn damaged_while_two_processes_launch(damage: Damage) -> String {
     };
     println!("{line}");
     let _ = std::io::stdout().flush();
-    let _ = std::fs::remove_dir_all(&scene.dir);
     line
 }
 
