@@ -221,6 +221,8 @@ impl Config {
                     self.ledger_path = dir.join(f);
                 }
             }
+            // Nothing configured: this process only joins a ledger that exists, and none can here.
+            Err(_) if !self.is_configured() => {}
             Err(e) => {
                 let msg = format!("ledger of tenant {}: {e}", self.tenant);
                 self.errors.push(msg.clone());
