@@ -149,6 +149,10 @@ fn tenant_ledger_truncated_under_running_programs_fails_closed_without_a_signal(
             .unwrap()
             .set_len(cut)
             .unwrap();
+        // A reservation compares the file's size at most every 50 ms (any access to a truncated
+        // page is caught at once by the fault handler; a cut that spares the pages in use is
+        // noticed at the next size check): wait past that.
+        std::thread::sleep(std::time::Duration::from_millis(100));
         // Both go on allocating and freeing: refused (fail closed), never killed.
         for c in [&mut a, &mut b] {
             assert_eq!(ask(c, "alloc 64", "alloc"), OOM, "cut to {cut}");
@@ -335,14 +339,21 @@ fn device_ledger_slot_is_not_held_by_a_fork_child() {
     let path = path_for(&dir, uuid);
     let watcher = DeviceLedger::open(&path, uuid, true).unwrap();
     let w = watcher.claim_slot(0).unwrap();
+    // The grandchild says when it runs: the fork handler has run by then (glibc runs it before
+    // fork returns in the child); until then its copy of the child's descriptor exists.
+    let mut ready = [0; 2];
+    // SAFETY: `ready` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
     // SAFETY: the child only uses async-signal-safe calls and the ledger, then _exits.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let ok = (|| {
             let mine = DeviceLedger::open(&path, uuid, false).ok()?;
             let slot = mine.claim_slot(0)?;
-            // SAFETY: the grandchild sleeps then _exits.
+            // SAFETY: the grandchild writes a byte, sleeps, then _exits.
             if unsafe { libc::fork() } == 0 {
+                // SAFETY: writes one byte from a valid buffer to the pipe.
+                unsafe { libc::write(ready[1], [1u8].as_ptr().cast(), 1) };
                 std::thread::sleep(Duration::from_secs(5));
                 // SAFETY: ends the grandchild.
                 unsafe { libc::_exit(0) };
@@ -358,6 +369,13 @@ fn device_ledger_slot_is_not_held_by_a_fork_child() {
     unsafe { libc::waitpid(pid, &mut status, 0) };
     let slot = libc::WEXITSTATUS(status) - 1;
     assert!(slot >= 0, "child failed to claim a slot");
+    let mut b = [0u8];
+    // SAFETY: reads one byte into a valid buffer, then closes the pipe we created.
+    unsafe {
+        assert_eq!(libc::read(ready[0], b.as_mut_ptr().cast(), 1), 1);
+        libc::close(ready[0]);
+        libc::close(ready[1]);
+    }
     assert!(
         !watcher.slot_alive(slot as usize, Some(w)),
         "a fork child still holds its dead parent's slot: {}",

@@ -38,6 +38,8 @@ pub use shm::{LAYOUT_VERSION, MAX_DEVICES, MAX_SLOTS, UNLIMITED};
 pub type LedgerError = slotfile::Error;
 /// Minimum time between two sweeps triggered by refused reservations (per process).
 const SWEEP_INTERVAL_MS: u64 = 200;
+/// Longest time between two comparisons of the file's size with the layout's on reservations.
+const SIZE_CHECK_MS: u64 = 50;
 const NO_SLOT: usize = usize::MAX;
 
 /// A reservation that would exceed the device's limit.
@@ -223,6 +225,8 @@ pub struct Ledger {
     /// A sweep is running in this process (sweeps share one OFD, so they must not overlap).
     sweeping: AtomicBool,
     last_sweep_ms: AtomicU64,
+    /// When the file's size was last compared with the layout's (`fstat`).
+    last_size_check_ms: AtomicU64,
     warned_underflow: AtomicBool,
     warned_damage: AtomicBool,
     /// Keeps the fd open: closing it would drop our lock. Only touched at open, fork and drop.
@@ -317,6 +321,7 @@ impl Ledger {
             }),
             sweeping: AtomicBool::new(false),
             last_sweep_ms: AtomicU64::new(0),
+            last_size_check_ms: AtomicU64::new(0),
             warned_underflow: AtomicBool::new(false),
             warned_damage: AtomicBool::new(false),
             fds: parking_lot::Mutex::new(fd.into_iter().collect()),
@@ -474,8 +479,24 @@ impl Ledger {
         }
         self.check_fork();
         let l = self.layout();
-        // A truncated file (fstat: one system call, beside the driver's allocation) fails closed.
-        if self.damaged(true) || l.device_state(dev) != shm::DEV_READY {
+        // A truncated file fails closed. Any access to a truncated mapping is contained (the fault
+        // handler marks the file damaged), so the size is compared (`fstat`, a system call) only
+        // every SIZE_CHECK_MS; the state word is read every time.
+        let now = now_ms();
+        let check_size =
+            now.saturating_sub(self.last_size_check_ms.load(Ordering::Relaxed)) >= SIZE_CHECK_MS;
+        if check_size {
+            self.last_size_check_ms.store(now, Ordering::Relaxed);
+        }
+        if self.damaged(check_size) {
+            return Err(deny);
+        }
+        if l.device_state(dev) != shm::DEV_READY {
+            // A device never set up, or a file truncated or scribbled since the last size check
+            // (then named in the log now).
+            if !check_size {
+                self.damaged(true);
+            }
             return Err(deny);
         }
         let refused = match l.reserve(dev, bytes) {
@@ -490,7 +511,10 @@ impl Ledger {
             }
             Err(r) => r,
         };
-        let now = now_ms();
+        // A refusal is the slow path: a file truncated since the last size check is named now.
+        if !check_size && self.damaged(true) {
+            return Err(deny);
+        }
         let last = self.last_sweep_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= SWEEP_INTERVAL_MS
             && self
