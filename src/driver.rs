@@ -47,6 +47,53 @@ pub fn real_dlvsym(handle: *mut c_void, name: &CStr, version: &CStr) -> *mut c_v
     unsafe { gpuslice_real_dlvsym(handle, name.as_ptr(), version.as_ptr()) }
 }
 
+/// Declares typed calls to real functions gpuslice uses without hooking them (`call` in the table):
+/// the one way every layer (hooks, accounting, scheduling) reaches the real driver.
+macro_rules! real_calls {
+    (ret = $ret:ty, missing = $missing:expr;
+     $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ); )*) => {
+        /// Typed calls to real functions.
+        #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
+        pub mod real {
+            use super::*;
+            $(
+                /// Calls the real function.
+                ///
+                /// # Safety
+                /// The arguments satisfy the driver API's contract for this entry point.
+                #[inline]
+                pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                    match $crate::driver::real($crate::driver::Real::$name) {
+                        // SAFETY: the slot holds the address the real library exports under this exact
+                        // name, whose C signature is the one declared here (NVIDIA's typedef for it).
+                        Some(f) => unsafe {
+                            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(f);
+                            f($($arg),*)
+                        },
+                        None => $missing,
+                    }
+                }
+            )*
+        }
+    };
+}
+pub(crate) use real_calls;
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the canonical text of a device UUID.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(40);
+    out.push_str("GPU-");
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 15)]));
+    }
+    out
+}
+
 const UNRESOLVED: usize = 0;
 const MISSING: usize = 1;
 

@@ -41,19 +41,7 @@ pub fn device_uuid(ordinal: CUdevice) -> Result<String, CUerror> {
     Ok(format_uuid(&uuid.bytes))
 }
 
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(40);
-    out.push_str("GPU-");
-    for (i, byte) in b.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out.push('-');
-        }
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 15)]));
-    }
-    out
-}
+pub use crate::driver::format_uuid;
 
 /// What a memory pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
 pub fn pool_reserved(pool: usize) -> Option<u64> {
@@ -101,25 +89,6 @@ pub fn visible_devices() -> Vec<(u32, String)> {
     (0..count)
         .filter_map(|i| device_uuid(i).ok().map(|u| (i as u32, u)))
         .collect()
-}
-
-/// Driver functions the compute-share scheduler calls (events and stream-capture queries).
-pub mod sched {
-    use super::*;
-    use gpuslice_api::types::CUevent;
-    real_calls! {
-        ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
-        fn cuEventCreate(event: *mut CUevent, flags: c_uint);
-        fn cuEventDestroy_v2(event: CUevent);
-        fn cuEventQuery(event: CUevent);
-        fn cuEventRecord(event: CUevent, stream: CUstream);
-        fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
-        fn cuEventSynchronize(event: CUevent);
-        fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
-        fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
-        fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
-        fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
-    }
 }
 
 #[cfg(test)]

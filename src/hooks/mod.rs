@@ -131,36 +131,7 @@ impl<T: Copy> In<T> {
     }
 }
 
-/// Declares typed calls to real functions gpuslice uses without hooking them (`call` in the table).
-macro_rules! real_calls {
-    (ret = $ret:ty, missing = $missing:expr;
-     $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ); )*) => {
-        /// Typed calls to real functions.
-        #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
-        pub mod real {
-            use super::*;
-            $(
-                /// Calls the real function.
-                ///
-                /// # Safety
-                /// The arguments satisfy the driver API's contract for this entry point.
-                #[inline]
-                pub unsafe fn $name($($arg: $ty),*) -> $ret {
-                    match $crate::driver::real($crate::driver::Real::$name) {
-                        // SAFETY: the slot holds the address the real library exports under this exact
-                        // name, whose C signature is the one declared here (NVIDIA's typedef for it).
-                        Some(f) => unsafe {
-                            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(f);
-                            f($($arg),*)
-                        },
-                        None => $missing,
-                    }
-                }
-            )*
-        }
-    };
-}
-pub(crate) use real_calls;
+pub(crate) use crate::driver::real_calls;
 
 /// Declares hooks: for each `fn name(args) -> ret => body;` it exports `name` (the C ABI entry point)
 /// and adds `real::name`, the typed call to the real function. `missing` is what a call answers when

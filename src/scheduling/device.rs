@@ -2,6 +2,7 @@
 //! open, publish by `link`, OFD locks), the arbitration lock, tenants and process slots, liveness.
 
 use super::arbiter::{self, Choice, TenantView, Waiter};
+use super::Incident;
 use super::shm::*;
 use crate::ledger::sys;
 use std::io;
@@ -171,6 +172,11 @@ impl DeviceLedger {
             fd,
             writable,
         };
+        if writable {
+            // A child forked without exec must not hold our slot locks (it would keep a dead
+            // parent's slot alive).
+            sys::guard_slot_fd(l.raw_fd());
+        }
         let h = &l.layout().header;
         if h.magic.load(Acquire) != u64::from_le_bytes(MAGIC) {
             return Err(bad("bad magic (not a gpuslice device ledger)".into()));
@@ -214,17 +220,16 @@ impl DeviceLedger {
         sys::is_locked(self.raw_fd(), LOCK_BASE + slot as u64).unwrap_or(true)
     }
 
-    /// Takes the arbitration lock (`me` = our slot), taking over a dead or stopped holder's.
+    /// Takes the arbitration lock (`me` = our slot), taking over a dead or stopped holder's, one
+    /// held past its bound, and a lock word or time stamp that cannot be genuine (untrusted file).
     pub fn lock(&self, me: usize) -> LockGuard<'_> {
         let h = &self.layout().header;
+        let mine = Holder::of(me).word();
         let mut spins = 0u32;
         loop {
             let cur = h.lock.load(Acquire);
             if cur == 0 {
-                if h.lock
-                    .compare_exchange(0, me as u32 + 1, AcqRel, Acquire)
-                    .is_ok()
-                {
+                if h.lock.compare_exchange(0, mine, AcqRel, Acquire).is_ok() {
                     h.lock_ns.store(now_ns(), Release);
                     return LockGuard { l: self, me };
                 }
@@ -235,14 +240,25 @@ impl DeviceLedger {
                 std::hint::spin_loop();
                 continue;
             }
-            let holder = cur as usize - 1;
-            let stale = now_ns().saturating_sub(h.lock_ns.load(Acquire)) > LOCK_STALE_NS;
-            if (holder >= MAX_SLOTS || stale || !self.slot_alive(holder, Some(me)))
-                && h.lock
-                    .compare_exchange(cur, me as u32 + 1, AcqRel, Acquire)
-                    .is_ok()
-            {
+            let stamp = h.lock_ns.load(Acquire);
+            let now = now_ns();
+            // A stamp ahead of the clock was not written by a holder (they stamp with this clock).
+            let stale = stamp > now || now - stamp > LOCK_STALE_NS;
+            let bogus = match Holder::from_word(cur).slot() {
+                None => true,
+                Some(holder) => holder == me || !self.slot_alive(holder, Some(me)),
+            };
+            if (bogus || stale) && h.lock.compare_exchange(cur, mine, AcqRel, Acquire).is_ok() {
                 h.lock_ns.store(now_ns(), Release);
+                if bogus || stamp > now {
+                    crate::scheduling::incident(
+                        Incident::Lock,
+                        format_args!(
+                            "device ledger {}: arbitration lock word {cur:#x} stamped {stamp} (now {now}) taken over",
+                            self.path.display()
+                        ),
+                    );
+                }
                 return LockGuard { l: self, me };
             }
             std::thread::sleep(Duration::from_micros(20));
@@ -280,7 +296,8 @@ impl DeviceLedger {
     pub fn sweep(&self, me: Option<usize>) {
         let l = self.layout();
         for i in 0..MAX_SLOTS {
-            if Some(i) == me || l.slots[i].state.load(Acquire) != SLOT_ACTIVE {
+            // Any state but FREE counts: a scribbled state word must not keep a slot forever.
+            if Some(i) == me || l.slots[i].state.load(Acquire) == SLOT_FREE {
                 continue;
             }
             if matches!(sys::try_lock(self.raw_fd(), LOCK_BASE + i as u64), Ok(true)) {
@@ -293,46 +310,92 @@ impl DeviceLedger {
         }
     }
 
-    /// Finds the tenant `name`, or adds it with these settings. Caller holds the lock.
+    /// Finds the tenant `id`, or adds it with these settings (an entry that no live process uses is
+    /// recycled when the table is full). Its label is refreshed. Caller holds the lock.
     pub fn find_or_add_tenant(
         &self,
         _g: &LockGuard<'_>,
-        name: &str,
+        id: TenantId,
+        label: &str,
         share: u32,
         cap: u32,
         high: bool,
     ) -> Option<usize> {
-        let key = pack(name)?;
         let l = self.layout();
+        let label = pack_truncated(label);
         let mut free = None;
         for (i, t) in l.tenants.iter().enumerate() {
             if t.state.load(Acquire) == TENANT_READY {
-                if t.name.iter().zip(&key).all(|(a, b)| a.load(Acquire) == *b) {
+                if TenantId::load(&t.id) == id {
+                    for (w, v) in t.name.iter().zip(label) {
+                        w.store(v, Release);
+                    }
                     return Some(i);
                 }
             } else if free.is_none() {
                 free = Some(i);
             }
         }
-        let i = free?;
-        let t = &l.tenants[i];
-        for (w, v) in t.name.iter().zip(key) {
+        let i = free.or_else(|| self.unused_tenant())?;
+        self.install_tenant(i, id, label, share, cap, high);
+        Some(i)
+    }
+
+    /// A tenant entry no live process slot refers to (the table is full: recycle it).
+    fn unused_tenant(&self) -> Option<usize> {
+        let l = self.layout();
+        let mut used = [false; MAX_TENANTS];
+        for (i, s) in l.slots.iter().enumerate() {
+            let t = s.tenant.load(Acquire) as usize;
+            if s.state.load(Acquire) != SLOT_FREE && t < MAX_TENANTS && self.slot_alive(i, None) {
+                used[t] = true;
+            }
+        }
+        (0..MAX_TENANTS).find(|&t| !used[t])
+    }
+
+    /// Writes a fresh tenant entry `i`. Caller holds the lock.
+    pub fn install_tenant(
+        &self,
+        i: usize,
+        id: TenantId,
+        label: [u64; 8],
+        share: u32,
+        cap: u32,
+        high: bool,
+    ) {
+        let Some(t) = self.layout().tenants.get(i) else {
+            return;
+        };
+        t.state.store(0, Release);
+        id.store(&t.id);
+        for (w, v) in t.name.iter().zip(label) {
             w.store(v, Release);
         }
         t.share.store(share, Release);
         t.cap.store(cap, Release);
-        t.priority.store(high as u32, Release);
+        t.priority.store(PriorityClass::of(high).word(), Release);
         t.vtime.store(0, Release);
         t.tokens.store(arbiter::BUCKET_NS, Release);
         t.refill_ns.store(now_ns(), Release);
         t.last_active_ns.store(0, Release);
         t.charged_ns.store(0, Release);
         t.wait_ns.store(0, Release);
+        for w in &t.samples {
+            w.store(0, Release);
+        }
         t.state.store(TENANT_READY, Release);
-        Some(i)
     }
 
-    /// Finds a tenant by name (admin and status).
+    /// The identity of tenant entry `i`.
+    pub fn tenant_id(&self, i: usize) -> TenantId {
+        self.layout()
+            .tenants
+            .get(i)
+            .map_or(TenantId(0), |t| TenantId::load(&t.id))
+    }
+
+    /// Finds a tenant by its label (admin and status; the first one that carries it).
     pub fn find_tenant(&self, name: &str) -> Option<usize> {
         let key = pack(name)?;
         self.layout().tenants.iter().position(|t| {
@@ -341,17 +404,31 @@ impl DeviceLedger {
         })
     }
 
+    /// Tenant `i`'s scheduling state, made sane: the file is untrusted (shares and caps within their
+    /// ranges, tokens within the bucket's bounds, no time stamp ahead of the clock).
     pub fn view(&self, i: usize) -> TenantView {
-        let t = &self.layout().tenants[i];
+        let t = &self.layout().tenants[i % MAX_TENANTS];
+        let now = now_ns();
+        let cap = t.cap.load(Acquire);
         TenantView {
-            share: t.share.load(Acquire),
-            cap: t.cap.load(Acquire),
-            high: t.priority.load(Acquire) == 1,
+            share: t.share.load(Acquire).clamp(1, arbiter::MAX_SHARE),
+            cap: if cap >= 100 { 0 } else { cap },
+            high: PriorityClass::from_word(t.priority.load(Acquire)) == PriorityClass::High,
             vtime: t.vtime.load(Acquire),
-            tokens: t.tokens.load(Acquire),
-            refill_ns: t.refill_ns.load(Acquire),
-            last_active_ns: t.last_active_ns.load(Acquire),
+            tokens: t
+                .tokens
+                .load(Acquire)
+                .clamp(arbiter::MIN_TOKENS_NS, arbiter::BUCKET_NS),
+            refill_ns: t.refill_ns.load(Acquire).min(now),
+            last_active_ns: t.last_active_ns.load(Acquire).min(now),
         }
+    }
+
+    /// Whether tenant `i` is of the high-priority class.
+    pub fn is_high(&self, i: usize) -> bool {
+        self.layout().tenants.get(i).is_some_and(|t| {
+            PriorityClass::from_word(t.priority.load(Acquire)) == PriorityClass::High
+        })
     }
 
     fn store_view(&self, i: usize, v: &TenantView) {
@@ -396,18 +473,21 @@ pub struct LockGuard<'a> {
 
 impl Drop for LockGuard<'_> {
     fn drop(&mut self) {
-        let _ =
-            self.l
-                .layout()
-                .header
-                .lock
-                .compare_exchange(self.me as u32 + 1, 0, AcqRel, Acquire);
+        let _ = self.l.layout().header.lock.compare_exchange(
+            Holder::of(self.me).word(),
+            0,
+            AcqRel,
+            Acquire,
+        );
     }
 }
 
 impl LockGuard<'_> {
     /// Charges `ns` to tenant `t`.
     pub fn charge(&self, t: usize, ns: u64, now: u64) {
+        if t >= MAX_TENANTS {
+            return;
+        }
         let mut v = self.l.view(t);
         arbiter::charge(&mut v, ns, now);
         self.l.store_view(t, &v);
@@ -430,13 +510,13 @@ impl LockGuard<'_> {
                 h.grant_ns.store(now, Release);
                 h.owner_beat_ns.store(now, Release);
                 h.slice_ns.store(slice_ns, Release);
-                h.owner.store(slot as u32 + 1, Release);
+                h.owner.store(Holder::of(slot).word(), Release);
                 let t = l.slots[slot].tenant.load(Acquire) as usize;
                 if t < MAX_TENANTS && views[t].high {
                     h.preempt.store(0, Release);
                 }
             }
-            _ => h.owner.store(0, Release),
+            _ => h.owner.store(Holder::NONE.word(), Release),
         }
         let mut e = h.epoch.load(Acquire).wrapping_add(1);
         if e == 0 {
@@ -468,23 +548,23 @@ impl LockGuard<'_> {
     pub fn sample(&self, now: u64) {
         let l = self.l.layout();
         let seq = l.header.sample_seq.load(Acquire);
-        let last = l.header.sample_ns[(seq as usize + HISTORY - 1) % HISTORY].load(Acquire);
-        if seq != 0 && now.saturating_sub(last) < SAMPLE_NS {
+        let k = (seq % HISTORY as u64) as usize;
+        let last = l.header.sample_ns[(k + HISTORY - 1) % HISTORY].load(Acquire);
+        if seq != 0 && last <= now && now - last < SAMPLE_NS {
             return;
         }
-        let k = seq as usize % HISTORY;
         for t in &l.tenants {
             t.samples[k].store(t.charged_ns.load(Acquire), Release);
         }
         l.header.sample_ns[k].store(now, Release);
-        l.header.sample_seq.store(seq + 1, Release);
+        l.header.sample_seq.store(seq.wrapping_add(1), Release);
     }
 }
 
 /// Number of history samples kept (for `gpuslice status`).
 pub const HISTORY_LEN: usize = HISTORY;
 
-/// The name of tenant `t`.
+/// The label of tenant `t`.
 pub fn tenant_name(l: &DeviceLedger, t: usize) -> String {
-    unpack(&l.layout().tenants[t].name)
+    unpack(&l.layout().tenants[t % MAX_TENANTS].name)
 }
