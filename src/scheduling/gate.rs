@@ -236,12 +236,13 @@ impl Sched {
     /// Whether the owner is stopped or hung: past its slice plus the grace, and silent (a draining
     /// owner beats). A grant, slice or heartbeat that cannot be genuine is repaired first.
     fn overdue(&self, h: &super::shm::Header) -> bool {
-        let now = now_ns();
+        // Read before the clock: a genuine stamp is then never ahead of `now`.
         let (grant, slice, beat) = (
             h.grant_ns.load(Acquire),
             h.slice_ns.load(Acquire),
             h.owner_beat_ns.load(Acquire),
         );
+        let now = now_ns();
         if grant > now || slice > SLICE_NS || beat > now {
             let g = self.ledger.lock(self.slot);
             let fixed_grant = h.grant_ns.load(Acquire).min(now);

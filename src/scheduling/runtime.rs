@@ -27,8 +27,10 @@ static DEVICES: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(UNDECIDED
 const UNDECIDED: usize = 0;
 const NOT_PARTICIPATING: usize = 1;
 
-/// Serialises joins and the recomputation of [`PASS`] (cold paths only).
+/// Serialises joins (cold path).
 static INIT: Mutex<()> = Mutex::new(());
+/// Serialises the recomputation of [`PASS`] (taken inside `INIT`, never the other way round).
+static PASS_LOCK: Mutex<()> = Mutex::new(());
 /// Set at exit: every launch passes, scheduler threads hand over and stop.
 static STOPPED: AtomicBool = AtomicBool::new(false);
 
@@ -151,7 +153,7 @@ fn join(rt: &'static Runtime, ordinal: usize) -> Option<&'static Sched> {
         s.start_thread();
         register_handlers();
     }
-    pass_locked();
+    update_pass();
     s
 }
 
@@ -206,11 +208,7 @@ fn try_join(rt: &Runtime, ordinal: u32) -> Option<&'static Sched> {
 
 /// Recomputes [`PASS`].
 pub(super) fn update_pass() {
-    let _g = INIT.lock();
-    pass_locked();
-}
-
-fn pass_locked() {
+    let _g = PASS_LOCK.lock();
     let pass = STOPPED.load(Acquire)
         || match RUNTIME.get() {
             None => false,
