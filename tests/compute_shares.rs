@@ -2,6 +2,12 @@
 //! `SIMGPU_GROUP` (= tenant), never gpuslice's own figures. Every scenario runs in one test, one after
 //! the other: they are timing measurements on a 2-core machine and must not compete for the CPU.
 //! Each prints `compute-table: ...` lines (the figures in docs/BENCHMARKS.md).
+//!
+//! A busy machine must not fail this test, and must not loosen it either: when a scenario misses its
+//! target, a control runs at once — the same kind of clients **without** gpuslice, which keep a device
+//! at least 95% busy on a machine that can feed it. If the control shows the machine starved (the
+//! device idle because the clients did not get the CPU), the scenario runs once more and the output
+//! says so; otherwise, or if it misses again, the test fails.
 
 mod common;
 
@@ -30,6 +36,12 @@ struct Scene {
 }
 
 impl Scene {
+    fn two_gpus(tag: &str) -> Scene {
+        let mut scene = Scene::new(tag);
+        scene.sim = Sim::new(&format!("compute-{tag}")).env("SIMGPU_DEVICES", "2");
+        scene
+    }
+
     fn new(tag: &str) -> Scene {
         let tag: String = tag
             .chars()
@@ -45,7 +57,8 @@ impl Scene {
         }
     }
 
-    /// A client process of `tenant` with `env` (compute settings), judged as group `tenant`.
+    /// A client process of `tenant` (its own memory ledger) with `env` (compute settings), judged as
+    /// group `tenant`; named `tenant` too unless `env` says `GPUSLICE_TENANT=` (no name).
     fn client(&self, tenant: &str, env: &[(&str, &str)], args: &[String]) -> Command {
         let mut cmd = self.sim.command(compile(&CLIENT));
         cmd.env("LD_PRELOAD", shim())
@@ -55,6 +68,16 @@ impl Scene {
             .env("GPUSLICE_DEVICE_DIR", self.dir.join("devices"))
             .envs(env.iter().copied())
             .args(args);
+        if env.contains(&("GPUSLICE_TENANT", "")) {
+            cmd.env_remove("GPUSLICE_TENANT");
+        }
+        cmd
+    }
+
+    /// The same client without gpuslice (the control).
+    fn bare_client(&self, tenant: &str, args: &[String]) -> Command {
+        let mut cmd = self.sim.command(compile(&CLIENT));
+        cmd.env("SIMGPU_GROUP", tenant).args(args);
         cmd
     }
 
@@ -63,9 +86,13 @@ impl Scene {
     }
 
     fn busy(&self, tenant: &str) -> u64 {
+        self.busy_on(tenant, 0)
+    }
+
+    fn busy_on(&self, tenant: &str, device: usize) -> u64 {
         let stat = self.sim.stat();
         stat.find("groups", "name", &Json::Str(tenant.into()))
-            .map_or(0, |g| g.u64("busy_ns.0"))
+            .map_or(0, |g| g.u64(&format!("busy_ns.{device}")))
     }
 
     fn device_busy(&self) -> u64 {
@@ -97,12 +124,69 @@ struct T<'a> {
     args: Vec<String>,
 }
 
+/// The control: `clients` (spin arguments `MS US [DEPTH]` without the start) run without gpuslice for
+/// 1.5 s; the fraction of that time the device was busy. Below 95%, the machine could not feed it.
+fn control(tag: &str, clients: &[Vec<String>]) -> f64 {
+    let scene = Scene::new(&format!("{tag}-control"));
+    let start = start_in(500);
+    let t0 = Instant::now() + Duration::from_millis(500);
+    let children: Vec<Child> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let mut args = vec![s("spin"), s(start), s(2000)];
+            args.extend(a.iter().skip(1).cloned());
+            scene.sim.spawn(&mut scene.bare_client(&format!("c{i}"), &args))
+        })
+        .collect();
+    let (dev, _) = rate(
+        &scene,
+        &[],
+        t0,
+        Duration::from_millis(300),
+        Duration::from_millis(1800),
+    );
+    for c in children {
+        finish(c, "control client").assert_success();
+    }
+    dev
+}
+
+/// Runs a scenario (`run` returns its failures); on a miss, the control decides whether the machine
+/// was starved, and then the scenario runs once more, saying so.
+fn judged(
+    tag: &str,
+    clients: &[Vec<String>],
+    failures: &mut Vec<String>,
+    mut run: impl FnMut() -> Vec<String>,
+) {
+    let missed = run();
+    if missed.is_empty() {
+        return;
+    }
+    let busy = control(tag, clients);
+    println!(
+        "compute-table: {tag}: missed ({missed:?}); control without gpuslice kept the device {:.1}% busy",
+        busy * 100.0
+    );
+    if busy >= 0.95 {
+        failures.extend(missed);
+        return;
+    }
+    println!("compute-table: {tag}: the machine was starved (control {:.1}% < 95%): running the scenario once more", busy * 100.0);
+    failures.extend(
+        run()
+            .into_iter()
+            .map(|f| format!("{f} (second run after a starved control)")),
+    );
+}
+
 fn spin_args(ms: u64, us: u64) -> Vec<String> {
     vec![s(ms), s(us)]
 }
 
 /// Runs tenants for their duration; returns (name, target %, measured % of the busy time).
-fn shares(tag: &str, tenants: &[T]) -> Vec<(String, f64, f64)> {
+fn shares(tag: &str, tenants: &[T], env: &[(&str, &str)]) -> Vec<(String, f64, f64)> {
     let scene = Scene::new(tag);
     let start = start_in(700);
     let mut children = Vec::new();
@@ -112,10 +196,9 @@ fn shares(tag: &str, tenants: &[T]) -> Vec<(String, f64, f64)> {
             let mut args = vec![s(mode), s(start)];
             args.extend(t.args.iter().cloned());
             let share = s(t.share);
-            children.push((
-                t.name,
-                scene.spawn(t.name, &[("GPUSLICE_COMPUTE_SHARE", &share)], &args),
-            ));
+            let mut e = vec![("GPUSLICE_COMPUTE_SHARE", share.as_str())];
+            e.extend_from_slice(env);
+            children.push((t.name, scene.spawn(t.name, &e, &args)));
         }
     }
     for (name, c) in children {
@@ -188,7 +271,7 @@ fn compute_shares_on_simgpu() {
         only.as_deref()
             .is_none_or(|l| l.split(',').any(|w| w == name))
     };
-    const MS: u64 = 10_000;
+    const MS: u64 = 6_000;
 
     // Shares, 200 us spin kernels, deep queues.
     for (tag, list) in [
@@ -211,110 +294,154 @@ fn compute_shares_on_simgpu() {
                 args: spin_args(MS, 200),
             })
             .collect();
-        let got = shares(tag, &ts);
-        assert_shares(tag, &got, &mut failures);
+        let clients: Vec<Vec<String>> = ts.iter().map(|t| t.args.clone()).collect();
+        judged(tag, &clients, &mut failures, || {
+            let mut f = Vec::new();
+            assert_shares(tag, &shares(tag, &ts, &[]), &mut f);
+            f
+        });
+    }
+    // Tenants told apart by their memory ledgers, not by names: neither is named (both "default").
+    if wanted("identity") {
+        let ts = [
+            T {
+                name: "a",
+                share: 30,
+                procs: 1,
+                args: spin_args(MS, 200),
+            },
+            T {
+                name: "b",
+                share: 70,
+                procs: 1,
+                args: spin_args(MS, 200),
+            },
+        ];
+        let clients: Vec<Vec<String>> = ts.iter().map(|t| t.args.clone()).collect();
+        judged("identity", &clients, &mut failures, || {
+            let mut f = Vec::new();
+            let got = shares("unnamed ledgers 30/70", &ts, &[("GPUSLICE_TENANT", "")]);
+            assert_shares("identity", &got, &mut f);
+            f
+        });
     }
     // Mixed kernel lengths: 50 us against 5 ms.
     if wanted("mixed") {
-        let got = shares(
-            "mixed 50us/5ms 50/50",
-            &[
-                T {
-                    name: "a",
-                    share: 50,
-                    procs: 1,
-                    args: spin_args(MS, 50),
-                },
-                T {
-                    name: "b",
-                    share: 50,
-                    procs: 1,
-                    args: spin_args(MS, 5000),
-                },
-            ],
-        );
-        assert_shares("mixed", &got, &mut failures);
+        let ts = [
+            T {
+                name: "a",
+                share: 50,
+                procs: 1,
+                args: spin_args(MS, 50),
+            },
+            T {
+                name: "b",
+                share: 50,
+                procs: 1,
+                args: spin_args(MS, 5000),
+            },
+        ];
+        let clients: Vec<Vec<String>> = ts.iter().map(|t| t.args.clone()).collect();
+        judged("mixed", &clients, &mut failures, || {
+            let mut f = Vec::new();
+            assert_shares("mixed", &shares("mixed 50us/5ms 50/50", &ts, &[]), &mut f);
+            f
+        });
     }
     // A tenant made of two processes.
     if wanted("two") {
-        let got = shares(
-            "two-process tenant 30/70",
-            &[
-                T {
-                    name: "a",
-                    share: 30,
-                    procs: 1,
-                    args: spin_args(MS, 200),
-                },
-                T {
-                    name: "b",
-                    share: 70,
-                    procs: 2,
-                    args: spin_args(MS, 200),
-                },
-            ],
-        );
-        assert_shares("two-process", &got, &mut failures);
+        let ts = [
+            T {
+                name: "a",
+                share: 30,
+                procs: 1,
+                args: spin_args(MS, 200),
+            },
+            T {
+                name: "b",
+                share: 70,
+                procs: 2,
+                args: spin_args(MS, 200),
+            },
+        ];
+        let clients: Vec<Vec<String>> = vec![spin_args(MS, 200); 3];
+        judged("two-process", &clients, &mut failures, || {
+            let mut f = Vec::new();
+            let got = shares("two-process tenant 30/70", &ts, &[]);
+            assert_shares("two-process", &got, &mut f);
+            f
+        });
     }
     // A tenant that only launches CUDA graphs (10 captured spin launches each).
     if wanted("graph") {
-        let got = shares(
-            "graph tenant 30/70",
-            &[
-                T {
-                    name: "g",
-                    share: 30,
-                    procs: 1,
-                    args: vec![s(MS), s(200), s(10)],
-                },
-                T {
-                    name: "b",
-                    share: 70,
-                    procs: 1,
-                    args: spin_args(MS, 200),
-                },
-            ],
-        );
-        assert_shares("graph", &got, &mut failures);
+        let ts = [
+            T {
+                name: "g",
+                share: 30,
+                procs: 1,
+                args: vec![s(MS), s(200), s(10)],
+            },
+            T {
+                name: "b",
+                share: 70,
+                procs: 1,
+                args: spin_args(MS, 200),
+            },
+        ];
+        let clients = vec![spin_args(MS, 200); 2];
+        judged("graph", &clients, &mut failures, || {
+            let mut f = Vec::new();
+            assert_shares("graph", &shares("graph tenant 30/70", &ts, &[]), &mut f);
+            f
+        });
     }
 
     // Work-conserving: `a` stops after 1.5 s; within 1 s `b` keeps the device >= 95% busy.
     if wanted("conserving") {
-        let scene = Scene::new("conserving");
-        let start = start_in(700);
-        let t0 = Instant::now() + Duration::from_millis(700);
-        let a = scene.spawn(
-            "a",
-            &[("GPUSLICE_COMPUTE_SHARE", "50")],
-            &[s("spin"), s(start), s(1500), s(200)],
+        judged(
+            "work-conserving",
+            &[spin_args(MS, 200)],
+            &mut failures,
+            || {
+                let scene = Scene::new("conserving");
+                let start = start_in(700);
+                let t0 = Instant::now() + Duration::from_millis(700);
+                let a = scene.spawn(
+                    "a",
+                    &[("GPUSLICE_COMPUTE_SHARE", "50")],
+                    &[s("spin"), s(start), s(1500), s(200)],
+                );
+                let b = scene.spawn(
+                    "b",
+                    &[("GPUSLICE_COMPUTE_SHARE", "50")],
+                    &[s("spin"), s(start), s(3500), s(200)],
+                );
+                let (dev, _) = rate(
+                    &scene,
+                    &[],
+                    t0,
+                    Duration::from_millis(2500),
+                    Duration::from_millis(3400),
+                );
+                finish(a, "a").assert_success();
+                finish(b, "b").assert_success();
+                println!(
+                    "compute-table: work-conserving: device busy {:.1}% from 1 s after a stopped",
+                    dev * 100.0
+                );
+                if dev < 0.95 {
+                    vec![format!(
+                        "work-conserving: device {:.1}% busy (< 95%)",
+                        dev * 100.0
+                    )]
+                } else {
+                    Vec::new()
+                }
+            },
         );
-        let b = scene.spawn(
-            "b",
-            &[("GPUSLICE_COMPUTE_SHARE", "50")],
-            &[s("spin"), s(start), s(3500), s(200)],
-        );
-        let (dev, _) = rate(
-            &scene,
-            &[],
-            t0,
-            Duration::from_millis(2500),
-            Duration::from_millis(3400),
-        );
-        finish(a, "a").assert_success();
-        finish(b, "b").assert_success();
-        println!(
-            "compute-table: work-conserving: device busy {:.1}% from 1 s after a stopped",
-            dev * 100.0
-        );
-        if dev < 0.95 {
-            failures.push(format!(
-                "work-conserving: device {:.1}% busy (< 95%)",
-                dev * 100.0
-            ));
-        }
     }
 
-    // Cap: 30% alone on the device.
+    // Cap: 30% alone on the device (an upper bound: a busy machine can only lower it).
     if wanted("cap") {
         let scene = Scene::new("cap");
         let start = start_in(700);
@@ -340,57 +467,12 @@ fn compute_shares_on_simgpu() {
 
     // Priority: requests of 10 x 100 us every 20 ms, alone and beside 2 ms kernels.
     if wanted("priority") {
-        let alone = {
-            let scene = Scene::new("prio-alone");
-            let c = scene.spawn(
-                "h",
-                &[("GPUSLICE_PRIORITY", "high")],
-                &[
-                    s("request"),
-                    s(start_in(500)),
-                    // As long as the run beside: both p99s from 400 requests.
-                    s(8000),
-                    s(20),
-                    s(10),
-                    s(100),
-                ],
-            );
-            let r = finish(c, "h alone");
-            r.assert_success();
-            r.get_u64("p99_us")
-        };
-        let scene = Scene::new("prio");
-        let start = start_in(700);
-        let h = scene.spawn(
-            "h",
-            &[("GPUSLICE_PRIORITY", "high")],
-            &[s("request"), s(start), s(8000), s(20), s(10), s(100)],
+        judged(
+            "priority",
+            &[spin_args(MS, 2000)],
+            &mut failures,
+            priority_scenario,
         );
-        let n = scene.spawn(
-            "n",
-            &[("GPUSLICE_COMPUTE_SHARE", "50")],
-            &[s("spin"), s(start), s(8000), s(2000), s(2)],
-        );
-        let rh = finish(h, "h");
-        let rn = finish(n, "n");
-        rh.assert_success();
-        rn.assert_success();
-        let p99 = rh.get_u64("p99_us");
-        let wall = rn.get_u64("end_ns") - rn.get_u64("start_ns");
-        let (hb, nb) = (scene.busy("h"), scene.busy("n"));
-        let left = wall.saturating_sub(hb) as f64;
-        let kept = nb as f64 / left;
-        let bound = 1.1 * alone as f64 + 2000.0;
-        println!("compute-table: priority: p99 alone {alone} us, beside 2 ms kernels {p99} us (bound {bound:.0}); normal tenant kept {:.1}% of the rest", kept * 100.0);
-        if p99 as f64 > bound {
-            failures.push(format!("priority: p99 {p99} us > {bound:.0} us"));
-        }
-        if kept < 0.80 {
-            failures.push(format!(
-                "priority: normal tenant kept {:.1}% (< 80%)",
-                kept * 100.0
-            ));
-        }
     }
 
     // A tenant SIGKILLed, then one SIGSTOPped, while holding the device: the other proceeds.
@@ -403,89 +485,246 @@ fn compute_shares_on_simgpu() {
         } else {
             "SIGSTOP"
         };
-        let scene = Scene::new(name);
-        let mut a = scene.spawn(
-            "a",
-            &[("GPUSLICE_COMPUTE_SHARE", "50")],
-            &[s("hold"), s(5000)],
-        );
-        wait_for_key(&mut a, "ready");
-        let start = start_in(300);
-        let b = scene.spawn(
-            "b",
-            &[("GPUSLICE_COMPUTE_SHARE", "50")],
-            &[s("spin"), s(start), s(2500), s(200)],
-        );
-        std::thread::sleep(Duration::from_millis(1300));
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(a.id() as i32, sig) };
-        let t = Instant::now();
-        let (_, g) = rate(
-            &scene,
-            &["b"],
-            t,
-            Duration::from_millis(120),
-            Duration::from_millis(1000),
-        );
-        if sig == libc::SIGSTOP {
-            // SAFETY: as above.
-            unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
-        }
-        let _ = a.wait();
-        finish(b, "b").assert_success();
-        println!("compute-table: {name}: the other tenant had the device {:.1}% of the time from 120 ms after", g[0] * 100.0);
-        if g[0] < 0.80 {
-            failures.push(format!(
-                "{name}: the other tenant got {:.1}% (< 80%) from 120 ms after",
-                g[0] * 100.0
-            ));
-        }
+        judged(name, &[spin_args(MS, 200)], &mut failures, || {
+            stop_scenario(name, sig)
+        });
     }
 
     // A share changed live reaches its target within one second.
     if wanted("live") {
-        let scene = Scene::new("live");
-        let start = start_in(700);
-        let t0 = Instant::now() + Duration::from_millis(700);
-        let a = scene.spawn(
-            "a",
-            &[("GPUSLICE_COMPUTE_SHARE", "50")],
-            &[s("spin"), s(start), s(4500), s(200)],
+        judged(
+            "live",
+            &[spin_args(MS, 200), spin_args(MS, 200)],
+            &mut failures,
+            live_scenario,
         );
-        let b = scene.spawn(
-            "b",
-            &[("GPUSLICE_COMPUTE_SHARE", "50")],
-            &[s("spin"), s(start), s(4500), s(200)],
+    }
+
+    // Two GPUs, contention on GPU 0 only: `a` spins on both, `b` on GPU 0. GPU 0 splits 50/50; `a`
+    // keeps GPU 1 as busy as the same client does without gpuslice.
+    if wanted("two-gpu") {
+        judged(
+            "two-gpu",
+            &[spin_args(MS, 200), spin_args(MS, 200)],
+            &mut failures,
+            two_gpu_scenario,
         );
-        std::thread::sleep(
-            (t0 + Duration::from_millis(1500)).saturating_duration_since(Instant::now()),
-        );
-        let set = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
-            .args(["set", "--tenant", "a", "--share", "80"])
-            .env("GPUSLICE_DEVICE_DIR", scene.dir.join("devices"))
-            .output()
-            .unwrap();
-        assert!(
-            set.status.success(),
-            "gpuslice set: {}",
-            String::from_utf8_lossy(&set.stderr)
-        );
-        let t = Instant::now();
-        let (_, g) = rate(
-            &scene,
-            &["a", "b"],
-            t,
-            Duration::from_millis(1000),
-            Duration::from_millis(2800),
-        );
-        finish(a, "a").assert_success();
-        finish(b, "b").assert_success();
-        let frac = g[0] / (g[0] + g[1]) * 100.0;
-        println!("compute-table: live change 50 -> 80/50: a got {frac:.1}% from 1 s after (target {:.1}%)", 80.0 / 130.0 * 100.0);
-        if (frac - 80.0 / 130.0 * 100.0).abs() > 3.0 {
-            failures.push(format!("live change: a got {frac:.1}% (target 61.5% +-3)"));
-        }
     }
 
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+fn priority_scenario() -> Vec<String> {
+    let mut failures = Vec::new();
+    let alone = {
+        let scene = Scene::new("prio-alone");
+        let c = scene.spawn(
+            "h",
+            &[("GPUSLICE_PRIORITY", "high")],
+            &[
+                s("request"),
+                s(start_in(500)),
+                // As long as the run beside: both p99s from 300 requests.
+                s(6000),
+                s(20),
+                s(10),
+                s(100),
+            ],
+        );
+        let r = finish(c, "h alone");
+        r.assert_success();
+        r.get_u64("p99_us")
+    };
+    let scene = Scene::new("prio");
+    let start = start_in(700);
+    let h = scene.spawn(
+        "h",
+        &[("GPUSLICE_PRIORITY", "high")],
+        &[s("request"), s(start), s(6000), s(20), s(10), s(100)],
+    );
+    let n = scene.spawn(
+        "n",
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("spin"), s(start), s(6000), s(2000), s(2)],
+    );
+    let rh = finish(h, "h");
+    let rn = finish(n, "n");
+    rh.assert_success();
+    rn.assert_success();
+    let p99 = rh.get_u64("p99_us");
+    let wall = rn.get_u64("end_ns") - rn.get_u64("start_ns");
+    let (hb, nb) = (scene.busy("h"), scene.busy("n"));
+    let left = wall.saturating_sub(hb) as f64;
+    let kept = nb as f64 / left;
+    let bound = 1.1 * alone as f64 + 2000.0;
+    println!("compute-table: priority: p99 alone {alone} us, beside 2 ms kernels {p99} us (bound {bound:.0}); normal tenant kept {:.1}% of the rest", kept * 100.0);
+    if p99 as f64 > bound {
+        failures.push(format!("priority: p99 {p99} us > {bound:.0} us"));
+    }
+    if kept < 0.80 {
+        failures.push(format!(
+            "priority: normal tenant kept {:.1}% (< 80%)",
+            kept * 100.0
+        ));
+    }
+    failures
+}
+
+fn stop_scenario(name: &str, sig: i32) -> Vec<String> {
+    let scene = Scene::new(name);
+    let mut a = scene.spawn(
+        "a",
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("hold"), s(5000)],
+    );
+    wait_for_key(&mut a, "ready");
+    let start = start_in(300);
+    let b = scene.spawn(
+        "b",
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("spin"), s(start), s(2500), s(200)],
+    );
+    std::thread::sleep(Duration::from_millis(1300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(a.id() as i32, sig) };
+    let t = Instant::now();
+    let (_, g) = rate(
+        &scene,
+        &["b"],
+        t,
+        Duration::from_millis(120),
+        Duration::from_millis(1000),
+    );
+    if sig == libc::SIGSTOP {
+        // SAFETY: as above.
+        unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
+    }
+    let _ = a.wait();
+    finish(b, "b").assert_success();
+    println!(
+        "compute-table: {name}: the other tenant had the device {:.1}% of the time from 120 ms after",
+        g[0] * 100.0
+    );
+    if g[0] < 0.80 {
+        return vec![format!(
+            "{name}: the other tenant got {:.1}% (< 80%) from 120 ms after",
+            g[0] * 100.0
+        )];
+    }
+    Vec::new()
+}
+
+fn live_scenario() -> Vec<String> {
+    let scene = Scene::new("live");
+    let start = start_in(700);
+    let t0 = Instant::now() + Duration::from_millis(700);
+    let a = scene.spawn(
+        "a",
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("spin"), s(start), s(4500), s(200)],
+    );
+    let b = scene.spawn(
+        "b",
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("spin"), s(start), s(4500), s(200)],
+    );
+    std::thread::sleep((t0 + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+    let set = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+        .args(["set", "--tenant", "a", "--share", "80"])
+        .env("GPUSLICE_DEVICE_DIR", scene.dir.join("devices"))
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "gpuslice set: {}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let t = Instant::now();
+    let (_, g) = rate(
+        &scene,
+        &["a", "b"],
+        t,
+        Duration::from_millis(1000),
+        Duration::from_millis(2800),
+    );
+    finish(a, "a").assert_success();
+    finish(b, "b").assert_success();
+    let frac = g[0] / (g[0] + g[1]) * 100.0;
+    println!(
+        "compute-table: live change 50 -> 80/50: a got {frac:.1}% from 1 s after (target {:.1}%)",
+        80.0 / 130.0 * 100.0
+    );
+    if (frac - 80.0 / 130.0 * 100.0).abs() > 3.0 {
+        return vec![format!("live change: a got {frac:.1}% (target 61.5% +-3)")];
+    }
+    Vec::new()
+}
+
+fn two_gpu_scenario() -> Vec<String> {
+    const RUN_MS: u64 = 4000;
+    let scene = Scene::two_gpus("two-gpu");
+    let start = start_in(700);
+    let t0 = Instant::now() + Duration::from_millis(700);
+    let a = scene.spawn(
+        "a",
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("multi"), s(start), s(RUN_MS), s(200), s(2)],
+    );
+    let b = scene.spawn(
+        "b",
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("spin"), s(start), s(RUN_MS), s(200)],
+    );
+    let window = (Duration::from_millis(500), Duration::from_millis(3500));
+    let sample = |scene: &Scene| {
+        (
+            Instant::now(),
+            scene.busy_on("a", 0),
+            scene.busy_on("b", 0),
+            scene.busy_on("a", 1),
+        )
+    };
+    std::thread::sleep((t0 + window.0).saturating_duration_since(Instant::now()));
+    let x = sample(&scene);
+    std::thread::sleep((t0 + window.1).saturating_duration_since(Instant::now()));
+    let y = sample(&scene);
+    finish(a, "a").assert_success();
+    finish(b, "b").assert_success();
+    let wall = (y.0 - x.0).as_nanos() as f64;
+    let (a0, b0, a1) = ((y.1 - x.1) as f64, (y.2 - x.2) as f64, (y.3 - x.3) as f64);
+    let split = a0 * 100.0 / (a0 + b0).max(1.0);
+    // The same client alone without gpuslice: how busy it keeps GPU 1 on this machine now.
+    let bare = {
+        let scene = Scene::two_gpus("two-gpu-bare");
+        let start = start_in(500);
+        let t0 = Instant::now() + Duration::from_millis(500);
+        let c = scene.sim.spawn(&mut scene.bare_client(
+            "a",
+            &[s("multi"), s(start), s(2000), s(200), s(2)],
+        ));
+        std::thread::sleep((t0 + Duration::from_millis(300)).saturating_duration_since(Instant::now()));
+        let p = (Instant::now(), scene.busy_on("a", 1));
+        std::thread::sleep((t0 + Duration::from_millis(1800)).saturating_duration_since(Instant::now()));
+        let q = (Instant::now(), scene.busy_on("a", 1));
+        finish(c, "bare a").assert_success();
+        (q.1 - p.1) as f64 / (q.0 - p.0).as_nanos() as f64
+    };
+    let speed = a1 / wall / bare.max(1e-9);
+    println!(
+        "compute-table: two GPUs, contention on GPU 0: GPU 0 a {split:.1}% (target 50 +-3); a on GPU 1 at {:.1}% of its speed without gpuslice ({:.1}% vs {:.1}% busy)",
+        speed * 100.0,
+        a1 / wall * 100.0,
+        bare * 100.0
+    );
+    let mut f = Vec::new();
+    if (split - 50.0).abs() > 3.0 {
+        f.push(format!("two-gpu: GPU 0 split {split:.1}% (target 50 +-3)"));
+    }
+    if speed < 0.95 {
+        f.push(format!(
+            "two-gpu: a on GPU 1 at {:.1}% of its speed alone (< 95%)",
+            speed * 100.0
+        ));
+    }
+    f
 }

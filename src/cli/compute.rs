@@ -3,7 +3,12 @@
 
 use super::Args;
 use crate::scheduling::device::{now_ns, DeviceLedger};
-use crate::scheduling::{device_dir, MAX_TENANTS};
+use crate::scheduling::{device_dir, Holder, PriorityClass, TenantId, MAX_TENANTS};
+
+/// The first 8 hex digits of a tenant's identity (enough to tell tenants apart on one device).
+fn short_id(id: TenantId) -> String {
+    format!("{:08x}", (id.0 >> 96) as u32)
+}
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
@@ -67,6 +72,18 @@ pub(crate) fn set(args: &[String]) -> Result<i32, String> {
         "device-dir",
         "ledger",
     ])?;
+    // A tenant is its memory ledger: `--ledger PATH` names it exactly (its identity); `--tenant NAME`
+    // names every tenant that carries that label.
+    let by_id = match a.value("ledger") {
+        Some(p) => Some(
+            crate::ledger::Ledger::open_readonly(std::path::Path::new(p))
+                .map_err(|e| e.to_string())?
+                .id()
+                .map(TenantId)
+                .ok_or_else(|| format!("ledger {p}: made before tenant identities; use --tenant"))?,
+        ),
+        None => None,
+    };
     let tenant = a
         .value("tenant")
         .map(str::to_owned)
@@ -86,24 +103,35 @@ pub(crate) fn set(args: &[String]) -> Result<i32, String> {
     let mut changed = 0;
     for path in ledgers(&a)? {
         let l = DeviceLedger::open(&path, "", false).map_err(|e| e.to_string())?;
-        let Some(t) = l.find_tenant(&tenant) else {
-            continue;
+        let found = match by_id {
+            Some(id) => l.find_tenant_by_id(id).into_iter().collect(),
+            None => l.find_tenants(&tenant),
         };
-        let e = &l.layout().tenants[t];
-        if let Some(s) = share {
-            e.share.store(s.max(1), Release);
+        for t in found {
+            let e = &l.layout().tenants[t];
+            if let Some(s) = share {
+                e.share.store(s.max(1), Release);
+            }
+            if let Some(c) = cap {
+                e.cap.store(c, Release);
+            }
+            if let Some(h) = high {
+                e.priority.store(PriorityClass::of(h).word(), Release);
+            }
+            println!(
+                "{}: tenant {} ({}) updated",
+                l.uuid(),
+                crate::scheduling::device::tenant_name(&l, t),
+                short_id(l.tenant_id(t))
+            );
+            changed += 1;
         }
-        if let Some(c) = cap {
-            e.cap.store(c, Release);
-        }
-        if let Some(h) = high {
-            e.priority.store(h as u32, Release);
-        }
-        println!("{}: tenant {tenant} updated", l.uuid());
-        changed += 1;
     }
     if changed == 0 {
-        return Err(format!("no device ledger has a tenant {tenant:?}"));
+        return Err(match by_id {
+            Some(id) => format!("no device ledger has the tenant {}", short_id(id)),
+            None => format!("no device ledger has a tenant {tenant:?}"),
+        });
     }
     Ok(0)
 }
@@ -138,16 +166,14 @@ pub(crate) fn status_text(args: &[String], json: bool) -> String {
             (None, 0)
         };
         if !json {
+            let owner = Holder::from_word(h.owner.load(Acquire))
+                .slot()
+                .map_or("none".to_string(), |s| s.to_string());
+            let _ = writeln!(out, "compute {} (owner slot {owner})", l.uuid());
             let _ = writeln!(
                 out,
-                "compute {} (owner slot {})",
-                l.uuid(),
-                h.owner.load(Acquire)
-            );
-            let _ = writeln!(
-                out,
-                "  {:<20} {:>6} {:>6} {:>8} {:>9} {:>10}",
-                "tenant", "share", "cap", "priority", "achieved", "waited"
+                "  {:<20} {:<8} {:>6} {:>6} {:>8} {:>9} {:>10}",
+                "tenant", "id", "share", "cap", "priority", "achieved", "waited"
             );
         }
         for t in 0..MAX_TENANTS {
@@ -168,11 +194,12 @@ pub(crate) fn status_text(args: &[String], json: bool) -> String {
             };
             let share = e.share.load(Acquire);
             let cap = e.cap.load(Acquire);
-            let high = e.priority.load(Acquire) == 1;
+            let high = l.is_high(t);
+            let id = short_id(l.tenant_id(t));
             let waited = e.wait_ns.load(Acquire) as f64 / 1e9;
             if json {
                 items.push(format!(
-                    "{{\"device\":\"{}\",\"tenant\":\"{}\",\"share\":{share},\"cap\":{cap},\"priority\":\"{}\",\"achieved_percent\":{achieved:.1},\"waited_s\":{waited:.3},\"charged_ns\":{}}}",
+                    "{{\"device\":\"{}\",\"tenant\":\"{}\",\"id\":\"{id}\",\"share\":{share},\"cap\":{cap},\"priority\":\"{}\",\"achieved_percent\":{achieved:.1},\"waited_s\":{waited:.3},\"charged_ns\":{}}}",
                     l.uuid(),
                     name.replace('"', "'"),
                     if high { "high" } else { "normal" },
@@ -181,8 +208,9 @@ pub(crate) fn status_text(args: &[String], json: bool) -> String {
             } else {
                 let _ = writeln!(
                     out,
-                    "  {:<20} {:>5}% {:>6} {:>8} {:>8.1}% {:>9.2}s",
+                    "  {:<20} {:<8} {:>5}% {:>6} {:>8} {:>8.1}% {:>9.2}s",
                     name,
+                    id,
                     share,
                     if cap == 0 {
                         "-".to_string()

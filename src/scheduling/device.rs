@@ -1,8 +1,9 @@
 //! One device ledger, mapped: creation and validation (the memory ledger's file primitives: no-follow
 //! open, publish by `link`, OFD locks), the arbitration lock, tenants and process slots, liveness.
 
-use super::arbiter::{self, Choice, TenantView, Waiter};
-use super::Incident;
+use super::arbiter::{self, TenantView, Waiter};
+
+pub use super::lock::LockGuard;
 use super::shm::*;
 use crate::ledger::sys;
 use std::io;
@@ -10,10 +11,6 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering::*};
-use std::time::Duration;
-
-/// A held arbitration lock older than this is taken over when its holder is dead or stopped.
-const LOCK_STALE_NS: u64 = 50_000_000;
 
 /// A process whose heartbeat is older than this is not chosen (stopped or hung).
 const BEAT_STALE_NS: u64 = 50_000_000;
@@ -208,7 +205,7 @@ impl DeviceLedger {
         unpack(&self.layout().header.uuid)
     }
 
-    fn raw_fd(&self) -> RawFd {
+    pub(super) fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
@@ -218,51 +215,6 @@ impl DeviceLedger {
             return true;
         }
         sys::is_locked(self.raw_fd(), LOCK_BASE + slot as u64).unwrap_or(true)
-    }
-
-    /// Takes the arbitration lock (`me` = our slot), taking over a dead or stopped holder's, one
-    /// held past its bound, and a lock word or time stamp that cannot be genuine (untrusted file).
-    pub fn lock(&self, me: usize) -> LockGuard<'_> {
-        let h = &self.layout().header;
-        let mine = Holder::of(me).word();
-        let mut spins = 0u32;
-        loop {
-            let cur = h.lock.load(Acquire);
-            if cur == 0 {
-                if h.lock.compare_exchange(0, mine, AcqRel, Acquire).is_ok() {
-                    h.lock_ns.store(now_ns(), Release);
-                    return LockGuard { l: self, me };
-                }
-                continue;
-            }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let stamp = h.lock_ns.load(Acquire);
-            let now = now_ns();
-            // A stamp ahead of the clock was not written by a holder (they stamp with this clock).
-            let stale = stamp > now || now - stamp > LOCK_STALE_NS;
-            let bogus = match Holder::from_word(cur).slot() {
-                None => true,
-                Some(holder) => holder == me || !self.slot_alive(holder, Some(me)),
-            };
-            if (bogus || stale) && h.lock.compare_exchange(cur, mine, AcqRel, Acquire).is_ok() {
-                h.lock_ns.store(now_ns(), Release);
-                if bogus || stamp > now {
-                    crate::scheduling::incident(
-                        Incident::Lock,
-                        format_args!(
-                            "device ledger {}: arbitration lock word {cur:#x} stamped {stamp} (now {now}) taken over",
-                            self.path.display()
-                        ),
-                    );
-                }
-                return LockGuard { l: self, me };
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
     }
 
     /// Claims a free process slot for `tenant` (its lock first, so nobody mistakes it for dead).
@@ -395,7 +347,29 @@ impl DeviceLedger {
             .map_or(TenantId(0), |t| TenantId::load(&t.id))
     }
 
-    /// Finds a tenant by its label (admin and status; the first one that carries it).
+    /// Every tenant that carries the label `name` (admin).
+    pub fn find_tenants(&self, name: &str) -> Vec<usize> {
+        let Some(key) = pack(name) else {
+            return Vec::new();
+        };
+        (0..MAX_TENANTS)
+            .filter(|&i| {
+                let t = &self.layout().tenants[i];
+                t.state.load(Acquire) == TENANT_READY
+                    && t.name.iter().zip(&key).all(|(a, b)| a.load(Acquire) == *b)
+            })
+            .collect()
+    }
+
+    /// The tenant with identity `id`.
+    pub fn find_tenant_by_id(&self, id: TenantId) -> Option<usize> {
+        (0..MAX_TENANTS).find(|&i| {
+            let t = &self.layout().tenants[i];
+            t.state.load(Acquire) == TENANT_READY && TenantId::load(&t.id) == id
+        })
+    }
+
+    /// Finds a tenant by its label (the first one that carries it).
     pub fn find_tenant(&self, name: &str) -> Option<usize> {
         let key = pack(name)?;
         self.layout().tenants.iter().position(|t| {
@@ -431,7 +405,7 @@ impl DeviceLedger {
         })
     }
 
-    fn store_view(&self, i: usize, v: &TenantView) {
+    pub(super) fn store_view(&self, i: usize, v: &TenantView) {
         let t = &self.layout().tenants[i];
         t.vtime.store(v.vtime, Release);
         t.tokens.store(v.tokens, Release);
@@ -460,104 +434,8 @@ impl DeviceLedger {
             .collect()
     }
 
-    fn views(&self) -> Vec<TenantView> {
+    pub(super) fn views(&self) -> Vec<TenantView> {
         (0..MAX_TENANTS).map(|i| self.view(i)).collect()
-    }
-}
-
-/// The held arbitration lock; every decision about ownership is taken under it.
-pub struct LockGuard<'a> {
-    l: &'a DeviceLedger,
-    me: usize,
-}
-
-impl Drop for LockGuard<'_> {
-    fn drop(&mut self) {
-        let _ = self.l.layout().header.lock.compare_exchange(
-            Holder::of(self.me).word(),
-            0,
-            AcqRel,
-            Acquire,
-        );
-    }
-}
-
-impl LockGuard<'_> {
-    /// Charges `ns` to tenant `t`.
-    pub fn charge(&self, t: usize, ns: u64, now: u64) {
-        if t >= MAX_TENANTS {
-            return;
-        }
-        let mut v = self.l.view(t);
-        arbiter::charge(&mut v, ns, now);
-        self.l.store_view(t, &v);
-        self.l.layout().tenants[t].charged_ns.fetch_add(ns, AcqRel);
-    }
-
-    /// Chooses among the waiters and installs the result as the new ownership (bumping the epoch).
-    /// Returns the choice; the caller wakes the waiters.
-    pub fn hand_over(&self, now: u64) -> Choice {
-        let l = self.l.layout();
-        let waiters = self.l.waiters(None);
-        let mut views = self.l.views();
-        let choice = arbiter::choose(&mut views, &waiters, now);
-        for w in &waiters {
-            self.l.store_view(w.tenant, &views[w.tenant]);
-        }
-        let h = &l.header;
-        match choice {
-            Choice::Grant { slot, slice_ns } => {
-                h.grant_ns.store(now, Release);
-                h.owner_beat_ns.store(now, Release);
-                h.slice_ns.store(slice_ns, Release);
-                h.owner.store(Holder::of(slot).word(), Release);
-                let t = l.slots[slot].tenant.load(Acquire) as usize;
-                if t < MAX_TENANTS && views[t].high {
-                    h.preempt.store(0, Release);
-                }
-            }
-            _ => h.owner.store(Holder::NONE.word(), Release),
-        }
-        let mut e = h.epoch.load(Acquire).wrapping_add(1);
-        if e == 0 {
-            e = 1;
-        }
-        h.epoch.store(e, Release);
-        h.hand_overs.fetch_add(1, Relaxed);
-        choice
-    }
-
-    /// Renews the owner's slice in place (nobody else waits). Returns false when its tenant is out of
-    /// tokens (it must hand over instead).
-    pub fn renew(&self, tenant: usize, now: u64) -> bool {
-        let mut v = self.l.view(tenant);
-        arbiter::refill(&mut v, now);
-        self.l.store_view(tenant, &v);
-        let h = &self.l.layout().header;
-        if !arbiter::eligible(&v) {
-            // Charged up to now already: the release that follows charges only what comes after.
-            h.grant_ns.store(now, Release);
-            return false;
-        }
-        h.grant_ns.store(now, Release);
-        h.slice_ns.store(arbiter::slice_for(&v), Release);
-        true
-    }
-
-    /// Takes a history sample when one is due.
-    pub fn sample(&self, now: u64) {
-        let l = self.l.layout();
-        let seq = l.header.sample_seq.load(Acquire);
-        let k = (seq % HISTORY as u64) as usize;
-        let last = l.header.sample_ns[(k + HISTORY - 1) % HISTORY].load(Acquire);
-        if seq != 0 && last <= now && now - last < SAMPLE_NS {
-            return;
-        }
-        for t in &l.tenants {
-            t.samples[k].store(t.charged_ns.load(Acquire), Release);
-        }
-        l.header.sample_ns[k].store(now, Release);
-        l.header.sample_seq.store(seq.wrapping_add(1), Release);
     }
 }
 

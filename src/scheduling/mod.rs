@@ -14,9 +14,10 @@ mod cu;
 pub mod device;
 mod events;
 mod gate;
+mod lock;
 mod owner;
 pub mod runtime;
-mod shm;
+pub mod shm;
 
 pub use shm::{Holder, PriorityClass, TenantId, MAX_SLOTS, MAX_TENANTS};
 

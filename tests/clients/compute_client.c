@@ -10,9 +10,14 @@
  *                                      prints latency percentiles (us)
  *   hold US                            spin kernels until stdin closes (prints ready=1 pid=...)
  *   bench N REPS                       median ns per cuLaunchKernel (0-us kernels), REPS batches of N
+ *   multi START_NS MS US NDEV          one thread per device 0..NDEV-1, each as `spin` on its own
+ *                                      device's primary context (prints launches_<dev>=...)
+ *
+ * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
 #include <cuda.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,8 +49,9 @@ static void setup(void) {
     CUdevice dev;
     CUcontext ctx;
     CUmodule mod;
+    const char *ordinal = getenv("COMPUTE_DEVICE");
     CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDeviceGet(&dev, ordinal ? atoi(ordinal) : 0));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuModuleLoadData(&mod, module_image));
@@ -199,6 +205,64 @@ static int mode_bench(int n, int reps) {
     return 0;
 }
 
+struct multi_arg {
+    int dev;
+    uint64_t start_ns, ms, us;
+    long launches;
+};
+
+static void *multi_thread(void *p) {
+    struct multi_arg *a = p;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction fn;
+    CUstream st;
+    CHECK(cuDeviceGet(&dev, a->dev));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, module_image));
+    CHECK(cuModuleGetFunction(&fn, mod, "spin_kernel"));
+    CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    enum { DEPTH = 8 };
+    CUevent ring[DEPTH];
+    for (int i = 0; i < DEPTH; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    wait_start(a->start_ns);
+    uint64_t end = now_ns(CLOCK_REALTIME) + a->ms * 1000000ull;
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < end) {
+        if (n >= DEPTH)
+            CHECK(cuEventSynchronize(ring[n % DEPTH]));
+        void *params[] = {&a->us};
+        CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, NULL));
+        CHECK(cuEventRecord(ring[n % DEPTH], st));
+        n++;
+    }
+    CHECK(cuStreamSynchronize(st));
+    a->launches = n;
+    return NULL;
+}
+
+static int mode_multi(uint64_t start_ns, uint64_t ms, uint64_t us, int ndev) {
+    CHECK(cuInit(0));
+    if (ndev < 1 || ndev > 8)
+        ndev = 1;
+    pthread_t t[8];
+    struct multi_arg a[8];
+    for (int d = 0; d < ndev; d++) {
+        a[d] = (struct multi_arg){.dev = d, .start_ns = start_ns, .ms = ms, .us = us};
+        pthread_create(&t[d], NULL, multi_thread, &a[d]);
+    }
+    for (int d = 0; d < ndev; d++) {
+        pthread_join(t[d], NULL);
+        printf("launches_%d=%ld\n", d, a[d].launches);
+    }
+    printf("start_ns=%llu\nend_ns=%llu\n", (unsigned long long)start_ns,
+           (unsigned long long)now_ns(CLOCK_REALTIME));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *m = argc > 1 ? argv[1] : "";
@@ -213,6 +277,9 @@ int main(int argc, char **argv) {
                             strtoull(argv[4], NULL, 10), atoi(argv[5]), strtoull(argv[6], NULL, 10));
     if (strcmp(m, "hold") == 0 && argc == 3)
         return mode_hold(strtoull(argv[2], NULL, 10));
+    if (strcmp(m, "multi") == 0 && argc == 6)
+        return mode_multi(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                          strtoull(argv[4], NULL, 10), atoi(argv[5]));
     if (strcmp(m, "bench") == 0 && argc == 4)
         return mode_bench(atoi(argv[2]), atoi(argv[3]));
     fprintf(stderr, "usage: see the comment at the top of compute_client.c\n");
