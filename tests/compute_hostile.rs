@@ -71,9 +71,11 @@ fn damage(path: &Path, how: Damage) {
                 .collect();
             write_at(path, 0, &bytes);
         }
-        Damage::Words("owner") => {
-            write_at(path, offset_of!(Header, owner), &0xffff_fff0u32.to_ne_bytes())
-        }
+        Damage::Words("owner") => write_at(
+            path,
+            offset_of!(Header, owner),
+            &0xffff_fff0u32.to_ne_bytes(),
+        ),
         Damage::Words("lock") => {
             // A live slot (the first tenant's) holds the lock, stamped at the end of time.
             write_at(path, offset_of!(Header, lock), &1u32.to_ne_bytes());
@@ -82,7 +84,11 @@ fn damage(path: &Path, how: Damage) {
         Damage::Words("grant") => {
             let future = monotonic_ns() + 600_000_000_000;
             write_at(path, offset_of!(Header, grant_ns), &future.to_ne_bytes());
-            write_at(path, offset_of!(Header, owner_beat_ns), &future.to_ne_bytes());
+            write_at(
+                path,
+                offset_of!(Header, owner_beat_ns),
+                &future.to_ne_bytes(),
+            );
         }
         Damage::Words(w) => panic!("no such damage {w}"),
     }
@@ -115,7 +121,10 @@ fn round(how: Damage) -> Option<String> {
         .and_then(|mut d| d.find_map(|e| e.ok().map(|e| e.path())))
         .filter(|p| p.extension().is_some_and(|x| x == "dev"));
     let Some(ledger) = ledger else {
-        return Some(format!("{how:?}: no device ledger in {}", devices.display()));
+        return Some(format!(
+            "{how:?}: no device ledger in {}",
+            devices.display()
+        ));
     };
     damage(&ledger, how);
     let deadline = t0 + Duration::from_millis(RUN_MS + 2000);

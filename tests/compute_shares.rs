@@ -136,7 +136,9 @@ fn control(tag: &str, clients: &[Vec<String>]) -> f64 {
         .map(|(i, a)| {
             let mut args = vec![s("spin"), s(start), s(2000)];
             args.extend(a.iter().skip(1).cloned());
-            scene.sim.spawn(&mut scene.bare_client(&format!("c{i}"), &args))
+            scene
+                .sim
+                .spawn(&mut scene.bare_client(&format!("c{i}"), &args))
         })
         .collect();
     let (dev, _) = rate(
@@ -628,7 +630,9 @@ fn live_scenario() -> Vec<String> {
         &[("GPUSLICE_COMPUTE_SHARE", "50")],
         &[s("spin"), s(start), s(4500), s(200)],
     );
-    std::thread::sleep((t0 + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+    std::thread::sleep(
+        (t0 + Duration::from_millis(1500)).saturating_duration_since(Instant::now()),
+    );
     let set = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
         .args(["set", "--tenant", "a", "--share", "80"])
         .env("GPUSLICE_DEVICE_DIR", scene.dir.join("devices"))
@@ -698,13 +702,16 @@ fn two_gpu_scenario() -> Vec<String> {
         let scene = Scene::two_gpus("two-gpu-bare");
         let start = start_in(500);
         let t0 = Instant::now() + Duration::from_millis(500);
-        let c = scene.sim.spawn(&mut scene.bare_client(
-            "a",
-            &[s("multi"), s(start), s(2000), s(200), s(2)],
-        ));
-        std::thread::sleep((t0 + Duration::from_millis(300)).saturating_duration_since(Instant::now()));
+        let c = scene
+            .sim
+            .spawn(&mut scene.bare_client("a", &[s("multi"), s(start), s(2000), s(200), s(2)]));
+        std::thread::sleep(
+            (t0 + Duration::from_millis(300)).saturating_duration_since(Instant::now()),
+        );
         let p = (Instant::now(), scene.busy_on("a", 1));
-        std::thread::sleep((t0 + Duration::from_millis(1800)).saturating_duration_since(Instant::now()));
+        std::thread::sleep(
+            (t0 + Duration::from_millis(1800)).saturating_duration_since(Instant::now()),
+        );
         let q = (Instant::now(), scene.busy_on("a", 1));
         finish(c, "bare a").assert_success();
         (q.1 - p.1) as f64 / (q.0 - p.0).as_nanos() as f64

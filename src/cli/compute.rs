@@ -80,7 +80,9 @@ pub(crate) fn set(args: &[String]) -> Result<i32, String> {
                 .map_err(|e| e.to_string())?
                 .id()
                 .map(TenantId)
-                .ok_or_else(|| format!("ledger {p}: made before tenant identities; use --tenant"))?,
+                .ok_or_else(|| {
+                    format!("ledger {p}: made before tenant identities; use --tenant")
+                })?,
         ),
         None => None,
     };

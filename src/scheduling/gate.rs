@@ -216,9 +216,7 @@ impl Sched {
                 continue;
             };
             let ot = l.slots[owner].tenant.load(Acquire) as usize;
-            if self.high.load(Relaxed)
-                && !self.ledger.is_high(ot)
-                && h.preempt.swap(1, AcqRel) == 0
+            if self.high.load(Relaxed) && !self.ledger.is_high(ot) && h.preempt.swap(1, AcqRel) == 0
             {
                 futex_wake(&h.preempt);
             }
@@ -277,7 +275,11 @@ impl Sched {
         if let Some(slot) = owner.slot() {
             let t = l.slots[slot].tenant.load(Acquire) as usize;
             let held = now.saturating_sub(h.grant_ns.load(Acquire).min(now));
-            let bound = h.slice_ns.load(Acquire).min(SLICE_NS).saturating_add(GRACE_NS);
+            let bound = h
+                .slice_ns
+                .load(Acquire)
+                .min(SLICE_NS)
+                .saturating_add(GRACE_NS);
             g.charge(t, held.min(bound), now);
             crate::log::info(format_args!(
                 "compute: revoked the device from slot {slot} (dead or stopped)"

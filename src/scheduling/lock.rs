@@ -57,7 +57,6 @@ impl DeviceLedger {
             std::thread::sleep(Duration::from_micros(20));
         }
     }
-
 }
 
 /// The held arbitration lock; every decision about ownership is taken under it.
@@ -155,4 +154,3 @@ impl LockGuard<'_> {
         l.header.sample_seq.store(seq.wrapping_add(1), Release);
     }
 }
-

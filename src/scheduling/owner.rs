@@ -116,8 +116,8 @@ impl Sched {
         let slot = &l.slots[self.slot];
         let t = self.tenant();
         let entry = &l.tenants[t % MAX_TENANTS];
-        let slot_ok = slot.state.load(Acquire) == shm::SLOT_ACTIVE
-            && slot.tenant.load(Acquire) as usize == t;
+        let slot_ok =
+            slot.state.load(Acquire) == shm::SLOT_ACTIVE && slot.tenant.load(Acquire) as usize == t;
         let entry_ok =
             entry.state.load(Acquire) == TENANT_READY && TenantId::load(&entry.id) == self.id;
         if slot_ok && entry_ok {

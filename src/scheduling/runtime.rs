@@ -147,7 +147,10 @@ fn join(rt: &'static Runtime, ordinal: usize) -> Option<&'static Sched> {
         p => return Some(unsafe { &*(p as *const Sched) }),
     }
     let s = try_join(rt, ordinal as u32);
-    DEVICES[ordinal].store(s.map_or(NOT_PARTICIPATING, |s| s as *const Sched as usize), Release);
+    DEVICES[ordinal].store(
+        s.map_or(NOT_PARTICIPATING, |s| s as *const Sched as usize),
+        Release,
+    );
     if let Some(s) = s {
         s.refresh(now_ns());
         s.start_thread();
