@@ -492,6 +492,16 @@ fn compute_shares_on_simgpu() {
         });
     }
 
+    // A tenant stopped for 1 s and continued is back to its share within 1 s of continuing.
+    if wanted("continue") {
+        judged(
+            "SIGCONT",
+            &[spin_args(MS, 200), spin_args(MS, 200)],
+            &mut failures,
+            continue_scenario,
+        );
+    }
+
     // A share changed live reaches its target within one second.
     if wanted("live") {
         judged(
@@ -611,6 +621,41 @@ fn stop_scenario(name: &str, sig: i32) -> Vec<String> {
         return vec![format!(
             "{name}: the other tenant got {:.1}% (< 80%) from 120 ms after",
             g[0] * 100.0
+        )];
+    }
+    Vec::new()
+}
+
+fn continue_scenario() -> Vec<String> {
+    let scene = Scene::new("continue");
+    let start = start_in(700);
+    let t0 = Instant::now() + Duration::from_millis(700);
+    let args = [s("spin"), s(start), s(4500), s(200)];
+    let a = scene.spawn("a", &[("GPUSLICE_COMPUTE_SHARE", "50")], &args);
+    let b = scene.spawn("b", &[("GPUSLICE_COMPUTE_SHARE", "50")], &args);
+    std::thread::sleep(
+        (t0 + Duration::from_millis(1200)).saturating_duration_since(Instant::now()),
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: as above.
+    unsafe { libc::kill(a.id() as i32, libc::SIGCONT) };
+    let t = Instant::now();
+    let (_, g) = rate(
+        &scene,
+        &["a", "b"],
+        t,
+        Duration::from_millis(1000),
+        Duration::from_millis(2000),
+    );
+    finish(a, "a").assert_success();
+    finish(b, "b").assert_success();
+    let frac = g[0] / (g[0] + g[1]).max(1e-9) * 100.0;
+    println!("compute-table: SIGSTOP 1 s then SIGCONT: a got {frac:.1}% from 1 s to 2 s after continuing (target 50)");
+    if (frac - 50.0).abs() > 3.0 {
+        return vec![format!(
+            "SIGCONT: a got {frac:.1}% from 1 s after continuing (target 50 +-3)"
         )];
     }
     Vec::new()
