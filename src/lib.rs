@@ -4,9 +4,9 @@
 pub mod config;
 pub mod ledger;
 pub mod scheduling;
+pub mod slotfile;
 
 pub mod accounting;
-pub mod cli;
 pub mod driver;
 pub mod hooks;
 pub mod log;

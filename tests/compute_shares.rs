@@ -678,7 +678,7 @@ fn live_scenario() -> Vec<String> {
     std::thread::sleep(
         (t0 + Duration::from_millis(1500)).saturating_duration_since(Instant::now()),
     );
-    let set = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+    let set = Command::new(common::gpuslice_bin())
         .args(["set", "--tenant", "a", "--share", "80"])
         .env("GPUSLICE_DEVICE_DIR", scene.dir.join("devices"))
         .output()

@@ -5,11 +5,12 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 fn profile_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_gpuslice"))
+    common::gpuslice_bin()
+        .as_path()
         .parent()
         .unwrap()
         .to_path_buf()
@@ -45,7 +46,7 @@ fn tmp(name: &str) -> PathBuf {
 /// `gpuslice doctor` with a quota and simgpu on the library path; `setup` adds the deployment.
 fn doctor(setup: impl FnOnce(&mut Command)) -> Run {
     let sim = Sim::new("doctor");
-    let mut cmd = sim.command(env!("CARGO_BIN_EXE_gpuslice"));
+    let mut cmd = sim.command(common::gpuslice_bin());
     cmd.arg("doctor")
         .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
         .env("GPUSLICE_LEDGER", tmp("x.ledger"));
@@ -102,7 +103,7 @@ fn etc_ld_so_preload() {
             upper.display(),
             work.display()
         ))
-        .arg(env!("CARGO_BIN_EXE_gpuslice"))
+        .arg(common::gpuslice_bin())
         .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
         .env("GPUSLICE_LEDGER", tmp("etc.ledger"));
     let run = sim.run_cmd(&mut cmd);

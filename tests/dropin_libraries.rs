@@ -18,7 +18,8 @@ const CHUNK: u64 = 64 * MIB;
 
 /// The directory of the build profile (libgpuslice.so, the drop-in cdylibs, the gpuslice binary).
 fn profile_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_gpuslice"))
+    common::gpuslice_bin()
+        .as_path()
         .parent()
         .unwrap()
         .to_path_buf()
@@ -442,10 +443,10 @@ fn preload_plus_dropin_counts_once() {
         .args(["hold", "256", "100"]);
     let mut child = sim.spawn(&mut holder);
     wait_for_key(&mut child, "ready");
-    let status = Command::new(env!("CARGO_BIN_EXE_gpuslice"))
+    let status = sim
+        .command(common::gpuslice_bin())
         .args(["status", "--json", "--ledger"])
         .arg(&ledger)
-        .env_remove("LD_PRELOAD")
         .output()
         .unwrap();
     let stat = sim.stat();
@@ -454,7 +455,7 @@ fn preload_plus_dropin_counts_once() {
     assert!(status.status.success());
     let json = Json::parse(&String::from_utf8_lossy(&status.stdout)).unwrap();
     assert_eq!(
-        json.u64("devices.0.used"),
+        json.u64("memory.devices.0.used"),
         CONTEXT_RESERVE + 256 * MIB,
         "ledger: {json}"
     );

@@ -33,7 +33,7 @@ const CONTEXT: u64 = 512 * MIB;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn gpuslice_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpuslice"))
+    common::gpuslice_bin()
 }
 
 /// `libgpuslice.so` as `cargo build` leaves it beside the `gpuslice` binary (where `gpuslice run`
@@ -79,19 +79,21 @@ fn gpuslice(sim: &Sim, args: &[&str]) -> Run {
     sim.run(gpuslice_bin(), args)
 }
 
-/// `gpuslice status --ledger P --json`, parsed.
+/// The memory section of `gpuslice status --ledger P --json`, parsed (the whole output must be one
+/// JSON document).
 fn status_json(sim: &Sim, ledger: &Path) -> Json {
     let run = gpuslice(
         sim,
         &["status", "--ledger", ledger.to_str().unwrap(), "--json"],
     );
     run.assert_success();
-    Json::parse(run.stdout.trim()).unwrap_or_else(|e| {
+    let doc = Json::parse(run.stdout.trim()).unwrap_or_else(|e| {
         panic!(
             "gpuslice status --json printed bad JSON ({e}):\n{}",
             run.report()
         )
-    })
+    });
+    doc.at("memory").clone()
 }
 
 fn num(j: &Json, path: &str) -> u64 {
@@ -475,9 +477,9 @@ fn assert_fails_closed(sim: &Sim, ledger: &Path, env: &[(&str, &str)], message: 
                     sim,
                     &["status", "--ledger", ledger.to_str().unwrap(), "--json"],
                 );
-                if s.status.success() {
-                    let j = Json::parse(s.stdout.trim()).unwrap();
-                    for d in j.arr("devices") {
+                let j = Json::parse(s.stdout.trim()).unwrap();
+                if s.status.success() && j.at("memory") != &Json::Null {
+                    for d in j.arr("memory.devices") {
                         assert_ne!(d.at("limit"), &Json::Null, "unlimited ledger left: {j}");
                     }
                 }
@@ -611,11 +613,11 @@ fn broken_ledgers_fail_closed() {
     // Header: magic u64 at 0, layout version u32 at 8 (src/ledger/shm.rs).
     let p = dir.join("version.ledger");
     let mut bytes = valid.clone();
-    assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 1);
-    bytes[8..12].copy_from_slice(&2u32.to_ne_bytes());
+    assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 2);
+    bytes[8..12].copy_from_slice(&3u32.to_ne_bytes());
     std::fs::write(&p, bytes).unwrap();
     let msg = format!(
-        "gpuslice: error: ledger {}: layout version 2, this gpuslice uses 1 (all processes of a tenant must run the same gpuslice){tail}",
+        "gpuslice: error: ledger {}: layout version 3, this gpuslice uses 2 (all processes sharing it must run the same gpuslice){tail}",
         p.display()
     );
     assert_fails_closed(&sim, &p, &limit, &msg);

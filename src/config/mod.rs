@@ -20,6 +20,8 @@
 //! | `GPUSLICE_QUOTA_FILE` | path of the quota file |
 //! | `GPUSLICE_TENANT` | tenant name (`A-Za-z0-9._-`, at most 64), default `default` |
 //! | `GPUSLICE_LEDGER` | absolute path of the shared ledger, default `/dev/shm/gpuslice/<tenant>.ledger` |
+//! | `GPUSLICE_LEDGER_DIR` | absolute directory of the default ledgers (default `/dev/shm/gpuslice`); the device ledgers default to its `devices/` |
+//! | `GPUSLICE_DEVICE_DIR` | absolute directory of the per-GPU device ledgers (compute shares), default `<ledger dir>/devices` |
 //! | `GPUSLICE_LEDGER_GROUP` | group (name or gid) allowed to share the ledger (mode 0660) |
 //! | `GPUSLICE_LOG` | `off`, `error`, `warn` (default), `info`, `debug`, `trace` |
 //! | `GPUSLICE_CONTEXT_RESERVE` | bytes charged per CUDA context (default 512 MiB; `0`: contexts are not charged) |
@@ -403,7 +405,18 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
         },
     };
 
-    let default_ledger = Path::new(DEFAULT_LEDGER_DIR).join(format!("{tenant}.ledger"));
+    let ledger_dir = match env("GPUSLICE_LEDGER_DIR") {
+        None => PathBuf::from(DEFAULT_LEDGER_DIR),
+        Some(d) if d.starts_with('/') => PathBuf::from(d),
+        Some(d) => {
+            b.fail_all(format!(
+                "{}: not an absolute directory (expected e.g. /dev/shm/gpuslice)",
+                quoted("GPUSLICE_LEDGER_DIR", &d)
+            ));
+            PathBuf::from(DEFAULT_LEDGER_DIR)
+        }
+    };
+    let default_ledger = ledger_dir.join(format!("{tenant}.ledger"));
     // The file's `ledger` belongs to the file's tenant: a tenant named in the environment uses its
     // own default ledger unless GPUSLICE_LEDGER names one.
     let tenant_from_env = env("GPUSLICE_TENANT").is_some();
@@ -503,6 +516,13 @@ fn per_device<T: Clone>(
     parse: impl Fn(&str) -> Result<T, String>,
 ) -> PerDevice<T> {
     let mut out = PerDevice::default();
+    if text.contains(',') && text.split(',').all(|item| item.trim().is_empty()) {
+        // `,` or `,,`: a list of nothing must not read as "no limit".
+        out.poison_with(&format!(
+            "{src}: no value in the list (expected a size such as 4GiB or a list such as 0=4GiB,1=2GiB)"
+        ));
+        return out;
+    }
     for item in text.split(',').map(str::trim) {
         if item.is_empty() && text.contains(',') {
             continue; // tolerate `0=1G,` and `0=1G,,1=2G`

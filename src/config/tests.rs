@@ -323,3 +323,104 @@ fn uuids() {
     assert_eq!(b[0], 0x1b);
     assert_eq!(b[15], 0x55);
 }
+
+/// Thousands of generated values for every variable and quota file: no panic, and a value that is
+/// not accepted is reported with the variable's name (or the file's `path:line`) and the value.
+#[test]
+fn fuzz_generated_settings() {
+    let atoms = [
+        "",
+        ",",
+        "=",
+        "0",
+        "1",
+        "64",
+        "4GiB",
+        "1.5GiB",
+        "-1",
+        "1e3",
+        "GPU-",
+        "MIG-1",
+        "0=1GiB",
+        "GPU-1b2c3d4e-0000-1111-2222-333344445555",
+        "high",
+        "50%",
+        "0x10",
+        " ",
+        "\u{0}",
+        "é",
+        "99999999999999999999",
+        "KiB",
+        "=1G",
+        "1=",
+        ",,",
+        "\"",
+        "[devices]",
+        "#",
+    ];
+    let vars = [
+        "GPUSLICE_MEMORY_LIMIT",
+        "GPUSLICE_COMPUTE_SHARE",
+        "GPUSLICE_COMPUTE_LIMIT",
+        "GPUSLICE_PRIORITY",
+        "GPUSLICE_TENANT",
+        "GPUSLICE_LEDGER",
+        "GPUSLICE_CONTEXT_RESERVE",
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    ];
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let dir = std::env::temp_dir().join(format!("gpuslice-config-fuzz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("quota.toml");
+    for round in 0..3000 {
+        let n = 1 + next() as usize % 3;
+        let value: String = (0..n)
+            .map(|_| atoms[next() as usize % atoms.len()])
+            .collect::<Vec<_>>()
+            .join(if next() % 2 == 0 { "," } else { "" });
+        let var = vars[round % vars.len()];
+        let use_file = round % 3 == 0;
+        if use_file {
+            let key = [
+                "memory_limit",
+                "tenant",
+                "compute_share",
+                "priority",
+                "bogus",
+            ][next() as usize % 5];
+            std::fs::write(&file, format!("{key} = \"{value}\"\n[devices]\n{value}\n")).unwrap();
+        }
+        let env = |k: &str| match k {
+            "GPUSLICE_QUOTA_FILE" if use_file => Some(file.display().to_string()),
+            k if k == var && !use_file => Some(value.clone()),
+            _ => None,
+        };
+        let cfg = crate::config::load_from(&env, Path::new("/nonexistent"));
+        for e in &cfg.errors {
+            let named = if use_file {
+                e.contains(&file.display().to_string())
+            } else {
+                e.contains(var)
+            };
+            assert!(
+                named,
+                "round {round}: {var}={value:?}: error without its source: {e}"
+            );
+        }
+        // Memory that is set but unusable fails closed: never silently unlimited.
+        if !use_file && var == "GPUSLICE_MEMORY_LIMIT" && !value.trim().is_empty() {
+            assert!(
+                cfg.memory.is_set(),
+                "round {round}: {value:?} read as no limit"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

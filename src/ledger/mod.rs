@@ -17,23 +17,25 @@
 //!   allocations (fail closed). Nothing read from the mapping is used as an index.
 
 mod shm;
-pub(crate) mod sys;
 
 use std::fmt;
-use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{canonical_uuid, format_bytes, Config, Limit};
-use shm::{Layout, LOCK_BASE, TOTAL_SIZE};
+use crate::log;
+use crate::slotfile::{self, io_err, sys, CreateOptions, ReadOnly, Writable};
+pub use shm::Layout;
+#[cfg(test)]
+use shm::TOTAL_SIZE;
 pub use shm::{LAYOUT_VERSION, MAX_DEVICES, MAX_SLOTS, UNLIMITED};
 
-/// How long an opener waits for a ledger another process is still initialising.
-const READY_WAIT: Duration = Duration::from_secs(1);
+/// Why a ledger could not be opened (the slot file's errors). Each message names the path; the
+/// caller denies allocations.
+pub type LedgerError = slotfile::Error;
 /// Minimum time between two sweeps triggered by refused reservations (per process).
 const SWEEP_INTERVAL_MS: u64 = 200;
 const NO_SLOT: usize = usize::MAX;
@@ -61,109 +63,6 @@ impl fmt::Display for QuotaExceeded {
 }
 
 impl std::error::Error for QuotaExceeded {}
-
-/// Why a ledger could not be opened. Each message names the path; the caller denies allocations.
-#[derive(Debug)]
-pub enum LedgerError {
-    Io {
-        path: PathBuf,
-        what: &'static str,
-        err: io::Error,
-    },
-    /// The path is a symbolic link (refused: O_NOFOLLOW).
-    Symlink {
-        path: PathBuf,
-    },
-    /// Owned by another user and not group-shared, world-writable, or not a regular file.
-    Insecure {
-        path: PathBuf,
-        why: String,
-    },
-    /// Shorter than a ledger.
-    Truncated {
-        path: PathBuf,
-        size: u64,
-        expected: u64,
-    },
-    BadMagic {
-        path: PathBuf,
-    },
-    WrongVersion {
-        path: PathBuf,
-        found: u32,
-        expected: u32,
-    },
-    Corrupt {
-        path: PathBuf,
-        what: String,
-    },
-    /// Still INITIALISING after the wait (its creator probably died).
-    NotReady {
-        path: PathBuf,
-        waited: Duration,
-    },
-    /// Every process slot is taken by a live process.
-    Full {
-        path: PathBuf,
-    },
-}
-
-impl fmt::Display for LedgerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LedgerError::Io { path, what, err } => {
-                write!(f, "ledger {}: {what}: {err}", path.display())
-            }
-            LedgerError::Symlink { path } => write!(
-                f,
-                "ledger {}: is a symbolic link (refused; point GPUSLICE_LEDGER at the file itself)",
-                path.display()
-            ),
-            LedgerError::Insecure { path, why } => {
-                write!(f, "ledger {}: refused: {why}", path.display())
-            }
-            LedgerError::Truncated {
-                path,
-                size,
-                expected,
-            } => write!(
-                f,
-                "ledger {}: truncated ({size} bytes, a ledger has {expected})",
-                path.display()
-            ),
-            LedgerError::BadMagic { path } => write!(
-                f,
-                "ledger {}: not a gpuslice ledger (bad magic)",
-                path.display()
-            ),
-            LedgerError::WrongVersion {
-                path,
-                found,
-                expected,
-            } => write!(
-                f,
-                "ledger {}: layout version {found}, this gpuslice uses {expected} (all processes of a tenant must run the same gpuslice)",
-                path.display()
-            ),
-            LedgerError::Corrupt { path, what } => {
-                write!(f, "ledger {}: corrupt: {what}", path.display())
-            }
-            LedgerError::NotReady { path, waited } => write!(
-                f,
-                "ledger {}: still being initialised after {} ms (its creator probably died; remove the file)",
-                path.display(),
-                waited.as_millis()
-            ),
-            LedgerError::Full { path } => write!(
-                f,
-                "ledger {}: all {MAX_SLOTS} process slots are in use",
-                path.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for LedgerError {}
 
 /// What the creator of a ledger puts in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,13 +93,54 @@ impl LedgerOptions {
                 devices.push((uuid.clone(), cfg.memory_limit_for(u32::MAX, uuid)));
             }
         }
+        let mut default_limit = cfg.default_memory_limit();
+        if let Some(msg) = unmatched_keys(cfg, visible) {
+            // Limits were configured, none for a device this process can use: refuse, say why.
+            for (uuid, limit) in devices.iter_mut() {
+                if visible.iter().any(|(_, u)| u == uuid) {
+                    *limit = Limit::Invalid(msg.clone());
+                }
+            }
+            default_limit = Limit::Invalid(msg);
+        }
         LedgerOptions {
             tenant: cfg.tenant.clone(),
-            default_limit: cfg.default_memory_limit(),
+            default_limit,
             devices,
             group: cfg.ledger_group.clone(),
         }
     }
+}
+
+/// When the memory limit is a list of per-device keys none of which names a visible device (a
+/// typo in a UUID, index 1 on a one-GPU machine, a MIG key), the message that refuses allocations:
+/// the keys given and the devices visible. A list that matches at least one visible device is valid.
+fn unmatched_keys(cfg: &Config, visible: &[(u32, String)]) -> Option<String> {
+    let m = &cfg.memory;
+    if m.poison.is_some() || m.all.is_some() || (m.by_index.is_empty() && m.by_uuid.is_empty()) {
+        return None;
+    }
+    if visible.is_empty() {
+        return None;
+    }
+    let matched = visible.iter().any(|(i, u)| {
+        m.by_index.contains_key(i) || canonical_uuid(u).is_some_and(|c| m.by_uuid.contains_key(&c))
+    });
+    if matched {
+        return None;
+    }
+    let keys: Vec<String> = m
+        .by_index
+        .keys()
+        .map(|i| i.to_string())
+        .chain(m.by_uuid.keys().cloned())
+        .collect();
+    let seen: Vec<String> = visible.iter().map(|(i, u)| format!("{i}={u}")).collect();
+    Some(format!(
+        "the memory limit lists devices {} but none of them is visible to this process (visible: {}); no device would have a limit, so allocations are refused",
+        keys.join(", "),
+        seen.join(", ")
+    ))
 }
 
 /// `Limit` as stored: (bytes, flags). Invalid configuration = limit 0 (deny all) + a flag saying why.
@@ -228,6 +168,8 @@ pub struct DeviceSnapshot {
     pub invalid_config: bool,
     pub used: u64,
     pub peak: u64,
+    /// Reservations refused at the quota so far.
+    pub denied: u64,
 }
 
 /// Per-process line of a [`Snapshot`].
@@ -255,10 +197,16 @@ pub struct Snapshot {
     pub processes: Vec<ProcessSnapshot>,
 }
 
+/// The file behind a [`Ledger`]: shared and writable, or a private copy read once.
+enum Map {
+    Shared(Writable<Layout>),
+    Copy(ReadOnly<Layout>),
+}
+
 /// An open ledger. Thread-safe; cheap to check against on every allocation.
 pub struct Ledger {
     path: PathBuf,
-    map: sys::Mapping,
+    map: Map,
     writable: bool,
     created: bool,
     /// Our open file description (owns our slot lock). Replaced after a fork.
@@ -273,6 +221,7 @@ pub struct Ledger {
     sweeping: AtomicBool,
     last_sweep_ms: AtomicU64,
     warned_underflow: AtomicBool,
+    warned_damage: AtomicBool,
     /// Keeps the fd open: closing it would drop our lock. Only touched at open, fork and drop.
     fds: parking_lot::Mutex<Vec<OwnedFd>>,
 }
@@ -289,31 +238,29 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn io_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> LedgerError + 'a {
-    move |err| {
-        if err.raw_os_error() == Some(libc::ELOOP) {
-            LedgerError::Symlink {
-                path: path.to_path_buf(),
-            }
-        } else {
-            LedgerError::Io {
-                path: path.to_path_buf(),
-                what,
-                err,
-            }
-        }
-    }
-}
-
 impl Ledger {
     /// Joins the ledger at `path`, creating it with `opts` if it does not exist, and claims a
     /// process slot. A joiner ignores `opts` except to find its devices: the ledger's limits rule.
     pub fn open(path: &Path, opts: &LedgerOptions) -> Result<Ledger, LedgerError> {
-        let ledger = match sys::open(path, libc::O_RDWR, 0) {
-            Ok(fd) => Self::join(path, fd, true)?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(path, opts)?,
-            Err(e) => return Err(io_err(path, "open")(e)),
+        let gid = match &opts.group {
+            Some(g) => Some(sys::group_id(g).map_err(io_err(path, "GPUSLICE_LEDGER_GROUP"))?),
+            None => None,
         };
+        let create = CreateOptions {
+            mode: if gid.is_some() { 0o660 } else { 0o600 },
+            gid,
+        };
+        let file = Writable::<Layout>::open(path, Some(create), |l| {
+            let (dl, df) = stored(&opts.default_limit);
+            l.initialise(sys::getpid(), unix_ms(), &opts.tenant, dl, df);
+            for (uuid, limit) in &opts.devices {
+                let (b, f) = stored(limit);
+                if let Some(key) = device_key(uuid) {
+                    l.find_or_add_device(&key, b, f, 0);
+                }
+            }
+        })?;
+        let ledger = Self::new(path, Map::Shared(file), true);
         if !ledger.created {
             // Devices the creator did not know: the joiner adds them with the creator's default.
             for (uuid, _) in &opts.devices {
@@ -328,27 +275,36 @@ impl Ledger {
 
     /// Opens an existing ledger read-write without claiming a slot (admin: `gpuslice set`).
     pub fn open_existing(path: &Path) -> Result<Ledger, LedgerError> {
-        let fd = sys::open(path, libc::O_RDWR, 0).map_err(io_err(path, "open"))?;
-        Self::join(path, fd, true)
+        let file = Writable::<Layout>::open(path, None, |_| {})?;
+        Ok(Self::new(path, Map::Shared(file), true))
     }
 
-    /// Opens an existing ledger read-only, without a slot (`gpuslice status`).
+    /// Opens an existing ledger read-only, without a slot (`gpuslice status`): a copy read at open,
+    /// which nothing can store through and a truncation cannot fault.
     pub fn open_readonly(path: &Path) -> Result<Ledger, LedgerError> {
-        let fd = sys::open(path, libc::O_RDONLY, 0).map_err(io_err(path, "open"))?;
-        Self::join(path, fd, false)
+        let file = ReadOnly::<Layout>::open(path)?;
+        Ok(Self::new(path, Map::Copy(file), false))
     }
 
-    fn new(path: &Path, fd: OwnedFd, map: sys::Mapping, writable: bool, created: bool) -> Ledger {
+    fn new(path: &Path, map: Map, writable: bool) -> Ledger {
         // A mapping keeps the description it was made from open in every fork child, and OFD locks
         // live as long as their description: slot locks go on a description that is never mapped,
         // which a fork child gives up (`sys::guard_slot_fd`).
-        let fd = sys::reopen(&fd, writable).unwrap_or(fd);
+        let (created, fd) = match &map {
+            Map::Shared(w) => (w.created(), w.lock_fd().ok()),
+            Map::Copy(_) => (false, None),
+        };
+        let raw = match (&fd, &map) {
+            (Some(fd), _) => fd.as_raw_fd(),
+            (None, Map::Shared(w)) => w.fd().as_raw_fd(),
+            (None, Map::Copy(r)) => r.fd(),
+        };
         Ledger {
             path: path.to_path_buf(),
             map,
             writable,
             created,
-            fd: AtomicI32::new(fd.as_raw_fd()),
+            fd: AtomicI32::new(raw),
             slot: AtomicUsize::new(NO_SLOT),
             owner_pid: AtomicU32::new(sys::getpid()),
             forks_seen: AtomicU32::new({
@@ -358,236 +314,37 @@ impl Ledger {
             sweeping: AtomicBool::new(false),
             last_sweep_ms: AtomicU64::new(0),
             warned_underflow: AtomicBool::new(false),
-            fds: parking_lot::Mutex::new(vec![fd]),
+            warned_damage: AtomicBool::new(false),
+            fds: parking_lot::Mutex::new(fd.into_iter().collect()),
         }
-    }
-
-    fn create(path: &Path, opts: &LedgerOptions) -> Result<Ledger, LedgerError> {
-        let dir = path.parent().unwrap_or(Path::new("/"));
-        let name = path
-            .file_name()
-            .ok_or_else(|| LedgerError::Corrupt {
-                path: path.to_path_buf(),
-                what: "not a file path".into(),
-            })?
-            .to_string_lossy()
-            .into_owned();
-        let gid = match &opts.group {
-            Some(g) => Some(sys::group_id(g).map_err(io_err(path, "GPUSLICE_LEDGER_GROUP"))?),
-            None => None,
-        };
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(if gid.is_some() { 0o770 } else { 0o700 })
-                .create(dir)
-                .map_err(io_err(path, "creating its directory"))?;
-            let dir_fd = sys::open(dir, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-                .map_err(io_err(path, "opening its directory"))?;
-            if let Some(g) = gid {
-                // umask may have removed group bits; the group must be able to create the file too.
-                sys::fchown_group(&dir_fd, g).map_err(io_err(path, "chown of its directory"))?;
-                sys::fchmod(&dir_fd, 0o770).map_err(io_err(path, "chmod of its directory"))?;
-            }
-        }
-        let tmp = dir.join(format!(
-            ".{name}.{}.{}.tmp",
-            sys::getpid(),
-            unix_ms() ^ (now_ms() << 20)
-        ));
-        let mode = if gid.is_some() { 0o660 } else { 0o600 };
-        let fd = sys::open(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, mode)
-            .map_err(io_err(path, "creating a temporary file beside it"))?;
-        // Everything else happens under the temporary name; remove it whatever the outcome.
-        let result = (|| {
-            sys::fchmod(&fd, mode).map_err(io_err(path, "chmod"))?;
-            if let Some(g) = gid {
-                sys::fchown_group(&fd, g)
-                    .map_err(io_err(path, "chown to GPUSLICE_LEDGER_GROUP"))?;
-            }
-            sys::ftruncate(&fd, TOTAL_SIZE as u64).map_err(io_err(path, "ftruncate"))?;
-            let map = sys::Mapping::new(&fd, true).map_err(io_err(path, "mmap"))?;
-            let l = map.layout();
-            let (dl, df) = stored(&opts.default_limit);
-            l.initialise(sys::getpid(), unix_ms(), &opts.tenant, dl, df);
-            for (uuid, limit) in &opts.devices {
-                let (b, f) = stored(limit);
-                if let Some(key) = device_key(uuid) {
-                    l.find_or_add_device(&key, b, f, 0);
-                }
-            }
-            l.publish();
-            match sys::publish(&tmp, path) {
-                Ok(()) => Ok(Some(map)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
-                Err(e) => Err(io_err(path, "publishing (link)")(e)),
-            }
-        })();
-        let _ = std::fs::remove_file(&tmp);
-        match result? {
-            Some(map) => Ok(Self::new(path, fd, map, true, true)),
-            // Someone else created it first: theirs is the ledger, with their limits.
-            None => {
-                drop(fd);
-                let fd = sys::open(path, libc::O_RDWR, 0).map_err(io_err(path, "open"))?;
-                Self::join(path, fd, true)
-            }
-        }
-    }
-
-    /// Validates an existing file (waiting for READY) and maps it.
-    fn join(path: &Path, fd: OwnedFd, writable: bool) -> Result<Ledger, LedgerError> {
-        let p = || path.to_path_buf();
-        let st = sys::fstat(&fd).map_err(io_err(path, "fstat"))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(LedgerError::Insecure {
-                path: p(),
-                why: "not a regular file".into(),
-            });
-        }
-        if st.st_mode & 0o002 != 0 {
-            return Err(LedgerError::Insecure {
-                path: p(),
-                why: "world-writable".into(),
-            });
-        }
-        // Anyone may look (read-only); only the owner or a sharing group may take part.
-        if writable && st.st_uid != sys::geteuid() {
-            let group_shared = st.st_mode & 0o060 == 0o060 && sys::in_group(st.st_gid);
-            if !group_shared {
-                return Err(LedgerError::Insecure {
-                    path: p(),
-                    why: format!(
-                        "owned by uid {} (not us, {}) and not shared with one of our groups (mode 0660 via GPUSLICE_LEDGER_GROUP)",
-                        st.st_uid,
-                        sys::geteuid()
-                    ),
-                });
-            }
-        }
-        let start = Instant::now();
-        loop {
-            let size = sys::fstat(&fd).map_err(io_err(path, "fstat"))?.st_size as u64;
-            let mut h = [0u8; shm::HEADER_SIZE];
-            let n = sys::pread(&fd, &mut h, 0).map_err(io_err(path, "read"))?;
-            if n < shm::HEADER_SIZE {
-                return Err(LedgerError::Truncated {
-                    path: p(),
-                    size,
-                    expected: TOTAL_SIZE as u64,
-                });
-            }
-            use shm::raw::*;
-            if h[MAGIC_AT..MAGIC_AT + 8] != shm::MAGIC {
-                return Err(LedgerError::BadMagic { path: p() });
-            }
-            let version = u32_at(&h, VERSION_AT);
-            if version != LAYOUT_VERSION {
-                return Err(LedgerError::WrongVersion {
-                    path: p(),
-                    found: version,
-                    expected: LAYOUT_VERSION,
-                });
-            }
-            match u32_at(&h, STATE_AT) {
-                shm::STATE_READY => {}
-                shm::STATE_INITIALISING if start.elapsed() < READY_WAIT => {
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                }
-                shm::STATE_INITIALISING => {
-                    return Err(LedgerError::NotReady {
-                        path: p(),
-                        waited: start.elapsed(),
-                    })
-                }
-                s => {
-                    return Err(LedgerError::Corrupt {
-                        path: p(),
-                        what: format!("state word {s:#010x}"),
-                    })
-                }
-            }
-            let checks: [(&str, u64, u64); 6] = [
-                (
-                    "header size",
-                    u32_at(&h, HEADER_SIZE_AT) as u64,
-                    shm::HEADER_SIZE as u64,
-                ),
-                (
-                    "device count",
-                    u32_at(&h, MAX_DEVICES_AT) as u64,
-                    MAX_DEVICES as u64,
-                ),
-                (
-                    "slot count",
-                    u32_at(&h, MAX_SLOTS_AT) as u64,
-                    MAX_SLOTS as u64,
-                ),
-                (
-                    "device table offset",
-                    u64_at(&h, DEVICE_TABLE_AT),
-                    shm::DEVICE_TABLE_OFFSET as u64,
-                ),
-                (
-                    "slot table offset",
-                    u64_at(&h, SLOT_TABLE_AT),
-                    shm::SLOT_TABLE_OFFSET as u64,
-                ),
-                (
-                    "declared size",
-                    u64_at(&h, TOTAL_SIZE_AT),
-                    TOTAL_SIZE as u64,
-                ),
-            ];
-            for (what, found, want) in checks {
-                if found != want {
-                    return Err(LedgerError::Corrupt {
-                        path: p(),
-                        what: format!("{what} is {found}, expected {want}"),
-                    });
-                }
-            }
-            if size < TOTAL_SIZE as u64 {
-                return Err(LedgerError::Truncated {
-                    path: p(),
-                    size,
-                    expected: TOTAL_SIZE as u64,
-                });
-            }
-            if size != TOTAL_SIZE as u64 {
-                return Err(LedgerError::Corrupt {
-                    path: p(),
-                    what: format!("file is {size} bytes, its header declares {TOTAL_SIZE}"),
-                });
-            }
-            break;
-        }
-        let map = sys::Mapping::new(&fd, writable).map_err(io_err(path, "mmap"))?;
-        let l = map.layout();
-        for d in 0..MAX_DEVICES {
-            let s = l.device_state(d);
-            if s > shm::DEV_READY {
-                return Err(LedgerError::Corrupt {
-                    path: p(),
-                    what: format!("device entry {d} has state {s:#x}"),
-                });
-            }
-        }
-        for i in 0..MAX_SLOTS {
-            let s = l.slot_state(i);
-            if s > shm::SLOT_RECLAIMING {
-                return Err(LedgerError::Corrupt {
-                    path: p(),
-                    what: format!("process slot {i} has state {s:#x}"),
-                });
-            }
-        }
-        Ok(Self::new(path, fd, map, writable, false))
     }
 
     fn layout(&self) -> &Layout {
-        self.map.layout()
+        match &self.map {
+            Map::Shared(w) => w.layout(),
+            Map::Copy(r) => r.layout(),
+        }
+    }
+
+    /// Whether the shared file still holds what this process joined: a truncation (repaired with
+    /// zeros) fails closed from then on. Checked with `fstat` on slow paths; the fault handler
+    /// marks the mapping on the fast path.
+    fn damaged(&self, check_size: bool) -> bool {
+        let Map::Shared(w) = &self.map else {
+            return false;
+        };
+        let bad = if check_size {
+            !w.check_size()
+        } else {
+            w.damaged()
+        };
+        if bad && !self.warned_damage.swap(true, Ordering::Relaxed) {
+            log::error(format_args!(
+                "ledger {}: the file was truncated or replaced while in use; allocations are refused until the ledger is recreated (remove it and restart the tenant's programs)",
+                self.path.display()
+            ));
+        }
+        bad
     }
 
     fn raw_fd(&self) -> RawFd {
@@ -596,25 +353,23 @@ impl Ledger {
 
     /// Claims a free slot (taking its lock first, so no cleaner can mistake it for dead).
     fn claim(&self) -> Result<(), LedgerError> {
-        let fd = self.raw_fd();
         let l = self.layout();
-        for i in 0..MAX_SLOTS {
-            if l.slot_state(i) != shm::SLOT_FREE {
-                continue;
-            }
-            if !matches!(sys::try_lock(fd, LOCK_BASE + i as u64), Ok(true)) {
-                continue;
-            }
-            if l.claim_slot(i, sys::getpid(), unix_ms()) {
+        let got = slotfile::claim_slot::<Layout>(
+            self.raw_fd(),
+            MAX_SLOTS,
+            |i| l.slot_state(i) == shm::SLOT_FREE,
+            |i| l.claim_slot(i, sys::getpid(), unix_ms()),
+        );
+        match got {
+            Some(i) => {
                 self.slot.store(i, Ordering::Release);
-                sys::guard_slot_fd(fd);
-                return Ok(());
+                Ok(())
             }
-            sys::unlock(fd, LOCK_BASE + i as u64);
+            None => Err(LedgerError::Full {
+                path: self.path.clone(),
+                slots: MAX_SLOTS,
+            }),
         }
-        Err(LedgerError::Full {
-            path: self.path.clone(),
-        })
     }
 
     /// The ledger's path.
@@ -711,12 +466,18 @@ impl Ledger {
         }
         self.check_fork();
         let l = self.layout();
-        if l.device_state(dev) != shm::DEV_READY {
+        // A truncated file (fstat: one system call, beside the driver's allocation) fails closed.
+        if self.damaged(true) || l.device_state(dev) != shm::DEV_READY {
             return Err(deny);
         }
         let refused = match l.reserve(dev, bytes) {
             Ok(_) => {
                 self.charge_slot(dev, bytes);
+                // A truncation repaired meanwhile (fault handler): the numbers are gone, fail closed.
+                if self.damaged(false) {
+                    self.release(dev, bytes);
+                    return Err(deny);
+                }
                 return Ok(());
             }
             Err(r) => r,
@@ -734,6 +495,7 @@ impl Ledger {
             self.charge_slot(dev, bytes);
             return Ok(());
         }
+        l.count_denied(dev);
         Err(QuotaExceeded {
             requested: bytes,
             used: refused.used,
@@ -750,7 +512,8 @@ impl Ledger {
     /// Gives back `bytes` on `dev` (after a free, or to roll back a reservation the driver then
     /// refused). Saturating: more than was recorded is clamped, and reported once.
     pub fn release(&self, dev: usize, bytes: u64) {
-        if !self.writable || dev >= MAX_DEVICES {
+        // A damaged file's numbers mean nothing any more (and it refuses everything).
+        if !self.writable || dev >= MAX_DEVICES || self.warned_damage.load(Ordering::Relaxed) {
             return;
         }
         self.check_fork();
@@ -762,18 +525,16 @@ impl Ledger {
         }
         let dev_short = l.release(dev, bytes);
         if (short > 0 || dev_short > 0) && !self.warned_underflow.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                ledger = %self.path.display(),
-                device = dev,
-                bytes,
-                "gpuslice: released more memory than was recorded (clamped at 0; reported once)"
-            );
+            log::warn(format_args!(
+                "ledger {}: device {dev}: released {bytes} bytes, more than was recorded (clamped at 0; reported once)",
+                self.path.display()
+            ));
         }
     }
 
     /// Reclaims the slots of dead processes; returns how many. Never waits on another process.
     pub fn sweep(&self) -> usize {
-        if !self.writable || self.sweeping.swap(true, Ordering::AcqRel) {
+        if !self.writable || self.damaged(true) || self.sweeping.swap(true, Ordering::AcqRel) {
             return 0;
         }
         let fd = self.raw_fd();
@@ -784,18 +545,17 @@ impl Ledger {
             if Some(i) == me || l.slot_state(i) == shm::SLOT_FREE {
                 continue;
             }
-            let off = LOCK_BASE + i as u64;
-            if let Ok(true) = sys::try_lock(fd, off) {
-                // Its holder is gone (the kernel dropped its lock): we alone hold it now.
-                if l.reclaim_slot(i) {
-                    n += 1;
-                }
-                sys::unlock(fd, off);
+            // Its holder is gone when its lock can be taken: we alone hold it then.
+            if slotfile::take_dead_slot::<Layout, _>(fd, i, || l.reclaim_slot(i)) == Some(true) {
+                n += 1;
             }
         }
         self.sweeping.store(false, Ordering::Release);
         if n > 0 {
-            tracing::info!(ledger = %self.path.display(), slots = n, "gpuslice: reclaimed dead processes' memory");
+            log::info(format_args!(
+                "ledger {}: reclaimed the memory of {n} dead process(es)",
+                self.path.display()
+            ));
         }
         n
     }
@@ -808,7 +568,9 @@ impl Ledger {
         self.forks_seen.store(sys::forks_seen(), Ordering::Relaxed);
         if self.owner_pid.load(Ordering::Acquire) != sys::getpid() && self.slot().is_some() {
             if let Err(e) = self.reattach_after_fork() {
-                tracing::error!("gpuslice: {e}");
+                log::error(format_args!(
+                    "{e}; this fork child's allocations are refused"
+                ));
             }
         }
     }
@@ -829,8 +591,12 @@ impl Ledger {
         {
             return Ok(()); // another thread of this child is doing it
         }
-        let fd = sys::open(&self.path, libc::O_RDWR, 0)
-            .map_err(io_err(&self.path, "reopen after fork"))?;
+        // The same file as the mapping's, even if the path now names another one.
+        let fd = match &self.map {
+            Map::Shared(w) => w.lock_fd(),
+            Map::Copy(_) => return Ok(()),
+        }
+        .map_err(io_err(&self.path, "reopen after fork"))?;
         // Locks taken by other threads of the parent at fork time do not matter in the child.
         self.sweeping.store(false, Ordering::Release);
         self.slot.store(NO_SLOT, Ordering::Release);
@@ -861,6 +627,7 @@ impl Ledger {
                 invalid_config: l.flags(d) & shm::DEV_FLAG_INVALID != 0,
                 used: l.used(d),
                 peak: l.peak(d),
+                denied: l.denied(d),
             })
             .collect();
         let me = self.slot();
@@ -869,7 +636,7 @@ impl Ledger {
             .map(|i| ProcessSnapshot {
                 slot: i,
                 pid: l.slot_pid(i),
-                alive: Some(i) == me || sys::is_locked(fd, LOCK_BASE + i as u64).unwrap_or(true),
+                alive: Some(i) == me || slotfile::slot_alive::<Layout>(fd, i),
                 used: (0..MAX_DEVICES)
                     .map(|d| (d, l.slot_used(i, d)))
                     .filter(|&(_, n)| n > 0)
@@ -895,7 +662,7 @@ impl Drop for Ledger {
         if let Some(s) = self.slot() {
             if self.owner_pid.load(Ordering::Acquire) == sys::getpid() {
                 self.layout().reclaim_slot(s);
-                sys::unlock(self.raw_fd(), LOCK_BASE + s as u64);
+                slotfile::release_slot::<Layout>(self.raw_fd(), s);
             }
         }
     }

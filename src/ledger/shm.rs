@@ -6,12 +6,14 @@
 //! come from Rust's fixed-size arrays, never from the mapping.
 
 use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::slotfile::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::slotfile::{pack_text, unpack_text, Prefix, SlotLayout};
 
 /// First 8 bytes of every ledger.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
-/// Layout version; bumped on any change of this file's structs.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Layout version; bumped on any change of this file's structs (2: per-device `denied`).
+pub const LAYOUT_VERSION: u32 = 2;
 /// Devices a ledger can track.
 pub const MAX_DEVICES: usize = 16;
 /// Processes that can share a ledger at once.
@@ -21,10 +23,8 @@ pub const KEY_BYTES: usize = 64;
 /// A limit meaning "no limit".
 pub const UNLIMITED: u64 = u64::MAX;
 
-/// Header `state`: being filled in by its creator.
-pub const STATE_INITIALISING: u32 = u32::from_le_bytes(*b"INIT");
-/// Header `state`: complete and usable.
-pub const STATE_READY: u32 = u32::from_le_bytes(*b"REDY");
+#[cfg(test)]
+pub use crate::slotfile::STATE_INITIALISING;
 
 /// Device entry states.
 pub const DEV_EMPTY: u32 = 0;
@@ -40,10 +40,8 @@ pub const SLOT_RECLAIMING: u32 = 2;
 
 #[repr(C)]
 pub struct Header {
-    pub magic: AtomicU64,
-    pub version: AtomicU32,
-    pub state: AtomicU32,
-    pub total_size: AtomicU64,
+    /// Magic, version, state (INITIALISING, READY) and size: the slot file's.
+    pub prefix: Prefix,
     pub header_size: AtomicU32,
     pub max_devices: AtomicU32,
     pub max_slots: AtomicU32,
@@ -72,6 +70,8 @@ pub struct DeviceEntry {
     pub limit: AtomicU64,
     pub used: AtomicU64,
     pub peak: AtomicU64,
+    /// Reservations refused at the quota so far.
+    pub denied: AtomicU64,
 }
 
 #[repr(C)]
@@ -92,35 +92,73 @@ pub struct Layout {
 }
 
 pub const HEADER_SIZE: usize = size_of::<Header>();
+#[cfg(test)]
 pub const TOTAL_SIZE: usize = size_of::<Layout>();
 pub const DEVICE_TABLE_OFFSET: usize = offset_of!(Layout, devices);
 pub const SLOT_TABLE_OFFSET: usize = offset_of!(Layout, slots);
-/// Slot `i` is held by an OFD write lock on byte `LOCK_BASE + i` (past the data; locks may lie past EOF).
-pub const LOCK_BASE: u64 = TOTAL_SIZE as u64;
 
-/// Header fields read with `pread` before the file is mapped (byte offsets, native endian).
-pub mod raw {
-    use super::*;
-    pub const MAGIC_AT: usize = offset_of!(Header, magic);
-    pub const VERSION_AT: usize = offset_of!(Header, version);
-    pub const STATE_AT: usize = offset_of!(Header, state);
-    pub const TOTAL_SIZE_AT: usize = offset_of!(Header, total_size);
-    pub const HEADER_SIZE_AT: usize = offset_of!(Header, header_size);
-    pub const MAX_DEVICES_AT: usize = offset_of!(Header, max_devices);
-    pub const MAX_SLOTS_AT: usize = offset_of!(Header, max_slots);
-    pub const DEVICE_TABLE_AT: usize = offset_of!(Header, device_table_offset);
-    pub const SLOT_TABLE_AT: usize = offset_of!(Header, slot_table_offset);
+fn u32_at(buf: &[u8], at: usize) -> u64 {
+    u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or([0; 4])) as u64
+}
 
-    pub fn u32_at(buf: &[u8], at: usize) -> u32 {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(&buf[at..at + 4]);
-        u32::from_ne_bytes(b)
+fn u64_at(buf: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(buf[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+// SAFETY: `#[repr(C)]`, only atomics, starts with the slot file's `Prefix`, 8-byte aligned.
+unsafe impl SlotLayout for Layout {
+    const MAGIC: [u8; 8] = MAGIC;
+    const VERSION: u32 = LAYOUT_VERSION;
+    const HEADER_BYTES: usize = HEADER_SIZE;
+
+    fn check_header(h: &[u8]) -> Result<(), (&'static str, u64, u64)> {
+        let checks: [(&str, u64, u64); 5] = [
+            (
+                "header size",
+                u32_at(h, offset_of!(Header, header_size)),
+                HEADER_SIZE as u64,
+            ),
+            (
+                "device count",
+                u32_at(h, offset_of!(Header, max_devices)),
+                MAX_DEVICES as u64,
+            ),
+            (
+                "slot count",
+                u32_at(h, offset_of!(Header, max_slots)),
+                MAX_SLOTS as u64,
+            ),
+            (
+                "device table offset",
+                u64_at(h, offset_of!(Header, device_table_offset)),
+                DEVICE_TABLE_OFFSET as u64,
+            ),
+            (
+                "slot table offset",
+                u64_at(h, offset_of!(Header, slot_table_offset)),
+                SLOT_TABLE_OFFSET as u64,
+            ),
+        ];
+        match checks.into_iter().find(|(_, found, want)| found != want) {
+            Some(bad) => Err(bad),
+            None => Ok(()),
+        }
     }
 
-    pub fn u64_at(buf: &[u8], at: usize) -> u64 {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&buf[at..at + 8]);
-        u64::from_ne_bytes(b)
+    fn check(&self) -> Result<(), String> {
+        for d in 0..MAX_DEVICES {
+            let s = self.device_state(d);
+            if s > DEV_READY {
+                return Err(format!("device entry {d} has state {s:#x}"));
+            }
+        }
+        for i in 0..MAX_SLOTS {
+            let s = self.slot_state(i);
+            if s > SLOT_RECLAIMING {
+                return Err(format!("process slot {i} has state {s:#x}"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -133,19 +171,7 @@ pub struct Refused {
 
 /// Packs a key string into the entry's words (NUL-padded). `None` if it is empty or too long.
 pub fn pack_key(key: &str) -> Option<[u64; KEY_BYTES / 8]> {
-    let b = key.as_bytes();
-    if b.is_empty() || b.len() > KEY_BYTES || b.contains(&0) {
-        return None;
-    }
-    let mut bytes = [0u8; KEY_BYTES];
-    bytes[..b.len()].copy_from_slice(b);
-    let mut words = [0u64; KEY_BYTES / 8];
-    for (w, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
-        let mut c = [0u8; 8];
-        c.copy_from_slice(chunk);
-        *w = u64::from_ne_bytes(c);
-    }
-    Some(words)
+    pack_text(key)
 }
 
 /// 128 bits from the kernel's random source (never 0; the clock and pid if getrandom fails).
@@ -167,19 +193,10 @@ fn random_id() -> [u64; 2] {
     id
 }
 
-fn unpack_text(words: &[AtomicU64]) -> String {
-    let bytes: Vec<u8> = words
-        .iter()
-        .flat_map(|w| w.load(Ordering::Relaxed).to_ne_bytes())
-        .take_while(|&b| b != 0)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
 impl Layout {
     // ---- creation (the file is private to its creator until published) ----
 
-    /// Fills in a fresh zeroed ledger and publishes it READY (Release: a joiner that sees READY sees all).
+    /// Fills in a fresh zeroed ledger (the slot file writes the prefix and publishes it).
     pub fn initialise(
         &self,
         creator_pid: u32,
@@ -189,10 +206,6 @@ impl Layout {
         default_flags: u32,
     ) {
         let h = &self.header;
-        h.magic.store(u64::from_ne_bytes(MAGIC), Ordering::Relaxed);
-        h.version.store(LAYOUT_VERSION, Ordering::Relaxed);
-        h.state.store(STATE_INITIALISING, Ordering::Relaxed);
-        h.total_size.store(TOTAL_SIZE as u64, Ordering::Relaxed);
         h.header_size.store(HEADER_SIZE as u32, Ordering::Relaxed);
         h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
         h.max_slots.store(MAX_SLOTS as u32, Ordering::Relaxed);
@@ -211,11 +224,6 @@ impl Layout {
         for (dst, w) in h.id.iter().zip(random_id()) {
             dst.store(w, Ordering::Relaxed);
         }
-    }
-
-    /// Publishes the ledger (after the devices the creator knows are added).
-    pub fn publish(&self) {
-        self.header.state.store(STATE_READY, Ordering::Release);
     }
 
     // ---- header ----
@@ -307,6 +315,7 @@ impl Layout {
             e.flags.store(flags, Ordering::Relaxed);
             e.used.store(0, Ordering::Relaxed);
             e.peak.store(0, Ordering::Relaxed);
+            e.denied.store(0, Ordering::Relaxed);
             e.state.store(DEV_READY, Ordering::Release);
             return Some(dev);
         }
@@ -331,6 +340,15 @@ impl Layout {
 
     pub fn peak(&self, dev: usize) -> u64 {
         self.devices[dev].peak.load(Ordering::Acquire)
+    }
+
+    pub fn denied(&self, dev: usize) -> u64 {
+        self.devices[dev].denied.load(Ordering::Acquire)
+    }
+
+    /// Counts a reservation refused at the quota.
+    pub fn count_denied(&self, dev: usize) {
+        self.devices[dev].denied.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn set_limit(&self, dev: usize, limit: u64) {
@@ -467,12 +485,12 @@ mod tests {
 
     #[test]
     fn layout_is_stable() {
-        // Offsets are part of the file format (LAYOUT_VERSION 1).
+        // Offsets are part of the file format (LAYOUT_VERSION 2).
         assert_eq!(HEADER_SIZE, 256);
-        assert_eq!(size_of::<DeviceEntry>(), 96);
+        assert_eq!(size_of::<DeviceEntry>(), 104);
         assert_eq!(size_of::<Slot>(), 16 + 8 * MAX_DEVICES);
         assert_eq!(DEVICE_TABLE_OFFSET, HEADER_SIZE);
-        assert_eq!(SLOT_TABLE_OFFSET, HEADER_SIZE + MAX_DEVICES * 96);
+        assert_eq!(SLOT_TABLE_OFFSET, HEADER_SIZE + MAX_DEVICES * 104);
         assert_eq!(
             TOTAL_SIZE,
             SLOT_TABLE_OFFSET + MAX_SLOTS * size_of::<Slot>()

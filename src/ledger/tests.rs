@@ -2,6 +2,7 @@ use super::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
+use std::time::Duration;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -341,6 +342,9 @@ fn snapshot_and_readonly() {
     let a = Ledger::open(&path, &limited(2 * GIB)).unwrap();
     let d = a.device_index(UUID_A).unwrap();
     a.try_reserve(d, GIB).unwrap();
+    // Refusals at the quota are counted per device.
+    assert!(a.try_reserve(d, 2 * GIB).is_err());
+    assert!(a.try_reserve(d, 2 * GIB).is_err());
     let r = Ledger::open_readonly(&path).unwrap();
     assert_eq!(r.slot(), None);
     assert!(r.try_reserve(d, 1).is_err());
@@ -357,7 +361,8 @@ fn snapshot_and_readonly() {
             limit: 2 * GIB,
             invalid_config: false,
             used: GIB,
-            peak: GIB
+            peak: GIB,
+            denied: 2,
         }]
     );
     assert_eq!(
@@ -444,7 +449,7 @@ fn damaged_files_are_refused() {
         r,
         Err(LedgerError::WrongVersion {
             found: 99,
-            expected: 1,
+            expected: LAYOUT_VERSION,
             ..
         })
     ));
@@ -596,4 +601,39 @@ fn from_config() {
         ]
     );
     assert_eq!(o.tenant, "default");
+}
+
+#[test]
+fn per_device_keys_matching_no_visible_device_refuse() {
+    let load = |v: &str| {
+        let v = v.to_string();
+        crate::config::load_from(
+            &move |k| (k == "GPUSLICE_MEMORY_LIMIT").then(|| v.clone()),
+            Path::new("/nonexistent"),
+        )
+    };
+    let visible = [(0, UUID_A.to_string())];
+    for typo in ["1=1GiB", "GPU-99999999-0000-1111-2222-333344445555=1GiB"] {
+        let o = LedgerOptions::from_config(&load(typo), &visible);
+        let Limit::Invalid(msg) = &o.devices[0].1 else {
+            panic!("{typo}: {:?}", o.devices)
+        };
+        assert!(
+            msg.contains("none of them is visible") && msg.contains(UUID_A),
+            "{msg}"
+        );
+        assert!(matches!(o.default_limit, Limit::Invalid(_)));
+    }
+    // A list that names a visible device (and others) stays valid.
+    let o = LedgerOptions::from_config(&load(&format!("1=1GiB,{UUID_A}=2GiB")), &visible);
+    assert_eq!(o.devices[0], (UUID_A.to_string(), Limit::Bytes(2 * GIB)));
+    // `,` is not "no limit".
+    for v in [",", ",,", " , "] {
+        let c = load(v);
+        assert!(c.memory.poison.is_some(), "{v:?}");
+        assert!(
+            c.errors.iter().any(|e| e.contains("GPUSLICE_MEMORY_LIMIT")),
+            "{v:?}"
+        );
+    }
 }

@@ -1,16 +1,15 @@
-//! One device ledger, mapped: creation and validation (the memory ledger's file primitives: no-follow
-//! open, publish by `link`, OFD locks), the arbitration lock, tenants and process slots, liveness.
+//! One device ledger: a slot file (`crate::slotfile`: creation, validated join, slot locks with the
+//! fork guard, truncation containment), the arbitration lock, tenants and process slots, liveness.
 
 use super::arbiter::{self, TenantView, Waiter};
 
 pub use super::lock::LockGuard;
 use super::shm::*;
-use crate::ledger::sys;
-use std::io;
+use crate::slotfile::{self, sys, CreateOptions, ReadOnly, Writable};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+
 
 /// A process whose heartbeat is older than this is not chosen (stopped or hung).
 const BEAT_STALE_NS: u64 = 50_000_000;
@@ -53,8 +52,10 @@ pub fn futex_wake(word: &AtomicU32) {
 
 #[derive(Debug)]
 pub enum DeviceLedgerError {
-    Io(PathBuf, &'static str, io::Error),
+    Io(PathBuf, &'static str, std::io::Error),
     Invalid(PathBuf, String),
+    /// The slot file could not be created or joined.
+    File(slotfile::Error),
 }
 
 impl std::fmt::Display for DeviceLedgerError {
@@ -62,7 +63,14 @@ impl std::fmt::Display for DeviceLedgerError {
         match self {
             Self::Io(p, what, e) => write!(f, "device ledger {}: {what}: {e}", p.display()),
             Self::Invalid(p, why) => write!(f, "device ledger {}: {why}", p.display()),
+            Self::File(e) => write!(f, "device {e}"),
         }
+    }
+}
+
+impl From<slotfile::Error> for DeviceLedgerError {
+    fn from(e: slotfile::Error) -> Self {
+        Self::File(e)
     }
 }
 
@@ -71,130 +79,87 @@ pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
     dir.join(format!("{uuid}.dev"))
 }
 
-struct Map(NonNull<Layout>);
-// SAFETY: shared memory made only of atomics.
-unsafe impl Send for Map {}
-// SAFETY: as above.
-unsafe impl Sync for Map {}
-
-impl Map {
-    fn new(fd: &OwnedFd, writable: bool) -> io::Result<Map> {
-        crate::ledger::sys::map_shared(fd, TOTAL_SIZE, writable).map(|p| Map(p.cast()))
-    }
+/// The file: shared and writable, or a private copy read once (`gpuslice status`).
+enum Map {
+    Shared(Writable<Layout>),
+    Copy(ReadOnly<Layout>),
 }
 
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `new` mapped; no reference outlives `self`.
-        unsafe { libc::munmap(self.0.as_ptr().cast(), TOTAL_SIZE) };
-    }
+/// What this process put in the file, to put back if a truncation zeroed it.
+#[derive(Default)]
+struct Own {
+    slot: Option<usize>,
+    tenant: Option<(usize, TenantId, String, u32, u32, bool)>,
 }
 
 /// A mapped device ledger.
 pub struct DeviceLedger {
     path: PathBuf,
     map: Map,
-    fd: OwnedFd,
-    pub writable: bool,
+    /// Slot locks: a description never mapped, which a fork child gives up (`sys::guard_slot_fd`).
+    lock_fd: Option<OwnedFd>,
+    /// `sys::forks_seen()` at open: a fork child neither sweeps nor judges liveness on the
+    /// descriptor it gave up.
+    forks_at_open: u32,
+    own: parking_lot::Mutex<Own>,
+    /// Truncations repaired so far (logged once each).
+    repairs: AtomicUsize,
 }
 
 impl DeviceLedger {
     /// Opens the ledger at `path`; creates it (directory included) when `create` and it is missing.
+    /// A file still being initialised by another process is waited for (1 s).
     pub fn open(path: &Path, uuid: &str, create: bool) -> Result<DeviceLedger, DeviceLedgerError> {
-        let io_err = |what| move |e| DeviceLedgerError::Io(path.to_path_buf(), what, e);
-        match sys::open(path, libc::O_RDWR, 0) {
-            Ok(fd) => Self::join(path, fd, true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
-                let dir = path.parent().unwrap_or(Path::new("/"));
-                std::fs::create_dir_all(dir).map_err(io_err("creating its directory"))?;
-                let tmp = dir.join(format!(".{}.{}.tmp", sys::getpid(), now_ns()));
-                let fd = sys::open(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600)
-                    .map_err(io_err("creating a temporary file beside it"))?;
-                let result = (|| {
-                    sys::ftruncate(&fd, TOTAL_SIZE as u64).map_err(io_err("ftruncate"))?;
-                    let map = Map::new(&fd, true).map_err(io_err("mmap"))?;
-                    // SAFETY: the mapping lives in `map`, which outlives this reference.
-                    let l = unsafe { map.0.as_ref() };
-                    l.header.magic.store(u64::from_le_bytes(MAGIC), Relaxed);
-                    l.header.version.store(VERSION, Relaxed);
-                    l.header.total_size.store(TOTAL_SIZE as u64, Relaxed);
-                    l.header.epoch.store(1, Relaxed);
-                    for (w, v) in l.header.uuid.iter().zip(pack(uuid).unwrap_or_default()) {
-                        w.store(v, Relaxed);
-                    }
-                    l.header.state.store(STATE_READY, Release);
-                    match sys::publish(&tmp, path) {
-                        Ok(()) => Ok(true),
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                        Err(e) => Err(io_err("publishing (link)")(e)),
-                    }
-                })();
-                let _ = std::fs::remove_file(&tmp);
-                if result? {
-                    Self::join(path, fd, true)
-                } else {
-                    let fd = sys::open(path, libc::O_RDWR, 0).map_err(io_err("open"))?;
-                    Self::join(path, fd, true)
-                }
+        let opts = create.then_some(CreateOptions {
+            mode: 0o600,
+            gid: None,
+        });
+        let file = Writable::<Layout>::open(path, opts, |l| {
+            l.header.epoch.store(1, Relaxed);
+            for (w, v) in l.header.uuid.iter().zip(pack(uuid).unwrap_or_default()) {
+                w.store(v, Relaxed);
             }
-            Err(e) => Err(io_err("open")(e)),
-        }
+        })?;
+        let lock_fd = file
+            .lock_fd()
+            .map_err(|e| DeviceLedgerError::Io(path.to_path_buf(), "reopen", e))?;
+        Ok(Self::new(path, Map::Shared(file), Some(lock_fd)))
     }
 
-    /// Opens an existing ledger read-only (`gpuslice status`).
+    /// Opens an existing ledger read-only (`gpuslice status`): a copy read at open, which nothing
+    /// can store through and a truncation cannot fault.
     pub fn open_readonly(path: &Path) -> Result<DeviceLedger, DeviceLedgerError> {
-        let fd = sys::open(path, libc::O_RDONLY, 0)
-            .map_err(|e| DeviceLedgerError::Io(path.to_path_buf(), "open", e))?;
-        Self::join(path, fd, false)
+        let file = ReadOnly::<Layout>::open(path)?;
+        Ok(Self::new(path, Map::Copy(file), None))
     }
 
-    fn join(path: &Path, fd: OwnedFd, writable: bool) -> Result<DeviceLedger, DeviceLedgerError> {
-        let bad = |why: String| DeviceLedgerError::Invalid(path.to_path_buf(), why);
-        let st =
-            sys::fstat(&fd).map_err(|e| DeviceLedgerError::Io(path.to_path_buf(), "fstat", e))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_mode & 0o002 != 0 {
-            return Err(bad("not a regular file, or world-writable".into()));
-        }
-        if st.st_size as u64 != TOTAL_SIZE as u64 {
-            return Err(bad(format!(
-                "file is {} bytes, expected {TOTAL_SIZE} (truncated, or another layout version)",
-                st.st_size
-            )));
-        }
-        let map = Map::new(&fd, writable)
-            .map_err(|e| DeviceLedgerError::Io(path.to_path_buf(), "mmap", e))?;
-        let l = DeviceLedger {
+    fn new(path: &Path, map: Map, lock_fd: Option<OwnedFd>) -> DeviceLedger {
+        sys::count_forks();
+        DeviceLedger {
             path: path.to_path_buf(),
             map,
-            fd,
-            writable,
-        };
-        if writable {
-            // A child forked without exec must not hold our slot locks (it would keep a dead
-            // parent's slot alive).
-            sys::guard_slot_fd(l.raw_fd());
+            lock_fd,
+            forks_at_open: sys::forks_seen(),
+            own: parking_lot::Mutex::new(Own::default()),
+            repairs: AtomicUsize::new(0),
         }
-        let h = &l.layout().header;
-        if h.magic.load(Acquire) != u64::from_le_bytes(MAGIC) {
-            return Err(bad("bad magic (not a gpuslice device ledger)".into()));
-        }
-        if h.version.load(Acquire) != VERSION {
-            return Err(bad(format!(
-                "layout version {}, expected {VERSION}",
-                h.version.load(Acquire)
-            )));
-        }
-        if h.state.load(Acquire) != STATE_READY {
-            return Err(bad("not initialised".into()));
-        }
-        Ok(l)
+    }
+
+    /// Whether this handle can change the file (a read-only one holds a private copy).
+    pub fn writable(&self) -> bool {
+        matches!(self.map, Map::Shared(_))
+    }
+
+    /// This process is a fork child of the one that opened the ledger.
+    fn forked(&self) -> bool {
+        sys::forks_seen() != self.forks_at_open
     }
 
     pub fn layout(&self) -> &Layout {
-        // SAFETY: the mapping is TOTAL_SIZE bytes, page-aligned, lives as long as `self`, and is made
-        // only of atomics (every bit pattern valid, shared mutation allowed). A read-only mapping is
-        // only loaded from (`writable` guards every store path).
-        unsafe { self.map.0.as_ref() }
+        match &self.map {
+            Map::Shared(w) => w.layout(),
+            Map::Copy(r) => r.layout(),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -206,59 +171,132 @@ impl DeviceLedger {
     }
 
     pub(super) fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        match (&self.lock_fd, &self.map) {
+            (Some(fd), _) => fd.as_raw_fd(),
+            (None, Map::Shared(w)) => w.fd().as_raw_fd(),
+            (None, Map::Copy(r)) => r.fd(),
+        }
     }
 
     /// Whether the process holding `slot` is alive (another open file description holds its lock).
+    /// A fork child gave its lock descriptor up and cannot tell: everyone counts as alive.
     pub fn slot_alive(&self, slot: usize, mine: Option<usize>) -> bool {
-        if Some(slot) == mine {
+        if Some(slot) == mine || self.forked() {
             return true;
         }
-        sys::is_locked(self.raw_fd(), LOCK_BASE + slot as u64).unwrap_or(true)
+        slotfile::slot_alive::<Layout>(self.raw_fd(), slot)
     }
 
     /// Claims a free process slot for `tenant` (its lock first, so nobody mistakes it for dead).
     pub fn claim_slot(&self, tenant: usize) -> Option<usize> {
+        if !self.writable() || self.forked() {
+            return None;
+        }
         let l = self.layout();
-        for i in 0..MAX_SLOTS {
-            let s = &l.slots[i];
-            if s.state.load(Acquire) != SLOT_FREE {
-                continue;
-            }
-            if !matches!(sys::try_lock(self.raw_fd(), LOCK_BASE + i as u64), Ok(true)) {
-                continue;
-            }
-            if s.state
-                .compare_exchange(SLOT_FREE, SLOT_ACTIVE, AcqRel, Acquire)
-                .is_ok()
-            {
+        let got = slotfile::claim_slot::<Layout>(
+            self.raw_fd(),
+            MAX_SLOTS,
+            |i| l.slots[i].state.load(Acquire) == SLOT_FREE,
+            |i| {
+                let s = &l.slots[i];
+                if s.state
+                    .compare_exchange(SLOT_FREE, SLOT_ACTIVE, AcqRel, Acquire)
+                    .is_err()
+                {
+                    return false;
+                }
                 s.tenant.store(tenant as u32, Release);
                 s.pid.store(sys::getpid(), Release);
                 s.wants.store(0, Release);
                 s.wait_since.store(0, Release);
                 s.beat_ns.store(now_ns(), Release);
-                return Some(i);
-            }
-            sys::unlock(self.raw_fd(), LOCK_BASE + i as u64);
-        }
-        None
+                true
+            },
+        );
+        self.own.lock().slot = got;
+        got
     }
 
     /// Frees the slots of dead processes (the cleaner holds the dead slot's lock while it does).
+    /// First checks the file's size: a truncated file is repaired (`slotfile`), and what this
+    /// process had in it (its slot, its tenant) is put back, so arbitration resumes within one
+    /// sweep. A fork child does not sweep (it gave up the descriptor the locks are tested on).
     pub fn sweep(&self, me: Option<usize>) {
+        if !self.writable() || self.forked() {
+            return;
+        }
+        self.repair();
         let l = self.layout();
         for i in 0..MAX_SLOTS {
             // Any state but FREE counts: a scribbled state word must not keep a slot forever.
             if Some(i) == me || l.slots[i].state.load(Acquire) == SLOT_FREE {
                 continue;
             }
-            if matches!(sys::try_lock(self.raw_fd(), LOCK_BASE + i as u64), Ok(true)) {
+            slotfile::take_dead_slot::<Layout, _>(self.raw_fd(), i, || {
                 let s = &l.slots[i];
                 s.wants.store(0, Release);
                 s.wait_since.store(0, Release);
                 s.state.store(SLOT_FREE, Release);
-                sys::unlock(self.raw_fd(), LOCK_BASE + i as u64);
+            });
+        }
+    }
+
+    /// After a truncation: the header, our slot and our tenant written again (others do the same
+    /// with theirs). Logged once per repair.
+    fn repair(&self) {
+        let Map::Shared(w) = &self.map else {
+            return;
+        };
+        if w.check_size()
+            && self.layout().header.prefix.state.load(Acquire) == slotfile::STATE_READY
+        {
+            return;
+        }
+        if w.detached() {
+            return; // private zeros: nothing to share any more; the next process start rejoins
+        }
+        let l = self.layout();
+        let h = &l.header;
+        let uuid = self
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if h.prefix.magic.load(Acquire) != u64::from_ne_bytes(MAGIC) {
+            for (w, v) in h.uuid.iter().zip(pack(&uuid).unwrap_or_default()) {
+                w.store(v, Release);
             }
+            if h.epoch.load(Acquire) == 0 {
+                h.epoch.store(1, Release);
+            }
+            h.prefix.version.store(VERSION, Release);
+            h.prefix.total_size.store(TOTAL_SIZE as u64, Release);
+            h.prefix.magic.store(u64::from_ne_bytes(MAGIC), Release);
+        }
+        let own = self.own.lock();
+        if let Some(i) = own.slot {
+            let s = &l.slots[i];
+            if s.state.load(Acquire) != SLOT_ACTIVE {
+                s.pid.store(sys::getpid(), Release);
+                s.beat_ns.store(now_ns(), Release);
+                if let Some((t, ..)) = &own.tenant {
+                    s.tenant.store(*t as u32, Release);
+                }
+                s.state.store(SLOT_ACTIVE, Release);
+            }
+        }
+        if let Some((i, id, name, share, cap, high)) = &own.tenant {
+            let t = &l.tenants[*i];
+            if t.state.load(Acquire) != TENANT_READY {
+                fill_tenant(t, *id, name, *share, *cap, *high);
+            }
+        }
+        h.prefix.state.store(slotfile::STATE_READY, Release);
+        if self.repairs.fetch_add(1, Relaxed) == 0 {
+            crate::log::error(format_args!(
+                "device ledger {}: the file was truncated while in use; repaired (this process's slot and tenant written again)",
+                self.path.display()
+            ));
         }
     }
 
@@ -274,14 +312,14 @@ impl DeviceLedger {
         high: bool,
     ) -> Option<usize> {
         let l = self.layout();
-        let label = pack_truncated(label);
         let mut free = None;
         for (i, t) in l.tenants.iter().enumerate() {
             if t.state.load(Acquire) == TENANT_READY {
                 if TenantId::load(&t.id) == id {
-                    for (w, v) in t.name.iter().zip(label) {
+                    for (w, v) in t.name.iter().zip(pack_truncated(label)) {
                         w.store(v, Release);
                     }
+                    self.own.lock().tenant = Some((i, id, label.to_string(), share, cap, high));
                     return Some(i);
                 }
             } else if free.is_none() {
@@ -289,7 +327,8 @@ impl DeviceLedger {
             }
         }
         let i = free.or_else(|| self.unused_tenant())?;
-        self.install_tenant(i, id, label, share, cap, high);
+        fill_tenant(&l.tenants[i], id, label, share, cap, high);
+        self.own.lock().tenant = Some((i, id, label.to_string(), share, cap, high));
         Some(i)
     }
 
@@ -306,37 +345,11 @@ impl DeviceLedger {
         (0..MAX_TENANTS).find(|&t| !used[t])
     }
 
-    /// Writes a fresh tenant entry `i`. Caller holds the lock.
-    pub fn install_tenant(
-        &self,
-        i: usize,
-        id: TenantId,
-        label: [u64; 8],
-        share: u32,
-        cap: u32,
-        high: bool,
-    ) {
-        let Some(t) = self.layout().tenants.get(i) else {
-            return;
-        };
-        t.state.store(0, Release);
-        id.store(&t.id);
-        for (w, v) in t.name.iter().zip(label) {
-            w.store(v, Release);
+    /// Writes tenant entry `i` afresh (our own, found damaged). Caller holds the lock.
+    pub fn rewrite_tenant(&self, i: usize, id: TenantId, label: &str, v: &TenantView) {
+        if let Some(t) = self.layout().tenants.get(i) {
+            fill_tenant(t, id, label, v.share, v.cap, v.high);
         }
-        t.share.store(share, Release);
-        t.cap.store(cap, Release);
-        t.priority.store(PriorityClass::of(high).word(), Release);
-        t.vtime.store(0, Release);
-        t.tokens.store(arbiter::BUCKET_NS, Release);
-        t.refill_ns.store(now_ns(), Release);
-        t.last_active_ns.store(0, Release);
-        t.charged_ns.store(0, Release);
-        t.wait_ns.store(0, Release);
-        for w in &t.samples {
-            w.store(0, Release);
-        }
-        t.state.store(TENANT_READY, Release);
     }
 
     /// The identity of tenant entry `i`.
@@ -437,6 +450,28 @@ impl DeviceLedger {
     pub(super) fn views(&self) -> Vec<TenantView> {
         (0..MAX_TENANTS).map(|i| self.view(i)).collect()
     }
+}
+
+/// Writes a new tenant entry (READY last).
+fn fill_tenant(t: &TenantEntry, id: TenantId, label: &str, share: u32, cap: u32, high: bool) {
+    t.state.store(0, Release);
+    id.store(&t.id);
+    for (w, v) in t.name.iter().zip(pack_truncated(label)) {
+        w.store(v, Release);
+    }
+    t.share.store(share, Release);
+    t.cap.store(cap, Release);
+    t.priority.store(PriorityClass::of(high).word(), Release);
+    t.vtime.store(0, Release);
+    t.tokens.store(arbiter::BUCKET_NS, Release);
+    t.refill_ns.store(now_ns(), Release);
+    t.last_active_ns.store(0, Release);
+    t.charged_ns.store(0, Release);
+    t.wait_ns.store(0, Release);
+    for w in &t.samples {
+        w.store(0, Release);
+    }
+    t.state.store(TENANT_READY, Release);
 }
 
 /// Number of history samples kept (for `gpuslice status`).

@@ -29,11 +29,17 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 /// Default directory of the device ledgers.
 pub const DEFAULT_DEVICE_DIR: &str = "/dev/shm/gpuslice/devices";
 
-/// The directory of the device ledgers (`GPUSLICE_DEVICE_DIR`).
+/// The directory of the device ledgers: `GPUSLICE_DEVICE_DIR`, else `devices/` in
+/// `GPUSLICE_LEDGER_DIR`, else the default.
 pub fn device_dir() -> PathBuf {
     std::env::var_os("GPUSLICE_DEVICE_DIR")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("GPUSLICE_LEDGER_DIR")
+                .filter(|v| v.as_encoded_bytes().first() == Some(&b'/'))
+                .map(|d| PathBuf::from(d).join("devices"))
+        })
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DEVICE_DIR))
 }
 

@@ -7,7 +7,7 @@ use super::arbiter::{IDLE_NS, SLICE_NS};
 use super::cu::RelaxedCapture;
 use super::device::{futex_wait, futex_wake, now_ns};
 use super::gate::Sched;
-use super::shm::{self, pack_truncated, TENANT_READY};
+use super::shm::{self, TENANT_READY};
 use super::{incident, runtime, Holder, Incident, TenantId, MAX_TENANTS};
 use crate::log;
 use std::sync::atomic::Ordering::*;
@@ -127,14 +127,7 @@ impl Sched {
         if !entry_ok {
             let label = shm::unpack(&entry.name);
             let view = self.ledger.view(t);
-            self.ledger.install_tenant(
-                t,
-                self.id,
-                pack_truncated(&label),
-                view.share,
-                view.cap,
-                view.high,
-            );
+            self.ledger.rewrite_tenant(t, self.id, &label, &view);
         }
         slot.tenant.store(t as u32, Release);
         slot.state.store(shm::SLOT_ACTIVE, Release);

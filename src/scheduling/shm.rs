@@ -3,7 +3,9 @@
 //! at any time); indices come from Rust's fixed-size arrays, never from the mapping.
 
 use std::mem::size_of;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
+
+use crate::slotfile::atomic::{AtomicI64, AtomicU32, AtomicU64};
+use crate::slotfile::{pack_text, unpack_text, Prefix, SlotLayout};
 
 pub const MAGIC: [u8; 8] = *b"GSLCDEV1";
 /// 2: tenants are identified by their memory ledger's id (`TenantEntry::id`), names are labels.
@@ -15,8 +17,6 @@ pub const HISTORY: usize = 16;
 /// Interval between two samples.
 pub const SAMPLE_NS: u64 = 1_000_000_000;
 
-pub const STATE_READY: u32 = u32::from_le_bytes(*b"REDY");
-
 pub const TENANT_READY: u32 = 2;
 
 pub const SLOT_FREE: u32 = 0;
@@ -24,10 +24,8 @@ pub const SLOT_ACTIVE: u32 = 1;
 
 #[repr(C)]
 pub struct Header {
-    pub magic: AtomicU64,
-    pub version: AtomicU32,
-    pub state: AtomicU32,
-    pub total_size: AtomicU64,
+    /// Magic, version, state (INITIALISING, READY) and size: the slot file's.
+    pub prefix: Prefix,
     /// Canonical `GPU-...` text, NUL-padded.
     pub uuid: [AtomicU64; 8],
     /// The arbitration lock: a [`Holder`] word.
@@ -98,8 +96,34 @@ pub struct Layout {
 }
 
 pub const TOTAL_SIZE: usize = size_of::<Layout>();
-/// Slot `i` is held by an OFD write lock on byte `LOCK_BASE + i` (past the data).
-pub const LOCK_BASE: u64 = TOTAL_SIZE as u64;
+
+// SAFETY: `#[repr(C)]`, only atomics, starts with the slot file's `Prefix`, 8-byte aligned.
+unsafe impl SlotLayout for Layout {
+    const MAGIC: [u8; 8] = MAGIC;
+    const VERSION: u32 = VERSION;
+    const HEADER_BYTES: usize = size_of::<Header>();
+}
+
+/// Bytes of a tenant name or UUID (the tenant ledger's and the configuration's limit too).
+pub const NAME_BYTES: usize = 64;
+
+/// A tenant name or UUID as NUL-padded words (`None` when empty or longer than 64 bytes).
+pub fn pack(text: &str) -> Option<[u64; 8]> {
+    pack_text::<{ NAME_BYTES / 8 }>(text)
+}
+
+/// A label as NUL-padded words, cut to [`NAME_BYTES`] (at a character boundary).
+pub fn pack_truncated(text: &str) -> [u64; 8] {
+    let mut end = text.len().min(NAME_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    pack(&text[..end]).unwrap_or_default()
+}
+
+pub fn unpack(words: &[AtomicU64; 8]) -> String {
+    unpack_text(words)
+}
 
 /// Who holds the arbitration lock or owns the device, as stored in `Header::lock` / `Header::owner`:
 /// the slot index plus one, 0 for nobody. A word read from the file may name no slot at all.
@@ -180,38 +204,4 @@ impl TenantId {
             w.store(v, std::sync::atomic::Ordering::Release);
         }
     }
-}
-
-/// A tenant name or UUID as NUL-padded words (`None` when longer than 63 bytes).
-pub fn pack(text: &str) -> Option<[u64; 8]> {
-    let b = text.as_bytes();
-    if b.len() >= 64 || b.contains(&0) {
-        return None;
-    }
-    Some(pack_truncated(text))
-}
-
-/// A label as NUL-padded words, cut to 63 bytes (at a character boundary).
-pub fn pack_truncated(text: &str) -> [u64; 8] {
-    let mut end = text.len().min(63);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let b = &text.as_bytes()[..end];
-    let mut bytes = [0u8; 64];
-    bytes[..b.len()].copy_from_slice(b);
-    let mut out = [0u64; 8];
-    for (i, w) in out.iter_mut().enumerate() {
-        *w = u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-    }
-    out
-}
-
-pub fn unpack(words: &[AtomicU64; 8]) -> String {
-    let mut bytes = Vec::with_capacity(64);
-    for w in words {
-        bytes.extend_from_slice(&w.load(std::sync::atomic::Ordering::Acquire).to_le_bytes());
-    }
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
 }

@@ -40,6 +40,20 @@ fn require(path: PathBuf, what: &str) -> PathBuf {
     path
 }
 
+/// The `gpuslice` command (package `gpuslice-cli`), built beside the test binaries by
+/// `cargo build --workspace` (test binaries live in `<target>/<profile>/deps`).
+pub fn gpuslice_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binaries live in <target>/<profile>/deps");
+    require(
+        profile_dir.join("gpuslice"),
+        "the gpuslice command (cargo build -p gpuslice-cli)",
+    )
+}
+
 /// Where `scripts/install-simgpu.sh` put simgpu's `libcuda.so.1` and `libnvidia-ml.so.1`.
 pub fn simgpu_lib_dir() -> PathBuf {
     let dir = target_dir().join("simgpu/lib");
@@ -165,6 +179,9 @@ pub const PROCADDRESS: CBuild = CBuild {
 /// the `SIMGPU_*` settings every process of the test shares. The state file is removed on drop.
 pub struct Sim {
     pub state: String,
+    /// This machine's private directory for default ledgers (`GPUSLICE_LEDGER_DIR`) and device
+    /// ledgers (its `devices/`): nothing a test runs reads or writes the machine's defaults.
+    pub dir: PathBuf,
     env: BTreeMap<String, String>,
 }
 
@@ -177,9 +194,16 @@ impl Sim {
             N.fetch_add(1, Ordering::Relaxed)
         );
         let _ = std::fs::remove_file(Path::new("/dev/shm").join(&state));
+        let dir = Path::new("/dev/shm").join(format!("{state}.d"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let mut env = BTreeMap::new();
         env.insert("SIMGPU_STATE".to_string(), state.clone());
-        Sim { state, env }
+        env.insert(
+            "GPUSLICE_LEDGER_DIR".to_string(),
+            dir.to_string_lossy().into_owned(),
+        );
+        Sim { state, dir, env }
     }
 
     /// Set a `SIMGPU_*` (or other) variable for every process of this machine.
@@ -261,6 +285,7 @@ impl Sim {
 impl Drop for Sim {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(Path::new("/dev/shm").join(&self.state));
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -5,7 +5,7 @@
 //! the project's simulated driver, found beside the build (`target/simgpu/lib`) or by `GPUSLICE_SIMGPU`.
 
 use super::run::library_path;
-use crate::config::format_bytes;
+use gpuslice::config::format_bytes;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -117,10 +117,7 @@ fn real_driver_present(workload: &Path) -> bool {
         })
 }
 
-pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
-    if let Some(a) = args.first() {
-        return Err(format!("demo takes no arguments (got {a:?})"));
-    }
+pub(crate) fn demo() -> Result<i32, String> {
     let library = library_path()?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let exe_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
@@ -131,8 +128,10 @@ pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
             workload.display()
         ));
     }
-    let scratch = std::env::temp_dir().join(format!("gpuslice-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    // Everything the demo creates (ledgers, device ledgers, the simulated GPU's state) lives in one
+    // directory, removed when the demo ends, fails or is interrupted.
+    let scratch = Scratch::create()?;
+    let scratch = scratch.path();
 
     let mut env: Vec<(String, String)> = Vec::new();
     let device = if real_driver_present(&workload) {
@@ -148,7 +147,7 @@ pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
         env.push(("LD_LIBRARY_PATH".into(), ld));
         env.push((
             "SIMGPU_STATE".into(),
-            format!("gpuslice-demo-{}", std::process::id()),
+            scratch.join("simgpu-state").display().to_string(),
         ));
         env.push(("SIMGPU_MEMORY".into(), "8GiB".into()));
         "a simulated 8 GiB GPU (simgpu; no NVIDIA driver on this machine)".to_string()
@@ -228,14 +227,73 @@ pub(crate) fn demo(args: &[String]) -> Result<i32, String> {
             println!("  {l}");
         }
     }
-    ok &= compute_part(&workload, &library, &env, &scratch)?;
+    interrupted()?;
+    ok &= compute_part(&workload, &library, &env, scratch)?;
+    interrupted()?;
     println!(
         "\nEach tenant sees its quota as the card's size. The context each process creates is charged to\n\
          its quota too ({} by default), so alpha's 2 GiB leaves room for 6 allocations of 256 MiB.\n\
          Under contention each tenant gets its share of the GPU's time; alone, a tenant gets all of it.\n\
          Try: gpuslice run --memory 1GiB --share 30 -- <your CUDA program>",
-        format_bytes(crate::config::DEFAULT_CONTEXT_RESERVE)
+        format_bytes(gpuslice::config::DEFAULT_CONTEXT_RESERVE)
     );
-    let _ = std::fs::remove_dir_all(&scratch);
     Ok(if ok { 0 } else { 1 })
+}
+
+/// The demo's private directory, removed on drop (the end, an error, or an interruption).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn create() -> Result<Scratch, String> {
+        // Shared memory when the machine has it (ledgers live there in real use), else the temp dir.
+        let base = Path::new("/dev/shm");
+        let base = if base.is_dir() {
+            base.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!("gpuslice-demo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        on_interrupt_set_flag();
+        Ok(Scratch(dir))
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn note_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Ctrl-C (SIGINT), SIGTERM and SIGHUP set a flag instead of killing the demo, so that it removes
+/// its directory before it exits. The workloads, in the same process group, get Ctrl-C themselves
+/// (a handler, unlike an ignored signal, is reset by exec) and end at once.
+fn on_interrupt_set_flag() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: `note_interrupt` only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(
+                sig,
+                note_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+    }
+}
+
+/// An error once the demo was interrupted (its directory is then removed on the way out).
+fn interrupted() -> Result<(), String> {
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        Err("demo interrupted; its files are removed".into())
+    } else {
+        Ok(())
+    }
 }

@@ -1,5 +1,5 @@
-//! The system calls the ledger needs: opening without following symlinks, mapping, and open-file-
-//! description (OFD) locks. The only `unsafe` of the ledger is here.
+//! The system calls of the slot files: opening without following symlinks or blocking, space
+//! allocation, mapping, and open-file-description (OFD) locks.
 
 use std::ffi::CString;
 use std::io;
@@ -8,21 +8,20 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::ptr::NonNull;
 
-use super::shm::{Layout, TOTAL_SIZE};
-
 fn cpath(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
 }
 
-/// `open(2)` with `O_CLOEXEC | O_NOFOLLOW` added to `flags`.
+/// `open(2)` with `O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK` added to `flags`: a FIFO or a device node at
+/// the path opens at once (the caller checks the type with [`fstat`] before reading).
 pub fn open(path: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     let c = cpath(path)?;
     // SAFETY: `c` is a valid NUL-terminated string; open has no other memory arguments.
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
             mode as libc::c_uint,
         )
     };
@@ -41,6 +40,16 @@ pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
         return Err(io::Error::last_os_error());
     }
     Ok(st)
+}
+
+/// Allocates `len` bytes of the file for real (a sparse file on a full tmpfs would fault on first
+/// store instead). `ErrorKind::StorageFull` (ENOSPC) when there is no room.
+pub fn fallocate(fd: &OwnedFd, len: u64) -> io::Result<()> {
+    // SAFETY: plain call on an open fd; it returns an errno value rather than setting errno.
+    match unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
 }
 
 pub fn ftruncate(fd: &OwnedFd, len: u64) -> io::Result<()> {
@@ -123,24 +132,10 @@ pub fn publish(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
-/// A shared mapping of a whole ledger file.
-pub struct Mapping {
-    ptr: NonNull<Layout>,
-}
-
-// SAFETY: the mapping is plain shared memory made only of atomics; any thread may access it.
-unsafe impl Send for Mapping {}
-// SAFETY: as above: every access goes through atomics.
-unsafe impl Sync for Mapping {}
-
-/// Maps `len` bytes of `fd` shared, read-write or read-only (the ledgers' mappings). The caller has
-/// checked the file is at least that long.
-pub fn map_shared(fd: &OwnedFd, len: usize, writable: bool) -> io::Result<NonNull<u8>> {
-    let prot = if writable {
-        libc::PROT_READ | libc::PROT_WRITE
-    } else {
-        libc::PROT_READ
-    };
+/// Maps `len` bytes of `fd` shared and read-write. The caller has checked the file is at least that
+/// long.
+pub fn map_shared(fd: &OwnedFd, len: usize) -> io::Result<NonNull<u8>> {
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
     // SAFETY: a fresh mapping chosen by the kernel (addr NULL) aliases no Rust object.
     let p = unsafe {
         libc::mmap(
@@ -156,30 +151,6 @@ pub fn map_shared(fd: &OwnedFd, len: usize, writable: bool) -> io::Result<NonNul
         return Err(io::Error::last_os_error());
     }
     NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))
-}
-
-impl Mapping {
-    /// Maps `TOTAL_SIZE` bytes of `fd`. The caller has checked the file is at least that long.
-    pub fn new(fd: &OwnedFd, writable: bool) -> io::Result<Mapping> {
-        map_shared(fd, TOTAL_SIZE, writable).map(|ptr| Mapping { ptr: ptr.cast() })
-    }
-
-    pub fn layout(&self) -> &Layout {
-        // SAFETY: the mapping is TOTAL_SIZE bytes, page-aligned (enough for Layout's 8-byte
-        // alignment) and lives as long as `self`; Layout is made only of atomics, for which every
-        // bit pattern is valid and shared mutation is allowed. A read-only mapping is only loaded
-        // from (the Ledger refuses every store when it is read-only).
-        unsafe { self.ptr.as_ref() }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `new` mapped; no reference into it outlives `self`.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), TOTAL_SIZE);
-        }
-    }
 }
 
 fn flock(kind: i32, offset: u64) -> libc::flock {

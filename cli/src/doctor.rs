@@ -8,9 +8,8 @@
 //! `libcuda.so.1` and `libnvidia-ml.so.1` as CUDA programs do and reports what the loader gave it.
 //! The configuration, quota file and ledger are checked here with the library's own parsers.
 
-use super::Args;
-use crate::config::{self, format_bytes, Config};
-use crate::ledger::Ledger;
+use gpuslice::config::{self, format_bytes, Config};
+use gpuslice::ledger::Ledger;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -126,9 +125,7 @@ fn describe_limits(cfg: &Config) -> String {
     }
 }
 
-pub fn doctor(args: &[String]) -> Result<i32, String> {
-    let args = Args::parse(args, &[])?;
-    args.only(&[])?;
+pub fn doctor() -> Result<i32, String> {
     let mut problems: Vec<String> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
 

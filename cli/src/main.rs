@@ -1,0 +1,92 @@
+//! The `gpuslice` command line. Each subcommand is a module; arguments are declared with clap, JSON is
+//! written with serde. This crate is never linked into the preloaded library, so it uses well-kept
+//! crates freely; it reaches ledgers and configuration through the `gpuslice` library crate.
+
+mod compute;
+mod demo;
+mod doctor;
+mod run;
+mod status;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// GPU sharing for unmodified CUDA programs: device-memory quotas and compute shares.
+#[derive(Parser)]
+#[command(name = "gpuslice", version, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+const AFTER_HELP: &str =
+    "SIZE: 4GiB, 4096MiB, 4G, 1.5GiB or bytes. Environment: see docs/CONFIGURATION.md.";
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run CMD with libgpuslice.so preloaded and the given quota (exit code and signals pass through).
+    Run(run::RunArgs),
+    /// Per device: limit, used, peak; the tenant's processes; the compute shares (read-only).
+    Status(status::StatusArgs),
+    /// Change a running tenant's memory limit, compute share, cap or priority.
+    Set(status::SetArgs),
+    /// Is the quota enforced for CUDA programs started here, how, and what is misconfigured (exit 1 if not).
+    Doctor,
+    /// Two tenants share one GPU (simulated by simgpu when no NVIDIA driver is present).
+    Demo,
+}
+
+/// Which tenant ledger a subcommand works on.
+#[derive(Args, Clone, Default)]
+pub(crate) struct LedgerArgs {
+    /// The tenant whose default ledger to use (`<ledger dir>/<NAME>.ledger`).
+    #[arg(long, value_name = "NAME")]
+    pub tenant: Option<String>,
+    /// The ledger file itself.
+    #[arg(long, value_name = "PATH", conflicts_with = "tenant")]
+    pub ledger: Option<PathBuf>,
+}
+
+impl LedgerArgs {
+    /// `--ledger`, else the tenant's default ledger, else the configuration's.
+    pub fn path(&self) -> PathBuf {
+        if let Some(p) = &self.ledger {
+            return p.clone();
+        }
+        match &self.tenant {
+            // The tenant's default ledger, as the library would choose it for a program run with
+            // GPUSLICE_TENANT=NAME (and no GPUSLICE_LEDGER).
+            Some(t) => {
+                gpuslice::config::load_from(
+                    &|name| match name {
+                        "GPUSLICE_TENANT" => Some(t.clone()),
+                        "GPUSLICE_LEDGER" => None,
+                        _ => std::env::var(name).ok(),
+                    },
+                    std::path::Path::new(gpuslice::config::DEFAULT_QUOTA_FILE),
+                )
+                .ledger_path
+            }
+            None => gpuslice::config::load().ledger_path,
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Status(a) => status::status(a),
+        Command::Set(a) => status::set(a),
+        Command::Doctor => doctor::doctor(),
+        Command::Demo => demo::demo(),
+    };
+    let code = match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("gpuslice: {message}");
+            2
+        }
+    };
+    std::process::exit(code);
+}

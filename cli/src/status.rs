@@ -1,0 +1,294 @@
+//! `gpuslice status` (read-only view of a tenant's ledger and of the device ledgers) and
+//! `gpuslice set` (live changes). `status --json` prints exactly one JSON document whose shape is
+//! documented in docs/CLI.md; its types are [`StatusDocument`] and below.
+
+use super::compute::{self, ComputeRow};
+use super::LedgerArgs;
+use gpuslice::config::{format_bytes, parse_size, Units};
+use gpuslice::ledger::{Ledger, Snapshot, UNLIMITED};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// `gpuslice status`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    ledger: LedgerArgs,
+    /// One JSON document instead of tables (shape: docs/CLI.md).
+    #[arg(long)]
+    json: bool,
+    /// Only the compute shares (device ledgers), not the tenant's memory ledger.
+    #[arg(long)]
+    compute: bool,
+    /// Only this GPU's device ledger (compute section).
+    #[arg(long, value_name = "GPU-UUID")]
+    device: Option<String>,
+    /// Directory of the device ledgers (default: GPUSLICE_DEVICE_DIR, else the default).
+    #[arg(long, value_name = "DIR")]
+    device_dir: Option<PathBuf>,
+}
+
+/// `gpuslice set`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct SetArgs {
+    #[command(flatten)]
+    ledger: LedgerArgs,
+    /// New memory limit (SIZE or `unlimited`); applies to the tenant's next allocation.
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// Only this device: a GPU UUID, or an index in the ledger (memory) / a GPU UUID (compute).
+    #[arg(long, value_name = "GPU-UUID|INDEX")]
+    device: Option<String>,
+    /// Compute share under contention, percent.
+    #[arg(long, value_name = "PCT")]
+    share: Option<String>,
+    /// Compute cap, percent, or `none`.
+    #[arg(long, value_name = "PCT|none")]
+    limit: Option<String>,
+    /// `high` or `normal`.
+    #[arg(long, value_name = "high|normal")]
+    priority: Option<String>,
+    /// Directory of the device ledgers (default: GPUSLICE_DEVICE_DIR, else the default).
+    #[arg(long, value_name = "DIR")]
+    device_dir: Option<PathBuf>,
+}
+
+/// The whole of `status --json`: one document, in every state. A section that could not be read is
+/// `null` with its reason in the matching `_error` field.
+#[derive(Serialize)]
+struct StatusDocument {
+    memory: Option<MemoryDocument>,
+    memory_error: Option<String>,
+    compute: Option<Vec<ComputeRow>>,
+    compute_error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct MemoryDocument {
+    tenant: String,
+    ledger: String,
+    devices: Vec<DeviceDocument>,
+    processes: Vec<ProcessDocument>,
+}
+
+#[derive(Serialize)]
+struct DeviceDocument {
+    index: usize,
+    uuid: String,
+    /// `null`: unlimited.
+    limit: Option<u64>,
+    invalid_config: bool,
+    used: u64,
+    peak: u64,
+}
+
+#[derive(Serialize)]
+struct ProcessDocument {
+    pid: u64,
+    alive: bool,
+    used: Vec<ProcessUsage>,
+}
+
+#[derive(Serialize)]
+struct ProcessUsage {
+    device: usize,
+    bytes: u64,
+}
+
+impl From<&Snapshot> for MemoryDocument {
+    fn from(s: &Snapshot) -> Self {
+        MemoryDocument {
+            tenant: s.tenant.clone(),
+            ledger: s.path.display().to_string(),
+            devices: s
+                .devices
+                .iter()
+                .map(|d| DeviceDocument {
+                    index: d.index,
+                    uuid: d.uuid.clone(),
+                    limit: (d.limit != UNLIMITED).then_some(d.limit),
+                    invalid_config: d.invalid_config,
+                    used: d.used,
+                    peak: d.peak,
+                })
+                .collect(),
+            processes: s
+                .processes
+                .iter()
+                .map(|p| ProcessDocument {
+                    pid: u64::from(p.pid),
+                    alive: p.alive,
+                    used: p
+                        .used
+                        .iter()
+                        .map(|&(device, bytes)| ProcessUsage { device, bytes })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+pub(crate) fn status(a: StatusArgs) -> Result<i32, String> {
+    let memory = if a.compute {
+        None
+    } else {
+        let path = a.ledger.path();
+        Some(
+            Ledger::open_readonly(&path)
+                .map(|l| l.snapshot())
+                .map_err(|e| e.to_string()),
+        )
+    };
+    let compute = compute::rows(a.device_dir.as_deref(), a.device.as_deref());
+    // The compute section is shown when device ledgers exist, or when it was asked for.
+    let compute = match compute {
+        Ok(rows) if rows.is_empty() && !a.compute => None,
+        Ok(rows) if rows.is_empty() => {
+            Some(Err("no device ledger (no compute shares in use)".into()))
+        }
+        other => Some(other),
+    };
+    let shown = matches!(memory, Some(Ok(_))) || matches!(compute, Some(Ok(_)));
+    if a.json {
+        let doc = StatusDocument {
+            memory: memory
+                .as_ref()
+                .and_then(|m| m.as_ref().ok())
+                .map(Into::into),
+            memory_error: memory.as_ref().and_then(|m| m.as_ref().err()).cloned(),
+            compute: compute.as_ref().and_then(|c| c.as_ref().ok()).cloned(),
+            compute_error: compute.as_ref().and_then(|c| c.as_ref().err()).cloned(),
+        };
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        if let Some(Ok(snap)) = &memory {
+            print!("{}", table(snap));
+        }
+        if let Some(Ok(rows)) = &compute {
+            if matches!(memory, Some(Ok(_))) {
+                println!();
+            }
+            print!("{}", compute::table(rows));
+        }
+    }
+    if shown {
+        return Ok(0);
+    }
+    // Nothing to show: the reason, as an error (for --json, the document above carries it too).
+    let reason = memory
+        .and_then(Result::err)
+        .or_else(|| compute.and_then(Result::err))
+        .unwrap_or_else(|| "nothing to show".into());
+    Err(reason)
+}
+
+fn limit_text(limit: u64, invalid: bool) -> String {
+    match (limit, invalid) {
+        (_, true) => "invalid config (0)".into(),
+        (UNLIMITED, _) => "unlimited".into(),
+        (l, _) => format_bytes(l),
+    }
+}
+
+fn table(s: &Snapshot) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "tenant {} - ledger {}", s.tenant, s.path.display());
+    let _ = writeln!(
+        out,
+        "{:<42} {:>14} {:>12} {:>12}",
+        "device", "limit", "used", "peak"
+    );
+    for d in &s.devices {
+        let _ = writeln!(
+            out,
+            "{:<42} {:>14} {:>12} {:>12}",
+            d.uuid,
+            limit_text(d.limit, d.invalid_config),
+            format_bytes(d.used),
+            format_bytes(d.peak)
+        );
+    }
+    let _ = writeln!(out, "processes: {}", s.processes.len());
+    for p in &s.processes {
+        let usage: Vec<String> = p
+            .used
+            .iter()
+            .map(|(dev, bytes)| {
+                let uuid = s
+                    .devices
+                    .iter()
+                    .find(|d| d.index == *dev)
+                    .map_or("?", |d| d.uuid.as_str());
+                format!("{uuid}: {}", format_bytes(*bytes))
+            })
+            .collect();
+        let state = if p.alive {
+            ""
+        } else {
+            " (exited, being reclaimed)"
+        };
+        let _ = writeln!(out, "  pid {:<8} {}{state}", p.pid, usage.join(", "));
+    }
+    out
+}
+
+pub(crate) fn set(a: SetArgs) -> Result<i32, String> {
+    let compute_change = a.share.is_some() || a.limit.is_some() || a.priority.is_some();
+    match (&a.memory, compute_change) {
+        (Some(_), true) => Err(
+            "set: change --memory and the compute settings (--share/--limit/--priority) in two calls"
+                .into(),
+        ),
+        (None, false) => {
+            Err("set: nothing to change (--memory SIZE, --share PCT, --limit PCT or --priority)".into())
+        }
+        (None, true) => compute::set(compute::ComputeChange {
+            tenant: a.ledger.tenant.clone(),
+            share: a.share.as_deref(),
+            limit: a.limit.as_deref(),
+            priority: a.priority.as_deref(),
+            device: a.device.as_deref(),
+            device_dir: a.device_dir.as_deref(),
+        }),
+        (Some(memory), false) => set_memory(&a.ledger, memory, a.device.as_deref()),
+    }
+}
+
+fn set_memory(ledger: &LedgerArgs, memory: &str, device: Option<&str>) -> Result<i32, String> {
+    let bytes = if memory == "unlimited" {
+        UNLIMITED
+    } else {
+        parse_size(memory, Units::Gpuslice).map_err(|e| format!("--memory {memory:?}: {e}"))?
+    };
+    let path = ledger.path();
+    let ledger = Ledger::open_existing(&path).map_err(|e| e.to_string())?;
+    let snap = ledger.snapshot();
+    let targets: Vec<usize> = match device {
+        None => snap.devices.iter().map(|d| d.index).collect(),
+        Some(key) if key.starts_with("GPU-") => {
+            vec![ledger
+                .device_index(key)
+                .ok_or_else(|| format!("--device {key}: not a GPU UUID"))?]
+        }
+        Some(key) => {
+            let i: usize = key
+                .parse()
+                .map_err(|_| format!("--device {key:?}: expected a GPU-UUID or a ledger index"))?;
+            vec![i]
+        }
+    };
+    if targets.is_empty() {
+        return Err(format!(
+            "{}: no device has been used yet; name one with --device GPU-...",
+            path.display()
+        ));
+    }
+    for dev in targets {
+        ledger.set_limit(dev, bytes).map_err(|e| e.to_string())?;
+        println!("device {dev}: limit {}", limit_text(bytes, false));
+    }
+    Ok(0)
+}

@@ -1,0 +1,366 @@
+//! Hostile and broken shared state (docs/SECURITY.md): a full filesystem when a ledger is created, a
+//! ledger truncated under running programs, special files at a ledger path, and the device ledger's
+//! join, fork and repair guarantees. Clients are real CUDA programs on simgpu with the shim
+//! preloaded; every directory is private to the test.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use gpuslice::scheduling::device::{path_for, DeviceLedger};
+
+const ROBUST: CBuild = CBuild {
+    name: "robust-client-cu12",
+    source: "robust_client.c",
+    include: "cu12",
+    link_cuda: true,
+};
+
+/// `CUDA_ERROR_OUT_OF_MEMORY` as the client prints it.
+const OOM: &str = "2";
+
+/// The `libgpuslice.so` of the code under test (the newer of `deps/` and the installed copy).
+fn shim_lib() -> PathBuf {
+    let installed = gpuslice_bin().with_file_name("libgpuslice.so");
+    let fresh = gpuslice_bin().with_file_name("deps").join("libgpuslice.so");
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    match (mtime(&fresh), mtime(&installed)) {
+        (Some(f), Some(i)) if f > i => fresh,
+        (Some(_), None) => fresh,
+        _ => installed,
+    }
+}
+
+fn tmp_dir(tag: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("hostile_shm")
+        .join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn shimmed(sim: &Sim, ledger: &Path) -> Command {
+    let mut cmd = sim.command(compile(&ROBUST));
+    cmd.env("LD_PRELOAD", shim_lib())
+        .env("GPUSLICE_LEDGER", ledger)
+        .env("GPUSLICE_DEVICE_DIR", ledger.with_file_name("devices"))
+        .env("GPUSLICE_MEMORY_LIMIT", "4GiB");
+    cmd
+}
+
+fn is_root() -> bool {
+    // SAFETY: no arguments.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Mounts a tmpfs of `size` on `dir` (root only); unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn full_filesystem_at_ledger_creation_refuses_with_a_clear_message() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let dir = tmp_dir("full");
+    let Some(_fs) = Tmpfs::mount(&dir, "32k") else {
+        eprintln!("skipped: mount -t tmpfs failed");
+        return;
+    };
+    // Fill it (the ledger needs more than what is left in any case).
+    let _ = std::fs::write(dir.join("filler"), vec![7u8; 32 * 1024]);
+    let sim = Sim::new("full");
+    let ledger = dir.join("t.ledger");
+    let mut cmd = shimmed(&sim, &ledger);
+    cmd.arg("cmd");
+    let run = feed(
+        sim.spawn(&mut cmd),
+        "alloc 64\ninfo\nexit\n",
+        "client on a full tmpfs",
+    );
+    assert!(
+        run.status.success(),
+        "client did not exit normally:\n{}",
+        run.report()
+    );
+    assert_eq!(run.get("retain"), OOM, "{}", run.report());
+    let expected = format!("ledger {}: no space left", ledger.display());
+    assert!(
+        run.stderr.contains(&expected),
+        "stderr lacks {expected:?}:\n{}",
+        run.report()
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec!["filler".to_string()], "left behind: {left:?}");
+}
+
+/// Sends one line to a running client and waits for its answer `key=`.
+fn ask(child: &mut std::process::Child, line: &str, key: &str) -> String {
+    let stdin = child.stdin.as_mut().unwrap();
+    stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+    stdin.flush().unwrap();
+    wait_for_key(child, key)
+        .get(key)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn tenant_ledger_truncated_under_running_programs_fails_closed_without_a_signal() {
+    for (tag, cut) in [("zero", 0u64), ("half", 0)] {
+        let dir = tmp_dir(&format!("cut-{tag}"));
+        let sim = Sim::new("cut");
+        let ledger = dir.join("t.ledger");
+        let mut a = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
+        let mut b = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
+        assert_eq!(ask(&mut a, "alloc 64", "alloc"), "0");
+        assert_eq!(ask(&mut b, "alloc 64", "alloc"), "0");
+        let size = std::fs::metadata(&ledger).unwrap().len();
+        let cut = if tag == "half" { size / 2 } else { cut };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&ledger)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        // Both go on allocating and freeing: refused (fail closed), never killed.
+        for c in [&mut a, &mut b] {
+            assert_eq!(ask(c, "alloc 64", "alloc"), OOM, "cut to {cut}");
+            ask(c, "free", "free");
+        }
+        for (c, name) in [(a, "a"), (b, "b")] {
+            let run = feed(c, "exit\n", name);
+            assert_eq!(
+                run.status.signal(),
+                None,
+                "{name} died of a signal:\n{}",
+                run.report()
+            );
+            assert!(run.status.success(), "{}", run.report());
+            assert!(
+                run.stderr.contains("truncated or replaced while in use"),
+                "{}",
+                run.report()
+            );
+        }
+        // Recreated (removed; the next program creates it): allocations work again.
+        std::fs::remove_file(&ledger).unwrap();
+        let mut cmd = shimmed(&sim, &ledger);
+        cmd.arg("cmd");
+        let run = feed(sim.spawn(&mut cmd), "alloc 64\nexit\n", "after recreation");
+        assert_eq!(run.get("alloc"), "0", "{}", run.report());
+    }
+}
+
+/// `gpuslice status` and `gpuslice doctor` with a FIFO, a directory, a device node or another
+/// user's file at the ledger path: each answers (an error naming the path) instead of hanging.
+#[test]
+fn cli_answers_whatever_is_at_the_ledger_path() {
+    let dir = tmp_dir("special");
+    let fifo = dir.join("fifo.ledger");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let sub = dir.join("dir.ledger");
+    std::fs::create_dir(&sub).unwrap();
+    let mut paths = vec![
+        fifo,
+        sub,
+        PathBuf::from("/dev/null"),
+        PathBuf::from("/dev/zero"),
+    ];
+    if is_root() {
+        // Another uid's private file.
+        let other = dir.join("other.ledger");
+        std::fs::write(&other, vec![0u8; 4096]).unwrap();
+        std::os::unix::fs::chown(&other, Some(65534), Some(65534)).unwrap();
+        paths.push(other);
+    }
+    let sim = Sim::new("special");
+    for p in &paths {
+        for args in [
+            vec!["status", "--ledger", p.to_str().unwrap()],
+            vec!["doctor"],
+        ] {
+            let mut cmd = sim.command(gpuslice_bin());
+            cmd.args(&args)
+                .env("GPUSLICE_LEDGER", p)
+                .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            let mut child = cmd.spawn().unwrap();
+            // Generous: a hang is forever, an answer takes milliseconds.
+            let start = Instant::now();
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break Some(s);
+                }
+                if start.elapsed() > Duration::from_secs(30) {
+                    let _ = child.kill();
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                status.is_some(),
+                "gpuslice {args:?} hung on {}",
+                p.display()
+            );
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            if args[0] == "status" {
+                assert!(!out.status.success(), "{}: {text}", p.display());
+                assert!(
+                    text.contains(&p.display().to_string()),
+                    "{}: {text}",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+/// The device ledger's guarantees, through its public API: a joiner arriving while the file is
+/// being initialised waits and then succeeds; a read-only handle's stores reach nothing shared; a
+/// truncated file is repaired by the next sweep of a process using it, which writes back its slot
+/// and tenant, so arbitration resumes and a new process can join.
+#[test]
+fn device_ledger_join_read_only_and_repair() {
+    let dir = tmp_dir("devledger");
+    let uuid = "GPU-1b2c3d4e-0000-1111-2222-333344445555";
+    let path = path_for(&dir, uuid);
+    let a = DeviceLedger::open(&path, uuid, true).unwrap();
+    assert!(a.writable());
+    let slot = a.claim_slot(0).unwrap();
+    let t = {
+        let g = a.lock(slot);
+        a.find_or_add_tenant(&g, &"t".repeat(64), 50, 0, false)
+            .unwrap()
+    };
+    // A 64-byte tenant name (the configuration's limit) fits.
+    assert_eq!(a.find_tenant(&"t".repeat(64)), Some(t));
+
+    // Joiner during initialisation: flip the state word to INIT, flip it back 200 ms later.
+    let bytes = std::fs::read(&path).unwrap();
+    let mut init = bytes.clone();
+    init[12..16].copy_from_slice(b"INIT");
+    let write_at = |b: &[u8]| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&b[12..16], 12).unwrap();
+    };
+    write_at(&init);
+    let ready = bytes.clone();
+    let p2 = path.clone();
+    let flip = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&p2).unwrap();
+        f.write_all_at(&ready[12..16], 12).unwrap();
+    });
+    let start = Instant::now();
+    let b = DeviceLedger::open(&path, uuid, true).expect("joiner waits for READY");
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    flip.join().unwrap();
+
+    // Read-only: a private copy.
+    let r = DeviceLedger::open_readonly(&path).unwrap();
+    assert!(!r.writable());
+    assert_eq!(r.claim_slot(0), None);
+    r.layout()
+        .header
+        .hand_overs
+        .store(12345, std::sync::atomic::Ordering::Relaxed);
+    assert_ne!(
+        a.layout()
+            .header
+            .hand_overs
+            .load(std::sync::atomic::Ordering::Relaxed),
+        12345
+    );
+
+    // Truncated to 0 while mapped by a and b: the next sweep repairs it.
+    drop(b);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    a.sweep(Some(slot));
+    assert!(std::fs::metadata(&path).unwrap().len() > 0);
+    let c = DeviceLedger::open(&path, uuid, false).expect("a new process joins the repaired file");
+    assert_eq!(c.uuid(), uuid);
+    assert_eq!(c.find_tenant(&"t".repeat(64)), Some(t));
+    assert!(
+        c.slot_alive(slot, None),
+        "the sweeper's slot is marked again"
+    );
+}
+
+/// A forked child does not keep its parent's device-ledger slot: once the parent is gone, the
+/// slot is free although the child lives on.
+#[test]
+fn device_ledger_slot_is_not_held_by_a_fork_child() {
+    let dir = tmp_dir("devfork");
+    let uuid = "GPU-1b2c3d4e-0000-1111-2222-333344445556";
+    let path = path_for(&dir, uuid);
+    let watcher = DeviceLedger::open(&path, uuid, true).unwrap();
+    let w = watcher.claim_slot(0).unwrap();
+    // SAFETY: the child only uses async-signal-safe calls and the ledger, then _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = (|| {
+            let mine = DeviceLedger::open(&path, uuid, false).ok()?;
+            let slot = mine.claim_slot(0)?;
+            // SAFETY: the grandchild sleeps then _exits.
+            if unsafe { libc::fork() } == 0 {
+                std::thread::sleep(Duration::from_secs(5));
+                // SAFETY: ends the grandchild.
+                unsafe { libc::_exit(0) };
+            }
+            std::mem::forget(mine); // die holding it, as a killed process would
+            Some(slot)
+        })();
+        // SAFETY: ends the child with the slot number (+1; 0 = failed).
+        unsafe { libc::_exit(ok.map_or(0, |s| s as i32 + 1)) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let slot = libc::WEXITSTATUS(status) - 1;
+    assert!(slot >= 0, "child failed to claim a slot");
+    assert!(
+        !watcher.slot_alive(slot as usize, Some(w)),
+        "a fork child still holds its dead parent's slot: {}",
+        std::fs::read_to_string("/proc/locks").unwrap()
+    );
+}
