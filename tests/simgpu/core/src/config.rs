@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-/// simgpu's configuration. Device count, capacity and `concurrent_kernels` are only what this process
+/// simgpu's configuration. Device count, capacity, `concurrent_kernels` and `timeslice_ns` are only what this process
 /// *asks for*: the process that creates the state file decides them for everyone (see [`crate::shared`]).
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -17,8 +17,12 @@ pub struct Config {
     pub state_path: PathBuf,
     /// `SIMGPU_CONTEXT_MEMORY`: device memory each context costs; default 300 MiB.
     pub context_memory: u64,
-    /// `SIMGPU_CONCURRENT_KERNELS`: kernels a device runs at once; default 1.
+    /// `SIMGPU_CONCURRENT_KERNELS`: kernels of one context a device runs at once (from different
+    /// streams); default 4. Kernels of different contexts never run at once.
     pub concurrent_kernels: u32,
+    /// `SIMGPU_TIMESLICE_US`: the context time slice, in microseconds; default 2000; 0 turns
+    /// time-slicing off (a running kernel keeps the device until it ends).
+    pub timeslice_ns: u64,
     /// `SIMGPU_TRACE`: file every driver call is appended to.
     pub trace: Option<PathBuf>,
     /// `SIMGPU_KERNEL_NS`: cost of a non-`spin` kernel; default 5000.
@@ -38,7 +42,8 @@ impl Default for Config {
             driver_version: 12080,
             state_path: PathBuf::from("/dev/shm/simgpu-state"),
             context_memory: 300 << 20,
-            concurrent_kernels: 1,
+            concurrent_kernels: 4,
+            timeslice_ns: 2_000_000,
             trace: None,
             kernel_ns: 5000,
             group: String::new(),
@@ -109,6 +114,13 @@ impl Config {
                 .filter(|n| (1..=1024).contains(n))
                 .map(|n| conc.set(n))
         });
+        let slice = std::cell::Cell::new(c.timeslice_ns);
+        get("SIMGPU_TIMESLICE_US", &|v| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n <= 60_000_000)
+                .map(|n| slice.set(n * 1000))
+        });
         let trace = std::cell::RefCell::new(None);
         get("SIMGPU_TRACE", &|v| {
             if !v.is_empty() {
@@ -133,6 +145,7 @@ impl Config {
         c.state_path = state.into_inner();
         c.context_memory = ctx.get();
         c.concurrent_kernels = conc.get();
+        c.timeslice_ns = slice.get();
         c.trace = trace.into_inner();
         c.kernel_ns = kns.get();
         c.group = group.into_inner();

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// "SIMGPU" + layout generation; published last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPUst");
 /// Bumped whenever this layout changes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 pub const MAX_DEVICES: usize = crate::config::MAX_DEVICES as usize;
 pub const MAX_PROCESSES: usize = 256;
 pub const MAX_GROUPS: usize = 64;
@@ -16,7 +16,7 @@ pub const GROUP_NAME_MAX: usize = 120;
 pub const HISTORY: usize = 64;
 pub const PROCESS_HISTORY: usize = 64;
 pub const SAMPLE_NS: u64 = 20_000_000;
-/// Ring of outstanding turns per device (tickets waiting or running).
+/// Kernel entries per device (queued, running or just finished kernels).
 pub const TURNS: usize = 1024;
 
 /// Byte-range lock offsets (beyond the end of the file: fcntl locks need not cover real bytes).
@@ -34,6 +34,10 @@ pub struct Header {
     pub last_sweep_ns: AtomicU64,
     pub sweeps: AtomicU64,
     pub created_ns: AtomicU64,
+    /// Context time slice in ns (0: none, kernels run to their end).
+    pub timeslice_ns: AtomicU64,
+    /// Source of context tags.
+    pub next_context: AtomicU64,
 }
 
 /// One (realtime ns, cumulative busy ns) point of a busy curve. `ts == 0` marks a sample being written.
@@ -50,36 +54,116 @@ pub struct History<const N: usize> {
     pub samples: [Sample; N],
 }
 
-/// Turn states (low 32 bits of [`Turn::word`], the ticket is the high 32 bits).
-pub const TURN_WAITING: u64 = 1;
-pub const TURN_RUNNING: u64 = 2;
-pub const TURN_DONE: u64 = 3;
+/// Kernel entry states (see [`crate::shared`]'s execution section).
+pub const ENTRY_FREE: u32 = 0;
+/// Queued on the device, not running (never started, or preempted by a time slice).
+pub const ENTRY_WAITING: u32 = 1;
+pub const ENTRY_RUNNING: u32 = 2;
+/// Over; the launching thread frees the entry when it sees it (or anyone, a while later).
+pub const ENTRY_DONE: u32 = 3;
 
+/// `remaining_ns` of a kernel that runs until something ends it (a barrier not yet released, a held
+/// turn): never over by time.
+pub const UNTIL_ENDED: u64 = u64::MAX;
+
+/// One kernel on a device: queued, running, or just finished. Fields other than `state`/`id` are
+/// written under the device's lock.
 #[repr(C)]
-pub struct Turn {
-    /// ticket << 32 | state.
-    pub word: AtomicU64,
-    /// slot << 32 | slot generation of the ticket's owner (`u32::MAX` slot: unregistered owner).
+pub struct Entry {
+    pub state: AtomicU32,
+    /// Bit 0: the barrier this kernel waits on has been arrived at.
+    pub flags: AtomicU32,
+    /// Unique per device and use of the entry (0: never used).
+    pub id: AtomicU64,
+    /// The context (see `Shared::new_context_tag`) the kernel belongs to.
+    pub context: AtomicU64,
+    /// slot << 32 | slot generation of the launching process (`u32::MAX` slot: unregistered).
     pub owner: AtomicU64,
-    /// Realtime ns at which the turn was granted.
-    pub granted_ns: AtomicU64,
-    /// Realtime ns by which the kernel is over (0: not said). A GPU runs a kernel to its end whatever
-    /// the process that launched it does, so a turn past its end is finished by whoever waits.
-    pub deadline_ns: AtomicU64,
+    /// Queue order: lower runs first (a preempted kernel goes to the back).
+    pub seq: AtomicU64,
+    /// Work left at the start of the current running segment ([`UNTIL_ENDED`]: no set end).
+    pub remaining_ns: AtomicU64,
+    /// Realtime ns at which the current running segment began.
+    pub segment_ns: AtomicU64,
+    /// Barrier slot + 1 in the low 16 bits, participants in the high 16 (0: not a barrier kernel).
+    pub barrier: AtomicU32,
+    /// Times the kernel was preempted.
+    pub preempted: AtomicU32,
+    /// The barrier's round when this kernel arrived.
+    pub barrier_round: AtomicU64,
+    /// Realtime ns at which the kernel ended (state DONE).
+    pub done_ns: AtomicU64,
+    /// Realtime ns at which the kernel was queued, and first started (0: not yet).
+    pub queued_ns: AtomicU64,
+    pub first_ns: AtomicU64,
+}
+
+pub const ENTRY_ARRIVED: u32 = 1;
+/// More work of the kernel's stream is already queued behind it (see `Shared::run_kernel`).
+pub const ENTRY_FOLLOWED: u32 = 2;
+
+/// A device's execution state. Scheduling fields are read and written under `lock`.
+#[repr(C)]
+pub struct Exec {
+    /// 0: free; else the holder's pid << 32 | a nonzero acquisition number.
+    pub lock: AtomicU64,
+    /// Realtime ns at which the lock was taken.
+    pub lock_ns: AtomicU64,
+    /// Bumped at every scheduling change; the futex word kernels sleep on.
+    pub epoch: AtomicU32,
+    /// Kernels of the active context running now.
+    pub running: AtomicU32,
+    /// The context holding the device (0: none).
+    pub active_context: AtomicU64,
+    /// Owner (slot << 32 | generation) of the active context's process.
+    pub active_owner: AtomicU64,
+    /// Realtime ns at which the active context got the device.
+    pub slice_start_ns: AtomicU64,
+    /// Device time the active context has used since it got the device (finished busy intervals;
+    /// the running one is added by readers). Its time slice is device time, not wall time.
+    pub slice_used_ns: AtomicU64,
+    /// Realtime ns at which `running` last rose from 0 (start of the current busy interval).
+    pub busy_since_ns: AtomicU64,
+    pub next_seq: AtomicU64,
+    pub next_id: AtomicU64,
+    /// Entries `[0, high)` may be in use.
+    pub high: AtomicU32,
+    pub _pad: AtomicU32,
+    /// Realtime ns of the last look for kernels of dead processes.
+    pub reaped_ns: AtomicU64,
+    /// The serving context keeps the device until then although nothing of it runs or waits: a
+    /// kernel of it ended with more work queued behind it on its stream.
+    pub hold_until_ns: AtomicU64,
+    /// When that kernel ended (0: no hold): the next kernel of the context, on a GPU already queued,
+    /// would have started then.
+    pub hold_from_ns: AtomicU64,
+    /// Time-slice context switches (a running context made to yield to a waiting one).
+    pub switches: AtomicU64,
+    pub entries: [Entry; TURNS],
 }
 
 #[repr(C)]
 pub struct Device {
     pub capacity: AtomicU64,
     pub used: AtomicU64,
+    /// Time during which at least one kernel ran (the union of kernels' running intervals).
     pub busy_ns: AtomicU64,
     pub kernels: AtomicU64,
-    pub next_ticket: AtomicU32,
-    /// Turns finished (or reclaimed from dead owners); the futex word waiters sleep on. Ticket `t` may
-    /// run once `t - completed < concurrent_kernels` (wrapping).
-    pub completed: AtomicU32,
     pub history: History<HISTORY>,
-    pub turns: [Turn; TURNS],
+    pub exec: Exec,
+}
+
+/// Barrier kernels' meeting points, shared by all devices.
+pub const MAX_BARRIERS: usize = 256;
+
+#[repr(C)]
+pub struct Barrier {
+    /// tag + 1 (0: free; tag `u64::MAX` shares the slot of tag 0).
+    pub key: AtomicU64,
+    /// round << 32 | kernels arrived in this round.
+    pub word: AtomicU64,
+    /// Realtime ns of the last release.
+    pub released_ns: AtomicU64,
 }
 
 #[repr(C)]
@@ -122,6 +206,7 @@ pub struct Group {
 pub struct State {
     pub header: Header,
     pub devices: [Device; MAX_DEVICES],
+    pub barriers: [Barrier; MAX_BARRIERS],
     pub slots: [Slot; MAX_PROCESSES],
     pub groups: [Group; MAX_GROUPS],
 }

@@ -13,8 +13,8 @@ mod sys;
 pub use config::{config, parse_size, Config, MAX_DEVICES};
 pub use layout::{MAX_GROUPS, MAX_PROCESSES};
 pub use shared::{
-    snapshot, DeviceSnapshot, DeviceTurn, GroupUsage, ProcessUsage, Shared, Snapshot,
-    UTILIZATION_WINDOW_NS,
+    snapshot, DeviceSnapshot, DeviceTurn, GroupUsage, KernelRun, ProcessUsage, Shared, Snapshot,
+    Work, UTILIZATION_WINDOW_NS,
 };
 
 use std::io::Write as _;
@@ -153,8 +153,19 @@ pub fn snapshot_json(s: &Snapshot) -> String {
         .iter()
         .map(|d| {
             format!(
-                "{{\"capacity\":{},\"used\":{},\"busy_ns\":{},\"kernels\":{}}}",
-                d.capacity, d.used, d.busy_ns, d.kernels
+                "{{\"capacity\":{},\"used\":{},\"busy_ns\":{},\"kernels\":{},\"switches\":{},\"serving\":{},\"running\":{},\"queued\":[{}]}}",
+                d.capacity,
+                d.used,
+                d.busy_ns,
+                d.kernels,
+                d.switches,
+                d.serving,
+                d.running,
+                d.queued
+                    .iter()
+                    .map(|(pid, n)| format!("{{\"pid\":{pid},\"kernels\":{n}}}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
             )
         })
         .collect();

@@ -3,8 +3,9 @@
 //!
 //! Creation: the first process builds a complete file under a temporary name and hard-links it into
 //! place (`link` fails if someone else won), so an opener never sees half a file. The creator's
-//! configuration (device count, capacity, concurrent kernels) is the file's for its whole life: a
-//! later process's `SIMGPU_DEVICES`/`SIMGPU_MEMORY`/`SIMGPU_CONCURRENT_KERNELS` are ignored.
+//! configuration (device count, capacity, concurrent kernels, time slice) is the file's for its
+//! whole life: a later process's `SIMGPU_DEVICES`/`SIMGPU_MEMORY`/`SIMGPU_CONCURRENT_KERNELS`/
+//! `SIMGPU_TIMESLICE_US` are ignored.
 //!
 //! Liveness is by OFD byte-range lock, not by PID: a registered process holds a write lock on its
 //! slot's byte through a descriptor it never closes; the kernel drops the lock when the process dies
@@ -20,13 +21,12 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// How long a waiter tolerates no progress before checking whether turn holders are alive.
-const STALL: Duration = Duration::from_millis(100);
-/// A running turn this long past its kernel's end is finished by a waiter: its process is stopped
-/// (SIGSTOP) or starved, and on a real GPU the kernel would be over.
-const OVERDUE_NS: u64 = 20_000_000;
+#[path = "exec.rs"]
+mod exec;
+pub use exec::{DeviceTurn, KernelRun, Work};
+
 /// Least spacing between sweeps triggered by failed reservations.
 const SWEEP_SPACING_NS: u64 = 10_000_000;
 /// Utilization window (NVML's "past sample period").
@@ -55,8 +55,16 @@ pub struct Snapshot {
 pub struct DeviceSnapshot {
     pub capacity: u64,
     pub used: u64,
+    /// Time during which at least one kernel ran (never more than wall time).
     pub busy_ns: u64,
     pub kernels: u64,
+    /// Time-slice context switches (a running context made to yield to another's waiting kernel).
+    pub switches: u64,
+    /// The context the device serves now (simgpu's tag; 0: idle) and its kernels running now.
+    pub serving: u64,
+    pub running: u32,
+    /// Kernels queued or running now, by process id (for "who waits on what" reports).
+    pub queued: Vec<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -77,6 +85,10 @@ pub struct Shared {
     group: String,
     devices: u32,
     concurrent: u32,
+    /// Context time slice (0: none).
+    timeslice_ns: u64,
+    /// (pid, context tag) of the context [`Shared::acquire_device`] turns belong to.
+    process_context: std::sync::Mutex<(u32, u64)>,
     /// pid << 32 | slot of the current registration (`u32::MAX` slot: registration failed).
     registration: AtomicU64,
     /// pid of the process in which a thread is registering (0: none); a parent's value seen in a
@@ -84,18 +96,6 @@ pub struct Shared {
     registering: AtomicU32,
     /// Index into `sys::REGISTRATION_FDS` of this instance's registration descriptor.
     fd_index: Option<usize>,
-}
-
-/// The right to run kernels on a device; dropping it adds the time it was held to the device's,
-/// process's and group's busy counters and hands the device to the next waiter.
-pub struct DeviceTurn<'a> {
-    shared: &'a Shared,
-    device: usize,
-    ticket: u32,
-    slot: Option<usize>,
-    start: Instant,
-    /// False for a turn on a nonexistent device (nothing to account or release).
-    valid: bool,
 }
 
 fn err(path: &Path, what: impl std::fmt::Display) -> String {
@@ -199,6 +199,7 @@ impl Shared {
             h.file_size.store(STATE_SIZE as u64, Relaxed);
             h.concurrent_kernels
                 .store(config.concurrent_kernels.max(1), Relaxed);
+            h.timeslice_ns.store(config.timeslice_ns, Relaxed);
             h.driver_version
                 .store(config.driver_version as u32, Relaxed);
             h.created_ns.store(sys::realtime_ns(), Relaxed);
@@ -223,7 +224,8 @@ impl Shared {
         let map = Mapping::map(file.as_raw_fd(), true).map_err(|e| err(path, e))?;
         let h = &map.state().header;
         let devices = h.devices.load(Acquire).clamp(1, MAX_DEVICES as u32);
-        let concurrent = h.concurrent_kernels.load(Acquire).max(1);
+        let concurrent = h.concurrent_kernels.load(Acquire).clamp(1, TURNS as u32);
+        let timeslice_ns = h.timeslice_ns.load(Acquire);
         sys::install_fork_handler();
         static NEXT_FD_INDEX: AtomicUsize = AtomicUsize::new(0);
         let i = NEXT_FD_INDEX.fetch_add(1, Relaxed);
@@ -234,6 +236,8 @@ impl Shared {
             group: config.group.clone(),
             devices,
             concurrent,
+            timeslice_ns,
+            process_context: std::sync::Mutex::new((0, 0)),
             registration: AtomicU64::new(0),
             registering: AtomicU32::new(0),
             fd_index: (i < sys::REGISTRATION_FDS.len()).then_some(i),
@@ -253,7 +257,7 @@ impl Shared {
         self.devices
     }
 
-    /// Kernels a device runs at once (decided by the file's creator).
+    /// Kernels of one context a device runs at once (decided by the file's creator).
     pub fn concurrent_kernels(&self) -> u32 {
         self.concurrent
     }
@@ -518,173 +522,7 @@ impl Shared {
         self.device(device).map_or(0, |d| d.capacity.load(Relaxed))
     }
 
-    // ---- execution ------------------------------------------------------------------------------
-
-    /// Waits for a turn on `device` (FIFO across all processes; `concurrent_kernels` holders at once).
-    /// Turns held or awaited by dead processes are reclaimed after [`STALL`] without progress.
-    pub fn acquire_device(&self, device: u32) -> DeviceTurn<'_> {
-        let slot = self.slot();
-        let Some(dev) = self.device(device) else {
-            return DeviceTurn {
-                shared: self,
-                device: 0,
-                ticket: 0,
-                slot,
-                start: Instant::now(),
-                valid: false,
-            };
-        };
-        let owner = match slot {
-            Some(s) => ((s as u64) << 32) | self.st().slots[s].generation.load(Acquire) as u64,
-            None => (u32::MAX as u64) << 32,
-        };
-        loop {
-            if let Some(turn) = self.try_acquire(dev, device, slot, owner) {
-                return turn;
-            }
-            // Our ticket was skipped while we could not take it (stopped): queue again.
-        }
-    }
-
-    fn try_acquire(
-        &self,
-        dev: &Device,
-        device: u32,
-        slot: Option<usize>,
-        owner: u64,
-    ) -> Option<DeviceTurn<'_>> {
-        let ticket = dev.next_ticket.fetch_add(1, AcqRel);
-        let turn = &dev.turns[ticket as usize % TURNS];
-        // The ring entry's previous ticket (TURNS tickets ago) must be finished.
-        let mut since = Instant::now();
-        while matches!(
-            turn.word.load(Acquire) & 0xffff_ffff,
-            TURN_WAITING | TURN_RUNNING
-        ) {
-            std::thread::sleep(Duration::from_millis(1));
-            if since.elapsed() >= STALL {
-                self.reap_turns(dev, true);
-                since = Instant::now();
-            }
-        }
-        turn.owner.store(owner, Release);
-        turn.deadline_ns.store(0, Release);
-        turn.word
-            .store(((ticket as u64) << 32) | TURN_WAITING, Release);
-        let n = self.concurrent as i32;
-        let mut last = dev.completed.load(Acquire);
-        let mut since = Instant::now();
-        loop {
-            let c = dev.completed.load(Acquire);
-            if (ticket.wrapping_sub(c) as i32) < n {
-                break;
-            }
-            if c != last {
-                last = c;
-                since = Instant::now();
-            } else if since.elapsed() >= STALL {
-                self.reap_turns(dev, true);
-                since = Instant::now();
-                continue;
-            } else {
-                self.reap_turns(dev, false);
-            }
-            sys::futex_wait(&dev.completed, c, Duration::from_millis(5));
-        }
-        let now = sys::realtime_ns();
-        turn.granted_ns.store(now, Release);
-        let waiting = ((ticket as u64) << 32) | TURN_WAITING;
-        if turn
-            .word
-            .compare_exchange(
-                waiting,
-                ((ticket as u64) << 32) | TURN_RUNNING,
-                AcqRel,
-                Acquire,
-            )
-            .is_err()
-        {
-            return None;
-        }
-        // A sample at each grant after idle bounds the utilization error (see `busy_at`).
-        record(&dev.history, now, dev.busy_ns.load(Acquire));
-        if let Some(s) = slot {
-            let p = &self.st().slots[s];
-            record(
-                &p.history[device as usize],
-                now,
-                p.usage[device as usize].busy_ns.load(Acquire),
-            );
-        }
-        Some(DeviceTurn {
-            shared: self,
-            device: device as usize,
-            ticket,
-            slot,
-            start: Instant::now(),
-            valid: true,
-        })
-    }
-
-    /// Finishes turns in the running window that cannot finish by themselves: a running kernel past
-    /// its end by [`OVERDUE_NS`] (its process stopped: the kernel counts as having run to its end),
-    /// and, once nothing progressed for [`STALL`] (`stalled`), turns of dead processes and waiting
-    /// turns nobody takes (a stopped waiter, which queues again when it runs).
-    fn reap_turns(&self, dev: &Device, stalled: bool) {
-        let c = dev.completed.load(Acquire);
-        let now = sys::realtime_ns();
-        for turn in &dev.turns {
-            let w = turn.word.load(Acquire);
-            let ticket = (w >> 32) as u32;
-            let state = w & 0xffff_ffff;
-            if !matches!(state, TURN_WAITING | TURN_RUNNING)
-                || (ticket.wrapping_sub(c) as i32) >= self.concurrent as i32
-            {
-                continue;
-            }
-            let deadline = turn.deadline_ns.load(Acquire);
-            let overdue = state == TURN_RUNNING && deadline != 0 && now > deadline + OVERDUE_NS;
-            let owner = turn.owner.load(Acquire);
-            if !overdue && !(stalled && (state == TURN_WAITING || !self.owner_alive(owner))) {
-                continue;
-            }
-            if turn
-                .word
-                .compare_exchange(w, ((ticket as u64) << 32) | TURN_DONE, AcqRel, Acquire)
-                .is_ok()
-            {
-                if overdue {
-                    let ran = deadline.saturating_sub(turn.granted_ns.load(Acquire));
-                    self.account(dev, (owner >> 32) as usize, ran, deadline);
-                }
-                dev.completed.fetch_add(1, AcqRel);
-                sys::futex_wake_all(&dev.completed);
-            }
-        }
-    }
-
-    /// Adds a finished kernel's busy time to the device and to its process and group.
-    fn account(&self, dev: &Device, slot: usize, busy: u64, now: u64) {
-        let st = self.st();
-        let device = st
-            .devices
-            .iter()
-            .position(|d| std::ptr::eq(d, dev))
-            .unwrap_or(0);
-        let total = dev.busy_ns.fetch_add(busy, AcqRel) + busy;
-        dev.kernels.fetch_add(1, AcqRel);
-        if let Some(p) = st.slots.get(slot) {
-            let u = &p.usage[device];
-            let pbusy = u.busy_ns.fetch_add(busy, AcqRel) + busy;
-            u.kernels.fetch_add(1, AcqRel);
-            if let Some(g) = self.group_of(slot) {
-                g.usage[device].busy_ns.fetch_add(busy, AcqRel);
-                g.usage[device].kernels.fetch_add(1, AcqRel);
-            }
-            record(&p.history[device], now, pbusy);
-        }
-        record(&dev.history, now, total);
-    }
+    // ---- execution (see exec.rs) ------------------------------------------------------------------
 
     fn owner_alive(&self, owner: u64) -> bool {
         let slot = (owner >> 32) as usize;
@@ -698,32 +536,14 @@ impl Shared {
             && self.slot_alive(slot)
     }
 
-    /// Busy ns of `device`, finished turns only.
+    /// Busy ns of `device` (union of kernels' running intervals), finished busy intervals only.
     pub fn device_busy_ns(&self, device: u32) -> u64 {
         self.device(device).map_or(0, |d| d.busy_ns.load(Acquire))
     }
 
-    /// Kernels (turns) finished on `device`.
+    /// Kernels finished on `device`.
     pub fn device_kernels(&self, device: u32) -> u64 {
         self.device(device).map_or(0, |d| d.kernels.load(Acquire))
-    }
-
-    /// Busy ns of turns running now on `dev` (optionally only those of one slot), up to `now`.
-    fn inflight_ns(&self, dev: &Device, slot: Option<usize>, now: u64) -> u64 {
-        let mut total = 0;
-        for turn in &dev.turns {
-            if turn.word.load(Acquire) & 0xffff_ffff != TURN_RUNNING {
-                continue;
-            }
-            if slot.is_some_and(|s| (turn.owner.load(Relaxed) >> 32) as usize != s) {
-                continue;
-            }
-            let granted = turn.granted_ns.load(Acquire);
-            if granted != 0 {
-                total += now.saturating_sub(granted).min(UTILIZATION_WINDOW_NS * 10);
-            }
-        }
-        total
     }
 
     /// Percent of the last second during which `device` ran kernels (NVML `utilization.gpu`).
@@ -894,6 +714,10 @@ fn snapshot_of(st: &State, devices: usize, alive: impl Fn(usize) -> bool) -> Sna
                 used: d.used.load(Acquire).saturating_sub(*dead),
                 busy_ns: d.busy_ns.load(Acquire),
                 kernels: d.kernels.load(Acquire),
+                switches: d.exec.switches.load(Acquire),
+                serving: d.exec.active_context.load(Acquire),
+                running: d.exec.running.load(Acquire),
+                queued: queued_by_pid(st, d),
             })
             .collect(),
         processes: processes(st, devices, alive),
@@ -916,6 +740,25 @@ fn snapshot_of(st: &State, devices: usize, alive: impl Fn(usize) -> bool) -> Sna
     }
 }
 
+/// Kernels waiting or running on `d`, counted by their process's pid.
+fn queued_by_pid(st: &State, d: &Device) -> Vec<(u32, u32)> {
+    let ex = &d.exec;
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    let high = (ex.high.load(Acquire) as usize).min(TURNS);
+    for e in &ex.entries[..high] {
+        if !matches!(e.state.load(Acquire), ENTRY_WAITING | ENTRY_RUNNING) {
+            continue;
+        }
+        let slot = (e.owner.load(Relaxed) >> 32) as usize;
+        let pid = st.slots.get(slot).map_or(0, |s| s.pid.load(Relaxed));
+        match out.iter_mut().find(|p| p.0 == pid) {
+            Some(p) => p.1 += 1,
+            None => out.push((pid, 1)),
+        }
+    }
+    out
+}
+
 /// A read-only view of the state file at `path`, for tests and tools: does not create or register.
 pub fn snapshot(path: &Path) -> Result<Snapshot, String> {
     let file = File::open(path).map_err(|e| err(path, e))?;
@@ -926,50 +769,4 @@ pub fn snapshot(path: &Path) -> Result<Snapshot, String> {
     Ok(snapshot_of(map.state(), devices, |i| {
         sys::locked_by_other(fd, SLOT_LOCK_BASE + i as i64)
     }))
-}
-
-impl DeviceTurn<'_> {
-    /// This turn's ticket on its device (turns are granted in ticket order).
-    pub fn ticket(&self) -> u32 {
-        self.ticket
-    }
-}
-
-impl DeviceTurn<'_> {
-    /// Says how long the kernel runs, so that the turn can be finished without its process if that
-    /// process stops (the GPU would run the kernel to its end regardless).
-    pub fn set_duration(&self, d: Duration) {
-        if !self.valid {
-            return;
-        }
-        let turn = &self.shared.st().devices[self.device].turns[self.ticket as usize % TURNS];
-        let granted = turn.granted_ns.load(Acquire);
-        turn.deadline_ns
-            .store(granted.saturating_add(d.as_nanos() as u64), Release);
-    }
-}
-
-impl Drop for DeviceTurn<'_> {
-    fn drop(&mut self) {
-        if !self.valid {
-            return;
-        }
-        let elapsed = self.start.elapsed().as_nanos() as u64;
-        let now = sys::realtime_ns();
-        let st = self.shared.st();
-        let dev = &st.devices[self.device];
-        let turn = &dev.turns[self.ticket as usize % TURNS];
-        let t = (self.ticket as u64) << 32;
-        // A waiter may have finished the turn already (it was overdue): it accounted it then.
-        if turn
-            .word
-            .compare_exchange(t | TURN_RUNNING, t | TURN_DONE, AcqRel, Acquire)
-            .is_ok()
-        {
-            self.shared
-                .account(dev, self.slot.unwrap_or(usize::MAX), elapsed, now);
-            dev.completed.fetch_add(1, AcqRel);
-            sys::futex_wake_all(&dev.completed);
-        }
-    }
 }

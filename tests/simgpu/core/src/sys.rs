@@ -176,3 +176,22 @@ pub fn realtime_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }
+
+/// Whether process `pid` exists and is not stopped (SIGSTOP) or a zombie. On doubt (no `/proc`),
+/// "running": a lock is never taken from a holder that may still be using it.
+pub fn process_running(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        // SAFETY: signal 0 only checks that the process exists.
+        let exists = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
+            || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+        return exists;
+    };
+    // "pid (comm) S ...": the state follows the last ')'.
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next());
+    !matches!(state, Some('T' | 't' | 'Z' | 'X' | 'x'))
+}

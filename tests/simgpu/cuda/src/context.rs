@@ -21,6 +21,9 @@ pub struct Context {
     pub streams: crate::stream::ContextStreams,
     /// `cuCtxGetId`: unique in the process, never reused.
     pub id: u64,
+    /// simgpu-core's tag for this context: unique on the machine (the device time-slices between
+    /// tags, and runs kernels of one tag concurrently).
+    pub tag: u64,
     pub primary: bool,
     flags: AtomicU32,
     /// Created contexts: until destroyed. Primary: while retained (the object outlives it because
@@ -87,6 +90,8 @@ fn new_context(device: u32, flags: u32, primary: bool) -> Arc<Context> {
         device,
         streams: Default::default(),
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        // Without the shared state kernels run unaccounted and the tag is not used.
+        tag: simgpu_core::shared().map_or(0, |s| s.new_context_tag()),
         primary,
         flags: AtomicU32::new(flags),
         active: AtomicBool::new(false),
@@ -109,10 +114,13 @@ fn activate(ctx: &Context) -> CUresult {
     Ok(())
 }
 
-/// Waits for the context's work, frees everything allocated in it and its own memory.
+/// Waits for the context's work, frees everything allocated in it and its own memory, and
+/// invalidates its streams and events (their handles answer `CUDA_ERROR_INVALID_HANDLE`).
 fn deactivate(ctx: &Context) {
     if ctx.active.swap(false, Ordering::AcqRel) {
         let _ = crate::stream::synchronize_context(ctx);
+        crate::stream::invalidate_context(ctx);
+        crate::event::invalidate_context(ctx.id);
         crate::memory::on_context_destroyed(ctx);
         if let Ok(s) = shared() {
             s.release(ctx.device, simgpu_core::config().context_memory);
@@ -325,6 +333,9 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: Option<&mut CUdevice>) -> CUresult 
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     crate::call("cuCtxSynchronize", || {
         let ctx = current()?;
+        if ctx.streams.all().iter().all(|s| s.capture().is_none()) {
+            crate::graph::check_unsafe_call()?;
+        }
         let r = crate::stream::synchronize_context(&ctx);
         crate::memory::on_synchronize(&ctx);
         r
@@ -425,7 +436,9 @@ fn primary_retain(dev: CUdevice) -> Result<CUcontext, CUerror> {
         .ctx
         .get_or_insert_with(|| new_context(device, 0, true))
         .clone();
-    if p.refs == 0 && !ctx.is_active() {
+    // Inactive: never used, released to zero, or reset (a reset keeps the retains; the context is
+    // initialised again when next retained).
+    if !ctx.is_active() {
         ctx.flags.store(p.flags, Ordering::Relaxed);
         activate(&ctx)?;
     }
@@ -458,7 +471,9 @@ fn primary_reset(dev: CUdevice) -> CUresult {
     let ctx = {
         let mut primaries = lock(primaries());
         let p = &mut primaries[device as usize];
-        p.refs = 0;
+        // "Resetting the primary context does not release it, an application that has retained the
+        // primary context should explicitly release its usage" (Driver API, cuDevicePrimaryCtxReset):
+        // the retain count is kept, so that those releases succeed.
         p.flags = 0;
         p.ctx.clone()
     };

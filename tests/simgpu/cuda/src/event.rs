@@ -23,6 +23,8 @@ struct Record {
 
 pub struct Event {
     flags: u32,
+    /// `cuCtxGetId` of the context the event was created in (ids are never reused).
+    context: u64,
     record: Mutex<Option<Record>>,
     /// Set when last recorded on a capturing stream: waiting on it joins that capture.
     captured: Mutex<Option<Arc<Capture>>>,
@@ -45,15 +47,22 @@ fn create(flags: u32) -> Result<CUevent, CUerror> {
     {
         return Err(CUerror::INVALID_VALUE);
     }
-    crate::context::current()?;
+    let ctx = crate::context::current()?;
     let e = Arc::new(Event {
         flags,
+        context: ctx.id,
         record: Mutex::new(None),
         captured: Mutex::new(None),
     });
     let h = Arc::as_ptr(&e) as usize;
     lock(&EVENTS).insert(h, e);
     Ok(h as CUevent)
+}
+
+/// The context with `cuCtxGetId` `context` is destroyed: so are its events, whose handles are
+/// invalid afterwards (`CUDA_ERROR_INVALID_HANDLE`; see `stream::invalidate_context`).
+pub(crate) fn invalidate_context(context: u64) {
+    lock(&EVENTS).retain(|_, e| e.context != context);
 }
 
 fn destroy(h: CUevent) -> CUresult {
@@ -105,6 +114,7 @@ fn query(h: CUevent) -> CUresult {
     if e.capture().is_some() {
         return Err(CUerror::CAPTURED_EVENT);
     }
+    crate::graph::check_unsafe_call()?;
     let rec = lock(&e.record).clone();
     match rec {
         Some(r) if r.time.get().is_none() => Err(CUerror::NOT_READY),
@@ -118,6 +128,7 @@ fn synchronize(h: CUevent) -> CUresult {
     if e.capture().is_some() {
         return Err(CUerror::CAPTURED_EVENT);
     }
+    crate::graph::check_unsafe_call()?;
     let rec = lock(&e.record).clone();
     if let Some(r) = rec {
         r.stream.wait_for(r.seq);

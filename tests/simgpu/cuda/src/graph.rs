@@ -4,15 +4,18 @@
 //! (the order they were added: a node's dependencies must exist before it); launching an instantiated
 //! graph enqueues one stream op that executes the nodes in that order.
 
+use crate::graph_memory::{self, GraphAlloc, MemAllocNodeParams};
 use crate::launch::{self, Kernel, Params, Shape};
 use crate::stream::{self, lock, Op, Stream};
 use gpuslice_api::launch_types::*;
-use gpuslice_api::types::{CUcontext, CUfunction, CUgraph, CUgraphExec, CUgraphNode, CUstream};
+use gpuslice_api::types::{
+    CUcontext, CUdeviceptr, CUfunction, CUgraph, CUgraphExec, CUgraphNode, CUstream,
+};
 use gpuslice_api::{CUerror, CUresult};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::ThreadId;
 
@@ -25,6 +28,10 @@ pub(crate) enum NodeKind {
     /// Stream work that runs on every launch (host functions, replayable copies).
     Repeat(Arc<dyn Fn() + Send + Sync>),
     Empty,
+    /// An allocation node: its memory is reserved when the graph is launched (graph_memory.rs).
+    MemAlloc(Arc<GraphAlloc>),
+    /// A free node: the allocation's memory goes back when execution reaches it.
+    MemFree(Arc<GraphAlloc>),
 }
 
 pub(crate) struct Node {
@@ -41,7 +48,8 @@ impl Node {
                 }
             }
             NodeKind::Repeat(f) => f(),
-            NodeKind::Empty => {}
+            NodeKind::Empty | NodeKind::MemAlloc(_) => {}
+            NodeKind::MemFree(a) => graph_memory::release(a),
         }
     }
 }
@@ -67,6 +75,10 @@ impl Graph {
 
 pub struct GraphExec {
     nodes: Vec<Arc<Node>>,
+    /// The graph's allocation nodes' allocations, given memory at each launch.
+    allocs: Vec<Arc<GraphAlloc>>,
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+    auto_free: bool,
 }
 
 static GRAPHS: Mutex<BTreeMap<usize, Arc<Graph>>> = Mutex::new(BTreeMap::new());
@@ -141,6 +153,76 @@ thread_local! {
     static THREAD_MODE: Cell<u32> = const { Cell::new(CU_STREAM_CAPTURE_MODE_GLOBAL) };
 }
 
+/// Capture sequences of the process begun and not ended (a hint for the fast path: 0 means none).
+static CAPTURES_GOING_ON: AtomicUsize = AtomicUsize::new(0);
+/// Every capture sequence of the process, to find those that make a call unsafe.
+static CAPTURES: Mutex<Vec<Weak<Capture>>> = Mutex::new(Vec::new());
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        // Abandoned without cuStreamEndCapture (its stream was destroyed).
+        if !self.ended.swap(true, Ordering::AcqRel) {
+            CAPTURES_GOING_ON.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The capture-mode rule for a "potentially unsafe API call" (cuThreadExchangeStreamCaptureMode,
+/// CUDA Driver API, Stream Management), made by the calling thread with its current mode:
+/// - `CU_STREAM_CAPTURE_MODE_GLOBAL` (the default): "If the local thread has an ongoing capture
+///   sequence that was not initiated with CU_STREAM_CAPTURE_MODE_RELAXED at cuStreamBeginCapture,
+///   or if any other thread has a concurrent capture sequence initiated with
+///   CU_STREAM_CAPTURE_MODE_GLOBAL, this thread is prohibited from potentially unsafe API calls."
+/// - `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only the thread's own (non-relaxed) capture counts;
+///   "concurrent capture sequences in other threads are ignored".
+/// - `CU_STREAM_CAPTURE_MODE_RELAXED`: "the local thread is not prohibited from potentially unsafe
+///   API calls".
+///
+/// A prohibited call fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the captures
+/// that prohibit it ("When an invalid operation is attempted during stream capture, any associated
+/// capture graphs are invalidated", CUDA Programming Guide, CUDA Graphs, Invalidation); their
+/// cuStreamEndCapture then answers `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. This is what breaks a
+/// PyTorch graph capture when the NCCL watchdog thread calls cudaEventQuery meanwhile (PyTorch pull
+/// requests 104555 and 148594, which move the watchdog to thread-local mode).
+///
+/// simgpu treats as potentially unsafe: cuEventQuery, cuEventSynchronize, cuStreamQuery,
+/// cuStreamSynchronize, cuCtxSynchronize (they wait for or observe work that may be captured), and
+/// cuMemAlloc / cuMemFree (not stream-ordered: the example the documentation gives is cudaMalloc).
+pub(crate) fn check_unsafe_call() -> CUresult {
+    if CAPTURES_GOING_ON.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let mode = THREAD_MODE.with(|m| m.get());
+    if mode == CU_STREAM_CAPTURE_MODE_RELAXED {
+        return Ok(());
+    }
+    let me = std::thread::current().id();
+    let mut all = lock(&CAPTURES);
+    all.retain(|w| w.upgrade().is_some_and(|c| c.active()));
+    let offending: Vec<Arc<Capture>> = all
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| {
+            (c.thread == me && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+                || (mode == CU_STREAM_CAPTURE_MODE_GLOBAL
+                    && c.thread != me
+                    && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+        })
+        .collect();
+    drop(all);
+    if offending.is_empty() {
+        return Ok(());
+    }
+    for c in &offending {
+        simgpu_core::trace(format_args!(
+            "capture {} invalidated by a potentially unsafe call from another thread or its own",
+            c.id
+        ));
+        c.invalidate();
+    }
+    Err(CUerror::STREAM_CAPTURE_UNSUPPORTED)
+}
+
 fn begin_capture(hs: CUstream, per_thread: bool, mode: u32) -> CUresult {
     if mode > CU_STREAM_CAPTURE_MODE_RELAXED {
         return Err(CUerror::INVALID_VALUE);
@@ -165,6 +247,8 @@ fn begin_capture(hs: CUstream, per_thread: bool, mode: u32) -> CUresult {
         members: Mutex::new(Vec::new()),
     });
     c.join(&s);
+    CAPTURES_GOING_ON.fetch_add(1, Ordering::AcqRel);
+    lock(&CAPTURES).push(Arc::downgrade(&c));
     Ok(())
 }
 
@@ -180,7 +264,9 @@ fn end_capture(hs: CUstream, per_thread: bool, pg: Option<&mut CUgraph>) -> CUre
     if c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != std::thread::current().id() {
         return Err(CUerror::STREAM_CAPTURE_WRONG_THREAD);
     }
-    c.ended.store(true, Ordering::Release);
+    if !c.ended.swap(true, Ordering::AcqRel) {
+        CAPTURES_GOING_ON.fetch_sub(1, Ordering::AcqRel);
+    }
     for m in lock(&c.members).iter().filter_map(Weak::upgrade) {
         m.set_capture(None);
     }
@@ -288,14 +374,25 @@ unsafe fn kernel_node(
     };
     // SAFETY: forwarded contract.
     Ok(NodeKind::Kernel(unsafe {
-        launch::prepare(f, shape, params, ctx.device)
+        launch::prepare(f, shape, params, ctx.device, ctx.tag)
     }?))
 }
 
-fn instantiate(hg: CUgraph) -> Result<CUgraphExec, CUerror> {
+fn instantiate(hg: CUgraph, flags: u64) -> Result<CUgraphExec, CUerror> {
     let g = graph(hg)?;
     let nodes = lock(&g.nodes).clone();
-    let e = Arc::new(GraphExec { nodes });
+    let allocs = nodes
+        .iter()
+        .filter_map(|n| match &n.kind {
+            NodeKind::MemAlloc(a) => Some(a.clone()),
+            _ => None,
+        })
+        .collect();
+    let e = Arc::new(GraphExec {
+        nodes,
+        allocs,
+        auto_free: flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH != 0,
+    });
     let h = Arc::as_ptr(&e) as usize;
     lock(&EXECS).insert(h, e);
     Ok(h as CUgraphExec)
@@ -305,6 +402,10 @@ fn graph_launch(he: CUgraphExec, hs: CUstream, per_thread: bool) -> CUresult {
     let e = exec(he)?;
     let s = stream::resolve(hs, per_thread)?;
     if let Some(c) = s.capture() {
+        if !e.allocs.is_empty() {
+            // "The graph cannot be used in a child node" (cuGraphAddMemAllocNode's restrictions).
+            return Err(CUerror::NOT_SUPPORTED);
+        }
         // Launching a graph into a capture embeds its nodes.
         for n in &e.nodes {
             if c.invalid.load(Ordering::Acquire) {
@@ -314,16 +415,33 @@ fn graph_launch(he: CUgraphExec, hs: CUstream, per_thread: bool) -> CUresult {
         }
         return Ok(());
     }
+    // Graph allocations get their memory now, or the launch fails as a whole.
+    graph_memory::map_for_launch(&e.allocs, e.auto_free)?;
+    let allocs = e.allocs.clone();
     stream::submit(
         &s,
         Vec::new(),
         Box::new(move || {
-            for n in &e.nodes {
+            let more = stream::more_queued();
+            let last = e.nodes.len().saturating_sub(1);
+            for (i, n) in e.nodes.iter().enumerate() {
+                stream::set_more_queued(more || i < last);
                 n.run();
             }
         }),
     )
     .map(drop)
+    .inspect_err(|_| allocs.iter().for_each(|a| graph_memory::release(a)))
+}
+
+/// The node behind a handle, in any graph of the process.
+fn node(h: CUgraphNode) -> Option<Arc<Node>> {
+    lock(&GRAPHS).values().find_map(|g| {
+        lock(&g.nodes)
+            .iter()
+            .find(|n| Arc::as_ptr(n) as CUgraphNode == h)
+            .cloned()
+    })
 }
 
 // ---- exports ----
@@ -648,6 +766,97 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     })
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    pn: Option<&mut CUgraphNode>,
+    hg: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    params: Option<&mut MemAllocNodeParams>,
+) -> CUresult {
+    crate::call("cuGraphAddMemAllocNode", || {
+        let pn = crate::out(pn)?;
+        let p = crate::out(params)?;
+        let g = graph(hg)?;
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { check_deps(&g, deps, num_deps) }?;
+        let device = graph_memory::node_device(p)?;
+        let a = graph_memory::new_alloc(device, p.bytesize)?;
+        // "When cuGraphAddMemAllocNode creates an allocation node, it returns the address of the
+        // allocation in nodeParams.dptr."
+        graph_memory::params_of(&a, p);
+        *pn = g.add(NodeKind::MemAlloc(a));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    pn: Option<&mut CUgraphNode>,
+    hg: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    crate::call("cuGraphAddMemFreeNode", || {
+        let pn = crate::out(pn)?;
+        let g = graph(hg)?;
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { check_deps(&g, deps, num_deps) }?;
+        // "an address that was not returned by an allocation node": CUDA_ERROR_INVALID_VALUE.
+        let a = graph_memory::lookup(dptr).ok_or(CUerror::INVALID_VALUE)?;
+        // "an allocation twice in the same graph": CUDA_ERROR_INVALID_VALUE.
+        let twice = lock(&g.nodes)
+            .iter()
+            .any(|n| matches!(&n.kind, NodeKind::MemFree(b) if Arc::ptr_eq(b, &a)));
+        if twice {
+            return Err(CUerror::INVALID_VALUE);
+        }
+        *pn = g.add(NodeKind::MemFree(a));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
+    hn: CUgraphNode,
+    params: Option<&mut MemAllocNodeParams>,
+) -> CUresult {
+    crate::call("cuGraphMemAllocNodeGetParams", || {
+        let p = crate::out(params)?;
+        match node(hn).as_deref().map(|n| &n.kind) {
+            Some(NodeKind::MemAlloc(a)) => {
+                graph_memory::params_of(a, p);
+                p.pool_props.location.type_ = gpuslice_api::types::CU_MEM_LOCATION_TYPE_DEVICE;
+                p.pool_props.location.id = crate::device::visible_ordinal(a.device);
+                p.access_descs = std::ptr::null();
+                p.access_desc_count = 0;
+                Ok(())
+            }
+            Some(_) => Err(CUerror::INVALID_VALUE),
+            None => Err(CUerror::INVALID_HANDLE),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
+    hn: CUgraphNode,
+    dptr: Option<&mut CUdeviceptr>,
+) -> CUresult {
+    crate::call("cuGraphMemFreeNodeGetParams", || {
+        let out = crate::out(dptr)?;
+        match node(hn).as_deref().map(|n| &n.kind) {
+            Some(NodeKind::MemFree(a)) => {
+                *out = a.base as CUdeviceptr;
+                Ok(())
+            }
+            Some(_) => Err(CUerror::INVALID_VALUE),
+            None => Err(CUerror::INVALID_HANDLE),
+        }
+    })
+}
+
 /// `CUDA_HOST_NODE_PARAMS_v1`: `{ CUhostFn fn; void *userData; }`.
 #[repr(C)]
 pub struct HostNodeParams {
@@ -711,7 +920,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
         if flags & !valid != 0 {
             return Err(CUerror::INVALID_VALUE);
         }
-        *pe = instantiate(hg)?;
+        *pe = instantiate(hg, flags)?;
         Ok(())
     })
 }
@@ -727,7 +936,7 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
 ) -> CUresult {
     crate::call("cuGraphInstantiate_v2", || {
         let pe = crate::out(pe)?;
-        *pe = instantiate(hg)?;
+        *pe = instantiate(hg, 0)?;
         // SAFETY: NULL or writable per the API.
         if let Some(n) = unsafe { err_node.as_mut() } {
             *n = std::ptr::null_mut();
@@ -772,7 +981,7 @@ fn instantiate_with_params(
     if p.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0 {
         stream::resolve(p.hUploadStream, per_thread)?;
     }
-    *pe = instantiate(hg)?;
+    *pe = instantiate(hg, p.flags)?;
     p.result_out = CUDA_GRAPH_INSTANTIATE_SUCCESS;
     Ok(())
 }

@@ -1,16 +1,28 @@
 //! Kernel launches and their execution on the shared device.
 //!
-//! A launch is validated, turned into a [`Kernel`] (whose duration is fixed at launch time: a kernel
-//! named `spin*` runs for as many microseconds as its first parameter says, any other costs
-//! `config().kernel_ns`), and enqueued on its stream; the call returns at once. Executing a kernel
-//! takes a turn on the device (FIFO across every process on the machine) and holds it for exactly the
-//! kernel's duration.
+//! A launch is validated, turned into a [`Kernel`] whose work is fixed at launch time, and enqueued
+//! on its stream; the call returns at once. What a kernel does is told by its name:
+//! - `spin*` (or a mangled `_Z<n>spin*`): runs for as many microseconds as its first parameter
+//!   (`uint64_t microseconds`) says;
+//! - `barrier*` (or `_Z<n>barrier*`): parameters `(uint64_t tag, uint64_t participants)`; an
+//!   NCCL-like collective: it spins on its device until `participants` barrier kernels with this tag
+//!   (across processes and devices) have started, then completes (the n-th barrier kernel of each
+//!   participant meets the n-th of the others);
+//! - any other kernel costs `SIMGPU_KERNEL_NS`.
+//!
+//! Parameters are read as with the real driver: `kernelParams[i]` points to parameter `i`, or the
+//! packed `CU_LAUNCH_PARAM_BUFFER_POINTER` buffer holds them at offsets 0 and 8.
+//!
+//! Executing a kernel runs it on the device of its stream's context through simgpu-core's
+//! scheduler (contexts time-sliced, kernels of one context concurrent across streams, barriers;
+//! see `simgpu_core`'s execution docs).
 
 use crate::module::{self, Function};
 use crate::stream::{self, Stream};
 use gpuslice_api::launch_types::*;
 use gpuslice_api::types::{CUfunction, CUstream};
 use gpuslice_api::{CUerror, CUresult};
+use simgpu_core::Work;
 use std::ffi::{c_uint, c_void};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,29 +32,44 @@ use std::time::{Duration, Instant};
 pub(crate) struct Kernel {
     pub func: Arc<Function>,
     pub device: u32,
-    pub duration: Duration,
+    /// simgpu-core's tag of the context the kernel runs in.
+    pub context: u64,
+    pub work: Work,
 }
 
 impl Kernel {
-    /// Runs the kernel on the device: waits for a turn, holds it for the kernel's duration.
+    /// Runs the kernel on the device: waits for the device, runs its work (see the module docs).
     pub fn execute(&self) {
-        simgpu_core::trace(format_args!(
-            "kernel {} {}us",
-            self.func.name(),
-            self.duration.as_micros()
-        ));
+        match self.work {
+            Work::Timed(d) => simgpu_core::trace(format_args!(
+                "kernel {} {}us",
+                self.func.name(),
+                d.as_micros()
+            )),
+            Work::Barrier { tag, participants } => simgpu_core::trace(format_args!(
+                "kernel {} barrier tag {tag} participants {participants}",
+                self.func.name()
+            )),
+        }
         match simgpu_core::shared() {
             Ok(shared) => {
-                let turn = shared.acquire_device(self.device);
-                turn.set_duration(self.duration);
-                wait_precisely(self.duration);
-                drop(turn);
+                let followed = stream::more_queued();
+                let run = shared.run_kernel(self.device, self.context, self.work, followed);
+                if run.preempted > 0 {
+                    simgpu_core::trace(format_args!(
+                        "kernel {} preempted {} times",
+                        self.func.name(),
+                        run.preempted
+                    ));
+                }
             }
             Err(e) => {
                 simgpu_core::trace(format_args!(
                     "no shared state ({e}): kernel runs unaccounted"
                 ));
-                wait_precisely(self.duration);
+                if let Work::Timed(d) = self.work {
+                    wait_precisely(d);
+                }
             }
         }
     }
@@ -67,14 +94,14 @@ pub(crate) fn wait_precisely(d: Duration) {
     }
 }
 
-/// Whether a kernel's name says it is a spin kernel: `spin...`, or a C++ mangled `_Z<n>spin...`.
-fn is_spin(name: &str) -> bool {
-    if name.starts_with("spin") {
+/// Whether a kernel's name starts with `prefix`, plainly or C++-mangled (`_Z<n>prefix...`).
+fn named(name: &str, prefix: &str) -> bool {
+    if name.starts_with(prefix) {
         return true;
     }
     name.strip_prefix("_Z")
         .map(|r| r.trim_start_matches(|c: char| c.is_ascii_digit()))
-        .is_some_and(|r| r.starts_with("spin"))
+        .is_some_and(|r| r.starts_with(prefix))
 }
 
 /// The launch's parameters, as the client passed them.
@@ -84,19 +111,22 @@ pub(crate) struct Params {
     pub extra: *mut *mut c_void,
 }
 
-/// The first 8 bytes of the first kernel parameter, read now (the client may reuse the memory).
+/// The 8 bytes of kernel parameter `index` (0 or 1; each an 8-byte parameter), read now (the client
+/// may reuse the memory).
 ///
 /// # Safety
-/// `p` follows cuLaunchKernel's contract: `kernel_params` is NULL or an array whose first entry
-/// points to the first parameter; `extra` is NULL or a `CU_LAUNCH_PARAM_END`-terminated list of
-/// (key, value) pairs whose `CU_LAUNCH_PARAM_BUFFER_POINTER` points to the packed parameters.
-unsafe fn first_param_u64(p: Params, buffer_size: Option<usize>) -> Option<u64> {
+/// `p` follows cuLaunchKernel's contract: `kernel_params` is NULL or an array with an entry per
+/// kernel parameter, each pointing to that parameter; `extra` is NULL or a
+/// `CU_LAUNCH_PARAM_END`-terminated list of (key, value) pairs whose `CU_LAUNCH_PARAM_BUFFER_POINTER`
+/// points to the packed parameters. The kernel (named `spin*`/`barrier*`) has at least `index + 1`
+/// 8-byte parameters.
+unsafe fn param_u64(p: Params, index: usize, buffer_size: Option<usize>) -> Option<u64> {
     if !p.kernel_params.is_null() {
-        // SAFETY: per the contract, a non-NULL array whose entry 0 points to parameter 0; a spin
-        // kernel's parameter 0 is a u64 (read unaligned: the client's storage may not be aligned).
+        // SAFETY: per the contract, a non-NULL array whose entry `index` points to that parameter, a
+        // u64 (read unaligned: the client's storage may not be aligned).
         return unsafe {
-            let first = *p.kernel_params;
-            (!first.is_null()).then(|| (first as *const u64).read_unaligned())
+            let param = *p.kernel_params.add(index);
+            (!param.is_null()).then(|| (param as *const u64).read_unaligned())
         };
     }
     if !p.extra.is_null() {
@@ -110,11 +140,17 @@ unsafe fn first_param_u64(p: Params, buffer_size: Option<usize>) -> Option<u64> 
             if key == CU_LAUNCH_PARAM_BUFFER_POINTER {
                 // SAFETY: the value after the BUFFER_POINTER key points to the packed parameters.
                 let buf = unsafe { *p.extra.add(i + 1) };
-                if buf.is_null() || buffer_size.is_some_and(|n| n < 8) {
+                let end = (index + 1) * 8;
+                if buf.is_null() || buffer_size.is_some_and(|n| n < end) {
                     return None;
                 }
-                // SAFETY: the buffer holds at least the first (8-byte) parameter.
-                return Some(unsafe { (buf as *const u64).read_unaligned() });
+                // SAFETY: the buffer holds the 8-byte parameters up to `index`.
+                return Some(unsafe {
+                    (buf as *const u8)
+                        .add(index * 8)
+                        .cast::<u64>()
+                        .read_unaligned()
+                });
             }
             i += 2;
         }
@@ -125,7 +161,7 @@ unsafe fn first_param_u64(p: Params, buffer_size: Option<usize>) -> Option<u64> 
 /// `CU_LAUNCH_PARAM_BUFFER_SIZE`'s value, if given.
 ///
 /// # Safety
-/// As [`first_param_u64`].
+/// As [`param_u64`].
 unsafe fn extra_buffer_size(extra: *mut *mut c_void) -> Option<usize> {
     if extra.is_null() {
         return None;
@@ -159,12 +195,13 @@ pub(crate) struct Shape {
 /// Validates a launch and computes its kernel (duration read from the parameters now).
 ///
 /// # Safety
-/// `params` follows cuLaunchKernel's contract (see [`first_param_u64`]).
+/// `params` follows cuLaunchKernel's contract (see [`param_u64`]).
 pub(crate) unsafe fn prepare(
     f: CUfunction,
     shape: Shape,
     params: Params,
     device: u32,
+    context: u64,
 ) -> Result<Kernel, CUerror> {
     if f.is_null() {
         return Err(CUerror::INVALID_HANDLE);
@@ -187,21 +224,32 @@ pub(crate) unsafe fn prepare(
     if !params.kernel_params.is_null() && !params.extra.is_null() {
         return Err(CUerror::INVALID_VALUE);
     }
-    let duration = if is_spin(func.name()) {
-        // SAFETY: forwarded contract.
-        let size = unsafe { extra_buffer_size(params.extra) };
-        // SAFETY: forwarded contract.
-        match unsafe { first_param_u64(params, size) } {
-            Some(us) => Duration::from_micros(us),
-            None => Duration::from_nanos(simgpu_core::config().kernel_ns),
+    let default = Work::Timed(Duration::from_nanos(simgpu_core::config().kernel_ns));
+    // SAFETY: forwarded contract.
+    let size = unsafe { extra_buffer_size(params.extra) };
+    let work = if named(func.name(), "spin") {
+        // SAFETY: forwarded contract; a spin kernel's parameter 0 is its duration.
+        match unsafe { param_u64(params, 0, size) } {
+            Some(us) => Work::Timed(Duration::from_micros(us)),
+            None => default,
+        }
+    } else if named(func.name(), "barrier") {
+        // SAFETY: forwarded contract; a barrier kernel's parameters are (tag, participants).
+        match unsafe { (param_u64(params, 0, size), param_u64(params, 1, size)) } {
+            (Some(tag), Some(n)) => Work::Barrier {
+                tag,
+                participants: n.clamp(1, u64::from(u16::MAX)) as u32,
+            },
+            _ => return Err(CUerror::INVALID_VALUE),
         }
     } else {
-        Duration::from_nanos(simgpu_core::config().kernel_ns)
+        default
     };
     Ok(Kernel {
         func,
         device,
-        duration,
+        context,
+        work,
     })
 }
 
@@ -230,8 +278,9 @@ unsafe fn launch(
     if s.device() != ctx.device {
         return Err(CUerror::INVALID_HANDLE);
     }
+    let tag = s.context()?.tag;
     // SAFETY: forwarded contract.
-    let k = unsafe { prepare(f, shape, params, s.device()) }?;
+    let k = unsafe { prepare(f, shape, params, s.device(), tag) }?;
     submit(&s, k)
 }
 
@@ -450,27 +499,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spin_kernels_are_recognised_by_name() {
-        assert!(is_spin("spin"));
-        assert!(is_spin("spin_kernel"));
-        assert!(is_spin("_Z11spin_kernely"));
-        assert!(!is_spin("vecAdd"));
-        assert!(!is_spin("_Z6vecAddPfS_S_i"));
+    fn spin_and_barrier_kernels_are_recognised_by_name() {
+        assert!(named("spin", "spin"));
+        assert!(named("spin_kernel", "spin"));
+        assert!(named("_Z11spin_kernely", "spin"));
+        assert!(!named("vecAdd", "spin"));
+        assert!(!named("_Z6vecAddPfS_S_i", "spin"));
+        assert!(named("barrier", "barrier"));
+        assert!(named("_Z7barrieryy", "barrier"));
+        assert!(!named("spin", "barrier"));
     }
 
     #[test]
     fn first_parameter_from_kernel_params_or_extra() {
         let mut us: u64 = 1234;
-        let mut args = [&mut us as *mut u64 as *mut c_void];
+        let mut n: u64 = 2;
+        let mut args = [
+            &mut us as *mut u64 as *mut c_void,
+            &mut n as *mut u64 as *mut c_void,
+        ];
         let p = Params {
             kernel_params: args.as_mut_ptr(),
             extra: std::ptr::null_mut(),
         };
         // SAFETY: a valid one-entry parameter array.
-        assert_eq!(unsafe { first_param_u64(p, None) }, Some(1234));
+        assert_eq!(unsafe { param_u64(p, 0, None) }, Some(1234));
+        // SAFETY: as above, two entries.
+        assert_eq!(unsafe { param_u64(p, 1, None) }, Some(2));
 
         let mut buf: [u8; 16] = [0; 16];
         buf[..8].copy_from_slice(&777u64.to_ne_bytes());
+        buf[8..].copy_from_slice(&3u64.to_ne_bytes());
         let mut size: usize = buf.len();
         let mut extra = [
             CU_LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
@@ -487,7 +546,9 @@ mod tests {
         let size = unsafe { extra_buffer_size(p.extra) };
         assert_eq!(size, Some(16));
         // SAFETY: as above.
-        assert_eq!(unsafe { first_param_u64(p, size) }, Some(777));
+        assert_eq!(unsafe { param_u64(p, 0, size) }, Some(777));
+        // SAFETY: as above.
+        assert_eq!(unsafe { param_u64(p, 1, size) }, Some(3));
     }
 
     #[test]

@@ -30,6 +30,8 @@ mod launch;
 mod module;
 // Graphs: captured or built, instantiated, launched.
 mod graph;
+// Graph memory nodes: allocations that get memory when their graph is launched.
+mod graph_memory;
 
 mod exports {
     #![allow(non_upper_case_globals)]
@@ -37,8 +39,8 @@ mod exports {
     use super::Export;
     #[allow(unused_imports)]
     use super::{
-        context::*, copy::*, device::*, entry::*, event::*, graph::*, launch::*, memory::*,
-        module::*, stream::*,
+        context::*, copy::*, device::*, entry::*, event::*, graph::*, graph_memory::*, launch::*,
+        memory::*, module::*, stream::*,
     };
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }

@@ -597,7 +597,11 @@ fn mem_alloc(dptr: Option<&mut CUdeviceptr>, size: usize, kind: Kind) -> CUresul
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: Option<&mut CUdeviceptr>, size: usize) -> CUresult {
-    crate::call("cuMemAlloc_v2", || mem_alloc(dptr, size, Kind::Device))
+    crate::call("cuMemAlloc_v2", || {
+        // Not stream-ordered: prohibited while a capture is going on (see graph.rs).
+        crate::graph::check_unsafe_call()?;
+        mem_alloc(dptr, size, Kind::Device)
+    })
 }
 
 #[no_mangle]
@@ -679,7 +683,14 @@ fn mem_free(ptr: CUdeviceptr) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
-    crate::call("cuMemFree_v2", || mem_free(ptr))
+    crate::call("cuMemFree_v2", || {
+        crate::graph::check_unsafe_call()?;
+        if let Some(a) = crate::graph_memory::lookup(ptr) {
+            crate::graph_memory::release(&a);
+            return Ok(());
+        }
+        mem_free(ptr)
+    })
 }
 
 #[no_mangle]
@@ -1168,6 +1179,11 @@ fn alloc_async(
     if size == 0 {
         return Err(CUerror::INVALID_VALUE);
     }
+    if let Some(c) = s.capture() {
+        // Captured: an allocation node, with no memory until the graph is launched.
+        *dptr = crate::graph_memory::captured_alloc(&c, ctx.device, size)? as CUdeviceptr;
+        return Ok(());
+    }
     let mut m = mem();
     let h = match pool {
         Some(p) => {
@@ -1232,6 +1248,9 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 fn free_async(ptr: CUdeviceptr, stream: CUstream, per_thread: bool) -> CUresult {
     crate::context::current()?;
     let s = crate::stream::resolve(stream, per_thread)?;
+    if let Some(a) = crate::graph_memory::lookup(ptr) {
+        return crate::graph_memory::free_async(a, &s);
+    }
     let base = ptr as usize;
     {
         let mut m = mem();

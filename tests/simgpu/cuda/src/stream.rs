@@ -20,6 +20,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::ThreadId;
 
+thread_local! {
+    /// On a stream worker, while it runs an op: whether more ops of the stream are queued behind it.
+    static MORE_QUEUED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the op running on this (stream worker) thread has more work queued behind it on its
+/// stream: on a GPU that work would already be in the device's queue.
+pub(crate) fn more_queued() -> bool {
+    MORE_QUEUED.with(|m| m.get())
+}
+
+/// Overrides [`more_queued`] for the rest of the current op (a graph's nodes before its last).
+pub(crate) fn set_more_queued(more: bool) {
+    MORE_QUEUED.with(|m| m.set(more));
+}
+
 /// Ops a stream may hold before `enqueue` blocks, like the real driver's launch queue.
 const MAX_PENDING: u64 = 1024;
 /// The priority range reported for streams (`cuCtxGetStreamPriorityRange`): lower is higher priority.
@@ -200,6 +216,7 @@ impl Stream {
                 let mut s = lock(&self.state);
                 loop {
                     if let Some(j) = s.queue.pop_front() {
+                        set_more_queued(!s.queue.is_empty());
                         break j;
                     }
                     if s.closed {
@@ -290,6 +307,35 @@ impl Drop for ContextStreams {
             }
             s.close();
         }
+    }
+}
+
+/// The context is destroyed (`cuCtxDestroy`, `cuDevicePrimaryCtxReset`, the last
+/// `cuDevicePrimaryCtxRelease`): its streams go with it. NVIDIA documents the reset as destroying
+/// "all allocations and reset[ting] all state on the primary context" (Driver API, Primary Context
+/// Management), and cuCtxDestroy as destroying "all resources associated with the context": their
+/// handles are invalid afterwards (`CUDA_ERROR_INVALID_HANDLE`, "a resource handle passed to the API
+/// call was not valid"). The default streams of a primary context that is retained again are new.
+/// Called after the context's work was waited for; a capture still going on is invalidated.
+pub(crate) fn invalidate_context(ctx: &Context) {
+    let streams = {
+        let mut g = lock(&ctx.streams.inner);
+        let streams = g.live();
+        g.legacy = None;
+        g.per_thread.clear();
+        g.all.clear();
+        streams
+    };
+    let mut reg = lock(&STREAMS);
+    for s in streams {
+        if s.kind == StreamKind::Created {
+            reg.remove(&(Arc::as_ptr(&s) as usize));
+        }
+        if let Some(c) = s.capture() {
+            c.invalidate();
+            s.set_capture(None);
+        }
+        s.close();
     }
 }
 
@@ -549,6 +595,23 @@ fn wait_event(
     crate::event::stream_wait(&s, &e)
 }
 
+/// cuStreamSynchronize: the stream's own capture first (a conflict whatever the mode), then the
+/// capture-mode rule for potentially unsafe calls (see `graph::check_unsafe_call`).
+fn sync_export(h: CUstream, per_thread: bool) -> CUresult {
+    let s = resolve(h, per_thread)?;
+    check_not_capturing(&s)?;
+    crate::graph::check_unsafe_call()?;
+    synchronize(&s)
+}
+
+/// cuStreamQuery: as [`sync_export`].
+fn query_export(h: CUstream, per_thread: bool) -> CUresult {
+    let s = resolve(h, per_thread)?;
+    check_not_capturing(&s)?;
+    crate::graph::check_unsafe_call()?;
+    query(&s)
+}
+
 // ---- exports ----
 
 #[no_mangle]
@@ -585,24 +648,22 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
-    crate::call("cuStreamSynchronize", || synchronize(&resolve(h, false)?))
+    crate::call("cuStreamSynchronize", || sync_export(h, false))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
-    crate::call("cuStreamSynchronize_ptsz", || {
-        synchronize(&resolve(h, true)?)
-    })
+    crate::call("cuStreamSynchronize_ptsz", || sync_export(h, true))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
-    crate::call("cuStreamQuery", || query(&resolve(h, false)?))
+    crate::call("cuStreamQuery", || query_export(h, false))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
-    crate::call("cuStreamQuery_ptsz", || query(&resolve(h, true)?))
+    crate::call("cuStreamQuery_ptsz", || query_export(h, true))
 }
 
 #[no_mangle]
