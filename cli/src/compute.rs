@@ -162,11 +162,7 @@ pub(crate) fn rows(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Compu
                 id: short_id(l.tenant_id(t)),
                 share: e.share.load(Acquire),
                 cap: e.cap.load(Acquire),
-                priority: if l.is_high(t) {
-                    "high"
-                } else {
-                    "normal"
-                },
+                priority: if l.is_high(t) { "high" } else { "normal" },
                 achieved_percent,
                 waited_s: (e.wait_ns.load(Acquire) / 1_000_000) as f64 / 1000.0,
                 charged_ns: e.charged_ns.load(Acquire),

@@ -20,9 +20,11 @@ pub const MAX_SHARE: u32 = 10_000;
 /// Lowest a capped tenant's bucket goes (an overrun of a few slices; a lower word is garbage).
 pub const MIN_TOKENS_NS: i64 = -50 * SLICE_NS as i64;
 /// Longest an owner waits for its in-flight work at the end of its slice before handing the device
-/// over anyway (a kernel that waits for another process, like a collective, must not hold the
-/// device: the hardware time-slices contexts, our gate only decides who may enqueue).
-pub const DRAIN_LIMIT_NS: u64 = SLICE_NS / 2;
+/// over anyway: a kernel that waits for another process (a collective whose peer waits at another
+/// device's gate) must not hold the device forever; the hardware time-slices contexts, our gate only
+/// decides who may enqueue. (An owner that submits nothing while its work waits hands over sooner:
+/// see the scheduler thread.) Ordinary drains take at most `Q` kernels, well below this.
+pub const DRAIN_LIMIT_NS: u64 = 2 * SLICE_NS;
 /// Share of a tenant that has none.
 pub const DEFAULT_SHARE: u32 = 10;
 /// Work a process keeps in flight on a contended device: `Q` launches, `Q` = this / the observed

@@ -37,6 +37,8 @@ pub struct Sched {
     pub(super) stopping: AtomicBool,
     /// Launch hooks between their ownership check and the end of their launch.
     pub(super) launching: AtomicU32,
+    /// Launch hooks waiting in flow control for our oldest launch (we still have work to submit).
+    pub(super) flow_waiting: AtomicU32,
     pub(super) last_submit_ns: AtomicU64,
     /// Estimated device time of one launch (EWMA), for `Q`.
     pub(super) launch_ns: AtomicU64,
@@ -78,6 +80,7 @@ impl Sched {
             owned: AtomicU32::new(0),
             stopping: AtomicBool::new(false),
             launching: AtomicU32::new(0),
+            flow_waiting: AtomicU32::new(0),
             last_submit_ns: AtomicU64::new(0),
             launch_ns: AtomicU64::new(250_000),
             last_completion_ns: AtomicU64::new(0),
@@ -307,7 +310,9 @@ impl Sched {
                 f.pop_front()
             };
             if let Some(p) = oldest {
+                self.flow_waiting.fetch_add(1, SeqCst);
                 self.wait_completed(p);
+                self.flow_waiting.fetch_sub(1, SeqCst);
             }
         }
     }

@@ -213,6 +213,16 @@ impl Sched {
                 self.release(!preempted);
                 continue;
             }
+            // Submitting nothing, not waiting to submit, yet our work has not completed: it waits
+            // for something outside this process (a collective's peer rank at another device's
+            // gate). The device moves on at once; the hardware time-slices what we left running.
+            if quiet
+                && self.flow_waiting.load(SeqCst) == 0
+                && !self.ledger.waiters(Some(self.slot)).is_empty()
+            {
+                self.release(false);
+                continue;
+            }
             if now >= end {
                 if self.renew(high, now, grant) {
                     continue;
