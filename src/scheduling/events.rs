@@ -179,6 +179,7 @@ impl Sched {
         if gone {
             return;
         }
+        self.progress_ns.store(now_ns(), Release);
         if let Some(start) = &t.start {
             let mut ms = 0f32;
             // SAFETY: two of our events, both completed.

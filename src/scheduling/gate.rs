@@ -43,6 +43,8 @@ pub struct Sched {
     /// Estimated device time of one launch (EWMA), for `Q`.
     pub(super) launch_ns: AtomicU64,
     pub(super) last_completion_ns: AtomicU64,
+    /// When one of our tracked launches last completed (any path): our work makes progress.
+    pub(super) progress_ns: AtomicU64,
     /// Event pairs in flight: around a launch, or empty (`Tracked::calibration`).
     pub(super) inflight: Mutex<VecDeque<Tracked>>,
     /// Device time of our launches completed during the current ownership (ns), not charged yet.
@@ -84,6 +86,7 @@ impl Sched {
             last_submit_ns: AtomicU64::new(0),
             launch_ns: AtomicU64::new(250_000),
             last_completion_ns: AtomicU64::new(0),
+            progress_ns: AtomicU64::new(0),
             inflight: Mutex::new(VecDeque::new()),
             measured_ns: AtomicU64::new(0),
             carried_ns: AtomicU64::new(0),

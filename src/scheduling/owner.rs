@@ -18,6 +18,9 @@ const REFRESH_NS: u64 = 10_000_000;
 const SWEEP_NS: u64 = 100_000_000;
 /// The owner's scheduler thread checks for idleness at least this often.
 const OWNER_POLL_NS: u64 = 250_000;
+/// An owner whose work completed nothing for this long (or three launches' time, if longer) while it
+/// submits nothing and others wait is stuck on something outside the process: it hands over.
+const STALL_NS: u64 = 1_000_000;
 /// A high-priority tenant that wanted the device within this interval is active: normal tenants
 /// beside it keep one launch in flight. One that is merely present costs them nothing.
 const HIGH_ACTIVE_NS: u64 = 200_000_000;
@@ -213,10 +216,19 @@ impl Sched {
                 self.release(!preempted);
                 continue;
             }
-            // Submitting nothing, not waiting to submit, yet our work has not completed: it waits
-            // for something outside this process (a collective's peer rank at another device's
-            // gate). The device moves on at once; the hardware time-slices what we left running.
+            // Submitting nothing, not waiting to submit, and our work makes no progress (nothing
+            // completed for several launches' time): it waits for something outside this process
+            // (a collective's peer rank at another device's gate). The device moves on at once; the
+            // hardware time-slices what we left running.
+            let since_progress = now.saturating_sub(
+                self.progress_ns
+                    .load(Acquire)
+                    .max(grant)
+                    .max(self.last_submit_ns.load(Acquire)),
+            );
+            let stalled = since_progress > STALL_NS.max(3 * self.launch_ns.load(Relaxed));
             if quiet
+                && stalled
                 && self.flow_waiting.load(SeqCst) == 0
                 && !self.ledger.waiters(Some(self.slot)).is_empty()
             {
