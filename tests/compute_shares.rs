@@ -201,9 +201,14 @@ fn shares(tag: &str, tenants: &[T], env: &[(&str, &str)]) -> Vec<(String, f64, f
     let mut children = Vec::new();
     for t in tenants {
         for _ in 0..t.procs {
-            let mode = if t.args.len() == 3 { "graph" } else { "spin" };
+            // `spin` arguments; three of them: a graph tenant; a leading "streams": two streams.
+            let (mode, rest) = match t.args.first().map(String::as_str) {
+                Some("streams") => ("streams", &t.args[1..]),
+                _ if t.args.len() == 3 => ("graph", &t.args[..]),
+                _ => ("spin", &t.args[..]),
+            };
             let mut args = vec![s(mode), s(start)];
-            args.extend(t.args.iter().cloned());
+            args.extend(rest.iter().cloned());
             let share = s(t.share);
             let mut e = vec![("GPUSLICE_COMPUTE_SHARE", share.as_str())];
             e.extend_from_slice(env);
@@ -390,6 +395,32 @@ fn compute_shares_on_simgpu() {
             let mut f = Vec::new();
             let got = shares("two-process tenant 30/70", &ts, &[]);
             assert_shares("two-process", &got, &mut f);
+            f
+        });
+    }
+    // A tenant whose kernels run on two concurrent streams against one with one stream: charged the
+    // time it held the device, not the sum of its streams' intervals (simgpu's counters take the
+    // union of a tenant's busy intervals).
+    if wanted("streams") {
+        let ts = [
+            T {
+                name: "a",
+                share: 50,
+                procs: 1,
+                args: vec![s("streams"), s(MS), s(200)],
+            },
+            T {
+                name: "b",
+                share: 50,
+                procs: 1,
+                args: spin_args(MS, 200),
+            },
+        ];
+        let clients = vec![spin_args(MS, 200); 2];
+        judged("streams", &clients, &mut failures, || {
+            let mut f = Vec::new();
+            let got = shares("two streams vs one 50/50", &ts, &[]);
+            assert_shares("streams", &got, &mut f);
             f
         });
     }

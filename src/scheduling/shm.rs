@@ -205,3 +205,43 @@ impl TenantId {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_round_trip_and_reject_garbage() {
+        assert_eq!(Holder::of(0).word(), 1);
+        assert_eq!(Holder::of(7).slot(), Some(7));
+        assert_eq!(Holder::from_word(0).slot(), None);
+        assert!(Holder::from_word(0).is_none());
+        // A word naming no slot: not nobody, and no slot either (revoked by whoever reads it).
+        let garbage = Holder::from_word(0xffff_fff0);
+        assert!(!garbage.is_none());
+        assert_eq!(garbage.slot(), None);
+        assert_eq!(Holder::from_word(MAX_SLOTS as u32 + 1).slot(), None);
+        assert_eq!(
+            Holder::from_word(MAX_SLOTS as u32).slot(),
+            Some(MAX_SLOTS - 1)
+        );
+        assert_eq!(PriorityClass::from_word(1), PriorityClass::High);
+        assert_eq!(PriorityClass::from_word(7), PriorityClass::Normal);
+        assert_eq!(PriorityClass::of(true).word(), 1);
+        let words: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+        let id = TenantId(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        id.store(&words);
+        assert_eq!(TenantId::load(&words), id);
+        assert_eq!(
+            unpack(&pack(&"x".repeat(70)).map_or_else(
+                || pack_truncated(&"x".repeat(70)).map(AtomicU64::new),
+                |w| w.map(AtomicU64::new),
+            )),
+            "x".repeat(NAME_BYTES)
+        );
+        assert_eq!(
+            unpack(&pack_truncated("é".repeat(40).as_str()).map(AtomicU64::new)).len(),
+            64
+        );
+    }
+}

@@ -10,6 +10,8 @@
  *                                      prints latency percentiles (us)
  *   hold US                            spin kernels until stdin closes (prints ready=1 pid=...)
  *   bench N REPS                       median ns per cuLaunchKernel (0-us kernels), REPS batches of N
+ *   streams START_NS MS US             as `spin`, alternating between two non-blocking streams of one
+ *                                      context (their kernels may run concurrently)
  *   multi START_NS MS US NDEV          one thread per device 0..NDEV-1, each as `spin` on its own
  *                                      device's primary context (prints launches_<dev>=...)
  *
@@ -89,6 +91,34 @@ static int mode_spin(uint64_t start_ns, uint64_t ms, uint64_t us, int depth) {
         n++;
     }
     CHECK(cuStreamSynchronize(stream));
+    printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
+           (unsigned long long)now_ns(CLOCK_REALTIME), n);
+    return 0;
+}
+
+static int mode_streams(uint64_t start_ns, uint64_t ms, uint64_t us) {
+    setup();
+    CUstream other, s[2];
+    CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    s[0] = stream;
+    s[1] = other;
+    enum { DEPTH = 8 };
+    CUevent ring[DEPTH];
+    for (int i = 0; i < DEPTH; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    wait_start(start_ns);
+    uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < end) {
+        if (n >= DEPTH)
+            CHECK(cuEventSynchronize(ring[n % DEPTH]));
+        void *params[] = {&us};
+        CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s[n % 2], params, NULL));
+        CHECK(cuEventRecord(ring[n % DEPTH], s[n % 2]));
+        n++;
+    }
+    CHECK(cuStreamSynchronize(s[0]));
+    CHECK(cuStreamSynchronize(s[1]));
     printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
            (unsigned long long)now_ns(CLOCK_REALTIME), n);
     return 0;
@@ -277,6 +307,9 @@ int main(int argc, char **argv) {
                             strtoull(argv[4], NULL, 10), atoi(argv[5]), strtoull(argv[6], NULL, 10));
     if (strcmp(m, "hold") == 0 && argc == 3)
         return mode_hold(strtoull(argv[2], NULL, 10));
+    if (strcmp(m, "streams") == 0 && argc == 5)
+        return mode_streams(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                            strtoull(argv[4], NULL, 10));
     if (strcmp(m, "multi") == 0 && argc == 6)
         return mode_multi(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                           strtoull(argv[4], NULL, 10), atoi(argv[5]));
