@@ -163,3 +163,47 @@ fn preload_plus_dropin_gates_each_launch_once() {
     assert!(group(&stat, "other").u64("busy_ns.0") > 0, "{stat}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One thread of a program captures graphs in `CU_STREAM_CAPTURE_MODE_GLOBAL` while another launches
+/// on a contended device (so the shim's flow control queries and synchronises events from that
+/// thread): every capture succeeds, without gpuslice and with it. simgpu invalidates a global-mode
+/// capture on the calls the documentation prohibits (tests/simgpu/README.md).
+#[test]
+fn captures_in_global_mode_survive_contended_launches() {
+    for gpuslice in [false, true] {
+        let sim = Sim::new(&format!("compute-runtime-capture-{gpuslice}"));
+        let dir = private_dir(&format!("capture-{gpuslice}"));
+        let start = (SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
+            + Duration::from_millis(500))
+        .as_nanos()
+        .to_string();
+        let spawn = |tenant: &str, args: &[&str]| {
+            let mut cmd = sim.command(compile(&CLIENT));
+            cmd.env("SIMGPU_GROUP", tenant).args(args);
+            if gpuslice {
+                cmd.env("LD_PRELOAD", profile_dir().join("libgpuslice.so"))
+                    .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
+                    .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+                    .env("GPUSLICE_COMPUTE_SHARE", "50");
+            }
+            sim.spawn(&mut cmd)
+        };
+        let a = spawn("a", &["capture", &start, "1000", "100"]);
+        let b = spawn("b", &["spin", &start, "1000", "200"]);
+        let ra = finish(a, "capturing tenant");
+        finish(b, "other tenant").assert_success();
+        ra.assert_success();
+        assert!(ra.get_u64("captures") > 0, "{}", ra.report());
+        assert_eq!(
+            ra.get_u64("capture_failures"),
+            0,
+            "gpuslice {gpuslice}: {}",
+            ra.report()
+        );
+        if gpuslice {
+            // The launching thread really took the contended path: the device ledger has both.
+            assert!(dir.join("devices").exists());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -12,6 +12,11 @@
  *   bench N REPS                       median ns per cuLaunchKernel (0-us kernels), REPS batches of N
  *   streams START_NS MS US             as `spin`, alternating between two non-blocking streams of one
  *                                      context (their kernels may run concurrently)
+ *   capture START_NS MS US             one thread captures graphs (3 spin launches each) in
+ *                                      CU_STREAM_CAPTURE_MODE_GLOBAL in a loop while this thread
+ *                                      launches spin kernels of US on another stream every US / 2
+ *                                      (no synchronisation of its own); prints captures=
+ *                                      capture_failures=
  *   multi START_NS MS US NDEV          one thread per device 0..NDEV-1, each as `spin` on its own
  *                                      device's primary context (prints launches_<dev>=...)
  *
@@ -235,6 +240,59 @@ static int mode_bench(int n, int reps) {
     return 0;
 }
 
+struct capture_arg {
+    uint64_t end_ns, us;
+    long captures, failures;
+    CUcontext ctx;
+};
+
+static void *capture_thread(void *p) {
+    struct capture_arg *a = p;
+    CUstream cs;
+    CHECK(cuCtxSetCurrent(a->ctx));
+    CHECK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    while (now_ns(CLOCK_REALTIME) < a->end_ns) {
+        CUgraph g = NULL;
+        CUresult r = cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        for (int i = 0; r == CUDA_SUCCESS && i < 3; i++) {
+            void *params[] = {&a->us};
+            r = cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, cs, params, NULL);
+        }
+        CUresult e = cuStreamEndCapture(cs, &g);
+        if (r != CUDA_SUCCESS || e != CUDA_SUCCESS || g == NULL) {
+            a->failures++;
+            printf("capture_error=%d end=%d\n", (int)r, (int)e);
+        } else {
+            a->captures++;
+        }
+        if (g)
+            cuGraphDestroy(g);
+    }
+    return NULL;
+}
+
+static int mode_capture(uint64_t start_ns, uint64_t ms, uint64_t us) {
+    setup();
+    wait_start(start_ns);
+    uint64_t t0 = now_ns(CLOCK_REALTIME);
+    struct capture_arg c = {.end_ns = t0 + ms * 1000000ull, .us = us};
+    CHECK(cuCtxGetCurrent(&c.ctx));
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    /* No synchronisation while the other thread captures in global mode (the program would break
+     * its own capture): launches paced by the clock instead. */
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < c.end_ns) {
+        CHECK(launch(us));
+        usleep((useconds_t)(us / 2));
+        n++;
+    }
+    pthread_join(t, NULL);
+    CHECK(cuStreamSynchronize(stream));
+    printf("launches=%ld\ncaptures=%ld\ncapture_failures=%ld\n", n, c.captures, c.failures);
+    return 0;
+}
+
 struct multi_arg {
     int dev;
     uint64_t start_ns, ms, us;
@@ -309,6 +367,9 @@ int main(int argc, char **argv) {
         return mode_hold(strtoull(argv[2], NULL, 10));
     if (strcmp(m, "streams") == 0 && argc == 5)
         return mode_streams(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                            strtoull(argv[4], NULL, 10));
+    if (strcmp(m, "capture") == 0 && argc == 5)
+        return mode_capture(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                             strtoull(argv[4], NULL, 10));
     if (strcmp(m, "multi") == 0 && argc == 6)
         return mode_multi(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
