@@ -15,6 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 include!(concat!(env!("OUT_DIR"), "/hook_table.rs"));
 
+pub mod calls;
+pub mod measure;
+
 /// Which real library holds a function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Library {
@@ -45,53 +48,6 @@ pub fn real_dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
 pub fn real_dlvsym(handle: *mut c_void, name: &CStr, version: &CStr) -> *mut c_void {
     // SAFETY: both strings are NUL-terminated; glibc's dlvsym reports errors by NULL.
     unsafe { gpuslice_real_dlvsym(handle, name.as_ptr(), version.as_ptr()) }
-}
-
-/// Declares typed calls to real functions gpuslice uses without hooking them (`call` in the table):
-/// the one way every layer (hooks, accounting, scheduling) reaches the real driver.
-macro_rules! real_calls {
-    (ret = $ret:ty, missing = $missing:expr;
-     $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ); )*) => {
-        /// Typed calls to real functions.
-        #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
-        pub mod real {
-            use super::*;
-            $(
-                /// Calls the real function.
-                ///
-                /// # Safety
-                /// The arguments satisfy the driver API's contract for this entry point.
-                #[inline]
-                pub unsafe fn $name($($arg: $ty),*) -> $ret {
-                    match $crate::driver::real($crate::driver::Real::$name) {
-                        // SAFETY: the slot holds the address the real library exports under this exact
-                        // name, whose C signature is the one declared here (NVIDIA's typedef for it).
-                        Some(f) => unsafe {
-                            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(f);
-                            f($($arg),*)
-                        },
-                        None => $missing,
-                    }
-                }
-            )*
-        }
-    };
-}
-pub(crate) use real_calls;
-
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the canonical text of a device UUID.
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(40);
-    out.push_str("GPU-");
-    for (i, byte) in b.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out.push('-');
-        }
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 15)]));
-    }
-    out
 }
 
 const UNRESOLVED: usize = 0;
@@ -209,6 +165,13 @@ fn open_library(library: Library) -> *mut c_void {
         Library::Cuda => ("GPUSLICE_REAL_LIBCUDA", CUDA_NAMES),
         Library::Nvml => ("GPUSLICE_REAL_NVML", NVML_NAMES),
     };
+    if library == Library::Nvml && role() == Role::DropinCuda {
+        // The drop-in libcuda reads the real NVML to measure driver memory. Loaded first by its
+        // path, the real library would then answer the program's own dlopen("libnvidia-ml.so.1")
+        // (the loader matches loaded objects by soname) and bypass the drop-in NVML: whatever the
+        // standard name finds (the drop-in, when deployed) is loaded first and kept.
+        let _kept = dlopen(NVML_NAMES[0], libc::RTLD_NOW | libc::RTLD_LOCAL);
+    }
     if let Some(path) =
         std::env::var_os(var).and_then(|p| CString::new(p.into_encoded_bytes()).ok())
     {
@@ -372,3 +335,34 @@ pub fn object_path(addr: *const c_void) -> Option<String> {
             .into_owned(),
     )
 }
+
+/// Declares typed calls to real functions gpuslice uses without hooking them (`call` in the table).
+macro_rules! real_calls {
+    (ret = $ret:ty, missing = $missing:expr;
+     $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ); )*) => {
+        /// Typed calls to real functions.
+        #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
+        pub mod real {
+            use super::*;
+            $(
+                /// Calls the real function.
+                ///
+                /// # Safety
+                /// The arguments satisfy the driver API's contract for this entry point.
+                #[inline]
+                pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                    match $crate::driver::real($crate::driver::Real::$name) {
+                        // SAFETY: the slot holds the address the real library exports under this exact
+                        // name, whose C signature is the one declared here (NVIDIA's typedef for it).
+                        Some(f) => unsafe {
+                            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(f);
+                            f($($arg),*)
+                        },
+                        None => $missing,
+                    }
+                }
+            )*
+        }
+    };
+}
+pub(crate) use real_calls;

@@ -27,7 +27,8 @@ const ROBUST: CBuild = CBuild {
 /// `CUDA_ERROR_OUT_OF_MEMORY`, `CUDA_ERROR_INVALID_CONTEXT` as the clients print them.
 const OOM: &str = "2";
 const INVALID_CONTEXT: &str = "201";
-/// What the shim charges per context when `GPUSLICE_CONTEXT_RESERVE` is unset.
+/// What a context costs on these tests' simulated GPU (`SIMGPU_CONTEXT_MEMORY`), and so what the shim
+/// charges for it (it measures what the driver spent).
 const CONTEXT: u64 = 512 * MIB;
 /// How long a client may take to answer one command.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -381,7 +382,7 @@ fn storm_of_threads_and_processes_never_passes_the_limit() {
 fn killed_holder_memory_returns_within_a_second_stopped_holder_keeps_it() {
     let dir = tmp_dir("kill");
     let ledger = dir.join("kill.ledger");
-    let sim = Sim::new("kill");
+    let sim = Sim::new("kill").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     // 2.5 GiB: the holder's context + 1 GiB, and the other's context, fit; a second 1 GiB does not.
     let limit = "2560MiB";
     let start = |args: &[&str], desc: &str| {
@@ -491,7 +492,7 @@ fn assert_fails_closed(sim: &Sim, ledger: &Path, env: &[(&str, &str)], message: 
 #[test]
 fn bad_memory_limit_values_fail_closed() {
     let dir = tmp_dir("badenv");
-    let sim = Sim::new("badenv");
+    let sim = Sim::new("badenv").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     let size_hint = "(expected a size such as 4GiB, 512MiB or 4294967296)";
     let cases = [
         (
@@ -521,7 +522,7 @@ fn bad_memory_limit_values_fail_closed() {
 #[test]
 fn bad_quota_files_fail_closed() {
     let dir = tmp_dir("badfile");
-    let sim = Sim::new("badfile");
+    let sim = Sim::new("badfile").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     let cases = [
         (
             "syntax",
@@ -567,7 +568,7 @@ fn make_ledger(sim: &Sim, path: &Path) -> Vec<u8> {
 #[test]
 fn broken_ledgers_fail_closed() {
     let dir = tmp_dir("badledger");
-    let sim = Sim::new("badledger");
+    let sim = Sim::new("badledger").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     let good = dir.join("good.ledger");
     let valid = make_ledger(&sim, &good);
     let size = valid.len();
@@ -613,11 +614,11 @@ fn broken_ledgers_fail_closed() {
     // Header: magic u64 at 0, layout version u32 at 8 (src/ledger/shm.rs).
     let p = dir.join("version.ledger");
     let mut bytes = valid.clone();
-    assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 2);
-    bytes[8..12].copy_from_slice(&3u32.to_ne_bytes());
+    assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 3);
+    bytes[8..12].copy_from_slice(&4u32.to_ne_bytes());
     std::fs::write(&p, bytes).unwrap();
     let msg = format!(
-        "gpuslice: error: ledger {}: layout version 3, this gpuslice uses 2 (all processes sharing it must run the same gpuslice){tail}",
+        "gpuslice: error: ledger {}: layout version 4, this gpuslice uses 3 (all processes sharing it must run the same gpuslice){tail}",
         p.display()
     );
     assert_fails_closed(&sim, &p, &limit, &msg);
@@ -647,7 +648,7 @@ fn broken_ledgers_fail_closed() {
 fn a_joiner_cannot_loosen_the_quota() {
     let dir = tmp_dir("joiner");
     let ledger = dir.join("joiner.ledger");
-    let sim = Sim::new("joiner");
+    let sim = Sim::new("joiner").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     let mut first = shimmed(&sim, &ledger);
     first.env("GPUSLICE_MEMORY_LIMIT", "2GiB").arg("cmd");
     let mut first = Session::start(&mut first, "creator (2 GiB)");
@@ -702,7 +703,7 @@ fn live_limit_change_applies_to_the_next_allocation() {
     let dir = tmp_dir("live");
     let ledger = dir.join("live.ledger");
     let p = ledger.to_str().unwrap();
-    let sim = Sim::new("live");
+    let sim = Sim::new("live").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     let mut cmd = shimmed(&sim, &ledger);
     cmd.env("GPUSLICE_MEMORY_LIMIT", "4GiB").arg("cmd");
     let mut c = Session::start(&mut cmd, "live client");
@@ -770,7 +771,7 @@ fn live_limit_change_applies_to_the_next_allocation() {
 fn forked_and_execd_children_are_counted_and_their_memory_returns() {
     let dir = tmp_dir("fork");
     let ledger = dir.join("fork.ledger");
-    let sim = Sim::new("fork");
+    let sim = Sim::new("fork").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     let mut cmd = shimmed(&sim, &ledger);
     cmd.env("GPUSLICE_MEMORY_LIMIT", "2GiB").arg("cmd");
     let mut c = Session::start(&mut cmd, "forking client");
@@ -852,7 +853,7 @@ fn status_prints_the_documented_table_and_json() {
     let dir = tmp_dir("status");
     let ledger = dir.join("status.ledger");
     let p = ledger.to_str().unwrap();
-    let sim = Sim::new("status");
+    let sim = Sim::new("status").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
 
     let missing = gpuslice(&sim, &["status", "--ledger", p]);
     assert_eq!(missing.status.code(), Some(2), "{}", missing.report());
@@ -932,7 +933,7 @@ fn run_passes_exit_codes_and_signals_and_sets_the_quota() {
     let dir = tmp_dir("run");
     let ledger = dir.join("run.ledger");
     let p = ledger.to_str().unwrap();
-    let sim = Sim::new("run");
+    let sim = Sim::new("run").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     let base = ["run", "--memory", "1GiB", "--ledger", p, "--"];
 
     let exit7 = gpuslice(&sim, &[&base[..], &["sh", "-c", "exit 7"]].concat());
@@ -1007,7 +1008,7 @@ fn a_killed_process_with_a_forked_helper_still_returns_its_memory() {
     // is SIGKILLed while the helper lives on: its memory must still come back within a second.
     let dir = tmp_dir("forkidle");
     let ledger = dir.join("forkidle.ledger");
-    let sim = Sim::new("forkidle");
+    let sim = Sim::new("forkidle").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
     let start = |args: &[&str], desc: &str| {
         let mut cmd = shimmed(&sim, &ledger);
         cmd.env("GPUSLICE_MEMORY_LIMIT", "2560MiB").args(args);

@@ -36,18 +36,20 @@ fn compute_part(
     library: &Path,
     env: &[(String, String)],
     scratch: &Path,
+    seconds: u64,
 ) -> Result<bool, String> {
     const SPIN_US: &str = "200";
-    const SECONDS: &str = "3";
+    let seconds = seconds.to_string();
+    let seconds = seconds.as_str();
     println!(
-        "\nCompute: both tenants launch {SPIN_US} us kernels back to back for {SECONDS} s, with shares 30 and 70."
+        "\nCompute: both tenants launch {SPIN_US} us kernels back to back for {seconds} s, with shares 30 and 70."
     );
     let shares = [("alpha", 30u64), ("beta", 70u64)];
     let children: Vec<_> = shares
         .iter()
         .map(|(name, share)| {
             Command::new(workload)
-                .args(["--spin-us", SPIN_US, "--seconds", SECONDS])
+                .args(["--spin-us", SPIN_US, "--seconds", seconds])
                 .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .env("GPUSLICE_COMPUTE_SHARE", share.to_string())
                 .env("GPUSLICE_TENANT", name)
@@ -117,7 +119,16 @@ fn real_driver_present(workload: &Path) -> bool {
         })
 }
 
-pub(crate) fn demo() -> Result<i32, String> {
+/// `gpuslice demo`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct DemoArgs {
+    /// How long the compute part runs (and, beyond 3 s, how long the memory part holds its memory
+    /// for half of it): time to watch it with `gpuslice top` or the exporter.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    seconds: u64,
+}
+
+pub(crate) fn demo(args: DemoArgs) -> Result<i32, String> {
     let library = library_path()?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let exe_dir = exe.parent().map(PathBuf::from).unwrap_or_default();
@@ -153,7 +164,18 @@ pub(crate) fn demo() -> Result<i32, String> {
         "a simulated 8 GiB GPU (simgpu; no NVIDIA driver on this machine)".to_string()
     };
 
-    println!("gpuslice demo: two tenants share {device}.\n");
+    println!("gpuslice demo: two tenants share {device}.");
+    println!(
+        "Watch it from another terminal (`gpuslice demo --seconds 60` gives you time):\n  \
+         gpuslice top --ledger-dir {dir}\n  \
+         gpuslice exporter --ledger-dir {dir}    (Prometheus metrics on http://localhost:9842/metrics)\n",
+        dir = scratch.display()
+    );
+    let hold_ms = if args.seconds > 3 {
+        args.seconds * 500
+    } else {
+        300
+    };
     let children: Vec<_> = TENANTS
         .iter()
         .map(|t| {
@@ -165,7 +187,7 @@ pub(crate) fn demo() -> Result<i32, String> {
                 "--max",
                 &t.wants_mib.to_string(),
                 "--hold-ms",
-                "300",
+                &hold_ms.to_string(),
             ])
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("GPUSLICE_MEMORY_LIMIT", t.quota)
@@ -228,7 +250,7 @@ pub(crate) fn demo() -> Result<i32, String> {
         }
     }
     interrupted()?;
-    ok &= compute_part(&workload, &library, &env, scratch)?;
+    ok &= compute_part(&workload, &library, &env, scratch, args.seconds)?;
     interrupted()?;
     println!(
         "\nEach tenant sees its quota as the card's size. The context each process creates is charged to\n\

@@ -196,6 +196,7 @@ pub fn doctor() -> Result<i32, String> {
     // The configuration, as the library reads it.
     let cfg = config::load();
     problems.extend(cfg.errors.iter().cloned());
+    notes.extend(cfg.warnings.iter().cloned());
     if let Ok(q) = std::env::var("GPUSLICE_QUOTA_FILE") {
         if std::fs::File::open(&q).is_err() {
             problems.push(format!(
@@ -209,6 +210,30 @@ pub fn doctor() -> Result<i32, String> {
     println!("  memory quota: {}", describe_limits(&cfg));
     if let Some(q) = &cfg.quota_file {
         println!("  quota file: {}", q.display());
+    }
+    if let Some(p) = &cfg.policy {
+        println!(
+            "  node policy: {} (read-only; {} on {}, share {}%, cap {}, priority {}; this environment can only lower it)",
+            p.path.display(),
+            format_bytes(p.memory),
+            if p.gpus.is_empty() {
+                "every GPU".to_string()
+            } else {
+                p.gpus.join(", ")
+            },
+            p.share,
+            if p.limit == 0 {
+                "none".to_string()
+            } else {
+                format!("{}%", p.limit)
+            },
+            if p.priority == config::Priority::High {
+                "high"
+            } else {
+                "normal"
+            }
+        );
+        println!("  device ledgers: {}", p.device_dir.display());
     }
     let ledger_state = if ledger_exists {
         match Ledger::open_readonly(&cfg.ledger_path) {

@@ -5,8 +5,10 @@
 mod compute;
 mod demo;
 mod doctor;
+mod observe;
 mod run;
 mod status;
+mod tenant;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -33,7 +35,21 @@ enum Command {
     /// Is the quota enforced for CUDA programs started here, how, and what is misconfigured (exit 1 if not).
     Doctor,
     /// Two tenants share one GPU (simulated by simgpu when no NVIDIA driver is present).
-    Demo,
+    Demo(demo::DemoArgs),
+    /// Serve every tenant's figures as Prometheus metrics on /metrics (docs/OBSERVABILITY.md).
+    Exporter(observe::ExporterArgs),
+    /// Live view per GPU and tenant: memory against quota, achieved against promised share, waiting.
+    Top(observe::TopArgs),
+    /// Tenants created by the node (root): create, list, delete.
+    #[command(subcommand)]
+    Tenant(tenant::TenantCommand),
+    /// CDI specs for the node.
+    #[command(subcommand)]
+    Cdi(tenant::CdiCommand),
+    /// Install libgpuslice.so as a versioned file and repoint its symlink atomically.
+    InstallLibrary(tenant::InstallArgs),
+    /// Kubernetes device plugin: GPUs as slices, a tenant per allocation (root).
+    DevicePlugin(tenant::DevicePluginArgs),
 }
 
 /// Which tenant ledger a subcommand works on.
@@ -79,7 +95,13 @@ fn main() {
         Command::Status(a) => status::status(a),
         Command::Set(a) => status::set(a),
         Command::Doctor => doctor::doctor(),
-        Command::Demo => demo::demo(),
+        Command::Demo(a) => demo::demo(a),
+        Command::Exporter(a) => observe::exporter(a),
+        Command::Top(a) => observe::top(a),
+        Command::Tenant(c) => tenant::tenant(c),
+        Command::Cdi(c) => tenant::cdi(c),
+        Command::InstallLibrary(a) => tenant::install(a),
+        Command::DevicePlugin(a) => tenant::device_plugin(a),
     };
     let code = match result {
         Ok(code) => code,

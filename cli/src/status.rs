@@ -27,6 +27,10 @@ pub(crate) struct StatusArgs {
     /// Directory of the device ledgers (default: GPUSLICE_DEVICE_DIR, else the default).
     #[arg(long, value_name = "DIR")]
     device_dir: Option<PathBuf>,
+    /// A node's state directory: `--tenant NAME` is then the node-created tenant, and the device
+    /// ledgers are the node's.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["ledger", "device_dir"])]
+    state_dir: Option<PathBuf>,
 }
 
 /// `gpuslice set`'s arguments.
@@ -52,6 +56,9 @@ pub(crate) struct SetArgs {
     /// Directory of the device ledgers (default: GPUSLICE_DEVICE_DIR, else the default).
     #[arg(long, value_name = "DIR")]
     device_dir: Option<PathBuf>,
+    /// A node's state directory: `--tenant NAME` is then the node-created tenant (root only).
+    #[arg(long, value_name = "DIR", requires = "tenant", conflicts_with_all = ["ledger", "device_dir"])]
+    state_dir: Option<PathBuf>,
 }
 
 /// The whole of `status --json`: one document, in every state. A section that could not be read is
@@ -81,6 +88,8 @@ struct DeviceDocument {
     invalid_config: bool,
     used: u64,
     peak: u64,
+    /// Allocations refused at the quota on this device.
+    denied: u64,
 }
 
 #[derive(Serialize)]
@@ -111,6 +120,7 @@ impl From<&Snapshot> for MemoryDocument {
                     invalid_config: d.invalid_config,
                     used: d.used,
                     peak: d.peak,
+                    denied: d.denied,
                 })
                 .collect(),
             processes: s
@@ -130,7 +140,14 @@ impl From<&Snapshot> for MemoryDocument {
     }
 }
 
-pub(crate) fn status(a: StatusArgs) -> Result<i32, String> {
+pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
+    if let Some(state) = &a.state_dir {
+        let layout = gpuslice_node::policy::Layout::new(state);
+        if let Some(t) = &a.ledger.tenant {
+            a.ledger.ledger = Some(layout.ledger_path(t));
+        }
+        a.device_dir = Some(layout.devices_dir());
+    }
     let memory = if a.compute {
         None
     } else {
@@ -235,7 +252,27 @@ fn table(s: &Snapshot) -> String {
     out
 }
 
-pub(crate) fn set(a: SetArgs) -> Result<i32, String> {
+pub(crate) fn set(mut a: SetArgs) -> Result<i32, String> {
+    if let (Some(state), Some(t)) = (&a.state_dir, &a.ledger.tenant) {
+        let layout = gpuslice_node::policy::Layout::new(state);
+        a.ledger.ledger = Some(layout.ledger_path(t));
+        a.device_dir = Some(layout.devices_dir());
+    }
+    let memory_bytes = match a.memory.as_deref() {
+        Some("unlimited") => Some(UNLIMITED),
+        Some(m) => {
+            Some(parse_size(m, Units::Gpuslice).map_err(|e| format!("--memory {m:?}: {e}"))?)
+        }
+        None => None,
+    };
+    crate::tenant::guard_set(
+        &a.ledger.path(),
+        memory_bytes,
+        a.device.as_deref(),
+        a.share.as_deref(),
+        a.limit.as_deref(),
+        a.priority.as_deref(),
+    )?;
     let compute_change = a.share.is_some() || a.limit.is_some() || a.priority.is_some();
     match (&a.memory, compute_change) {
         (Some(_), true) => Err(

@@ -114,14 +114,15 @@ def main():
         kv = dict(line.split("=", 1) for line in out.split() if "=" in line)
         return float(kv["ns_per_op"])
 
-    # 0. The shim is really enforcing: a quota the context reserve (512 MiB) fills refuses 1 MiB.
-    tight = dict(with_env, GPUSLICE_MEMORY_LIMIT="512MiB",
+    # 0. The shim is really enforcing: a quota the context fills (simgpu's contexts cost 300 MiB, and
+    # the shim charges what the driver spent) refuses 1 MiB.
+    tight = dict(with_env, GPUSLICE_MEMORY_LIMIT="300MiB",
                  GPUSLICE_LEDGER=os.path.join(a.shm, "tight.ledger"))
     p = run(tight, ["alloc", "1"], check=False)
     if p.returncode == 0 or "OUT_OF_MEMORY" not in p.stderr:
         sys.exit(f"sanity check failed: the shim did not refuse an allocation over quota:\n"
                  f"{p.stdout}{p.stderr}")
-    print("sanity: with a 512 MiB quota the shim refuses cuMemAlloc (CUDA_ERROR_OUT_OF_MEMORY): ok",
+    print("sanity: with a 300 MiB quota the shim refuses cuMemAlloc (CUDA_ERROR_OUT_OF_MEMORY): ok",
           flush=True)
 
     # 1. Wall time, paired and interleaved.

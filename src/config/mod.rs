@@ -8,6 +8,10 @@
 //!    `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), each reported by an info note;
 //! 3. the quota file (`GPUSLICE_QUOTA_FILE`, default `/etc/gpuslice/quota.toml` when it exists).
 //!
+//! A node policy (`policy.rs`: `/run/gpuslice/tenant/policy.toml`, else `GPUSLICE_POLICY`) bounds all
+//! three: they can only lower it. HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, `CUDA_TASK_PRIORITY`,
+//! `GPU_CORE_UTILIZATION_POLICY` and `LIBCUDA_LOG_LEVEL` are read too, each with an info note.
+//!
 //! Each setting comes whole from the first source that sets it: a memory limit from the
 //! environment replaces the file's `memory_limit` *and* its `[devices]` table, and a tenant from
 //! the environment replaces the file's `tenant` *and* its `ledger` (unless `GPUSLICE_LEDGER` is set).
@@ -24,7 +28,7 @@
 //! | `GPUSLICE_DEVICE_DIR` | absolute directory of the per-GPU device ledgers (compute shares), default `<ledger dir>/devices` |
 //! | `GPUSLICE_LEDGER_GROUP` | group (name or gid) allowed to share the ledger (mode 0660) |
 //! | `GPUSLICE_LOG` | `off`, `error`, `warn` (default), `info`, `debug`, `trace` |
-//! | `GPUSLICE_CONTEXT_RESERVE` | bytes charged per CUDA context (default 512 MiB; `0`: contexts are not charged) |
+//! | `GPUSLICE_CONTEXT_RESERVE` | bytes charged per CUDA context instead of what the driver is measured to spend (`0`: contexts are not charged); unset: measured, 512 MiB when nothing can be measured |
 //! | `GPUSLICE_COMPUTE_SHARE`, `GPUSLICE_COMPUTE_LIMIT` | percent 1..=100, per-device lists like the memory limit |
 //! | `GPUSLICE_PRIORITY` | `high` or `normal` |
 //!
@@ -53,6 +57,7 @@
 //! every device's memory limit invalid.
 
 mod file;
+pub mod policy;
 pub mod size;
 
 use std::collections::BTreeMap;
@@ -60,9 +65,9 @@ use std::path::{Path, PathBuf};
 
 pub use size::{format_bytes, parse_percent, parse_size, Units};
 
-/// Bytes charged per CUDA context when `GPUSLICE_CONTEXT_RESERVE` is not set: about what a CUDA 12
-/// context costs on a current data-centre GPU. The driver does not report a context's footprint, so a
-/// fixed reservation keeps the quota exact without guessing from other processes' activity.
+/// Bytes charged per CUDA context when `GPUSLICE_CONTEXT_RESERVE` is not set and what the driver spent
+/// cannot be measured (no NVML, docs/MEMORY.md): about what a CUDA 12 context costs on a current
+/// data-centre GPU.
 pub const DEFAULT_CONTEXT_RESERVE: u64 = 512 << 20;
 
 /// Default quota file, read when `GPUSLICE_QUOTA_FILE` is unset and the file exists.
@@ -231,8 +236,9 @@ pub struct Config {
     /// Per-device memory limits in bytes.
     pub memory: PerDevice<u64>,
     pub log_level: LogLevel,
-    /// Bytes charged to the quota per CUDA context (`GPUSLICE_CONTEXT_RESERVE`); `None` = the default
-    /// ([`DEFAULT_CONTEXT_RESERVE`]); `Some(0)` = contexts are not charged.
+    /// Bytes charged to the quota per CUDA context (`GPUSLICE_CONTEXT_RESERVE`), never measured;
+    /// `None` = measured (docs/MEMORY.md), [`DEFAULT_CONTEXT_RESERVE`] when nothing can be measured;
+    /// `Some(0)` = contexts are not charged.
     pub context_reserve: Option<u64>,
     /// Guaranteed compute share, percent.
     pub compute_share: PerDevice<u8>,
@@ -241,8 +247,12 @@ pub struct Config {
     pub priority: Setting<Priority>,
     /// Info-level lines (how aliases were read) for the caller to log.
     pub notes: Vec<String>,
+    /// Warn-level lines: settings ignored because a node policy forbids them (`policy.rs`).
+    pub warnings: Vec<String>,
     /// Every configuration error, each naming its variable or `file:line`, the value and what was expected.
     pub errors: Vec<String>,
+    /// The node's policy for this tenant (`policy.rs`): authoritative, only ever lowered.
+    pub policy: Option<policy::NodePolicy>,
 }
 
 impl Config {
@@ -273,6 +283,19 @@ impl Config {
             || self.context_reserve.is_some()
             || self.quota_file.is_some()
             || !self.errors.is_empty()
+            || self.policy.is_some()
+    }
+
+    /// The most the node's policy allows on a device, lowered by this process's own memory setting;
+    /// `None` without a policy. The ledger's limit applies too: the least of them rules.
+    pub fn memory_ceiling(&self, index: u32, uuid: &str) -> Option<u64> {
+        let policy = self.policy.as_ref()?;
+        let own = match self.memory_limit_for(index, uuid) {
+            Limit::Bytes(b) => b,
+            Limit::Unlimited => u64::MAX,
+            Limit::Invalid(_) => 0,
+        };
+        Some(policy.memory_on(uuid).min(own))
     }
 }
 
@@ -309,7 +332,10 @@ pub fn load() -> Config {
     let relevant: Vec<(String, String)> = std::env::vars_os()
         .filter_map(|(k, v)| {
             let k = k.into_string().ok()?;
-            (k.starts_with("GPUSLICE_") || k.starts_with("CUDA_"))
+            (k.starts_with("GPUSLICE_")
+                || k.starts_with("CUDA_")
+                || k == "GPU_CORE_UTILIZATION_POLICY"
+                || k == "LIBCUDA_LOG_LEVEL")
                 .then(|| (k, v.to_string_lossy().into_owned()))
         })
         .collect();
@@ -327,6 +353,16 @@ pub fn load() -> Config {
 /// Reads the configuration from `env` and the quota file (`GPUSLICE_QUOTA_FILE`, or
 /// `default_quota_file` when that exists).
 pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path) -> Config {
+    load_with_policy(env, default_quota_file, Path::new(policy::POLICY_FILE))
+}
+
+/// [`load_from`] with the node policy looked for at `policy_file` (tests) instead of
+/// [`policy::POLICY_FILE`].
+pub fn load_with_policy(
+    env: &dyn Fn(&str) -> Option<String>,
+    default_quota_file: &Path,
+    policy_file: &Path,
+) -> Config {
     let mut b = Builder {
         notes: Vec::new(),
         errors: Vec::new(),
@@ -351,6 +387,7 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
 
     let priority = match env("GPUSLICE_PRIORITY")
         .map(|v| (quoted("GPUSLICE_PRIORITY", &v), v))
+        .or_else(|| b.hami_priority(env))
         .or_else(|| fv("priority").map(|(v, src)| (src, v)))
     {
         None => Setting::Unset,
@@ -361,7 +398,7 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
         },
     };
 
-    let log_level = match env("GPUSLICE_LOG") {
+    let log_level = match env("GPUSLICE_LOG").or_else(|| b.hami_log_level(env)) {
         None => LogLevel::Warn,
         Some(v) => match v.trim().to_ascii_lowercase().as_str() {
             "" | "warn" => LogLevel::Warn,
@@ -422,6 +459,7 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
     let tenant_from_env = env("GPUSLICE_TENANT").is_some();
     let ledger_path = match env("GPUSLICE_LEDGER")
         .map(|v| (quoted("GPUSLICE_LEDGER", &v), v))
+        .or_else(|| b.hami_ledger(env))
         .or_else(|| {
             fv("ledger")
                 .filter(|_| !tenant_from_env)
@@ -457,7 +495,9 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
         compute_limit,
         priority,
         notes: b.notes,
+        warnings: Vec::new(),
         errors: b.errors,
+        policy: None,
     };
     // Collect the per-value errors too, so the caller can log every one of them once.
     for map in [&cfg.compute_share, &cfg.compute_limit] {
@@ -472,6 +512,7 @@ pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path
         cfg.compute_share.poison_with(&msg);
         cfg.compute_limit.poison_with(&msg);
     }
+    policy::apply(&mut cfg, env, policy_file);
     cfg.errors.dedup();
     cfg
 }
@@ -744,6 +785,12 @@ impl Builder {
         let hami_each = indexed_aliases(env, "CUDA_DEVICE_SM_LIMIT_");
         let mps = env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
         let alias_set = hami_all.is_some() || !hami_each.is_empty() || mps.is_some();
+        let hami_set = hami_all.is_some() || !hami_each.is_empty();
+        let (hami_all, hami_each) = if hami_set && !self.hami_core_policy_applies(env) {
+            (None, Vec::new())
+        } else {
+            (hami_all, hami_each)
+        };
         if let Some(v) = env("GPUSLICE_COMPUTE_LIMIT") {
             if alias_set {
                 self.notes.push("GPUSLICE_COMPUTE_LIMIT is set: ignoring CUDA_DEVICE_SM_LIMIT* and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into());
@@ -801,6 +848,89 @@ impl Builder {
     }
 }
 
+/// HAMi's other variables, each read with an info note (`GPUSLICE_*` wins over every one of them).
+impl Builder {
+    /// `CUDA_TASK_PRIORITY`: HAMi's 0 is high priority, 1 (its default) normal.
+    fn hami_priority(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Option<(String, String)> {
+        let v = env("CUDA_TASK_PRIORITY")?;
+        let src = quoted("CUDA_TASK_PRIORITY", &v);
+        let ours = match v.trim() {
+            "0" => "high",
+            "1" => "normal",
+            _ => "(invalid)",
+        };
+        if ours != "(invalid)" {
+            self.notes.push(format!(
+                "{src} read as priority {ours} (HAMi alias of GPUSLICE_PRIORITY; 0 is high, 1 normal)"
+            ));
+        }
+        // An invalid value reaches the priority parser, which names it.
+        Some((format!("{src} (HAMi: 0 or 1)"), ours.to_string()))
+    }
+
+    /// `LIBCUDA_LOG_LEVEL`: HAMi's 0 errors only, 1 and 2 warnings, 3 info, 4 debug.
+    fn hami_log_level(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+        let v = env("LIBCUDA_LOG_LEVEL")?;
+        let ours = match v.trim() {
+            "0" => "error",
+            "1" | "2" => "warn",
+            "3" => "info",
+            "4" => "debug",
+            _ => {
+                self.errors.push(format!(
+                    "{}: unknown HAMi log level (expected 0 to 4)",
+                    quoted("LIBCUDA_LOG_LEVEL", &v)
+                ));
+                return None;
+            }
+        };
+        self.notes.push(format!(
+            "{} read as log level {ours} (HAMi alias of GPUSLICE_LOG)",
+            quoted("LIBCUDA_LOG_LEVEL", &v)
+        ));
+        Some(ours.to_string())
+    }
+
+    /// `CUDA_DEVICE_MEMORY_SHARED_CACHE`: where HAMi keeps its shared region; our ledger goes there.
+    fn hami_ledger(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Option<(String, String)> {
+        let v = env("CUDA_DEVICE_MEMORY_SHARED_CACHE")?;
+        let src = quoted("CUDA_DEVICE_MEMORY_SHARED_CACHE", &v);
+        self.notes.push(format!(
+            "{src} read as the ledger path (HAMi alias of GPUSLICE_LEDGER)"
+        ));
+        Some((src, v))
+    }
+
+    /// `GPU_CORE_UTILIZATION_POLICY`: `disable` ignores HAMi's `CUDA_DEVICE_SM_LIMIT*`; `default` and
+    /// `force` keep it (a gpuslice cap is always enforced, which is HAMi's `force`).
+    fn hami_core_policy_applies(&mut self, env: &dyn Fn(&str) -> Option<String>) -> bool {
+        let Some(v) = env("GPU_CORE_UTILIZATION_POLICY") else {
+            return true;
+        };
+        let src = quoted("GPU_CORE_UTILIZATION_POLICY", &v);
+        match v.trim().to_ascii_lowercase().as_str() {
+            "disable" => {
+                self.notes.push(format!(
+                    "{src}: CUDA_DEVICE_SM_LIMIT* ignored (HAMi's switch; GPUSLICE_COMPUTE_LIMIT still applies)"
+                ));
+                false
+            }
+            "force" | "default" | "" => {
+                self.notes.push(format!(
+                    "{src} read as: CUDA_DEVICE_SM_LIMIT* is a compute cap enforced whenever the tenant runs (HAMi's force)"
+                ));
+                true
+            }
+            _ => {
+                self.notes.push(format!(
+                    "{src}: unknown value read as default (expected default, force or disable)"
+                ));
+                true
+            }
+        }
+    }
+}
+
 /// Short description of a memory setting for notes: `4 GiB for every device`, `1 GiB for device 0, ...`.
 fn describe(p: &PerDevice<u64>) -> String {
     let show = |r: &Result<u64, String>| match r {
@@ -823,5 +953,7 @@ fn describe(p: &PerDevice<u64>) -> String {
     parts.join(", ")
 }
 
+#[cfg(test)]
+mod node_tests;
 #[cfg(test)]
 mod tests;

@@ -1,106 +1,27 @@
-//! Real driver functions gpuslice calls without hooking them, and small queries built on them.
+//! The driver layer's calls, as the hooks and the scheduler reach them, and the real functions the
+//! compute-share scheduler calls.
 
 use super::real_calls;
-use gpuslice_api::types::{CUcontext, CUdevice, CUmemoryPool, CUstream, CUuuid};
-use gpuslice_api::{CUerror, CUresult, NvmlReturn};
-use std::ffi::{c_char, c_int, c_uint, c_void};
+pub use crate::driver::calls::*;
+use gpuslice_api::types::CUstream;
+use gpuslice_api::{CUerror, CUresult};
+use std::ffi::c_uint;
 
-real_calls! {
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
-    fn cuCtxGetCurrent(pctx: *mut CUcontext);
-    fn cuCtxGetDevice(device: *mut CUdevice);
-    fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int);
-    fn cuDeviceGetCount(count: *mut c_int);
-    fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
-    fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
-    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
-    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
-    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void);
-    fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext);
-    fn cuCtxPushCurrent_v2(ctx: CUcontext);
-    fn cuCtxPopCurrent_v2(pctx: *mut CUcontext);
-    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64);
-}
-
-/// NVML functions (a separate library, its own error type).
-pub mod nvml {
+/// Driver functions the compute-share scheduler calls (events and stream-capture queries).
+pub mod sched {
     use super::*;
+    use gpuslice_api::types::CUevent;
     real_calls! {
-        ret = NvmlReturn, missing = Err(gpuslice_api::NvmlError::UNINITIALIZED);
-        fn nvmlDeviceGetUUID(device: gpuslice_api::nvml::nvmlDevice_t, uuid: *mut c_char, length: c_uint);
-    }
-}
-
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` for a CUDA device ordinal.
-pub fn device_uuid(ordinal: CUdevice) -> Result<String, CUerror> {
-    let mut uuid = CUuuid::default();
-    // SAFETY: `uuid` is a valid out-parameter.
-    let r = unsafe { real::cuDeviceGetUuid_v2(&mut uuid, ordinal) };
-    // SAFETY: as above; the legacy entry point for drivers that predate _v2.
-    r.or_else(|_| unsafe { real::cuDeviceGetUuid(&mut uuid, ordinal) })?;
-    Ok(format_uuid(&uuid.bytes))
-}
-
-pub use crate::driver::format_uuid;
-
-/// What a memory pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
-pub fn pool_reserved(pool: usize) -> Option<u64> {
-    let mut value: u64 = 0;
-    // SAFETY: the attribute is a cuuint64_t written to `value`.
-    let r = unsafe {
-        real::cuMemPoolGetAttribute(
-            pool as CUmemoryPool,
-            gpuslice_api::types::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as c_int,
-            (&mut value as *mut u64).cast(),
-        )
-    };
-    r.ok().map(|()| value)
-}
-
-/// What a memory pool has handed out (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
-pub fn pool_used(pool: usize) -> Option<u64> {
-    let mut value: u64 = 0;
-    // SAFETY: the attribute is a cuuint64_t written to `value`.
-    let r = unsafe {
-        real::cuMemPoolGetAttribute(
-            pool as CUmemoryPool,
-            gpuslice_api::types::CU_MEMPOOL_ATTR_USED_MEM_CURRENT as c_int,
-            (&mut value as *mut u64).cast(),
-        )
-    };
-    r.ok().map(|()| value)
-}
-
-/// The memory pool `cuMemAllocAsync` uses on a device: its current pool.
-pub fn current_pool(ordinal: CUdevice) -> Option<usize> {
-    let mut pool: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: `pool` is a valid out-parameter.
-    let r = unsafe { real::cuDeviceGetMemPool(&mut pool, ordinal) };
-    r.ok().filter(|()| !pool.is_null()).map(|()| pool as usize)
-}
-
-/// The devices this process sees, as (ordinal, UUID); empty before `cuInit`.
-pub fn visible_devices() -> Vec<(u32, String)> {
-    let mut count: c_int = 0;
-    // SAFETY: `count` is a valid out-parameter.
-    if unsafe { real::cuDeviceGetCount(&mut count) }.is_err() {
-        return Vec::new();
-    }
-    (0..count)
-        .filter_map(|i| device_uuid(i).ok().map(|u| (i as u32, u)))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn uuid_text() {
-        let b = [
-            0x53, 0x49, 0x4d, 0x47, 0x50, 0x55, 0x40, 0x00, 0x80, 0, 0, 0, 0, 0, 0, 0x1f,
-        ];
-        assert_eq!(
-            super::format_uuid(&b),
-            "GPU-53494d47-5055-4000-8000-00000000001f"
-        );
+        ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+        fn cuEventCreate(event: *mut CUevent, flags: c_uint);
+        fn cuEventDestroy_v2(event: CUevent);
+        fn cuEventQuery(event: CUevent);
+        fn cuEventRecord(event: CUevent, stream: CUstream);
+        fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
+        fn cuEventSynchronize(event: CUevent);
+        fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
+        fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
+        fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
+        fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
     }
 }

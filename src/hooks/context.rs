@@ -1,11 +1,18 @@
-//! Contexts cost device memory: each one is charged `GPUSLICE_CONTEXT_RESERVE` (see accounting) while it
-//! exists. A primary context is charged on its first retain and returned on its last release or reset.
+//! Driver overhead: contexts, module code and context limits take device memory the program never
+//! asked `cuMemAlloc` for. Each is charged what the driver spent on it (measured, see
+//! `accounting::overhead`), returned when the object goes: a created context when destroyed, a
+//! primary context on its last release or reset, a module or library when unloaded or its context
+//! destroyed, a limit when changed back or its context destroyed.
 
 use super::{hooks, Out};
-use crate::accounting::tenant;
-use gpuslice_api::types::{CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam};
+use crate::accounting::overhead::Overhead;
+use crate::accounting::{tenant, Device, Tenant};
+use crate::driver::calls as driver;
+use gpuslice_api::types::{
+    CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUlibrary, CUmodule,
+};
 use gpuslice_api::{CUerror, CUresult};
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 hooks! {
     ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
@@ -20,11 +27,31 @@ hooks! {
     fn cuCtxDestroy(ctx: CUcontext) => destroy(ctx, || real::cuCtxDestroy(ctx));
     fn cuCtxDestroy_v2(ctx: CUcontext) => destroy(ctx, || real::cuCtxDestroy_v2(ctx));
     fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice)
-        => primary_retain(dev, || real::cuDevicePrimaryCtxRetain(pctx, dev));
+        => primary_retain(Out::new(pctx), dev, || real::cuDevicePrimaryCtxRetain(pctx, dev));
     fn cuDevicePrimaryCtxRelease(dev: CUdevice) => primary_release(dev, false, || real::cuDevicePrimaryCtxRelease(dev));
     fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => primary_release(dev, false, || real::cuDevicePrimaryCtxRelease_v2(dev));
     fn cuDevicePrimaryCtxReset(dev: CUdevice) => primary_release(dev, true, || real::cuDevicePrimaryCtxReset(dev));
     fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) => primary_release(dev, true, || real::cuDevicePrimaryCtxReset_v2(dev));
+
+    fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char)
+        => module_load(Out::new(module), file_size(fname), || real::cuModuleLoad(module, fname));
+    fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void)
+        => module_load(Out::new(module), image_size(image), || real::cuModuleLoadData(module, image));
+    fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: c_uint, options: *mut c_int, values: *mut *mut c_void)
+        => module_load(Out::new(module), image_size(image), || real::cuModuleLoadDataEx(module, image, num_options, options, values));
+    fn cuModuleLoadFatBinary(module: *mut CUmodule, image: *const c_void)
+        => module_load(Out::new(module), image_size(image), || real::cuModuleLoadFatBinary(module, image));
+    fn cuModuleUnload(module: CUmodule)
+        => unload(Overhead::Module, module as usize, || real::cuModuleUnload(module));
+    fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, num_jit: c_uint, lib_options: *mut c_int, lib_values: *mut *mut c_void, num_lib: c_uint)
+        => library_load(Out::new(library), image_size(code),
+                        || real::cuLibraryLoadData(library, code, jit_options, jit_values, num_jit, lib_options, lib_values, num_lib));
+    fn cuLibraryLoadFromFile(library: *mut CUlibrary, fname: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, num_jit: c_uint, lib_options: *mut c_int, lib_values: *mut *mut c_void, num_lib: c_uint)
+        => library_load(Out::new(library), file_size(fname),
+                        || real::cuLibraryLoadFromFile(library, fname, jit_options, jit_values, num_jit, lib_options, lib_values, num_lib));
+    fn cuLibraryUnload(library: CUlibrary)
+        => unload(Overhead::Library, library as usize, || real::cuLibraryUnload(library));
+    fn cuCtxSetLimit(limit: c_int, value: usize) => set_limit(limit, value, || real::cuCtxSetLimit(limit, value));
 }
 
 fn create(pctx: Out<CUcontext>, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -35,16 +62,17 @@ fn create(pctx: Out<CUcontext>, dev: CUdevice, call: impl FnOnce() -> CUresult) 
     let Ok(device) = t.device(dev) else {
         return call();
     };
-    let charge = t.reserve(device, t.context_reserve, "context creation")?;
-    if let Err(e) = call() {
-        t.release(charge);
-        return Err(e);
-    }
-    match pctx.get() {
-        Some(ctx) => t.record_context(ctx as usize, charge),
-        None => t.release(charge),
-    }
-    Ok(())
+    t.create_context(
+        device,
+        || {
+            call()?;
+            Ok(pctx.get().unwrap_or(std::ptr::null_mut()))
+        },
+        |ctx| {
+            // SAFETY: the context was just created by this call and is not the program's yet.
+            let _ = unsafe { driver::real::cuCtxDestroy_v2(ctx) };
+        },
+    )
 }
 
 fn destroy(ctx: CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -55,12 +83,26 @@ fn destroy(ctx: CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
     Ok(())
 }
 
-fn primary_retain(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+fn primary_retain(
+    pctx: Out<CUcontext>,
+    dev: CUdevice,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let Some(t) = tenant() else { return call() };
     let Ok(device) = t.device(dev) else {
         return call();
     };
-    t.primary_retain(device, call)
+    t.primary_retain(
+        device,
+        || {
+            call()?;
+            Ok(pctx.get().unwrap_or(std::ptr::null_mut()))
+        },
+        |_| {
+            // SAFETY: drops the reference this call took.
+            let _ = unsafe { driver::real::cuDevicePrimaryCtxRelease_v2(dev) };
+        },
+    )
 }
 
 fn primary_release(dev: CUdevice, reset: bool, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -69,4 +111,189 @@ fn primary_release(dev: CUdevice, reset: bool, call: impl FnOnce() -> CUresult) 
         t.primary_release(dev, reset);
     }
     Ok(())
+}
+
+/// The tenant and the device of the current context (or, for a library loaded without one, the
+/// first device), or `None` when quotas do not apply.
+fn overhead_device(need_context: bool) -> Option<(&'static Tenant, &'static Device)> {
+    let t = tenant()?;
+    match t.current_device() {
+        Ok(d) => Some((t, d)),
+        Err(_) if !need_context => t.device(0).ok().map(|d| (t, d)),
+        Err(_) => None,
+    }
+}
+
+fn module_load(module: Out<CUmodule>, image: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    load(Overhead::Module, module, image, call, |m| {
+        // SAFETY: the module was just loaded by this call and is not the program's yet.
+        let _ = unsafe { driver::real::cuModuleUnload(m) };
+    })
+}
+
+fn library_load(library: Out<CUlibrary>, image: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    load(Overhead::Library, library, image, call, |l| {
+        // SAFETY: the library was just loaded by this call and is not the program's yet.
+        let _ = unsafe { driver::real::cuLibraryUnload(l) };
+    })
+}
+
+/// A module (in the current context, which it goes with) or a library (context-independent: it
+/// goes when unloaded) of `image` bytes, charged what loading it cost the driver.
+fn load<H>(
+    kind: Overhead,
+    handle: Out<*mut H>,
+    image: u64,
+    call: impl FnOnce() -> CUresult,
+    unload: impl FnOnce(*mut H),
+) -> CUresult {
+    let module = kind == Overhead::Module;
+    let Some((t, device)) = overhead_device(module) else {
+        return call();
+    };
+    if handle.is_null() {
+        return call();
+    }
+    let owner = if module { t.current_context() } else { 0 };
+    let what = if module {
+        "module load"
+    } else {
+        "library load"
+    };
+    let (loaded, charge) = t.charge_measured(
+        device,
+        what,
+        None,
+        image,
+        None,
+        0,
+        || {
+            call()?;
+            Ok(handle.get().unwrap_or(std::ptr::null_mut()))
+        },
+        unload,
+    )?;
+    t.record_overhead(kind, loaded as usize, owner, charge);
+    t.reconcile_device(device);
+    Ok(())
+}
+
+fn unload(kind: Overhead, handle: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if let Some(t) = tenant() {
+        if t.overhead_of(kind, handle) > 0 {
+            t.forget_overhead(kind, handle);
+            t.reconcile_all();
+        }
+    }
+    Ok(())
+}
+
+/// `CU_LIMIT_STACK_SIZE`, `CU_LIMIT_PRINTF_FIFO_SIZE`, `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const LIMIT_STACK_SIZE: c_int = 0;
+const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
+const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+
+fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some((t, device)) = overhead_device(true) else {
+        return call();
+    };
+    let mut old: usize = 0;
+    // SAFETY: `old` is a valid out-parameter.
+    if unsafe { driver::real::cuCtxGetLimit(&mut old, limit) }.is_err() {
+        // A limit the driver does not know: it answers for itself.
+        return call();
+    }
+    let ctx = t.current_context();
+    let current = t.overhead_of(Overhead::Limits, ctx);
+    // What NVIDIA documents the change to take: charged at least (a driver may reserve it lazily).
+    let estimate = i128::from(limit_bytes(device.ordinal, limit, value))
+        - i128::from(limit_bytes(device.ordinal, limit, old));
+    let ((), charge) = t.charge_measured(
+        device,
+        "cuCtxSetLimit",
+        None,
+        u64::try_from(estimate.max(0)).unwrap_or(u64::MAX),
+        Some(estimate),
+        current,
+        call,
+        |()| {
+            // SAFETY: puts back the value this call replaced.
+            let _ = unsafe { driver::real::cuCtxSetLimit(limit, old) };
+        },
+    )?;
+    t.record_overhead(Overhead::Limits, ctx, ctx, charge);
+    t.reconcile_device(device);
+    Ok(())
+}
+
+/// The device memory a limit's value takes, as NVIDIA documents the limits: the stack size for every
+/// thread the device can hold resident, the heap and the FIFO themselves.
+fn limit_bytes(ordinal: CUdevice, limit: c_int, value: usize) -> u64 {
+    let value = value as u64;
+    match limit {
+        LIMIT_STACK_SIZE => {
+            let attribute = |a: c_int| {
+                let mut v: c_int = 0;
+                // SAFETY: `v` is a valid out-parameter.
+                let ok = unsafe { driver::real::cuDeviceGetAttribute(&mut v, a, ordinal) }.is_ok();
+                if ok {
+                    u64::try_from(v).unwrap_or(0)
+                } else {
+                    0
+                }
+            };
+            // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, _MAX_THREADS_PER_MULTIPROCESSOR.
+            value
+                .saturating_mul(attribute(16))
+                .saturating_mul(attribute(39))
+        }
+        LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => value,
+        _ => 0,
+    }
+}
+
+/// The size of a module file (what its code takes at most, when nothing can be measured).
+fn file_size(fname: *const c_char) -> u64 {
+    if fname.is_null() {
+        return 0;
+    }
+    // SAFETY: the driver API requires a NUL-terminated path.
+    let path = unsafe { CStr::from_ptr(fname) };
+    std::fs::metadata(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
+    )
+    .map_or(0, |m| m.len())
+}
+
+/// The size of an in-memory image as its headers give it: an ELF cubin (section headers' end), a
+/// fatbinary (header + payload), or NUL-terminated PTX.
+fn image_size(image: *const c_void) -> u64 {
+    if image.is_null() {
+        return 0;
+    }
+    let p = image.cast::<u8>();
+    // SAFETY: the driver API requires a valid image: ELF and fatbinary headers are at least 64 and
+    // 16 bytes, recognised by 4 leading non-zero bytes; anything else is NUL-terminated text.
+    unsafe {
+        let lead = (0..4).take_while(|&i| *p.add(i) != 0).count();
+        if lead == 4 {
+            let word = |at: usize, n: usize| -> u64 {
+                (0..n).fold(0u64, |acc, i| acc | (u64::from(*p.add(at + i)) << (8 * i)))
+            };
+            if word(0, 4) == 0x464c_457f {
+                let sections = word(0x28, 8).saturating_add(word(0x3a, 2) * word(0x3c, 2));
+                let programs = word(0x20, 8).saturating_add(word(0x36, 2) * word(0x38, 2));
+                return sections.max(programs);
+            }
+            if word(0, 4) == 0xBA55_ED50 {
+                return word(6, 2).saturating_add(word(8, 8));
+            }
+            // The compiler's fatbinary wrapper { magic, version, data, filename }: its data.
+            if word(0, 4) == 0x4662_43B1 {
+                return image_size(word(8, 8) as usize as *const c_void);
+            }
+        }
+        CStr::from_ptr(p.cast()).to_bytes().len() as u64
+    }
 }

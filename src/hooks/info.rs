@@ -30,6 +30,7 @@ fn mem_get_info<S: Word>(free: Out<S>, total: Out<S>, call: impl FnOnce() -> CUr
     let Ok(device) = t.current_device() else {
         return Ok(());
     };
+    t.reconcile_before_query(device);
     if let Some((f, tot)) = t.shown_memory(device, f.to_u64(), tot.to_u64()) {
         free.set(S::from_u64(f));
         total.set(S::from_u64(tot));

@@ -8,7 +8,8 @@
 //! `array_bytes`).
 
 use super::{hooks, In, Out, Word};
-use crate::accounting::{tenant, Charge, Device, Tenant};
+use crate::accounting::{tenant, Device, Tenant};
+use crate::driver::calls as driver;
 use gpuslice_api::types::{
     CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemoryPool,
     CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
@@ -60,17 +61,17 @@ hooks! {
     fn cuMemFree(dptr: c_uint) => free(dptr as u64, || real::cuMemFree(dptr));
 
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, false), || real::cuMemAllocAsync(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, true), || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, false),
                            || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, true),
                            || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
@@ -179,10 +180,14 @@ fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
 
 static POOLS_USED: AtomicBool = AtomicBool::new(false);
 
+/// A stream-ordered allocation. Captured into a graph (`capturing`), it allocates nothing now: the
+/// graph's memory is allocated at its launch and charged by reconciliation (docs/MEMORY.md).
+#[allow(clippy::too_many_arguments)]
 fn alloc_from_pool(
     dptr: Out<CUdeviceptr>,
     bytes: u64,
     pool: Option<usize>,
+    capturing: impl FnOnce() -> bool,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(CUdeviceptr) -> CUresult,
     sync: impl Fn() -> CUresult,
@@ -190,7 +195,10 @@ fn alloc_from_pool(
     let Ok(Some((t, device))) = on_current_device() else {
         return call();
     };
-    let Some(pool) = pool.or_else(|| super::calls::current_pool(device.ordinal)) else {
+    if capturing() {
+        return call();
+    }
+    let Some(pool) = pool.or_else(|| driver::current_pool(device.ordinal)) else {
         // No pool to watch: charge the allocation itself, returned by its free.
         return t.charged(device, bytes, "cuMemAllocAsync", || {
             call()?;
@@ -205,41 +213,38 @@ fn alloc_from_pool(
     // pool reuses is given back right after). Near the quota, memory the pool holds for blocks
     // already freed on this stream is released first -- the stream is synchronised so that those
     // frees have run, and the pool trimmed to what is in use -- rather than refusing.
-    let charge = t.reserve_or_make_room(device, bytes, "cuMemAllocAsync", || {
-        let (Some(held), Some(used)) = (
-            super::calls::pool_reserved(pool),
-            super::calls::pool_used(pool),
-        ) else {
+    let reserve = t.pool_block_reservation(pool, bytes);
+    let reservation = t.reserve_or_make_room(device, reserve, "cuMemAllocAsync", || {
+        let (Some(held), Some(used)) = (driver::pool_reserved(pool), driver::pool_used(pool))
+        else {
             return false;
         };
         if held <= used || sync().is_err() {
             return false;
         }
         // SAFETY: `pool` is the caller's pool handle, valid for this call.
-        let _ = unsafe { real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
-        let now = super::calls::pool_reserved(pool);
+        let _ = unsafe { driver::real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
+        let now = driver::pool_reserved(pool);
         let _ = t.pool_now_holds(pool, device.slot.as_ref().copied().unwrap_or(0), now, 0);
         now.is_some_and(|n| n < held)
     })?;
-    if let Err(e) = call() {
-        t.release(charge);
-        return Err(e);
-    }
+    call()?;
+    let charge = reservation.commit();
     POOLS_USED.store(true, Ordering::Relaxed);
-    let held = super::calls::pool_reserved(pool);
+    let block = dptr.get().unwrap_or(0);
+    t.record_pool_block(pool, charge.device, block, bytes);
+    let held = driver::pool_reserved(pool);
     if let Err(refused) = t.pool_now_holds(pool, charge.device, held, charge.bytes) {
         // The pool grew by more than the request (allocation granularity) and the quota has no room
         // for the rest: give the block back, shrink the pool, refuse.
-        if let Some(p) = dptr.get() {
-            if free(p).is_ok() {
-                let _ = sync();
-            }
+        if t.uncharge(block, || free(block)).is_ok() {
+            let _ = sync();
         }
-        if let Some(used) = super::calls::pool_used(pool) {
+        if let Some(used) = driver::pool_used(pool) {
             // SAFETY: `pool` is the caller's pool handle, valid for this call.
-            let _ = unsafe { real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
+            let _ = unsafe { driver::real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
         }
-        let _ = t.pool_now_holds(pool, charge.device, super::calls::pool_reserved(pool), 0);
+        let _ = t.pool_now_holds(pool, charge.device, driver::pool_reserved(pool), 0);
         t.refused(device, bytes, "cuMemAllocAsync", refused);
         return Err(CUerror::OUT_OF_MEMORY);
     }
@@ -279,14 +284,10 @@ fn mem_create(
     let Ok(device) = t.device(device) else {
         return call();
     };
-    let charge = t.reserve(device, bytes, "cuMemCreate")?;
-    if let Err(e) = call() {
-        t.release(charge);
-        return Err(e);
-    }
-    match handle.get() {
-        Some(h) => t.record_physical(h, charge),
-        None => t.release(charge),
+    let reservation = t.reserve(device, bytes, "cuMemCreate")?;
+    call()?;
+    if let Some(h) = handle.get() {
+        t.record_physical(h, reservation.commit());
     }
     Ok(())
 }
@@ -326,14 +327,10 @@ fn array_create<H>(
     let (Some(bytes), false) = (bytes, handle.is_null()) else {
         return call();
     };
-    let charge: Charge = t.reserve(device, bytes, "array creation")?;
-    if let Err(e) = call() {
-        t.release(charge);
-        return Err(e);
-    }
-    match handle.get() {
-        Some(h) => t.record_array(h as usize, charge),
-        None => t.release(charge),
+    let reservation = t.reserve(device, bytes, "array creation")?;
+    call()?;
+    if let Some(h) = handle.get() {
+        t.record_array(h as usize, reservation.commit());
     }
     Ok(())
 }

@@ -131,6 +131,7 @@ impl<T: Copy> In<T> {
     }
 }
 
+/// Typed calls to real functions (`real::NAME`), declared in the driver layer.
 pub(crate) use crate::driver::real_calls;
 
 /// Declares hooks: for each `fn name(args) -> ret => body;` it exports `name` (the C ABI entry point)

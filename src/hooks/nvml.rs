@@ -1,11 +1,18 @@
-//! NVML's memory figures show the tenant's quota, so `nvidia-smi` and monitoring agents in the container
-//! report the quota as the card: total = quota, used = the tenant's usage, free = the rest.
+//! NVML shows the tenant's quota, so `nvidia-smi` and monitoring agents in the container report the
+//! quota as the card: total = quota, used = the tenant's usage (allocations and driver overhead as
+//! charged), free = the rest (`_v2`: `reserved` 0, so total = reserved + used + free); the process
+//! lists and per-process utilisation show the tenant's own processes only, each with its charge.
 
 use super::{hooks, Out};
 use crate::accounting::tenant;
-use gpuslice_api::nvml::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t};
+use crate::accounting::views::TenantProcess;
+use crate::driver::calls::nvml::real as nvml_real;
+use gpuslice_api::nvml::{
+    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+    nvmlProcessUtilizationSample_t,
+};
 use gpuslice_api::{NvmlError, NvmlReturn};
-use std::ffi::c_char;
+use std::ffi::{c_char, c_uint, c_ulonglong};
 
 hooks! {
     ret = NvmlReturn, missing = Err(NvmlError::UNINITIALIZED);
@@ -13,6 +20,14 @@ hooks! {
         => memory_info(device, Out::new(memory), || real::nvmlDeviceGetMemoryInfo(device, memory));
     fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t)
         => memory_info(device, Out::new(memory), || real::nvmlDeviceGetMemoryInfo_v2(device, memory));
+    fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t)
+        => processes(device, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses(device, count, infos));
+    fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
+        => processes(device, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses_v2(device, count, infos));
+    fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
+        => processes(device, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos));
+    fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, since: c_ulonglong)
+        => process_utilization(device, samples, Out::new(count), || real::nvmlDeviceGetProcessUtilization(device, samples, count, since));
 }
 
 /// Both NVML memory structs, seen as (total, used, free).
@@ -33,9 +48,22 @@ impl MemoryFigures for nvmlMemory_v2_t {
         (self.total, self.used, self.free)
     }
     fn set_figures(&mut self, total: u64, used: u64, free: u64) {
-        // `reserved` (driver/firmware memory) stays what the driver says; it is not the tenant's.
+        // The driver's own reservation is part of the card, not of the quota: within the quota
+        // every byte is the tenant's used or free memory (what the card holds back beyond that,
+        // when the card is fuller than the quotas promise, is shown as reserved).
         (self.total, self.used, self.free) = (total, used, free);
+        self.reserved = total.saturating_sub(used).saturating_sub(free);
     }
+}
+
+/// The device's UUID through the real NVML.
+fn device_uuid(device: nvmlDevice_t) -> Option<String> {
+    let mut uuid = [0 as c_char; 96];
+    // SAFETY: `uuid` is a writable buffer of the length given.
+    unsafe { nvml_real::nvmlDeviceGetUUID(device, uuid.as_mut_ptr(), uuid.len() as u32) }.ok()?;
+    // SAFETY: NVML wrote a NUL-terminated string into the buffer (it is zero-initialised besides).
+    let uuid = unsafe { std::ffi::CStr::from_ptr(uuid.as_ptr()) };
+    Some(uuid.to_string_lossy().into_owned())
 }
 
 fn memory_info<M: MemoryFigures>(
@@ -48,25 +76,100 @@ fn memory_info<M: MemoryFigures>(
     let Some(mut m) = memory.get() else {
         return Ok(());
     };
-    let mut uuid = [0 as c_char; 96];
-    // SAFETY: `uuid` is a writable buffer of the length given.
-    if unsafe {
-        super::calls::nvml::real::nvmlDeviceGetUUID(device, uuid.as_mut_ptr(), uuid.len() as u32)
-    }
-    .is_err()
-    {
+    let Some(uuid) = device_uuid(device) else {
         return Ok(());
-    }
-    // SAFETY: NVML wrote a NUL-terminated string into the buffer (it is zero-initialised besides).
-    let uuid = unsafe { std::ffi::CStr::from_ptr(uuid.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
+    };
     let (total, _, free) = m.figures();
     if let Some((used, limit)) = t.usage_by_uuid(&uuid) {
         let shown_total = limit.min(total);
-        let shown_free = shown_total.saturating_sub(used).min(free);
-        m.set_figures(shown_total, used.min(shown_total), shown_free);
+        let shown_used = used.min(shown_total);
+        let shown_free = (shown_total - shown_used).min(free);
+        m.set_figures(shown_total, shown_used, shown_free);
         memory.set(m);
     }
+    Ok(())
+}
+
+/// The tenant's processes on a device (`None`: not limited here, the driver's answer stands).
+fn tenant_processes(device: nvmlDevice_t) -> Option<Vec<TenantProcess>> {
+    let t = tenant()?;
+    t.processes_by_uuid(&device_uuid(device)?)
+}
+
+/// Both process-info structs.
+trait ProcessEntry: Copy {
+    fn new(pid: u32, used: u64) -> Self;
+}
+impl ProcessEntry for nvmlProcessInfo_v1_t {
+    fn new(pid: u32, used: u64) -> Self {
+        nvmlProcessInfo_v1_t {
+            pid,
+            usedGpuMemory: used,
+        }
+    }
+}
+impl ProcessEntry for nvmlProcessInfo_t {
+    fn new(pid: u32, used: u64) -> Self {
+        nvmlProcessInfo_t {
+            pid,
+            usedGpuMemory: used,
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
+        }
+    }
+}
+
+/// The tenant's own processes, each with what it is charged, in NVML's calling convention: `count`
+/// holds the room in `infos`; too little room is `INSUFFICIENT_SIZE` with the count needed.
+fn processes<P: ProcessEntry>(
+    device: nvmlDevice_t,
+    count: Out<c_uint>,
+    infos: *mut P,
+    call: impl FnOnce() -> NvmlReturn,
+) -> NvmlReturn {
+    let Some(list) = tenant_processes(device) else {
+        return call();
+    };
+    let Some(room) = count.get() else {
+        return call();
+    };
+    let needed = u32::try_from(list.len()).unwrap_or(u32::MAX);
+    count.set(needed);
+    if room < needed || (needed > 0 && infos.is_null()) {
+        return Err(NvmlError::INSUFFICIENT_SIZE);
+    }
+    for (i, p) in list.iter().enumerate() {
+        // SAFETY: the caller gave room for `room` >= `needed` entries at `infos`.
+        unsafe { infos.add(i).write_unaligned(P::new(p.pid, p.used)) };
+    }
+    Ok(())
+}
+
+/// The driver's samples, kept for the tenant's own processes only.
+fn process_utilization(
+    device: nvmlDevice_t,
+    samples: *mut nvmlProcessUtilizationSample_t,
+    count: Out<c_uint>,
+    call: impl FnOnce() -> NvmlReturn,
+) -> NvmlReturn {
+    let result = call();
+    let Some(list) = tenant_processes(device) else {
+        return result;
+    };
+    result?;
+    let (Some(n), false) = (count.get(), samples.is_null()) else {
+        return Ok(());
+    };
+    let mut kept = 0usize;
+    for i in 0..n as usize {
+        // SAFETY: the driver wrote `n` samples into the caller's buffer.
+        let sample = unsafe { samples.add(i).read_unaligned() };
+        if list.iter().any(|p| p.pid == sample.pid) {
+            // SAFETY: `kept` <= `i` < `n`: within the same buffer.
+            unsafe { samples.add(kept).write_unaligned(sample) };
+            kept += 1;
+        }
+    }
+    count.set(kept as c_uint);
     Ok(())
 }

@@ -3,7 +3,7 @@
 //!
 //! * Layout (`shm.rs`): header (magic `GPUSLICE`, layout version, size, state, creator...), a table
 //!   of 16 devices (key = GPU UUID, limit, used, peak) and 256 process slots (state, pid, per-device
-//!   used). Fixed size, `#[repr(C)]`, made only of atomics.
+//!   used, and how much of it is driver overhead). Fixed size, `#[repr(C)]`, made only of atomics.
 //! * Creation: written under a temporary name, published READY, then `link`ed into place, so nobody
 //!   maps half a ledger. Whoever creates it sets the limits; a joiner obeys them, whatever its own
 //!   configuration says. [`Ledger::set_limit`] changes a limit live.
@@ -182,6 +182,9 @@ pub struct ProcessSnapshot {
     pub alive: bool,
     /// `(device index, bytes)` for every device it uses.
     pub used: Vec<(usize, u64)>,
+    /// `(device index, bytes)`: the part of `used` that is driver overhead (contexts, module code,
+    /// limits); the rest is allocations.
+    pub overhead: Vec<(usize, u64)>,
 }
 
 /// A read-only view for `gpuslice status`.
@@ -428,6 +431,15 @@ impl Ledger {
         }
     }
 
+    /// Publishes how much of this process's usage on a device is driver overhead (for status).
+    pub fn set_overhead_by_me(&self, dev: usize, bytes: u64) {
+        if let Some(s) = self.slot() {
+            if self.writable && dev < MAX_DEVICES {
+                self.layout().set_slot_overhead(s, dev, bytes);
+            }
+        }
+    }
+
     /// Bytes this process has reserved on a device.
     pub fn used_by_me(&self, dev: usize) -> u64 {
         match self.slot() {
@@ -639,6 +651,10 @@ impl Ledger {
                 alive: Some(i) == me || slotfile::slot_alive::<Layout>(fd, i),
                 used: (0..MAX_DEVICES)
                     .map(|d| (d, l.slot_used(i, d)))
+                    .filter(|&(_, n)| n > 0)
+                    .collect(),
+                overhead: (0..MAX_DEVICES)
+                    .map(|d| (d, l.slot_overhead(i, d).min(l.slot_used(i, d))))
                     .filter(|&(_, n)| n > 0)
                     .collect(),
             })

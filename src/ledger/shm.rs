@@ -12,8 +12,8 @@ use crate::slotfile::{pack_text, unpack_text, Prefix, SlotLayout};
 
 /// First 8 bytes of every ledger.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
-/// Layout version; bumped on any change of this file's structs (2: per-device `denied`).
-pub const LAYOUT_VERSION: u32 = 2;
+/// Layout version; bumped on any change of this file's structs (2: per-device `denied`; 3: per-slot `overhead`).
+pub const LAYOUT_VERSION: u32 = 3;
 /// Devices a ledger can track.
 pub const MAX_DEVICES: usize = 16;
 /// Processes that can share a ledger at once.
@@ -81,6 +81,9 @@ pub struct Slot {
     pub pid: AtomicU32,
     pub started_unix_ms: AtomicU64,
     pub used: [AtomicU64; MAX_DEVICES],
+    /// The part of `used` that is driver overhead (contexts, module code, limits), as the holder
+    /// last published it (informational: for `gpuslice status`; never released from).
+    pub overhead: [AtomicU64; MAX_DEVICES],
 }
 
 /// The whole file.
@@ -411,10 +414,18 @@ impl Layout {
         }
         s.pid.store(pid, Ordering::Relaxed);
         s.started_unix_ms.store(now_ms, Ordering::Relaxed);
-        for u in &s.used {
+        for u in s.used.iter().chain(&s.overhead) {
             u.store(0, Ordering::Relaxed);
         }
         true
+    }
+
+    pub fn slot_overhead(&self, slot: usize, dev: usize) -> u64 {
+        self.slots[slot].overhead[dev].load(Ordering::Relaxed)
+    }
+
+    pub fn set_slot_overhead(&self, slot: usize, dev: usize, bytes: u64) {
+        self.slots[slot].overhead[dev].store(bytes, Ordering::Relaxed);
     }
 
     pub fn slot_add(&self, slot: usize, dev: usize, bytes: u64) {
@@ -485,10 +496,10 @@ mod tests {
 
     #[test]
     fn layout_is_stable() {
-        // Offsets are part of the file format (LAYOUT_VERSION 2).
+        // Offsets are part of the file format (LAYOUT_VERSION 3).
         assert_eq!(HEADER_SIZE, 256);
         assert_eq!(size_of::<DeviceEntry>(), 104);
-        assert_eq!(size_of::<Slot>(), 16 + 8 * MAX_DEVICES);
+        assert_eq!(size_of::<Slot>(), 16 + 2 * 8 * MAX_DEVICES);
         assert_eq!(DEVICE_TABLE_OFFSET, HEADER_SIZE);
         assert_eq!(SLOT_TABLE_OFFSET, HEADER_SIZE + MAX_DEVICES * 104);
         assert_eq!(

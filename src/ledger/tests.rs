@@ -39,6 +39,7 @@ fn limited(bytes: u64) -> LedgerOptions {
 
 #[test]
 fn create_and_join() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("join");
     let a = Ledger::open(&path, &limited(4 * GIB)).unwrap();
     assert!(a.created());
@@ -98,6 +99,7 @@ fn create_and_join() {
 
 #[test]
 fn joiner_adds_device_with_creators_default() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("default");
     let a = Ledger::open(
         &path,
@@ -123,6 +125,7 @@ fn joiner_adds_device_with_creators_default() {
 
 #[test]
 fn set_limit_applies_to_next_reservation() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("setlimit");
     let a = Ledger::open(&path, &limited(4 * GIB)).unwrap();
     let d = a.device_index(UUID_A).unwrap();
@@ -143,6 +146,7 @@ fn set_limit_applies_to_next_reservation() {
 
 #[test]
 fn bad_device_and_release_underflow() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("bounds");
     let a = Ledger::open(&path, &limited(GIB)).unwrap();
     assert!(a.try_reserve(MAX_DEVICES, 1).is_err());
@@ -169,6 +173,7 @@ fn bad_device_and_release_underflow() {
 
 #[test]
 fn concurrent_reservations_never_exceed_the_limit() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("threads");
     const LIMIT: u64 = 100 * MIB;
     let a = Arc::new(Ledger::open(&path, &limited(LIMIT)).unwrap());
@@ -245,6 +250,7 @@ fn reserve_within(l: &Ledger, d: usize, bytes: u64, limit: Duration) -> Option<D
 
 #[test]
 fn dead_child_is_reclaimed_exactly_once() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("exit");
     let parent = Ledger::open(&path, &limited(GIB + 256 * MIB)).unwrap();
     let other = Ledger::open(&path, &limited(0)).unwrap(); // a second live participant
@@ -262,10 +268,10 @@ fn dead_child_is_reclaimed_exactly_once() {
     assert_eq!(wait(child), 0, "child failed");
     // The child _exited without releasing: its GiB is still counted...
     assert_eq!(parent.used(d), GIB + 256 * MIB);
-    assert!(other.try_reserve(d, 1).is_err());
-    // ... until a refused reservation reclaims it.
-    let took = reserve_within(&parent, d, GIB, Duration::from_secs(1)).expect("not reclaimed");
-    assert!(took < Duration::from_secs(1));
+    // ... until a refused reservation (at most one sweep per interval and process) reclaims it.
+    // How soon is a benchmark figure (tests/shim_robustness.rs measures it through the real ABI),
+    // not a bound a loaded machine could miss here.
+    reserve_within(&parent, d, GIB, Duration::from_secs(30)).expect("not reclaimed");
     assert_eq!(parent.snapshot().reclaims, before + 1);
     assert_eq!(parent.used(d), GIB + 256 * MIB);
     assert_eq!(parent.used_by_me(d), GIB + 256 * MIB);
@@ -280,7 +286,8 @@ fn dead_child_is_reclaimed_exactly_once() {
 }
 
 #[test]
-fn sigkilled_child_is_reclaimed_within_a_second() {
+fn sigkilled_child_is_reclaimed() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("kill");
     let parent = Ledger::open(&path, &limited(GIB)).unwrap();
     let d = parent.device_index(UUID_A).unwrap();
@@ -314,7 +321,7 @@ fn sigkilled_child_is_reclaimed_within_a_second() {
         .processes
         .iter()
         .any(|p| p.pid == child as u32 && !p.alive));
-    reserve_within(&parent, d, GIB, Duration::from_secs(1)).expect("not reclaimed within 1 s");
+    reserve_within(&parent, d, GIB, Duration::from_secs(30)).expect("not reclaimed");
     assert_eq!(parent.used(d), GIB);
     // SAFETY: closes the pipe we created.
     unsafe {
@@ -325,6 +332,7 @@ fn sigkilled_child_is_reclaimed_within_a_second() {
 
 #[test]
 fn drop_gives_usage_back() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("drop");
     let a = Ledger::open(&path, &limited(GIB)).unwrap();
     let d = a.device_index(UUID_A).unwrap();
@@ -338,6 +346,7 @@ fn drop_gives_usage_back() {
 
 #[test]
 fn snapshot_and_readonly() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("snap");
     let a = Ledger::open(&path, &limited(2 * GIB)).unwrap();
     let d = a.device_index(UUID_A).unwrap();
@@ -371,13 +380,15 @@ fn snapshot_and_readonly() {
             slot: a.slot().unwrap(),
             pid: std::process::id(),
             alive: true,
-            used: vec![(d, GIB)]
+            used: vec![(d, GIB)],
+            overhead: vec![],
         }]
     );
 }
 
 #[test]
 fn group_shared_ledger() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("group");
     // SAFETY: no arguments.
     let gid = unsafe { libc::getegid() };
@@ -410,6 +421,7 @@ fn open_bytes(name: &str, bytes: &[u8]) -> (PathBuf, Result<Ledger, LedgerError>
 
 #[test]
 fn damaged_files_are_refused() {
+    let _serial = crate::slotfile::serial_test();
     let good = valid_bytes();
     assert_eq!(good.len(), TOTAL_SIZE);
     assert!(open_bytes("good", &good).1.is_ok());
@@ -518,6 +530,7 @@ fn damaged_files_are_refused() {
 
 #[test]
 fn symlink_is_refused() {
+    let _serial = crate::slotfile::serial_test();
     let real = ledger_path("real");
     drop(Ledger::open(&real, &limited(GIB)).unwrap());
     let link = real.with_file_name("link.ledger");
@@ -541,6 +554,7 @@ fn symlink_is_refused() {
 
 #[test]
 fn half_created_file_times_out() {
+    let _serial = crate::slotfile::serial_test();
     let mut b = valid_bytes();
     b[12..16].copy_from_slice(&shm::STATE_INITIALISING.to_ne_bytes());
     let start = Instant::now();
@@ -573,6 +587,7 @@ fn half_created_file_times_out() {
 
 #[test]
 fn world_writable_is_refused() {
+    let _serial = crate::slotfile::serial_test();
     let path = ledger_path("ww");
     drop(Ledger::open(&path, &limited(GIB)).unwrap());
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
@@ -584,6 +599,7 @@ fn world_writable_is_refused() {
 
 #[test]
 fn from_config() {
+    let _serial = crate::slotfile::serial_test();
     let cfg = crate::config::load_from(
         &|k| match k {
             "GPUSLICE_MEMORY_LIMIT" => Some(format!("1GiB,0=2GiB,{UUID_B}=3GiB")),
@@ -605,6 +621,7 @@ fn from_config() {
 
 #[test]
 fn per_device_keys_matching_no_visible_device_refuse() {
+    let _serial = crate::slotfile::serial_test();
     let load = |v: &str| {
         let v = v.to_string();
         crate::config::load_from(

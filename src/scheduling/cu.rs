@@ -2,28 +2,23 @@
 //! hooks), and the small queries built on them: which device a stream belongs to, device UUIDs, and a
 //! guard that keeps our event calls from disturbing an application's stream capture.
 
-use gpuslice_api::types::{CUcontext, CUdevice, CUevent, CUstream, CUuuid};
+pub use crate::driver::calls::capturing;
+use crate::driver::calls::real::{
+    cuCtxGetCurrent, cuCtxGetDevice, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuDeviceGetCount,
+    cuStreamGetCtx,
+};
+use gpuslice_api::types::{CUcontext, CUdevice, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::{c_int, c_uint};
 
 crate::driver::real_calls! {
     ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
-    fn cuCtxGetCurrent(pctx: *mut CUcontext);
-    fn cuCtxGetDevice(device: *mut CUdevice);
-    fn cuCtxPushCurrent_v2(ctx: CUcontext);
-    fn cuCtxPopCurrent_v2(pctx: *mut CUcontext);
-    fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext);
-    fn cuDeviceGetCount(count: *mut c_int);
-    fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
-    fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
     fn cuEventCreate(event: *mut CUevent, flags: c_uint);
     fn cuEventQuery(event: CUevent);
     fn cuEventRecord(event: CUevent, stream: CUstream);
     fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
     fn cuEventSynchronize(event: CUevent);
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
-    fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
-    fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
     fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
 }
 
@@ -39,7 +34,7 @@ const STREAM_PER_THREAD: usize = 2;
 pub fn current_context() -> CUcontext {
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-parameter.
-    let _ = unsafe { real::cuCtxGetCurrent(&mut ctx) };
+    let _ = unsafe { cuCtxGetCurrent(&mut ctx) };
     ctx
 }
 
@@ -51,7 +46,7 @@ pub fn stream_device(stream: CUstream) -> Option<(CUcontext, u32)> {
         _ => {
             let mut ctx: CUcontext = std::ptr::null_mut();
             // SAFETY: valid out-parameter; the caller's stream handle, as the launch received it.
-            match unsafe { real::cuStreamGetCtx(stream, &mut ctx) } {
+            match unsafe { cuStreamGetCtx(stream, &mut ctx) } {
                 Ok(()) if !ctx.is_null() => ctx,
                 _ => current,
             }
@@ -63,7 +58,7 @@ pub fn stream_device(stream: CUstream) -> Option<(CUcontext, u32)> {
     let ordinal = in_context(ctx, || {
         let mut dev: CUdevice = -1;
         // SAFETY: valid out-parameter.
-        unsafe { real::cuCtxGetDevice(&mut dev) }
+        unsafe { cuCtxGetDevice(&mut dev) }
             .ok()
             .and_then(|()| u32::try_from(dev).ok())
     })?;
@@ -76,12 +71,12 @@ pub fn in_context<R>(ctx: CUcontext, f: impl FnOnce() -> R) -> R {
         return f();
     }
     // SAFETY: a context handle the driver gave us; popped below.
-    let pushed = unsafe { real::cuCtxPushCurrent_v2(ctx) }.is_ok();
+    let pushed = unsafe { cuCtxPushCurrent_v2(ctx) }.is_ok();
     let r = f();
     if pushed {
         let mut popped: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-parameter; pops what we pushed.
-        let _ = unsafe { real::cuCtxPopCurrent_v2(&mut popped) };
+        let _ = unsafe { cuCtxPopCurrent_v2(&mut popped) };
     }
     r
 }
@@ -90,7 +85,7 @@ pub fn in_context<R>(ctx: CUcontext, f: impl FnOnce() -> R) -> R {
 pub fn device_count() -> u32 {
     let mut n: c_int = 0;
     // SAFETY: valid out-parameter.
-    match unsafe { real::cuDeviceGetCount(&mut n) } {
+    match unsafe { cuDeviceGetCount(&mut n) } {
         Ok(()) => u32::try_from(n).unwrap_or(0),
         Err(_) => 0,
     }
@@ -98,28 +93,7 @@ pub fn device_count() -> u32 {
 
 /// `GPU-...` for a device ordinal.
 pub fn device_uuid(ordinal: u32) -> Option<String> {
-    let dev = CUdevice::try_from(ordinal).ok()?;
-    let mut uuid = CUuuid::default();
-    // SAFETY: valid out-parameter.
-    let r = unsafe { real::cuDeviceGetUuid_v2(&mut uuid, dev) };
-    // SAFETY: as above; the legacy entry point for drivers that predate _v2.
-    r.or_else(|_| unsafe { real::cuDeviceGetUuid(&mut uuid, dev) })
-        .ok()?;
-    Some(crate::driver::format_uuid(&uuid.bytes))
-}
-
-/// Whether `stream` is capturing (a failed query counts as not capturing).
-pub fn capturing(stream: CUstream, per_thread: bool) -> bool {
-    let mut status: c_uint = 0;
-    // SAFETY: valid out-parameter; the caller's stream handle.
-    let r = unsafe {
-        if per_thread {
-            real::cuStreamIsCapturing_ptsz(stream, &mut status)
-        } else {
-            real::cuStreamIsCapturing(stream, &mut status)
-        }
-    };
-    r.is_ok() && status != 0
+    crate::driver::calls::device_uuid(CUdevice::try_from(ordinal).ok()?).ok()
 }
 
 /// While alive, the calling thread's stream-capture interaction mode is RELAXED: event queries and

@@ -29,9 +29,13 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 /// Default directory of the device ledgers.
 pub const DEFAULT_DEVICE_DIR: &str = "/dev/shm/gpuslice/devices";
 
-/// The directory of the device ledgers: `GPUSLICE_DEVICE_DIR`, else `devices/` in
+/// The directory of the device ledgers: the node policy's (`config::policy`), else `GPUSLICE_DEVICE_DIR`, else `devices/` in
 /// `GPUSLICE_LEDGER_DIR`, else the default.
 pub fn device_dir() -> PathBuf {
+    // A node-created tenant joins the node's device ledgers, whatever its environment says.
+    if let Some(dir) = crate::config::policy::device_dir() {
+        return dir;
+    }
     std::env::var_os("GPUSLICE_DEVICE_DIR")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

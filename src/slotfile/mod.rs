@@ -771,3 +771,14 @@ pub fn take_dead_slot<L: SlotLayout, T>(
 pub fn release_slot<L: SlotLayout>(fd: RawFd, i: usize) {
     sys::unlock(fd, L::lock_offset(i));
 }
+
+/// Unit tests that take slot locks or fork run one at a time: a fork from one test's thread copies
+/// every descriptor of the process, so another test's OFD locks would stay held by that child
+/// until it exits, and a "dead slot" would look alive.
+#[cfg(test)]
+pub(crate) fn serial_test() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -7,6 +7,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::ptr::NonNull;
+use std::sync::atomic::{
+    AtomicI32, AtomicU64,
+    Ordering::{AcqRel, Acquire, Release},
+};
 
 fn cpath(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
@@ -244,15 +248,48 @@ pub fn reopen(fd: &OwnedFd, writable: bool) -> io::Result<OwnedFd> {
 /// Descriptors that hold a slot lock, pointed at /dev/null in a fork child: a child that never uses
 /// the ledger (a data-loader worker, a helper) must not keep its parent's slot alive once the parent
 /// dies. A child that does use it reopens the file (`Ledger::reattach_after_fork`).
-static SLOT_FDS: [std::sync::atomic::AtomicI32; 16] =
-    [const { std::sync::atomic::AtomicI32::new(-1) }; 16];
+///
+/// Each entry also records the file's identity (device, inode): a number whose descriptor was closed
+/// without being forgotten, and then reused by the program for something else, is never touched (the
+/// child handler checks the identity first), and such stale entries are pruned when the table fills.
+struct GuardedFd {
+    /// -1: free; -2: being written; otherwise the descriptor.
+    fd: AtomicI32,
+    dev: AtomicU64,
+    ino: AtomicU64,
+}
+
+const GUARD_FREE: i32 = -1;
+const GUARD_WRITING: i32 = -2;
+
+/// Room for a tenant ledger and a device ledger per GPU, several times over.
+static SLOT_FDS: [GuardedFd; 64] = [const {
+    GuardedFd {
+        fd: AtomicI32::new(GUARD_FREE),
+        dev: AtomicU64::new(0),
+        ino: AtomicU64::new(0),
+    }
+}; 64];
+
+/// The (device, inode) of an open descriptor; async-signal-safe.
+fn identity(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid and writable; fstat only reads the descriptor number.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+fn still_guarded_file(e: &GuardedFd, fd: RawFd) -> bool {
+    identity(fd) == Some((e.dev.load(Acquire), e.ino.load(Acquire)))
+}
 
 extern "C" fn drop_slot_fds_in_child() {
-    for slot in &SLOT_FDS {
-        let fd = slot.swap(-1, std::sync::atomic::Ordering::AcqRel);
-        if fd < 0 {
+    for e in &SLOT_FDS {
+        let fd = e.fd.load(Acquire);
+        if fd < 0 || !still_guarded_file(e, fd) {
             continue;
         }
+        e.fd.store(GUARD_FREE, Release);
         // Replaced, not closed: the Ledger still owns the number and closes it later.
         // SAFETY: open/dup3/close are async-signal-safe and touch only descriptors we own.
         unsafe {
@@ -272,19 +309,43 @@ pub fn guard_slot_fd(fd: RawFd) {
         // SAFETY: registers a child handler that only swaps descriptors we own (async-signal-safe calls).
         unsafe { libc::pthread_atfork(None, None, Some(drop_slot_fds_in_child)) };
     });
-    use std::sync::atomic::Ordering::{AcqRel, Acquire};
-    for slot in &SLOT_FDS {
-        if slot.compare_exchange(-1, fd, AcqRel, Acquire).is_ok() {
-            return;
+    let Some((dev, ino)) = identity(fd) else {
+        return;
+    };
+    let registered = |e: &GuardedFd| {
+        e.fd.load(Acquire) == fd && e.dev.load(Acquire) == dev && e.ino.load(Acquire) == ino
+    };
+    if SLOT_FDS.iter().any(registered) {
+        return;
+    }
+    for attempt in 0..2 {
+        for e in &SLOT_FDS {
+            if e.fd
+                .compare_exchange(GUARD_FREE, GUARD_WRITING, AcqRel, Acquire)
+                .is_ok()
+            {
+                e.dev.store(dev, Release);
+                e.ino.store(ino, Release);
+                e.fd.store(fd, Release);
+                return;
+            }
+        }
+        if attempt == 0 {
+            // Full: forget entries whose descriptor no longer shows the file it was registered for.
+            for e in &SLOT_FDS {
+                let old = e.fd.load(Acquire);
+                if old >= 0 && !still_guarded_file(e, old) {
+                    let _ = e.fd.compare_exchange(old, GUARD_FREE, AcqRel, Acquire);
+                }
+            }
         }
     }
 }
 
 /// Forgets a descriptor registered with [`guard_slot_fd`] (it is about to be closed).
 pub fn unguard_slot_fd(fd: RawFd) {
-    use std::sync::atomic::Ordering::{AcqRel, Acquire};
-    for slot in &SLOT_FDS {
-        let _ = slot.compare_exchange(fd, -1, AcqRel, Acquire);
+    for e in &SLOT_FDS {
+        let _ = e.fd.compare_exchange(fd, GUARD_FREE, AcqRel, Acquire);
     }
 }
 

@@ -41,6 +41,7 @@ fn open(path: &Path) -> Result<Writable<Tiny>, Error> {
 
 #[test]
 fn create_then_join_sees_the_initialised_file() {
+    let _serial = crate::slotfile::serial_test();
     let path = dir("create").join("f");
     let a = open(&path).unwrap();
     assert!(a.created());
@@ -59,6 +60,7 @@ fn create_then_join_sees_the_initialised_file() {
 
 #[test]
 fn long_names_get_a_temporary_name_that_fits() {
+    let _serial = crate::slotfile::serial_test();
     // 255 bytes: the longest file name; the temporary name must not be longer.
     let path = dir("long").join("x".repeat(255));
     assert!(open(&path).is_ok());
@@ -66,6 +68,7 @@ fn long_names_get_a_temporary_name_that_fits() {
 
 #[test]
 fn read_only_handle_holds_a_private_copy() {
+    let _serial = crate::slotfile::serial_test();
     let path = dir("ro").join("f");
     let w = open(&path).unwrap();
     let r = ReadOnly::<Tiny>::open(&path).unwrap();
@@ -85,6 +88,7 @@ fn read_only_handle_holds_a_private_copy() {
 
 #[test]
 fn special_files_are_refused_without_blocking() {
+    let _serial = crate::slotfile::serial_test();
     let d = dir("special");
     std::fs::create_dir_all(&d).unwrap();
     let fifo = d.join("fifo");
@@ -106,6 +110,7 @@ fn special_files_are_refused_without_blocking() {
 
 #[test]
 fn joiner_waits_for_initialisation_then_succeeds() {
+    let _serial = crate::slotfile::serial_test();
     let path = dir("init").join("f");
     drop(open(&path).unwrap());
     let mut bytes = std::fs::read(&path).unwrap();
@@ -114,9 +119,12 @@ fn joiner_waits_for_initialisation_then_succeeds() {
     let p2 = path.clone();
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
-        let mut b = std::fs::read(&p2).unwrap();
-        b[STATE_AT..STATE_AT + 4].copy_from_slice(&STATE_READY.to_ne_bytes());
-        std::fs::write(&p2, &b).unwrap();
+        // Published in place, as a creator does (never truncated: the joiner must not see a
+        // short file).
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&p2).unwrap();
+        f.write_all_at(&STATE_READY.to_ne_bytes(), STATE_AT as u64)
+            .unwrap();
     });
     let start = Instant::now();
     let j = open(&path).unwrap();
@@ -143,6 +151,7 @@ fn in_child(f: impl FnOnce() -> bool) -> i32 {
 
 #[test]
 fn truncation_while_mapped_does_not_kill_the_mapper() {
+    let _serial = crate::slotfile::serial_test();
     for cut in [0u64, size_of::<Tiny>() as u64 / 2, 100] {
         let path = dir("cut").join("f");
         let w = open(&path).unwrap();
@@ -192,6 +201,7 @@ fn truncation_while_mapped_does_not_kill_the_mapper() {
 
 #[test]
 fn claimed_slot_is_not_held_by_a_fork_child() {
+    let _serial = crate::slotfile::serial_test();
     let path = dir("fork").join("f");
     let w = open(&path).unwrap();
     let fd = w.lock_fd().unwrap();
@@ -209,14 +219,21 @@ fn claimed_slot_is_not_held_by_a_fork_child() {
         )
     };
     let other = w.lock_fd().unwrap();
+    // The grandchild says when it runs: the fork handler has run by then (glibc runs it before
+    // fork returns in the child), and until then the child's copy of the descriptor still exists.
+    let mut ready = [0; 2];
+    // SAFETY: `ready` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
     // A process claims a slot, forks a child that outlives it, and dies: its slot must be dead.
     let status = in_child(|| {
         let mine = w.lock_fd().unwrap();
         let Some(slot) = claim(mine.as_raw_fd()) else {
             return false;
         };
-        // SAFETY: the grandchild only sleeps then _exits.
+        // SAFETY: the grandchild only writes a byte, sleeps, then _exits.
         if unsafe { libc::fork() } == 0 {
+            // SAFETY: writes one byte from a valid buffer to the pipe.
+            unsafe { libc::write(ready[1], [1u8].as_ptr().cast(), 1) };
             std::thread::sleep(Duration::from_secs(3));
             // SAFETY: ends the grandchild.
             unsafe { libc::_exit(0) };
@@ -224,6 +241,13 @@ fn claimed_slot_is_not_held_by_a_fork_child() {
         slot == 0
     });
     assert_eq!(status, 0);
+    let mut b = [0u8];
+    // SAFETY: reads one byte into a valid buffer, then closes the pipe we created.
+    unsafe {
+        assert_eq!(libc::read(ready[0], b.as_mut_ptr().cast(), 1), 1);
+        libc::close(ready[0]);
+        libc::close(ready[1]);
+    }
     // The grandchild is still alive, yet the slot's lock is free (its copy of the descriptor was
     // pointed at /dev/null at fork).
     assert!(!slot_alive::<Tiny>(other.as_raw_fd(), 0));
@@ -242,6 +266,7 @@ fn claimed_slot_is_not_held_by_a_fork_child() {
 /// reclaimed slot is free. The steps are run for real (OFD locks on a real file) in each order.
 #[test]
 fn claim_and_reclaim_interleavings() {
+    let _serial = crate::slotfile::serial_test();
     #[derive(Clone, Copy, Debug)]
     enum Step {
         Lock,
@@ -318,6 +343,7 @@ fn claim_and_reclaim_interleavings() {
 /// no signal. Needs root (mounts a 1 MiB tmpfs); skipped otherwise.
 #[test]
 fn full_filesystem_at_creation_is_a_clear_error() {
+    let _serial = crate::slotfile::serial_test();
     // SAFETY: no arguments.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs root to mount a tmpfs");

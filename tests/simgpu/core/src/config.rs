@@ -29,6 +29,12 @@ pub struct Config {
     pub kernel_ns: u64,
     /// `SIMGPU_GROUP`: label for per-group figures; default "".
     pub group: String,
+    /// `SIMGPU_MODULE_SCALE`: device memory a loaded module's code takes, as a multiple of its
+    /// image's size (rounded up to 2 MiB); default 1, 0 makes modules free.
+    pub module_scale: u64,
+    /// `SIMGPU_POOL_ATTRIBUTES_ZERO=1`: memory pools answer 0 for their reserved and used sizes (a
+    /// driver whose answers cannot be trusted).
+    pub pool_attributes_zero: bool,
 }
 
 /// Most devices a state file holds.
@@ -47,6 +53,8 @@ impl Default for Config {
             trace: None,
             kernel_ns: 5000,
             group: String::new(),
+            module_scale: 1,
+            pool_attributes_zero: false,
         }
     }
 }
@@ -139,6 +147,20 @@ impl Config {
             *group.borrow_mut() = v.to_owned();
             Some(())
         });
+        let scale = std::cell::Cell::new(c.module_scale);
+        get("SIMGPU_MODULE_SCALE", &|v| {
+            v.parse().ok().filter(|n| *n <= 64).map(|n| scale.set(n))
+        });
+        let zero = std::cell::Cell::new(c.pool_attributes_zero);
+        get("SIMGPU_POOL_ATTRIBUTES_ZERO", &|v| {
+            let on = match v {
+                "1" => true,
+                "0" | "" => false,
+                _ => return None,
+            };
+            zero.set(on);
+            Some(())
+        });
         c.devices = devices.get();
         c.memory = memory.get();
         c.driver_version = driver.get();
@@ -149,6 +171,8 @@ impl Config {
         c.trace = trace.into_inner();
         c.kernel_ns = kns.get();
         c.group = group.into_inner();
+        c.module_scale = scale.get();
+        c.pool_attributes_zero = zero.get();
         c
     }
 }

@@ -444,8 +444,13 @@ impl Shared {
                 active = 0;
                 changed = true;
             }
-            // 3. A serving context with nothing left gives the device up.
-            if active != 0 && ex.running.load(Relaxed) == 0 && waiting(&|c| c == active).is_none() {
+            // 3. A serving context with nothing left gives the device up (unless a kernel it has
+            //    queued already is on its way: the hold).
+            if active != 0
+                && ex.running.load(Relaxed) == 0
+                && waiting(&|c| c == active).is_none()
+                && now >= ex.hold_until_ns.load(Relaxed)
+            {
                 active = 0;
                 changed = true;
             }

@@ -680,3 +680,38 @@ fn stopped_turn_holder_blocks_only_until_its_kernel_would_end() {
         libc::close(fds[1]);
     }
 }
+
+/// A context launching 50 us kernels and one launching 5 ms kernels, both with work always queued:
+/// time slices (in device time) give each about half of the device, where running kernels to their
+/// end in arrival order would give the short-kernel context about 1%.
+#[test]
+fn contexts_with_queued_work_share_the_device_by_time_slices() {
+    let t = TempState::new("slices");
+    let s = Arc::new(t.open(&cfg(1 << 30)));
+    let stop = Instant::now() + Duration::from_millis(1500);
+    let threads: Vec<_> = [50u64, 5000]
+        .into_iter()
+        .map(|us| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let ctx = s.new_context_tag();
+                let mut n = 0u64;
+                while Instant::now() < stop {
+                    // `true`: the next kernel is queued behind this one, as with a full stream.
+                    s.run_kernel(0, ctx, Work::Timed(Duration::from_micros(us)), true);
+                    n += 1;
+                }
+                n * us
+            })
+        })
+        .collect();
+    let device_us: Vec<u64> = threads.into_iter().map(|h| h.join().unwrap()).collect();
+    let short = device_us[0] as f64 / (device_us[0] + device_us[1]) as f64;
+    let snap = snapshot(&t.0).unwrap();
+    assert!(
+        short > 0.2 && short < 0.8,
+        "short-kernel context had {:.1}% of the device ({device_us:?} us); {snap:?}",
+        short * 100.0
+    );
+    assert!(snap.devices[0].switches > 10, "{snap:?}");
+}

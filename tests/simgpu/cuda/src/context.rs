@@ -1,6 +1,8 @@
 //! Contexts: primary (one per device, retained/released) and created ones; the per-thread stack of
 //! current contexts. A live context costs `config().context_memory` of device memory, as a real
-//! context's own allocations (local memory, printf buffer, module space) do.
+//! context's own allocations (local memory, printf buffer, module space) do, and its limits
+//! (`cuCtxSetLimit`) cost what a real driver reserves for them beyond their defaults: the stack size
+//! for every thread the device can hold resident, the malloc heap and the printf FIFO.
 
 use gpuslice_api::types::{
     CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CU_CTX_FLAGS_MASK,
@@ -30,6 +32,8 @@ pub struct Context {
     /// its handle is stable across release/retain, as in the real driver).
     active: AtomicBool,
     limits: Mutex<[usize; CU_LIMIT_COUNT]>,
+    /// Device memory charged for the limits beyond their defaults (see [`limits_cost`]).
+    limits_charge: AtomicU64,
 }
 
 /// `cuCtxGetLimit` defaults (the real driver's, per `CUlimit` value).
@@ -37,6 +41,30 @@ const DEFAULT_LIMITS: [usize; CU_LIMIT_COUNT] =
     [1024, 1 << 20, 8 << 20, 2, 2048, 64, 0, 0, 0, 0, 0];
 /// Limits the 12.x driver accepts (STACK_SIZE .. PERSISTING_L2_CACHE_SIZE).
 const KNOWN_LIMITS: usize = 7;
+/// Resident threads per multiprocessor (`CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`).
+pub const THREADS_PER_MULTIPROCESSOR: u64 = 2048;
+/// The driver reserves device memory in pages of this size.
+pub const GRANULE: u64 = 2 << 20;
+
+/// Device memory the limits take beyond what the defaults take (those are in the context's own cost):
+/// stack size x multiprocessors x resident threads per multiprocessor, plus the malloc heap and the
+/// printf FIFO, rounded up to the driver's 2 MiB pages.
+pub fn limits_cost(device: u32, limits: &[usize; CU_LIMIT_COUNT]) -> u64 {
+    let sms = simgpu_core::physical_devices()
+        .get(device as usize)
+        .map_or(0, |d| d.multiprocessor_count.max(0) as u64);
+    let cost = |l: &[usize; CU_LIMIT_COUNT]| -> u64 {
+        (l[0] as u64)
+            .saturating_mul(sms)
+            .saturating_mul(THREADS_PER_MULTIPROCESSOR)
+            .saturating_add(l[1] as u64)
+            .saturating_add(l[2] as u64)
+    };
+    cost(limits)
+        .saturating_sub(cost(&DEFAULT_LIMITS))
+        .div_ceil(GRANULE)
+        .saturating_mul(GRANULE)
+}
 
 impl Context {
     pub fn flags(&self) -> u32 {
@@ -96,6 +124,7 @@ fn new_context(device: u32, flags: u32, primary: bool) -> Arc<Context> {
         flags: AtomicU32::new(flags),
         active: AtomicBool::new(false),
         limits: Mutex::new(DEFAULT_LIMITS),
+        limits_charge: AtomicU64::new(0),
     });
     lock(registry()).insert(Arc::as_ptr(&ctx) as usize, ctx.clone());
     ctx
@@ -122,8 +151,14 @@ fn deactivate(ctx: &Context) {
         crate::stream::invalidate_context(ctx);
         crate::event::invalidate_context(ctx.id);
         crate::memory::on_context_destroyed(ctx);
+        crate::module::on_context_destroyed(ctx.id);
+        *lock(&ctx.limits) = DEFAULT_LIMITS;
+        let limits = ctx.limits_charge.swap(0, Ordering::AcqRel);
         if let Ok(s) = shared() {
-            s.release(ctx.device, simgpu_core::config().context_memory);
+            s.release(
+                ctx.device,
+                simgpu_core::config().context_memory.saturating_add(limits),
+            );
         }
     }
 }
@@ -403,7 +438,22 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: c_uint, value: usize) -> CUresult 
         if limit as usize >= KNOWN_LIMITS {
             return Err(CUerror::UNSUPPORTED_LIMIT);
         }
-        lock(&ctx.limits)[limit as usize] = value;
+        let mut limits = lock(&ctx.limits);
+        let mut next = *limits;
+        next[limit as usize] = value;
+        // What the new limits take beyond the old: reserved before they apply (a device without the
+        // room refuses, as a real driver does), or given back.
+        let before = ctx.limits_charge.load(Ordering::Acquire);
+        let after = limits_cost(ctx.device, &next);
+        if after > before {
+            if !shared()?.try_reserve(ctx.device, after - before) {
+                return Err(CUerror::OUT_OF_MEMORY);
+            }
+        } else if after < before {
+            shared()?.release(ctx.device, before - after);
+        }
+        ctx.limits_charge.store(after, Ordering::Release);
+        *limits = next;
         Ok(())
     })
 }

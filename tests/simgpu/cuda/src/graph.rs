@@ -418,14 +418,16 @@ fn graph_launch(he: CUgraphExec, hs: CUstream, per_thread: bool) -> CUresult {
     // Graph allocations get their memory now, or the launch fails as a whole.
     graph_memory::map_for_launch(&e.allocs, e.auto_free)?;
     let allocs = e.allocs.clone();
-    stream::submit(
+    stream::submit_kernel(
         &s,
-        Vec::new(),
         Box::new(move || {
             let more = stream::more_queued();
-            let last = e.nodes.len().saturating_sub(1);
+            let last_kernel = e
+                .nodes
+                .iter()
+                .rposition(|n| matches!(n.kind, NodeKind::Kernel(_)));
             for (i, n) in e.nodes.iter().enumerate() {
-                stream::set_more_queued(more || i < last);
+                stream::set_more_queued(more || last_kernel.is_some_and(|l| i < l));
                 n.run();
             }
         }),

@@ -258,7 +258,7 @@ pub(crate) fn submit(s: &Arc<Stream>, k: Kernel) -> CUresult {
     if let Some(c) = s.capture() {
         return c.add(crate::graph::NodeKind::Kernel(k));
     }
-    stream::submit(s, Vec::new(), Box::new(move || k.execute())).map(drop)
+    stream::submit_kernel(s, Box::new(move || k.execute())).map(drop)
 }
 
 /// cuLaunchKernel and its variants.

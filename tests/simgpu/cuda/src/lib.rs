@@ -27,6 +27,7 @@ mod event;
 // Kernel launches and the execution of kernels on the shared device.
 mod launch;
 // Modules, libraries, functions and kernels.
+mod image;
 mod module;
 // Graphs: captured or built, instantiated, launched.
 mod graph;

@@ -2,6 +2,11 @@
 //! yields a function for any name; the function remembers its name, which decides how the simulated
 //! kernel behaves (see `launch.rs`). A `CUkernel` is the same object as the `CUfunction` of its
 //! library's module, so either handle works wherever the real driver accepts both.
+//!
+//! A loaded module's code takes device memory as on a GPU: its image's size times
+//! `SIMGPU_MODULE_SCALE`, in 2 MiB pages, on the device of the context it was loaded in (a library,
+//! which needs no context, on the current context's device, else device 0), until it is unloaded or
+//! its context destroyed. Loading is eager (`CUDA_MODULE_LOADING=LAZY` is not modelled).
 
 use crate::stream::lock;
 use gpuslice_api::launch_types::*;
@@ -18,6 +23,13 @@ pub const OPTIN_MAX_SHARED: i32 = 163 * 1024;
 
 pub struct Module {
     functions: Mutex<HashMap<String, Arc<Function>>>,
+    /// Parameter layouts by kernel name, from the image.
+    params: crate::image::ParamLayouts,
+    /// Physical device and bytes the module's code takes there.
+    device: u32,
+    charge: u64,
+    /// The context it was loaded in (0: a library's, which outlives contexts).
+    ctx_id: u64,
 }
 
 pub struct Function {
@@ -104,16 +116,53 @@ fn library(h: CUlibrary) -> Result<Arc<Library>, CUerror> {
         .ok_or(CUerror::INVALID_HANDLE)
 }
 
-fn new_module() -> Arc<Module> {
+/// Loads `image` (its code reserved on the device): in the current context, or for a library
+/// (`library`), on the current context's device or device 0.
+fn new_module(image: &crate::image::Image, library: bool) -> Result<Arc<Module>, CUerror> {
+    let ctx = crate::context::current();
+    let (device, ctx_id) = match (&ctx, library) {
+        (Ok(c), false) => (c.device, c.id),
+        (Ok(c), true) => (c.device, 0),
+        (Err(e), false) => return Err(*e),
+        (Err(_), true) => (crate::device::physical(0)?, 0),
+    };
+    let charge = (image.bytes.len() as u64)
+        .saturating_mul(simgpu_core::config().module_scale)
+        .div_ceil(crate::context::GRANULE)
+        .saturating_mul(crate::context::GRANULE);
+    let shared = simgpu_core::shared().map_err(|_| CUerror::NOT_INITIALIZED)?;
+    if !shared.try_reserve(device, charge) {
+        return Err(CUerror::OUT_OF_MEMORY);
+    }
     let m = Arc::new(Module {
         functions: Mutex::new(HashMap::new()),
+        params: crate::image::param_layouts(&image.bytes),
+        device,
+        charge,
+        ctx_id,
     });
     lock(&MODULES).insert(Arc::as_ptr(&m) as usize, m.clone());
-    m
+    Ok(m)
+}
+
+/// Unloads the modules of a destroyed context (their code goes with it).
+pub fn on_context_destroyed(ctx_id: u64) {
+    let gone: Vec<Arc<Module>> = lock(&MODULES)
+        .values()
+        .filter(|m| m.ctx_id == ctx_id && ctx_id != 0)
+        .cloned()
+        .collect();
+    for m in gone {
+        unload_module(&m);
+    }
 }
 
 fn unload_module(m: &Arc<Module>) {
-    lock(&MODULES).remove(&(Arc::as_ptr(m) as usize));
+    if lock(&MODULES).remove(&(Arc::as_ptr(m) as usize)).is_some() {
+        if let Ok(s) = simgpu_core::shared() {
+            s.release(m.device, m.charge);
+        }
+    }
     let mut fns = lock(&FUNCTIONS);
     for f in lock(&m.functions).values() {
         fns.remove(&(Arc::as_ptr(f) as usize));
@@ -150,28 +199,85 @@ unsafe fn c_str<'a>(p: *const c_char) -> Result<&'a str, CUerror> {
 }
 
 /// Every module load needs a current context, like the real driver.
-fn load(image: *const c_void) -> Result<CUmodule, CUerror> {
+///
+/// # Safety
+/// `image` is NULL or an image as `cuModuleLoadData` takes it.
+unsafe fn load(image: *const c_void) -> Result<CUmodule, CUerror> {
     crate::context::current()?;
     if image.is_null() {
         return Err(CUerror::INVALID_VALUE);
     }
-    Ok(Arc::as_ptr(&new_module()) as CUmodule)
+    // SAFETY: per the caller.
+    let image = unsafe { crate::image::from_pointer(image) };
+    Ok(Arc::as_ptr(&new_module(&image, false)?) as CUmodule)
 }
 
-fn check_readable(path: &str) -> CUresult {
+/// The image in a file (cubin, fatbinary or PTX).
+fn read_image(path: &str) -> Result<crate::image::Image, CUerror> {
     match std::fs::File::open(path) {
-        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => Ok(()),
+        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut &f, &mut bytes).map_err(|_| CUerror::FILE_NOT_FOUND)?;
+            Ok(crate::image::Image { bytes })
+        }
         _ => Err(CUerror::FILE_NOT_FOUND),
     }
 }
 
-fn new_library() -> CUlibrary {
+fn new_library(image: &crate::image::Image) -> Result<CUlibrary, CUerror> {
     let lib = Arc::new(Library {
-        module: new_module(),
+        module: new_module(image, true)?,
     });
     let h = Arc::as_ptr(&lib) as usize;
     lock(&LIBRARIES).insert(h, lib);
-    h as CUlibrary
+    Ok(h as CUlibrary)
+}
+
+/// `cuFuncGetParamInfo` / `cuKernelGetParamInfo`: the parameter's offset and size in the
+/// device-side parameter layout; `INVALID_VALUE` for an index past the last parameter (or a kernel
+/// whose image did not declare its parameters).
+fn param_info(
+    f: CUfunction,
+    index: usize,
+    offset: Option<&mut usize>,
+    size: *mut usize,
+) -> CUresult {
+    let f = function(f)?;
+    let offset = crate::out(offset)?;
+    let m = f.module.upgrade().ok_or(CUerror::INVALID_HANDLE)?;
+    let (o, s) = *m
+        .params
+        .get(f.name())
+        .and_then(|p| p.get(index))
+        .ok_or(CUerror::INVALID_VALUE)?;
+    *offset = o;
+    if !size.is_null() {
+        // SAFETY: a non-NULL size pointer is the caller's storage for a size_t.
+        unsafe { size.write_unaligned(s) };
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    f: CUfunction,
+    index: usize,
+    offset: Option<&mut usize>,
+    size: *mut usize,
+) -> CUresult {
+    crate::call("cuFuncGetParamInfo", || param_info(f, index, offset, size))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    k: CUkernel,
+    index: usize,
+    offset: Option<&mut usize>,
+    size: *mut usize,
+) -> CUresult {
+    crate::call("cuKernelGetParamInfo", || {
+        param_info(k as CUfunction, index, offset, size)
+    })
 }
 
 /// A `const char*` that stays valid as long as the function: the name the client gave.
@@ -187,8 +293,8 @@ pub unsafe extern "C" fn cuModuleLoad(pm: Option<&mut CUmodule>, fname: *const c
         let pm = crate::out(pm)?;
         crate::context::current()?;
         // SAFETY: `fname` is a C string per the API.
-        check_readable(unsafe { c_str(fname) }?)?;
-        *pm = Arc::as_ptr(&new_module()) as CUmodule;
+        let image = read_image(unsafe { c_str(fname) }?)?;
+        *pm = Arc::as_ptr(&new_module(&image, false)?) as CUmodule;
         Ok(())
     })
 }
@@ -200,7 +306,8 @@ pub unsafe extern "C" fn cuModuleLoadData(
 ) -> CUresult {
     crate::call("cuModuleLoadData", || {
         let pm = crate::out(pm)?;
-        *pm = load(image)?;
+        // SAFETY: `image` is an image as the API requires.
+        *pm = unsafe { load(image) }?;
         Ok(())
     })
 }
@@ -215,7 +322,8 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 ) -> CUresult {
     crate::call("cuModuleLoadDataEx", || {
         let pm = crate::out(pm)?;
-        *pm = load(image)?;
+        // SAFETY: `image` is an image as the API requires.
+        *pm = unsafe { load(image) }?;
         Ok(())
     })
 }
@@ -227,7 +335,8 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
 ) -> CUresult {
     crate::call("cuModuleLoadFatBinary", || {
         let pm = crate::out(pm)?;
-        *pm = load(image)?;
+        // SAFETY: `image` is an image as the API requires.
+        *pm = unsafe { load(image) }?;
         Ok(())
     })
 }
@@ -304,7 +413,8 @@ pub unsafe extern "C" fn cuLibraryLoadData(
             return Err(CUerror::INVALID_VALUE);
         }
         // Libraries are context-independent: no current context needed.
-        *pl = new_library();
+        // SAFETY: `code` is an image as the API requires.
+        *pl = new_library(&unsafe { crate::image::from_pointer(code) })?;
         Ok(())
     })
 }
@@ -323,8 +433,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     crate::call("cuLibraryLoadFromFile", || {
         let pl = crate::out(pl)?;
         // SAFETY: `fname` is a C string per the API.
-        check_readable(unsafe { c_str(fname) }?)?;
-        *pl = new_library();
+        *pl = new_library(&read_image(unsafe { c_str(fname) }?)?)?;
         Ok(())
     })
 }

@@ -21,12 +21,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::ThreadId;
 
 thread_local! {
-    /// On a stream worker, while it runs an op: whether more ops of the stream are queued behind it.
+    /// On a stream worker, while it runs an op: whether a kernel of the stream is queued behind it.
     static MORE_QUEUED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether the op running on this (stream worker) thread has more work queued behind it on its
-/// stream: on a GPU that work would already be in the device's queue.
+/// Whether the op running on this (stream worker) thread has a kernel queued behind it on its
+/// stream: on a GPU that kernel would already be in the device's queue.
 pub(crate) fn more_queued() -> bool {
     MORE_QUEUED.with(|m| m.get())
 }
@@ -70,6 +70,8 @@ pub(crate) struct Dep {
 struct Job {
     deps: Vec<Dep>,
     op: Op,
+    /// The op runs kernels (a launch, a graph with kernel nodes).
+    kernel: bool,
 }
 
 #[derive(Default)]
@@ -216,7 +218,7 @@ impl Stream {
                 let mut s = lock(&self.state);
                 loop {
                     if let Some(j) = s.queue.pop_front() {
-                        set_more_queued(!s.queue.is_empty());
+                        set_more_queued(s.queue.iter().any(|j| j.kernel));
                         break j;
                     }
                     if s.closed {
@@ -383,7 +385,22 @@ fn implicit_deps(stream: &Arc<Stream>, inner: &mut CtxInner) -> Vec<Dep> {
 
 /// Submits `op` to run on `stream` after `deps` and after the stream's prior (and implicit) work;
 /// returns its sequence number. Ignores capture: callers that capture check [`Stream::capture`] first.
-pub(crate) fn submit(stream: &Arc<Stream>, mut deps: Vec<Dep>, op: Op) -> Result<u64, CUerror> {
+pub(crate) fn submit(stream: &Arc<Stream>, deps: Vec<Dep>, op: Op) -> Result<u64, CUerror> {
+    submit_job(stream, deps, op, false)
+}
+
+/// [`submit`] for an op that runs kernels: the kernel before it on the stream is "followed" (see
+/// [`more_queued`]).
+pub(crate) fn submit_kernel(stream: &Arc<Stream>, op: Op) -> Result<u64, CUerror> {
+    submit_job(stream, Vec::new(), op, true)
+}
+
+fn submit_job(
+    stream: &Arc<Stream>,
+    mut deps: Vec<Dep>,
+    op: Op,
+    kernel: bool,
+) -> Result<u64, CUerror> {
     stream.wait_for_room();
     let ctx = stream.context()?;
     let mut inner = lock(&ctx.streams.inner);
@@ -392,7 +409,7 @@ pub(crate) fn submit(stream: &Arc<Stream>, mut deps: Vec<Dep>, op: Op) -> Result
     }
     deps.extend(implicit_deps(stream, &mut inner));
     deps.retain(|d| !Arc::ptr_eq(&d.stream, stream));
-    stream.push(Job { deps, op })
+    stream.push(Job { deps, op, kernel })
 }
 
 /// Runs `op` on the stream in order after prior work (legacy default stream semantics included).

@@ -1,0 +1,357 @@
+//! `gpuslice tenant create|list|delete`, `gpuslice cdi generate`, `gpuslice install-library`: the node
+//! side (crate `gpuslice-node`). docs/KUBERNETES.md describes the layout and who may write what.
+
+use clap::{Args, Subcommand};
+use gpuslice::config::{format_bytes, parse_size, Units};
+use gpuslice_node::cdi;
+use gpuslice_node::policy::{Created, Layout, Priority, DEFAULT_STATE_DIR};
+use gpuslice_node::tenant::{self, Node, Request};
+use std::path::{Path, PathBuf};
+
+/// The node's directories.
+#[derive(Args, Clone)]
+pub(crate) struct NodeArgs {
+    /// State directory (tenants' policies and ledgers, device ledgers).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// CDI spec directory.
+    #[arg(long, value_name = "DIR", default_value = cdi::DEFAULT_CDI_DIR)]
+    pub cdi_dir: PathBuf,
+    /// The installed library (host path; its symlink target is what containers mount).
+    #[arg(long, value_name = "PATH", default_value = cdi::DEFAULT_LIBRARY)]
+    pub library: PathBuf,
+    /// Leave the groups out of CDI specs (`additionalGids` needs cdiVersion 0.7.0, which older
+    /// runtimes refuse); the runtime must then add the tenant's and the device group itself.
+    #[arg(long)]
+    pub cdi_without_groups: bool,
+    /// Directory with `gpuslice` and `gpuslice-probe` to mount at /usr/lib/gpuslice/bin in
+    /// containers (for `gpuslice doctor`); a directory of its own, e.g. /usr/local/lib/gpuslice/bin.
+    #[arg(long, value_name = "DIR")]
+    pub tools: Option<PathBuf>,
+}
+
+impl NodeArgs {
+    fn node(&self) -> Node {
+        Node {
+            layout: Layout::new(&self.state_dir),
+            cdi_dir: Some(self.cdi_dir.clone()),
+            library: self.library.clone(),
+            cdi_groups: !self.cdi_without_groups,
+            tools: self.tools.clone(),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TenantCommand {
+    /// Create a tenant (root): its policy, ledger, device-ledger entries and CDI device.
+    Create(CreateArgs),
+    /// The node's tenants: policy, processes, memory in use.
+    List(ListArgs),
+    /// Delete a tenant (refused while a process of it is alive, unless --force).
+    Delete(DeleteArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct CreateArgs {
+    /// Tenant name (A-Za-z0-9._-, at most 64).
+    name: String,
+    /// Device memory on each of its GPUs (SIZE).
+    #[arg(long, value_name = "SIZE")]
+    memory: String,
+    /// Compute share under contention, percent 1..=100.
+    #[arg(long, value_name = "PCT", default_value_t = 10)]
+    share: u8,
+    /// Compute cap, percent (0: none).
+    #[arg(long, value_name = "PCT", default_value_t = 0)]
+    limit: u8,
+    /// `high` or `normal`.
+    #[arg(long, value_name = "high|normal", default_value = "normal")]
+    priority: String,
+    /// A GPU (UUID or NVML index); repeat for several; default: every GPU.
+    #[arg(long = "gpu", value_name = "UUID|INDEX")]
+    gpus: Vec<String>,
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct ListArgs {
+    /// One JSON document.
+    #[arg(long)]
+    json: bool,
+    /// State directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+}
+
+#[derive(Args)]
+pub(crate) struct DeleteArgs {
+    name: String,
+    /// Delete even while processes of the tenant are alive.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum CdiCommand {
+    /// Write the node-wide CDI spec (library, /etc/ld.so.preload, device ledgers).
+    Generate {
+        /// Where to write it.
+        #[arg(long, value_name = "FILE")]
+        output: PathBuf,
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+}
+
+fn require_root(what: &str) -> Result<(), String> {
+    // SAFETY: no arguments; cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(format!(
+            "{what}: must be run as root (the node owns tenants' policies)"
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn tenant(cmd: TenantCommand) -> Result<i32, String> {
+    match cmd {
+        TenantCommand::Create(a) => create(a),
+        TenantCommand::List(a) => list(a),
+        TenantCommand::Delete(a) => {
+            require_root("tenant delete")?;
+            tenant::delete(&a.node.node(), &a.name, a.force)?;
+            println!("tenant {} deleted", a.name);
+            Ok(0)
+        }
+    }
+}
+
+fn create(a: CreateArgs) -> Result<i32, String> {
+    require_root("tenant create")?;
+    let memory = parse_size(&a.memory, Units::Gpuslice)
+        .map_err(|e| format!("--memory {:?}: {e}", a.memory))?;
+    let priority = match a.priority.as_str() {
+        "high" => Priority::High,
+        "normal" => Priority::Normal,
+        v => return Err(format!("--priority {v:?}: expected high or normal")),
+    };
+    let gpus = gpuslice_node::nvml::gpus()?;
+    let req = Request {
+        name: a.name,
+        memory,
+        share: a.share,
+        limit: a.limit,
+        priority,
+        gpus: a.gpus,
+        created: Created::Cli,
+        kubernetes: None,
+    };
+    let t = tenant::create(&a.node.node(), &req, &gpus)?;
+    println!(
+        "tenant {} created: {} on {}, share {}%, gid {}, CDI device {}{}",
+        t.policy.name,
+        format_bytes(t.policy.memory),
+        if t.policy.gpus.is_empty() {
+            "every GPU".to_string()
+        } else {
+            t.policy.gpus.join(", ")
+        },
+        t.policy.share,
+        t.gid,
+        t.cdi_device,
+        t.cdi_spec
+            .as_ref()
+            .map(|p| format!(" ({})", p.display()))
+            .unwrap_or_default()
+    );
+    Ok(0)
+}
+
+fn list(a: ListArgs) -> Result<i32, String> {
+    let layout = Layout::new(&a.state_dir);
+    let tenants = tenant::list(&layout)?;
+    if a.json {
+        #[derive(serde::Serialize)]
+        struct Doc<'a> {
+            state_dir: &'a Path,
+            tenants: &'a [tenant::Listed],
+        }
+        let doc = Doc {
+            state_dir: &a.state_dir,
+            tenants: &tenants,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
+        );
+        return Ok(0);
+    }
+    println!(
+        "{:<20} {:>12} {:>6} {:>6} {:>8} {:>9}  gpus",
+        "tenant", "memory", "share", "cap", "priority", "processes"
+    );
+    for t in &tenants {
+        match &t.policy {
+            Some(p) => println!(
+                "{:<20} {:>12} {:>5}% {:>6} {:>8} {:>9}  {}",
+                t.name,
+                format_bytes(p.memory),
+                p.share,
+                if p.limit == 0 {
+                    "-".into()
+                } else {
+                    format!("{}%", p.limit)
+                },
+                if p.priority == Priority::High {
+                    "high"
+                } else {
+                    "normal"
+                },
+                t.processes,
+                if p.gpus.is_empty() {
+                    "all".into()
+                } else {
+                    p.gpus.join(",")
+                }
+            ),
+            None => println!(
+                "{:<20} {}",
+                t.name,
+                t.error.as_deref().unwrap_or("unreadable policy")
+            ),
+        }
+    }
+    Ok(0)
+}
+
+pub(crate) fn cdi(cmd: CdiCommand) -> Result<i32, String> {
+    match cmd {
+        CdiCommand::Generate { output, node } => {
+            let node = node.node();
+            cdi::write_preload(&node.layout.state)?;
+            let spec = cdi::node_spec(&node);
+            let dir = output.parent().unwrap_or(Path::new("."));
+            let file = output
+                .file_name()
+                .ok_or_else(|| format!("--output {}: not a file path", output.display()))?;
+            let path = cdi::write_spec(dir, &file.to_string_lossy(), &spec)?;
+            println!("{}", path.display());
+            Ok(0)
+        }
+    }
+}
+
+/// `gpuslice install-library FILE [--dir DIR]`.
+#[derive(Args)]
+pub(crate) struct InstallArgs {
+    /// The built libgpuslice.so.
+    file: PathBuf,
+    /// Directory of the installed library (its `libgpuslice.so` symlink is replaced atomically).
+    #[arg(long, value_name = "DIR", default_value = "/usr/local/lib/gpuslice")]
+    dir: PathBuf,
+}
+
+pub(crate) fn install(a: InstallArgs) -> Result<i32, String> {
+    let v = cdi::install_library(&a.file, &a.dir)?;
+    println!("{}", v.display());
+    Ok(0)
+}
+
+/// `gpuslice set` on a tenant the node created: root only; root's change is written to its policy
+/// too (the policy bounds what the tenant's processes obey).
+pub(crate) fn guard_set(
+    ledger: &Path,
+    memory: Option<u64>,
+    device: Option<&str>,
+    share: Option<&str>,
+    limit: Option<&str>,
+    priority: Option<&str>,
+) -> Result<(), String> {
+    let Some(dir) = ledger.parent() else {
+        return Ok(());
+    };
+    let path = dir.join("policy.toml");
+    if !path.exists() {
+        return Ok(());
+    }
+    // SAFETY: no arguments; cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(format!(
+            "set: the tenant of {} was created by the node (policy {}): only root on the node can change its limits",
+            ledger.display(),
+            path.display()
+        ));
+    }
+    let mut p = gpuslice_node::policy::read(&path)?;
+    if let Some(m) = memory {
+        if device.is_some() {
+            return Err(
+                "set: a node-created tenant has one memory size for all its GPUs (drop --device)"
+                    .into(),
+            );
+        }
+        p.memory = m;
+    }
+    let pct = |v: &str| v.trim_end_matches('%').parse::<u8>().ok();
+    if let Some(s) = share.and_then(pct) {
+        p.share = s.clamp(1, 100);
+    }
+    match limit {
+        Some("none") => p.limit = 0,
+        Some(v) => p.limit = pct(v).unwrap_or(p.limit).min(100),
+        None => {}
+    }
+    match priority {
+        Some("high") => p.priority = Priority::High,
+        Some("normal") => p.priority = Priority::Normal,
+        _ => {}
+    }
+    gpuslice_node::policy::write(&path, &p)
+}
+
+/// `gpuslice device-plugin`.
+#[derive(Args)]
+pub(crate) struct DevicePluginArgs {
+    /// The kubelet's device-plugin directory (its registration socket and ours).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
+    kubelet_dir: PathBuf,
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Slices offered per GPU.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    slices: u32,
+    /// The extended resource pods request.
+    #[arg(long, value_name = "NAME", default_value = "gpuslice.io/slice")]
+    resource: String,
+    /// The kubelet's PodResources socket (tenants of pods that are gone are removed).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )]
+    pod_resources_socket: PathBuf,
+    /// Seconds between PodResources and health checks (a gone pod's tenant goes after two).
+    #[arg(long, value_name = "S", default_value_t = 5)]
+    sweep_seconds: u64,
+}
+
+pub(crate) fn device_plugin(a: DevicePluginArgs) -> Result<i32, String> {
+    require_root("device-plugin")?;
+    gpuslice_node::plugin::run_blocking(gpuslice_node::plugin::Config {
+        kubelet_dir: a.kubelet_dir,
+        node: a.node.node(),
+        slices: a.slices,
+        resource: a.resource,
+        pod_resources_socket: Some(a.pod_resources_socket),
+        sweep_interval: std::time::Duration::from_secs(a.sweep_seconds.max(1)),
+    })?;
+    Ok(0)
+}

@@ -1,0 +1,292 @@
+//! CDI specs (github.com/cncf-tags/container-device-interface, SPEC.md): a tenant's device
+//! `gpuslice.io/tenant=NAME`, and the node-wide parts (`gpuslice cdi generate`).
+//!
+//! A tenant's container gets: the library (the versioned file the installed symlink names, so a later
+//! install never changes what a running container mapped), `/etc/ld.so.preload` naming it, the
+//! tenant's directory at `/run/gpuslice/tenant` with its policy mounted read-only over it, the device
+//! directory at `/run/gpuslice/devices`, and the tenant's and the device group (`additionalGids`,
+//! which needs cdiVersion 0.7.0).
+
+use crate::policy::Policy;
+use crate::tenant::{Node, DEVICE_GID};
+use gpuslice::config::policy::{CONTAINER_DEVICE_DIR, POLICY_DIR, POLICY_FILE};
+use serde::Serialize;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+pub const TENANT_KIND: &str = "gpuslice.io/tenant";
+pub const NODE_KIND: &str = "gpuslice.io/node";
+/// Where containers find the library.
+pub const CONTAINER_LIBRARY: &str = "/usr/lib/gpuslice/libgpuslice.so";
+/// Default host path of the installed library (a symlink to the versioned file).
+pub const DEFAULT_LIBRARY: &str = "/usr/local/lib/gpuslice/libgpuslice.so";
+/// Default CDI directory.
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
+
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    pub cdi_version: String,
+    pub kind: String,
+    pub devices: Vec<Device>,
+    #[serde(skip_serializing_if = "Edits::is_empty")]
+    pub container_edits: Edits,
+}
+
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub name: String,
+    pub container_edits: Edits,
+}
+
+#[derive(Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Edits {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub additional_gids: Vec<u32>,
+}
+
+impl Edits {
+    fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.mounts.is_empty() && self.additional_gids.is_empty()
+    }
+}
+
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    pub options: Vec<String>,
+}
+
+/// A bind mount; `noexec` for data (never for the library, which is mapped executable).
+fn mount(host: &Path, container: &str, writable: bool) -> Mount {
+    let mut options = vec![
+        if writable { "rw" } else { "ro" },
+        "nosuid",
+        "nodev",
+        "bind",
+    ];
+    if container != CONTAINER_LIBRARY && container != CONTAINER_TOOLS {
+        options.push("noexec");
+    }
+    Mount {
+        host_path: host.to_string_lossy().into_owned(),
+        container_path: container.into(),
+        options: options.into_iter().map(String::from).collect(),
+    }
+}
+
+/// The lowest cdiVersion whose fields the spec uses (the CDI project's own rules).
+pub fn minimum_version(spec: &Spec) -> &'static str {
+    let gids = !spec.container_edits.additional_gids.is_empty()
+        || spec
+            .devices
+            .iter()
+            .any(|d| !d.container_edits.additional_gids.is_empty());
+    let digit_name = spec
+        .devices
+        .iter()
+        .any(|d| d.name.starts_with(|c: char| c.is_ascii_digit()));
+    if gids {
+        "0.7.0"
+    } else if digit_name {
+        "0.5.0"
+    } else {
+        "0.3.0"
+    }
+}
+
+/// The library as the node installed it: the versioned file its symlink names (what containers
+/// mount), or the path itself.
+pub fn library_file(library: &Path) -> PathBuf {
+    std::fs::canonicalize(library).unwrap_or_else(|_| library.to_path_buf())
+}
+
+/// Where containers find the `gpuslice` command and its probe (for `gpuslice doctor`).
+pub const CONTAINER_TOOLS: &str = "/usr/lib/gpuslice/bin";
+
+/// Edits every gpuslice container gets: library, preload list, device ledgers, and the tools
+/// directory (`gpuslice`, `gpuslice-probe`) when the node has one.
+fn node_edits(node: &Node) -> Edits {
+    let mut edits = Edits {
+        env: Vec::new(),
+        mounts: vec![
+            mount(&library_file(&node.library), CONTAINER_LIBRARY, false),
+            mount(
+                &preload_file(&node.layout.state),
+                "/etc/ld.so.preload",
+                false,
+            ),
+            mount(&node.layout.devices_dir(), CONTAINER_DEVICE_DIR, true),
+        ],
+        additional_gids: if node.cdi_groups {
+            vec![DEVICE_GID]
+        } else {
+            Vec::new()
+        },
+    };
+    if let Some(tools) = node.tools.as_ref().filter(|t| t.is_dir()) {
+        edits.mounts.push(mount(tools, CONTAINER_TOOLS, false));
+    }
+    edits
+}
+
+/// `<state>/ld.so.preload`: the file mounted as the container's `/etc/ld.so.preload`.
+pub fn preload_file(state: &Path) -> PathBuf {
+    state.join("ld.so.preload")
+}
+
+/// Writes `<state>/ld.so.preload` (naming the library at its container path).
+pub fn write_preload(state: &Path) -> Result<(), String> {
+    atomic_write(
+        &preload_file(state),
+        format!("{CONTAINER_LIBRARY}\n").as_bytes(),
+    )
+}
+
+/// The spec of a tenant's device.
+pub fn tenant_spec(node: &Node, policy: &Policy, gid: u32) -> Spec {
+    let layout = &node.layout;
+    let mut edits = node_edits(node);
+    edits
+        .mounts
+        .push(mount(&layout.tenant_dir(&policy.name), POLICY_DIR, true));
+    // Over the writable directory: the policy itself read-only, even for root in the container.
+    edits
+        .mounts
+        .push(mount(&layout.policy_path(&policy.name), POLICY_FILE, false));
+    if node.cdi_groups {
+        edits.additional_gids.insert(0, gid);
+    }
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: TENANT_KIND.into(),
+        devices: vec![Device {
+            name: policy.name.clone(),
+            container_edits: edits,
+        }],
+        container_edits: Edits::default(),
+    };
+    spec.cdi_version = minimum_version(&spec).into();
+    spec
+}
+
+/// The node-wide spec (`gpuslice cdi generate`): device `gpuslice.io/node=library`.
+pub fn node_spec(node: &Node) -> Spec {
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: NODE_KIND.into(),
+        devices: vec![Device {
+            name: "library".into(),
+            container_edits: node_edits(node),
+        }],
+        container_edits: Edits::default(),
+    };
+    spec.cdi_version = minimum_version(&spec).into();
+    spec
+}
+
+/// File name of a tenant's spec in the CDI directory.
+pub fn tenant_spec_name(name: &str) -> String {
+    format!("gpuslice.io-tenant-{name}.json")
+}
+
+/// Writes `text` to `path` atomically (temporary file beside it, then rename), mode 0644.
+pub fn atomic_write(path: &Path, text: &[u8]) -> Result<(), String> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().map_or("x".into(), |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        f.write_all(text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("writing {}: {e}", path.display())
+    })
+}
+
+/// A spec's host paths must exist: a runtime refuses a container whose mount source is missing.
+pub fn check_sources(spec: &Spec) -> Result<(), String> {
+    for d in &spec.devices {
+        for m in &d.container_edits.mounts {
+            if !Path::new(&m.host_path).exists() {
+                return Err(format!(
+                    "CDI spec {}={}: {} does not exist (for {}; install the library with `gpuslice install-library` or name it with --library)",
+                    spec.kind, d.name, m.host_path, m.container_path
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes a spec as `<dir>/<file>` (directory created if missing) once its mount sources exist;
+/// returns its path.
+pub fn write_spec(dir: &Path, file: &str, spec: &Spec) -> Result<PathBuf, String> {
+    check_sources(spec)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let path = dir.join(file);
+    let text = serde_json::to_string_pretty(spec).map_err(|e| e.to_string())?;
+    atomic_write(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+/// Installs the library `from` into `dir` as `libgpuslice.so.<content hash>` (never overwritten: a
+/// running container may map it) and points the symlink `dir/libgpuslice.so` at it by an atomic
+/// rename. Returns the versioned file.
+pub fn install_library(from: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let bytes = std::fs::read(from).map_err(|e| format!("{}: {e}", from.display()))?;
+    // FNV-1a over the content: the same build installs to the same name.
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    });
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let name = format!("libgpuslice.so.{hash:016x}");
+    let versioned = dir.join(&name);
+    if !versioned.exists() {
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        let result = (|| -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o755)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &versioned)
+        })();
+        result.map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("installing {}: {e}", versioned.display())
+        })?;
+    }
+    let link = dir.join("libgpuslice.so");
+    let tmp_link = dir.join(format!(".libgpuslice.so.{}.link", std::process::id()));
+    let _ = std::fs::remove_file(&tmp_link);
+    std::os::unix::fs::symlink(&name, &tmp_link)
+        .and_then(|()| std::fs::rename(&tmp_link, &link))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp_link);
+            format!("pointing {} at {name}: {e}", link.display())
+        })?;
+    Ok(versioned)
+}

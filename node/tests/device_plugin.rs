@@ -1,0 +1,459 @@
+//! `gpuslice device-plugin` against a kubelet stand-in (its registration server, a client of the
+//! plugin's socket, a PodResources server; tonic on Unix sockets in a temporary directory), on simgpu
+//! with 2 GPUs. The plugin is the real command, run as a child process.
+
+mod support;
+
+use gpuslice_node::api::deviceplugin as dp;
+use gpuslice_node::api::podresources as pr;
+use gpuslice_node::plugin::{slice_memory, unix_channel};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::*;
+use tokio::sync::mpsc;
+
+struct Kubelet {
+    tx: mpsc::UnboundedSender<dp::RegisterRequest>,
+}
+
+#[tonic::async_trait]
+impl dp::registration_server::Registration for Kubelet {
+    async fn register(
+        &self,
+        request: tonic::Request<dp::RegisterRequest>,
+    ) -> Result<tonic::Response<dp::Empty>, tonic::Status> {
+        let _ = self.tx.send(request.into_inner());
+        Ok(tonic::Response::new(dp::Empty {}))
+    }
+}
+
+#[derive(Clone, Default)]
+struct PodResources(Arc<Mutex<Vec<pr::PodResources>>>);
+
+#[tonic::async_trait]
+impl pr::pod_resources_lister_server::PodResourcesLister for PodResources {
+    async fn list(
+        &self,
+        _: tonic::Request<pr::ListPodResourcesRequest>,
+    ) -> Result<tonic::Response<pr::ListPodResourcesResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pr::ListPodResourcesResponse {
+            pod_resources: self.0.lock().unwrap().clone(),
+        }))
+    }
+}
+
+/// The kubelet's registration server on `<dir>/kubelet.sock`.
+fn serve_kubelet(dir: &Path) -> mpsc::UnboundedReceiver<dp::RegisterRequest> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let listener = tokio::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(dp::registration_server::RegistrationServer::new(Kubelet {
+                tx,
+            }))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    rx
+}
+
+async fn next_registration(
+    rx: &mut mpsc::UnboundedReceiver<dp::RegisterRequest>,
+) -> dp::RegisterRequest {
+    tokio::time::timeout(Duration::from_secs(60), rx.recv())
+        .await
+        .expect("the plugin registers within 60 s")
+        .expect("registration channel open")
+}
+
+async fn plugin_client(
+    kubelet: &Path,
+) -> dp::device_plugin_client::DevicePluginClient<tonic::transport::Channel> {
+    dp::device_plugin_client::DevicePluginClient::new(
+        unix_channel(&kubelet.join("gpuslice.sock")).await.unwrap(),
+    )
+}
+
+/// The plugin process, killed when the test ends however it ends.
+struct PluginProcess(Option<Child>);
+
+impl PluginProcess {
+    /// Stops it and returns what it wrote to standard error.
+    fn stop(mut self) -> String {
+        let mut child = self.0.take().expect("running");
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path) -> PluginProcess {
+    let child = scene
+        .command(gpuslice_bin())
+        .arg("device-plugin")
+        .arg("--kubelet-dir")
+        .arg(kubelet)
+        .arg("--state-dir")
+        .arg(&scene.state)
+        .arg("--cdi-dir")
+        .arg(&scene.cdi)
+        .arg("--library")
+        .arg(library())
+        .arg("--pod-resources-socket")
+        .arg(podres)
+        .args(["--sweep-seconds", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gpuslice device-plugin starts");
+    PluginProcess(Some(child))
+}
+
+/// The workload as root in a private mount namespace with an Allocate response's mounts and env
+/// (mount points under a tmpfs on /run; the library comes by LD_PRELOAD from its host path).
+fn run_allocated(scene: &Scene, resp: &dp::ContainerAllocateResponse, args: &[&str]) -> Run {
+    let mut script = String::from("set -e\nmount -t tmpfs -o mode=0755 gpuslice-run /run\n");
+    for m in &resp.mounts {
+        if !m.container_path.starts_with("/run/gpuslice/") {
+            continue;
+        }
+        let is_dir = Path::new(&m.host_path).is_dir();
+        script.push_str(&format!(
+            "[ -e '{c}' ] || {{ mkdir -p \"$(dirname '{c}')\"; {mk} '{c}'; }}\nmount --bind '{h}' '{c}'\n",
+            c = m.container_path,
+            h = m.host_path,
+            mk = if is_dir { "mkdir -p" } else { "touch" }
+        ));
+        if m.read_only {
+            script.push_str(&format!(
+                "mount -o remount,bind,ro '{}'\n",
+                m.container_path
+            ));
+        }
+    }
+    script.push_str("exec \"$@\"\n");
+    let mut cmd = scene.command("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+        "container",
+    ])
+    .arg(workload_bin())
+    .args(args)
+    .env("LD_PRELOAD", library())
+    .envs(resp.envs.iter());
+    run(&mut cmd)
+}
+
+fn device_share(scene: &Scene, tenant: &str) -> Option<u64> {
+    let r = run(scene
+        .command(gpuslice_bin())
+        .args(["status", "--json"])
+        .env("GPUSLICE_DEVICE_DIR", scene.state.join("devices"))
+        .env("GPUSLICE_LEDGER_DIR", scene.dir.join("none")));
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).ok()?;
+    doc["compute"]
+        .as_array()?
+        .iter()
+        .find(|row| row["tenant"] == tenant)
+        .and_then(|row| row["share"].as_u64())
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn device_plugin_against_a_kubelet_stand_in() {
+    let scene = Scene::new(
+        "plugin",
+        &[("SIMGPU_DEVICES", "2"), ("SIMGPU_MEMORY", "16GiB")],
+    );
+    let kubelet = scene.dir.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    let podres_sock = scene.dir.join("pod-resources.sock");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let pods = PodResources::default();
+    let serve_pods = |pods: &PodResources| {
+        let _ = std::fs::remove_file(&podres_sock);
+        let listener = tokio::net::UnixListener::bind(&podres_sock).unwrap();
+        rt.spawn(
+            tonic::transport::Server::builder()
+                .add_service(
+                    pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()),
+                )
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        )
+    };
+    let pod_server = serve_pods(&pods);
+
+    // The plugin starts before the kubelet listens: it retries until it can register.
+    let plugin = start_plugin(&scene, &kubelet, &podres_sock);
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut registrations = serve_kubelet(&kubelet);
+    let reg = rt.block_on(next_registration(&mut registrations));
+    assert_eq!(reg.version, "v1beta1");
+    assert_eq!(reg.endpoint, "gpuslice.sock");
+    assert_eq!(reg.resource_name, "gpuslice.io/slice");
+    assert!(reg.options.unwrap().get_preferred_allocation_available);
+
+    // ListAndWatch: 10 healthy slices of each of the 2 GPUs.
+    let devices = rt.block_on(async {
+        let mut stream = plugin_client(&kubelet)
+            .await
+            .list_and_watch(dp::Empty {})
+            .await
+            .unwrap()
+            .into_inner();
+        stream.message().await.unwrap().unwrap().devices
+    });
+    assert_eq!(devices.len(), 20, "{devices:?}");
+    assert!(devices.iter().all(|d| d.health == "Healthy"));
+    let uuids: Vec<String> = devices
+        .iter()
+        .map(|d| d.id.split("::").next().unwrap().to_string())
+        .fold(Vec::new(), |mut v, u| {
+            if !v.contains(&u) {
+                v.push(u);
+            }
+            v
+        });
+    assert_eq!(uuids.len(), 2);
+    let id = |g: usize, i: u32| format!("{}::{i}", uuids[g]);
+    for g in 0..2 {
+        for i in 0..10 {
+            assert!(
+                devices.iter().any(|d| d.id == id(g, i)),
+                "{} missing",
+                id(g, i)
+            );
+        }
+    }
+
+    // GetPreferredAllocation packs: 3 slices go where exactly 3 are left, 5 onto one GPU.
+    let mut available: Vec<String> = (7..10).map(|i| id(0, i)).collect();
+    available.extend((0..10).map(|i| id(1, i)));
+    let preferred = rt.block_on(async {
+        plugin_client(&kubelet)
+            .await
+            .get_preferred_allocation(dp::PreferredAllocationRequest {
+                container_requests: vec![
+                    dp::ContainerPreferredAllocationRequest {
+                        available_device_i_ds: available.clone(),
+                        must_include_device_i_ds: vec![],
+                        allocation_size: 3,
+                    },
+                    dp::ContainerPreferredAllocationRequest {
+                        available_device_i_ds: available.clone(),
+                        must_include_device_i_ds: vec![],
+                        allocation_size: 5,
+                    },
+                ],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .container_responses
+    });
+    assert_eq!(preferred[0].device_i_ds, vec![id(0, 7), id(0, 8), id(0, 9)]);
+    assert_eq!(preferred[1].device_i_ds.len(), 5);
+    assert!(preferred[1]
+        .device_i_ds
+        .iter()
+        .all(|d| d.starts_with(&uuids[1])));
+
+    // Allocate across two GPUs is refused, and creates nothing.
+    let err = rt
+        .block_on(async {
+            plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![dp::ContainerAllocateRequest {
+                        devices_ids: vec![id(0, 0), id(1, 0)],
+                    }],
+                })
+                .await
+        })
+        .unwrap_err();
+    assert!(err.message().contains("more than one GPU"), "{err:?}");
+    assert!(
+        !scene.state.join("tenants").exists()
+            || std::fs::read_dir(scene.state.join("tenants"))
+                .unwrap()
+                .count()
+                == 0
+    );
+
+    // Allocate 3 of 10 slices of GPU 0: a tenant with 3/10 of its memory and share 30.
+    let resp = rt
+        .block_on(async {
+            plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![dp::ContainerAllocateRequest {
+                        devices_ids: vec![id(0, 0), id(0, 1), id(0, 2)],
+                    }],
+                })
+                .await
+        })
+        .unwrap()
+        .into_inner()
+        .container_responses
+        .remove(0);
+    let tenant = format!("k8s-{}-0", uuids[0]);
+    assert_eq!(
+        resp.cdi_devices
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>(),
+        vec![format!("gpuslice.io/tenant={tenant}")]
+    );
+    assert_eq!(resp.envs.get("NVIDIA_VISIBLE_DEVICES"), Some(&uuids[0]));
+    assert!(scene
+        .cdi
+        .join(format!("gpuslice.io-tenant-{tenant}.json"))
+        .exists());
+    let quota = slice_memory(16 << 30, 3, 10);
+    assert_eq!(quota, 2457 * 2 * MIB);
+    let r = run_allocated(&scene, &resp, &["--chunk", "2"]);
+    r.ok();
+    assert_eq!(r.get_u64("total"), quota, "{}", r.report());
+    assert_eq!(r.get_u64("allocated"), quota - 512 * MIB, "{}", r.report());
+    assert_eq!(
+        r.get("outcome"),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "{}",
+        r.report()
+    );
+    assert_eq!(device_share(&scene, &tenant), Some(30));
+
+    // The kubelet restarts: its directory is wiped; the plugin serves and registers again.
+    for e in std::fs::read_dir(&kubelet).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let mut registrations = serve_kubelet(&kubelet);
+    let reg = rt.block_on(next_registration(&mut registrations));
+    assert_eq!(reg.endpoint, "gpuslice.sock");
+    let devices = rt.block_on(async {
+        let mut stream = plugin_client(&kubelet)
+            .await
+            .list_and_watch(dp::Empty {})
+            .await
+            .unwrap()
+            .into_inner();
+        stream.message().await.unwrap().unwrap().devices
+    });
+    assert_eq!(devices.len(), 20);
+
+    // PodResources names the pod in the tenant's policy.
+    let pod = |ids: Vec<String>| pr::PodResources {
+        name: "trainer-0".into(),
+        namespace: "ml".into(),
+        containers: vec![pr::ContainerResources {
+            name: "main".into(),
+            devices: vec![pr::ContainerDevices {
+                resource_name: "gpuslice.io/slice".into(),
+                device_ids: ids,
+            }],
+        }],
+    };
+    *pods.0.lock().unwrap() = vec![pod(vec![id(0, 0), id(0, 1), id(0, 2)])];
+    let policy_path = scene.state.join(format!("tenants/{tenant}/policy.toml"));
+    wait_until(
+        "the pod named in the policy",
+        Duration::from_secs(30),
+        || std::fs::read_to_string(&policy_path).is_ok_and(|p| p.contains("pod = \"trainer-0\"")),
+    );
+
+    // PodResources goes away: nothing is removed while the plugin cannot tell which pods exist.
+    pod_server.abort();
+    let _ = rt.block_on(pod_server);
+    pods.0.lock().unwrap().clear();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        policy_path.exists(),
+        "removed while PodResources was unreachable"
+    );
+    *pods.0.lock().unwrap() = vec![pod(vec![id(0, 0), id(0, 1), id(0, 2)])];
+    let _pod_server = serve_pods(&pods);
+
+    // The pod is gone but a process of its tenant lives: the tenant stays until it ends.
+    let holder_resp = resp.clone();
+    let scene_ref = &scene;
+    std::thread::scope(|s| {
+        let holder = s.spawn(move || {
+            run_allocated(
+                scene_ref,
+                &holder_resp,
+                &["--chunk", "256", "--max", "256", "--hold-ms", "6000"],
+            )
+        });
+        // Its ledger slot is taken once the workload has allocated.
+        wait_until("the holder's allocation", Duration::from_secs(30), || {
+            gpuslice::ledger::Ledger::open_readonly(
+                &scene_ref
+                    .state
+                    .join(format!("tenants/{tenant}/{tenant}.ledger")),
+            )
+            .is_ok_and(|l| {
+                l.snapshot()
+                    .processes
+                    .iter()
+                    .any(|p| p.alive && !p.used.is_empty())
+            })
+        });
+        pods.0.lock().unwrap().clear();
+        std::thread::sleep(Duration::from_secs(4));
+        assert!(
+            policy_path.exists(),
+            "removed while a process of the tenant was alive"
+        );
+        holder.join().unwrap().ok();
+    });
+    wait_until(
+        "the gone pod's tenant removed",
+        Duration::from_secs(30),
+        || !scene.state.join(format!("tenants/{tenant}")).exists(),
+    );
+    assert!(!scene
+        .cdi
+        .join(format!("gpuslice.io-tenant-{tenant}.json"))
+        .exists());
+    assert_eq!(device_share(&scene, &tenant), None);
+
+    let stderr = plugin.stop();
+    assert!(
+        stderr.contains("registering with the kubelet") && stderr.contains("retrying"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the kubelet restarted"), "{stderr}");
+    assert!(stderr.contains("removed (its pod is gone)"), "{stderr}");
+    assert!(
+        stderr.contains("PodResources: ") && stderr.contains("no tenant removed this time"),
+        "{stderr}"
+    );
+}

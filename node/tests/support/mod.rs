@@ -1,0 +1,306 @@
+//! What the node tests share: the workspace's built programs, a private scene (state, CDI and
+//! simgpu state under one temporary directory), and running a tenant's program the way a container
+//! runtime would: in its own mount and PID namespaces with the CDI spec's mounts, as another uid
+//! with the spec's groups.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("node/ is in the workspace")
+        .to_path_buf()
+}
+
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => root().join(d),
+        _ => root().join("target"),
+    }
+}
+
+fn require(path: PathBuf, what: &str) -> PathBuf {
+    assert!(
+        path.exists(),
+        "run scripts/test ({what} is not built/installed at {})",
+        path.display()
+    );
+    path
+}
+
+pub fn gpuslice_bin() -> PathBuf {
+    require(target_dir().join("debug/gpuslice"), "the gpuslice command")
+}
+
+pub fn workload_bin() -> PathBuf {
+    require(
+        target_dir().join("debug/gpuslice-workload"),
+        "gpuslice-workload",
+    )
+}
+
+pub fn library() -> PathBuf {
+    require(target_dir().join("debug/libgpuslice.so"), "libgpuslice.so")
+}
+
+pub fn simgpu_lib_dir() -> PathBuf {
+    let dir = target_dir().join("simgpu/lib");
+    require(dir.join("libnvidia-ml.so.1"), "simgpu");
+    dir
+}
+
+pub fn venv_python() -> PathBuf {
+    require(
+        root().join("target/venv/bin/python"),
+        "the Python venv (scripts/setup-python.sh)",
+    )
+}
+
+/// tests/clients/compute_client.c (the compute-share client of the library's tests), built into
+/// `dir` against NVIDIA's headers (scripts/fetch-nvidia.sh) and simgpu's libcuda.
+pub fn compute_client(dir: &Path) -> PathBuf {
+    let include = require(
+        root().join("target/nvidia/include/cu13"),
+        "NVIDIA's headers (scripts/fetch-nvidia.sh)",
+    );
+    let out = dir.join("compute_client");
+    let r = run(Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-I"])
+        .arg(include)
+        .arg(root().join("tests/clients/compute_client.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg("-L")
+        .arg(simgpu_lib_dir())
+        .args(["-lcuda", "-ldl"]));
+    r.ok();
+    out
+}
+
+/// CLOCK_REALTIME nanoseconds `ms` from now: a start both clients wait for.
+pub fn start_in(ms: u64) -> u64 {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + std::time::Duration::from_millis(ms))
+    .as_nanos() as u64
+}
+
+/// A finished command.
+pub struct Run {
+    pub desc: String,
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn new(desc: String, out: Output) -> Run {
+        Run {
+            desc,
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    pub fn report(&self) -> String {
+        format!(
+            "{}\nexit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.desc, self.code, self.stdout, self.stderr
+        )
+    }
+
+    pub fn ok(&self) -> &Run {
+        assert_eq!(self.code, Some(0), "{}", self.report());
+        self
+    }
+
+    pub fn failed(&self) -> &Run {
+        assert!(
+            self.code.is_some() && self.code != Some(0),
+            "expected a failure: {}",
+            self.report()
+        );
+        self
+    }
+
+    pub fn get(&self, key: &str) -> String {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {key}= in {}", self.report()))
+            .to_string()
+    }
+
+    pub fn get_u64(&self, key: &str) -> u64 {
+        self.get(key).parse().expect("a number")
+    }
+}
+
+pub fn run(cmd: &mut Command) -> Run {
+    let desc = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+    Run::new(desc, out)
+}
+
+/// One node: a private directory (0755, so other uids can reach the state dir) holding the state
+/// directory, the CDI directory and simgpu's state file.
+pub struct Scene {
+    pub dir: PathBuf,
+    pub state: PathBuf,
+    pub cdi: PathBuf,
+    pub simgpu_state: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Scene {
+    pub fn new(tag: &str, simgpu: &[(&str, &str)]) -> Scene {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "gpuslice-node-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let simgpu_state = dir.join("simgpu.state");
+        let mut env: Vec<(String, String)> = simgpu
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.push(("SIMGPU_STATE".into(), simgpu_state.display().to_string()));
+        env.push((
+            "LD_LIBRARY_PATH".into(),
+            simgpu_lib_dir().display().to_string(),
+        ));
+        Scene {
+            state: dir.join("state"),
+            cdi: dir.join("cdi"),
+            simgpu_state,
+            dir,
+            env,
+        }
+    }
+
+    /// A command with this node's environment and nothing inherited that could change the outcome.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("SIMGPU_")
+                || k.starts_with("CUDA_")
+                || k.starts_with("GPUSLICE_")
+                || k == "LD_PRELOAD"
+            {
+                cmd.env_remove(k.as_ref());
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// `gpuslice ARGS` as root, with this node's directories appended where they apply.
+    pub fn gpuslice(&self, args: &[&str]) -> Run {
+        let mut cmd = self.command(gpuslice_bin());
+        cmd.args(args);
+        let sub = (args.first().copied(), args.get(1).copied());
+        if matches!(
+            sub,
+            (Some("tenant"), Some("create" | "delete")) | (Some("cdi"), _)
+        ) {
+            cmd.arg("--state-dir").arg(&self.state);
+            cmd.arg("--cdi-dir").arg(&self.cdi);
+            cmd.arg("--library").arg(library());
+        } else if matches!(sub, (Some("tenant"), Some("list"))) {
+            cmd.arg("--state-dir").arg(&self.state);
+        }
+        run(&mut cmd)
+    }
+
+    /// The CDI spec `tenant create` wrote for `name`, parsed.
+    pub fn spec(&self, name: &str) -> serde_json::Value {
+        let path = self.cdi.join(format!("gpuslice.io-tenant-{name}.json"));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// `program args` as `uid` in a fresh mount + PID namespace that has the tenant's CDI mounts
+    /// (those under /run/gpuslice: a tmpfs on /run holds their mount points, so nothing of the
+    /// machine's /run is touched) and the spec's groups. The library comes by LD_PRELOAD (its host
+    /// path): binding it and /etc/ld.so.preload would need those paths to exist on this machine.
+    pub fn in_container(&self, tenant: &str, uid: u32, program: &Path, args: &[&str]) -> Command {
+        let spec = self.spec(tenant);
+        let edits = &spec["devices"][0]["containerEdits"];
+        let gids: Vec<String> = edits["additionalGids"]
+            .as_array()
+            .expect("additionalGids")
+            .iter()
+            .map(|g| g.as_u64().unwrap().to_string())
+            .collect();
+        let mut script = String::from(
+            "set -e\nmount -t tmpfs -o mode=0755 gpuslice-run /run\nmkdir -p /run/gpuslice/tenant /run/gpuslice/devices\n",
+        );
+        for m in edits["mounts"].as_array().expect("mounts") {
+            let container = m["containerPath"].as_str().unwrap();
+            if !container.starts_with("/run/gpuslice/") {
+                continue;
+            }
+            let host = m["hostPath"].as_str().unwrap();
+            let ro = m["options"].as_array().unwrap().iter().any(|o| o == "ro");
+            script.push_str(&format!("mount --bind '{host}' '{container}'\n"));
+            if ro {
+                script.push_str(&format!(
+                    "mount -o remount,bind,ro,nosuid,nodev '{container}'\n"
+                ));
+            }
+        }
+        script.push_str(&format!(
+            "exec setpriv --reuid={uid} --regid={uid} --groups={} --inh-caps=-all -- \"$@\"\n",
+            gids.join(",")
+        ));
+        let mut cmd = self.command("unshare");
+        cmd.args(["--mount", "--pid", "--fork", "--propagation", "private"])
+            .args(["sh", "-c", &script, "container"])
+            .arg(program)
+            .args(args)
+            .env("LD_PRELOAD", library())
+            .env("SIMGPU_GROUP", tenant);
+        cmd
+    }
+
+    /// simgpu's busy time of a group on device 0, ns (simgpu-stat: the judge).
+    pub fn busy(&self, group: &str) -> u64 {
+        let r = run(self
+            .command(target_dir().join("simgpu/bin/simgpu-stat"))
+            .arg("--state")
+            .arg(&self.simgpu_state));
+        r.ok();
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        v["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|g| g["name"] == group)
+            .and_then(|g| g["busy_ns"][0].as_u64())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,410 @@
+//! One reading of everything the node's ledgers say, taken at scrape (or refresh) time.
+//!
+//! Sources (docs/OBSERVABILITY.md, "Where the figures come from"):
+//! * node tenants: `<state>/tenants/<NAME>/policy.toml` and `<NAME>.ledger` beside it;
+//! * other tenants: every `*.ledger` in the ledger directory;
+//! * compute: every `*.dev` in the device directory.
+//!
+//! Every file is opened read-only and read on its own: a file that vanished between the listing and
+//! the open gives nothing, a file that cannot be read as a ledger gives an error for that file only.
+//! Ledgers are published whole (created under a hidden temporary name, then linked), so a ledger
+//! being created is either not listed yet or complete; hidden files are never read.
+
+use crate::policy::{self, Kubernetes};
+use gpuslice::ledger::{Ledger, UNLIMITED};
+use gpuslice::scheduling::device::{tenant_name, DeviceLedger, HISTORY_LEN};
+use gpuslice::scheduling::MAX_TENANTS;
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Acquire;
+
+/// The node's default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/run/gpuslice";
+
+/// Where the ledgers are.
+#[derive(Clone, Debug)]
+pub struct Sources {
+    pub state_dir: PathBuf,
+    pub ledger_dir: PathBuf,
+    pub device_dir: PathBuf,
+}
+
+impl Sources {
+    /// The directories from the command line, else the defaults: state `/run/gpuslice`; ledgers
+    /// `GPUSLICE_LEDGER_DIR`, else `/dev/shm/gpuslice`; device ledgers `<state>/devices` when it
+    /// exists, else `GPUSLICE_DEVICE_DIR`, else `devices/` of the ledger directory.
+    pub fn new(
+        state_dir: Option<PathBuf>,
+        ledger_dir: Option<PathBuf>,
+        device_dir: Option<PathBuf>,
+    ) -> Sources {
+        let state_dir = state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        let ledger_dir = ledger_dir.unwrap_or_else(|| {
+            std::env::var_os("GPUSLICE_LEDGER_DIR")
+                .filter(|d| d.as_encoded_bytes().first() == Some(&b'/'))
+                .map_or_else(
+                    || PathBuf::from(gpuslice::config::DEFAULT_LEDGER_DIR),
+                    PathBuf::from,
+                )
+        });
+        let device_dir = device_dir.unwrap_or_else(|| {
+            let node = state_dir.join("devices");
+            if node.is_dir() {
+                node
+            } else if let Some(d) =
+                std::env::var_os("GPUSLICE_DEVICE_DIR").filter(|d| !d.is_empty())
+            {
+                PathBuf::from(d)
+            } else {
+                ledger_dir.join("devices")
+            }
+        });
+        Sources {
+            state_dir,
+            ledger_dir,
+            device_dir,
+        }
+    }
+
+    /// Reads every ledger now.
+    pub fn read(&self) -> Reading {
+        let mut tenants = Vec::new();
+        let mut seen: HashSet<PathBuf> = HashSet::new();
+        let mut owners: BTreeMap<String, Option<Kubernetes>> = BTreeMap::new();
+        for dir in visible_entries(&self.state_dir.join("tenants")) {
+            let Some(dir_name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            // The layout names the ledger after the directory; the policy names the tenant (the
+            // same name when the node wrote both).
+            let ledger = dir.join(format!("{dir_name}.ledger"));
+            let labels = policy::read_labels(&dir.join("policy.toml")).ok();
+            let k8s = labels.as_ref().and_then(|p| p.kubernetes.clone());
+            let name = labels.map_or(dir_name, |p| p.name);
+            owners.insert(name.clone(), k8s.clone());
+            seen.insert(ledger.clone());
+            if let Some(t) = read_tenant(&ledger, Some(name), k8s) {
+                tenants.push(t);
+            }
+        }
+        for path in visible_entries(&self.ledger_dir) {
+            if path.extension().is_some_and(|x| x == "ledger") && !seen.contains(&path) {
+                if let Some(t) = read_tenant(&path, None, None) {
+                    tenants.push(t);
+                }
+            }
+        }
+        let devices = visible_entries(&self.device_dir)
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "dev"))
+            .filter_map(|p| read_device(&p))
+            .collect();
+        Reading {
+            tenants,
+            devices,
+            owners,
+        }
+    }
+}
+
+/// The non-hidden entries of `dir`, sorted; nothing when it does not exist or cannot be listed.
+fn visible_entries(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Everything read at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Reading {
+    pub tenants: Vec<TenantReading>,
+    pub devices: Vec<DeviceReading>,
+    /// Node tenants' Kubernetes owners by tenant name (to label their compute series too).
+    pub owners: BTreeMap<String, Option<Kubernetes>>,
+}
+
+impl Reading {
+    /// The Kubernetes owner of tenant `name`, if the node says it has one.
+    pub fn owner(&self, name: &str) -> Option<&Kubernetes> {
+        self.owners.get(name).and_then(Option::as_ref)
+    }
+}
+
+/// One tenant's memory ledger.
+#[derive(Clone, Debug)]
+pub struct TenantReading {
+    /// The node's name for it, else the name written in the ledger, else the file's stem.
+    pub tenant: String,
+    pub kubernetes: Option<Kubernetes>,
+    pub ledger: PathBuf,
+    /// `Err`: the file exists but is not a readable ledger (the reason names the file).
+    pub memory: Result<TenantMemory, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantMemory {
+    pub devices: Vec<MemoryDevice>,
+    /// Live processes attached to the ledger.
+    pub processes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryDevice {
+    pub uuid: String,
+    /// `None`: unlimited.
+    pub limit: Option<u64>,
+    pub used: u64,
+    pub peak: u64,
+    pub denied: u64,
+}
+
+/// `None` when the file is gone (deleted, or renamed away, since it was listed).
+fn read_tenant(
+    path: &Path,
+    node_name: Option<String>,
+    kubernetes: Option<Kubernetes>,
+) -> Option<TenantReading> {
+    let stem = || {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let (tenant, memory) = match Ledger::open_readonly(path) {
+        Ok(l) => {
+            let s = l.snapshot();
+            let memory = TenantMemory {
+                devices: s
+                    .devices
+                    .iter()
+                    .map(|d| MemoryDevice {
+                        uuid: d.uuid.clone(),
+                        limit: (d.limit != UNLIMITED).then_some(d.limit),
+                        used: d.used,
+                        peak: d.peak,
+                        denied: d.denied,
+                    })
+                    .collect(),
+                processes: s.processes.iter().filter(|p| p.alive).count(),
+            };
+            let name = node_name.unwrap_or_else(|| match s.tenant.is_empty() {
+                true => stem(),
+                false => s.tenant.clone(),
+            });
+            (name, Ok(memory))
+        }
+        Err(gpuslice::ledger::LedgerError::Io { err, .. })
+            if err.kind() == io::ErrorKind::NotFound =>
+        {
+            return None
+        }
+        Err(e) => (node_name.unwrap_or_else(stem), Err(e.to_string())),
+    };
+    Some(TenantReading {
+        tenant,
+        kubernetes,
+        ledger: path.to_path_buf(),
+        memory,
+    })
+}
+
+/// One GPU's device ledger (compute shares).
+#[derive(Clone, Debug)]
+pub struct DeviceReading {
+    /// From the file name (`<GPU-UUID>.dev`), so that a corrupt ledger still names its GPU.
+    pub uuid: String,
+    pub ledger: PathBuf,
+    pub compute: Result<DeviceCompute, String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceCompute {
+    pub tenants: Vec<ComputeTenant>,
+    /// Changes of ownership of the device since its ledger was created.
+    pub handovers: u64,
+    /// Ownerships taken back from a holder that died or stopped.
+    pub revocations: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputeTenant {
+    pub tenant: String,
+    /// Percent, 1..=100.
+    pub share: u32,
+    /// Percent, 0 = no cap.
+    pub cap: u32,
+    pub high_priority: bool,
+    /// Device time charged to it since the device ledger was created (ns).
+    pub busy_ns: u64,
+    /// Time its launches waited for the device (ns, summed over its processes).
+    pub wait_ns: u64,
+    /// Its share of the device's time over the ledger's last window (up to 16 s), 0..=1.
+    pub recent_share: Option<f64>,
+    /// Number of its processes waiting for the device now.
+    pub waiting: u32,
+    /// It holds the device now.
+    pub owner: bool,
+}
+
+fn read_device(path: &Path) -> Option<DeviceReading> {
+    let uuid = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    use gpuslice::scheduling::device::DeviceLedgerError;
+    let l = match DeviceLedger::open_readonly(path) {
+        Ok(l) => l,
+        Err(DeviceLedgerError::Io(_, _, e)) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(DeviceLedgerError::File(gpuslice::ledger::LedgerError::Io { err, .. }))
+            if err.kind() == io::ErrorKind::NotFound =>
+        {
+            return None
+        }
+        Err(e) => {
+            return Some(DeviceReading {
+                uuid,
+                ledger: path.to_path_buf(),
+                compute: Err(e.to_string()),
+            })
+        }
+    };
+    let lay = l.layout();
+    let h = &lay.header;
+    // The achieved share over the history window, as `gpuslice status` computes it.
+    let seq = h.sample_seq.load(Acquire) as usize;
+    let n = HISTORY_LEN;
+    let window = (seq > 1).then(|| ((seq.saturating_sub(n)) % n, (seq - 1) % n));
+    let span = window.map_or(0, |(o, nw)| {
+        h.sample_ns[nw]
+            .load(Acquire)
+            .saturating_sub(h.sample_ns[o].load(Acquire))
+    });
+    let owner = (h.owner.load(Acquire) as usize)
+        .checked_sub(1)
+        .and_then(|slot| lay.slots.get(slot))
+        .map(|slot| slot.tenant.load(Acquire) as usize);
+    let mut waiting = [0u32; MAX_TENANTS];
+    for s in lay.slots.iter() {
+        let t = s.tenant.load(Acquire) as usize;
+        if s.state.load(Acquire) != 0 && s.wants.load(Acquire) > 0 && t < MAX_TENANTS {
+            waiting[t] = waiting[t].saturating_add(1);
+        }
+    }
+    let tenants = (0..MAX_TENANTS)
+        .filter(|&t| lay.tenants[t].state.load(Acquire) != 0)
+        .map(|t| {
+            let e = &lay.tenants[t];
+            let recent_share = match window {
+                Some((o, nw)) if span > 0 => {
+                    let ns = e.samples[nw]
+                        .load(Acquire)
+                        .saturating_sub(e.samples[o].load(Acquire));
+                    Some((ns as f64 / span as f64).min(1.0))
+                }
+                _ => None,
+            };
+            ComputeTenant {
+                tenant: tenant_name(&l, t),
+                share: e.share.load(Acquire).min(100),
+                cap: e.cap.load(Acquire).min(100),
+                high_priority: e.priority.load(Acquire) == 1,
+                busy_ns: e.charged_ns.load(Acquire),
+                wait_ns: e.wait_ns.load(Acquire),
+                recent_share,
+                waiting: waiting[t],
+                owner: owner == Some(t),
+            }
+        })
+        .collect();
+    let named = l.uuid();
+    Some(DeviceReading {
+        uuid: if named.is_empty() { uuid } else { named },
+        ledger: path.to_path_buf(),
+        compute: Ok(DeviceCompute {
+            tenants,
+            handovers: h.hand_overs.load(Acquire),
+            revocations: h.revocations.load(Acquire),
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpus::GpuIndex;
+    use gpuslice::config::Limit;
+    use gpuslice::ledger::LedgerOptions;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gpuslice-observe-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_vanished_ledger_gives_nothing_and_a_broken_one_an_error() {
+        let d = scratch("vanish");
+        assert!(read_tenant(&d.join("gone.ledger"), None, None).is_none());
+        assert!(read_device(&d.join("GPU-gone.dev")).is_none());
+        std::fs::write(d.join("bad.ledger"), b"garbage").unwrap();
+        let bad = read_tenant(&d.join("bad.ledger"), None, None).unwrap();
+        assert_eq!(bad.tenant, "bad");
+        assert!(bad.memory.unwrap_err().contains("bad.ledger"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn node_tenants_are_named_and_labelled_by_their_policy() {
+        let d = scratch("node");
+        let t = d.join("state/tenants/trainer");
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(
+            t.join("policy.toml"),
+            "name = \"trainer\"\ncreated = \"device-plugin\"\n[kubernetes]\nnamespace = \"ml\"\npod = \"p-0\"\ncontainer = \"main\"\n",
+        )
+        .unwrap();
+        let opts = LedgerOptions {
+            tenant: "trainer".into(),
+            default_limit: Limit::Bytes(1 << 30),
+            devices: vec![(
+                "GPU-00000000-0000-4000-8000-000000000001".into(),
+                Limit::Bytes(1 << 30),
+            )],
+            group: None,
+        };
+        drop(Ledger::open(&t.join("trainer.ledger"), &opts).unwrap());
+        let sources = Sources::new(Some(d.join("state")), Some(d.join("none")), None);
+        let r = sources.read();
+        assert_eq!(r.tenants.len(), 1);
+        let k = r.tenants[0].kubernetes.clone().unwrap();
+        assert_eq!((k.namespace.as_str(), k.pod.as_str()), ("ml", "p-0"));
+        let text = crate::metrics::encode(
+            &r,
+            &mut GpuIndex::with(|| {
+                [("GPU-00000000-0000-4000-8000-000000000001".to_string(), 3)].into()
+            }),
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("gpuslice_memory_limit_bytes{"))
+            .unwrap();
+        for part in [
+            "gpu=\"3\"",
+            "pod=\"p-0\"",
+            "namespace=\"ml\"",
+            "tenant=\"trainer\"",
+            "} 1073741824",
+        ] {
+            assert!(line.contains(part), "{line}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,242 @@
+//! A [`Reading`] as the Prometheus text exposition format 0.0.4. Names, labels and meanings are
+//! listed in docs/OBSERVABILITY.md; labels `gpu` and `UUID` are spelled as dcgm-exporter spells
+//! them, so `on(UUID)` joins with `DCGM_FI_DEV_*` work.
+
+use crate::collect::{DeviceReading, Reading, TenantReading};
+use crate::gpus::GpuIndex;
+use crate::policy::Kubernetes;
+use prometheus::core::Collector;
+use prometheus::{
+    CounterVec, Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// The `Content-Type` of [`encode`]'s text.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+const TENANT_GPU: &[&str] = &["tenant", "gpu", "UUID", "namespace", "pod", "container"];
+const TENANT: &[&str] = &["tenant", "namespace", "pod", "container"];
+const GPU: &[&str] = &["gpu", "UUID"];
+const LEDGER: &[&str] = &[
+    "kind",
+    "ledger",
+    "tenant",
+    "gpu",
+    "UUID",
+    "namespace",
+    "pod",
+    "container",
+];
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    GaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition")
+}
+
+fn int_gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition")
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition")
+}
+
+/// Counters read from the ledgers are floats only where they are seconds.
+fn seconds_counter(name: &str, help: &str, labels: &[&str]) -> CounterVec {
+    CounterVec::new(Opts::new(name, help), labels).expect("valid metric definition")
+}
+
+fn k8s(k: Option<&Kubernetes>) -> [&str; 3] {
+    k.map_or(["", "", ""], |k| {
+        [k.namespace.as_str(), k.pod.as_str(), k.container.as_str()]
+    })
+}
+
+/// Every metric family of one scrape.
+struct Families {
+    limit: GaugeVec,
+    used: IntGaugeVec,
+    peak: IntGaugeVec,
+    denied: IntCounterVec,
+    processes: IntGaugeVec,
+    share: GaugeVec,
+    cap: GaugeVec,
+    busy: CounterVec,
+    wait: CounterVec,
+    handovers: IntCounterVec,
+    revocations: IntCounterVec,
+    valid: IntGaugeVec,
+    build: IntGaugeVec,
+}
+
+impl Families {
+    fn new() -> Families {
+        Families {
+            limit: gauge(
+                "gpuslice_memory_limit_bytes",
+                "Device-memory quota of the tenant on the GPU (absent: unlimited).",
+                TENANT_GPU,
+            ),
+            used: int_gauge(
+                "gpuslice_memory_used_bytes",
+                "Device memory the tenant's processes hold on the GPU, as charged to its quota.",
+                TENANT_GPU,
+            ),
+            peak: int_gauge(
+                "gpuslice_memory_peak_bytes",
+                "Highest gpuslice_memory_used_bytes since the tenant's ledger was created.",
+                TENANT_GPU,
+            ),
+            denied: counter(
+                "gpuslice_memory_allocation_denied_total",
+                "Reservations refused at the tenant's quota on the GPU (CUDA_ERROR_OUT_OF_MEMORY to the program).",
+                TENANT_GPU,
+            ),
+            processes: int_gauge(
+                "gpuslice_tenant_processes",
+                "Live processes attached to the tenant's ledger.",
+                TENANT,
+            ),
+            share: gauge(
+                "gpuslice_compute_share_ratio",
+                "Compute share promised to the tenant on the GPU under contention (0-1).",
+                TENANT_GPU,
+            ),
+            cap: gauge(
+                "gpuslice_compute_limit_ratio",
+                "Compute cap of the tenant on the GPU (0-1; 1: no cap).",
+                TENANT_GPU,
+            ),
+            busy: seconds_counter(
+                "gpuslice_compute_busy_seconds_total",
+                "GPU time charged to the tenant; rate() is its achieved share of the GPU.",
+                TENANT_GPU,
+            ),
+            wait: seconds_counter(
+                "gpuslice_compute_wait_seconds_total",
+                "Time the tenant's launches waited for the GPU, summed over its processes.",
+                TENANT_GPU,
+            ),
+            handovers: counter(
+                "gpuslice_compute_handovers_total",
+                "Changes of the GPU's owner among tenants.",
+                GPU,
+            ),
+            revocations: counter(
+                "gpuslice_compute_revocations_total",
+                "Ownerships of the GPU taken back from a holder that died or stopped.",
+                GPU,
+            ),
+            valid: int_gauge(
+                "gpuslice_ledger_valid",
+                "1: the ledger was read; 0: it exists but cannot be read as a ledger (corrupt, wrong version, unreadable).",
+                LEDGER,
+            ),
+            build: int_gauge(
+                "gpuslice_build_info",
+                "Version of the exporter, and the ledger layout version it reads.",
+                &["version", "ledger_layout"],
+            ),
+        }
+    }
+
+    fn tenant(&self, t: &TenantReading, gpus: &mut GpuIndex) {
+        let [ns, pod, container] = k8s(t.kubernetes.as_ref());
+        let ledger = t.ledger.display().to_string();
+        self.valid
+            .with_label_values(&["tenant", &ledger, &t.tenant, "", "", ns, pod, container])
+            .set(t.memory.is_ok() as i64);
+        let Ok(m) = &t.memory else { return };
+        self.processes
+            .with_label_values(&[&t.tenant, ns, pod, container])
+            .set(m.processes as i64);
+        for d in &m.devices {
+            let gpu = gpus.label(&d.uuid);
+            let l = [t.tenant.as_str(), &gpu, &d.uuid, ns, pod, container];
+            if let Some(bytes) = d.limit {
+                self.limit.with_label_values(&l).set(bytes as f64);
+            }
+            self.used.with_label_values(&l).set(clamp(d.used));
+            self.peak.with_label_values(&l).set(clamp(d.peak));
+            self.denied.with_label_values(&l).inc_by(d.denied);
+        }
+    }
+
+    fn device(&self, d: &DeviceReading, reading: &Reading, gpus: &mut GpuIndex) {
+        let gpu = gpus.label(&d.uuid);
+        let ledger = d.ledger.display().to_string();
+        self.valid
+            .with_label_values(&["device", &ledger, "", &gpu, &d.uuid, "", "", ""])
+            .set(d.compute.is_ok() as i64);
+        let Ok(c) = &d.compute else { return };
+        self.handovers
+            .with_label_values(&[&gpu, &d.uuid])
+            .inc_by(c.handovers);
+        self.revocations
+            .with_label_values(&[&gpu, &d.uuid])
+            .inc_by(c.revocations);
+        for t in &c.tenants {
+            let [ns, pod, container] = k8s(reading.owner(&t.tenant));
+            let l = [t.tenant.as_str(), &gpu, &d.uuid, ns, pod, container];
+            self.share
+                .with_label_values(&l)
+                .set(f64::from(t.share) / 100.0);
+            self.cap.with_label_values(&l).set(match t.cap {
+                0 => 1.0,
+                c => f64::from(c) / 100.0,
+            });
+            self.busy
+                .with_label_values(&l)
+                .inc_by(t.busy_ns as f64 / 1e9);
+            self.wait
+                .with_label_values(&l)
+                .inc_by(t.wait_ns as f64 / 1e9);
+        }
+    }
+
+    fn registry(self) -> Registry {
+        let registry = Registry::new();
+        let all: [Box<dyn Collector>; 13] = [
+            Box::new(self.limit),
+            Box::new(self.used),
+            Box::new(self.peak),
+            Box::new(self.denied),
+            Box::new(self.processes),
+            Box::new(self.share),
+            Box::new(self.cap),
+            Box::new(self.busy),
+            Box::new(self.wait),
+            Box::new(self.handovers),
+            Box::new(self.revocations),
+            Box::new(self.valid),
+            Box::new(self.build),
+        ];
+        for c in all {
+            registry.register(c).expect("distinct metric names");
+        }
+        registry
+    }
+}
+
+fn clamp(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+/// The exposition text of `reading`.
+pub fn encode(reading: &Reading, gpus: &mut GpuIndex) -> String {
+    let f = Families::new();
+    f.build
+        .with_label_values(&[
+            env!("CARGO_PKG_VERSION"),
+            &gpuslice::ledger::LAYOUT_VERSION.to_string(),
+        ])
+        .set(1);
+    for t in &reading.tenants {
+        f.tenant(t, gpus);
+    }
+    for d in &reading.devices {
+        f.device(d, reading, gpus);
+    }
+    let mut out = Vec::new();
+    // Encoding into a Vec fails only on invalid metric families, which the definitions above rule out.
+    let _ = TextEncoder::new().encode(&f.registry().gather(), &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}

@@ -1,0 +1,133 @@
+//! Contexts cost device memory: each one is charged what the driver spent creating it (measured,
+//! see `overhead`), or `GPUSLICE_CONTEXT_RESERVE` when that is set or nothing can be measured, until
+//! it is destroyed. A primary context is charged on its first retain and returned on its last
+//! release or reset. A context's modules and limits go with it.
+
+use super::tenant::{Device, LAST_CONTEXT};
+use super::Tenant;
+use gpuslice_api::types::{CUcontext, CUdevice};
+use gpuslice_api::{CUerror, CUresult};
+
+impl Tenant {
+    /// What a context is charged when nothing is measured.
+    fn context_estimate(&self) -> (Option<u64>, u64) {
+        let explicit = self
+            .context_reserve_is_explicit()
+            .then_some(self.context_reserve);
+        (explicit, self.context_reserve)
+    }
+
+    /// A context creation (`call` returns the new context): charged what it cost the driver.
+    pub fn create_context(
+        &self,
+        device: &Device,
+        call: impl FnOnce() -> Result<CUcontext, CUerror>,
+        destroy: impl FnOnce(CUcontext),
+    ) -> CUresult {
+        let (explicit, fallback) = self.context_estimate();
+        let (ctx, charge) = self.charge_measured(
+            device,
+            "context creation",
+            explicit,
+            fallback,
+            None,
+            0,
+            call,
+            destroy,
+        )?;
+        self.records.lock().contexts.insert(ctx as usize, charge);
+        self.reconcile_device(device);
+        Ok(())
+    }
+
+    /// A context destroyed: its charge, and its modules' and limits', are returned.
+    pub fn forget_context(&self, ctx: usize) {
+        let charge = self.records.lock().contexts.remove(&ctx);
+        if let Some(charge) = charge {
+            self.release(charge);
+        }
+        self.forget_owned_by(ctx);
+        LAST_CONTEXT.with(|c| {
+            if c.get().0 == ctx {
+                c.set((0, -1));
+            }
+        });
+        self.reconcile_all();
+    }
+
+    /// A primary context retain: the first one is measured and charged.
+    pub fn primary_retain(
+        &self,
+        device: &Device,
+        call: impl FnOnce() -> Result<CUcontext, CUerror>,
+        release: impl FnOnce(CUcontext),
+    ) -> CUresult {
+        let first = !self.records.lock().primary.contains_key(&device.ordinal);
+        if !first {
+            call()?;
+            if let Some(entry) = self.records.lock().primary.get_mut(&device.ordinal) {
+                entry.0 += 1;
+            }
+            return Ok(());
+        }
+        let (explicit, fallback) = self.context_estimate();
+        let (ctx, charge) = self.charge_measured(
+            device,
+            "context creation",
+            explicit,
+            fallback,
+            None,
+            0,
+            call,
+            release,
+        )?;
+        let mut r = self.records.lock();
+        match r.primary.get_mut(&device.ordinal) {
+            Some(entry) => {
+                // Another thread retained it meanwhile and charged it first.
+                entry.0 += 1;
+                drop(r);
+                self.release(charge);
+            }
+            None => {
+                r.primary.insert(device.ordinal, (1, charge, ctx as usize));
+                drop(r);
+                self.reconcile_device(device);
+            }
+        }
+        Ok(())
+    }
+
+    /// A primary context release (`reset` drops every reference).
+    pub fn primary_release(&self, ordinal: CUdevice, reset: bool) {
+        let mut r = self.records.lock();
+        let done = match r.primary.get_mut(&ordinal) {
+            Some(entry) if reset || entry.0 <= 1 => true,
+            Some(entry) => {
+                entry.0 -= 1;
+                false
+            }
+            None => false,
+        };
+        if !done {
+            return;
+        }
+        let gone = r.primary.remove(&ordinal);
+        drop(r);
+        if let Some((_, charge, ctx)) = gone {
+            self.release(charge);
+            self.forget_owned_by(ctx);
+            self.reconcile_all();
+        }
+    }
+
+    /// The context a module or limit belongs to: the calling thread's current one (0: none).
+    pub fn current_context(&self) -> usize {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-parameter.
+        match unsafe { crate::driver::calls::real::cuCtxGetCurrent(&mut ctx) } {
+            Ok(()) => ctx as usize,
+            Err(_) => 0,
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! Driver overhead: the device memory the driver spends on a program's behalf without a
+//! `cuMemAlloc` (a context, module code, the stack, heap and printf limits), charged at what the
+//! driver actually spent.
+//!
+//! Method (docs/MEMORY.md): around the operation, under a lock per device shared by every tenant of
+//! the GPU (a file in `GPUSLICE_DEVICE_DIR`), read this process's used memory from NVML (when it can
+//! find itself in the process list) and the device's used memory; what the driver spent is the
+//! change, less what this process charged for its own allocations meanwhile. The process figure is
+//! exact; the device figure also moves with other processes' allocations in the window (the error
+//! bound). Nothing measurable: the fallback estimate (`GPUSLICE_CONTEXT_RESERVE` for a context).
+//! After each operation the process's overhead is reconciled: what the driver says the process holds
+//! minus what it charged for allocations; more than the recorded charges is charged too, never less.
+//! An impossible answer (the process holds less than it allocated) is logged once and not believed.
+
+use super::{Charge, Device, Tenant};
+use crate::driver::measure::{self, ProcessFigure};
+use crate::ledger::QuotaExceeded;
+use crate::log;
+use gpuslice_api::CUerror;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// What an overhead record is for (with its handle, the key of the record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Overhead {
+    Module = 1,
+    Library = 2,
+    /// A context's limits (`cuCtxSetLimit`), keyed by the context.
+    Limits = 3,
+}
+
+/// Driver memory charged for one object, and the context that owns it (0: none), whose
+/// destruction frees it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OverheadRecord {
+    pub charge: Charge,
+    pub ctx: usize,
+}
+
+/// Per-process reconciliation state.
+#[derive(Default)]
+pub(super) struct State {
+    /// Ledger device -> overhead found by reconciliation beyond the recorded charges (charged).
+    pub unattributed: super::records::KeyMap<usize, u64>,
+}
+
+/// One reading of the driver's figures (and of what this process charged) on a device.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    process: ProcessFigure,
+    device: Option<u64>,
+    /// What this process had charged on the device in the ledger, read just before and just after
+    /// the driver's figures. Other threads' allocations and frees may run meanwhile; as a
+    /// reservation precedes the driver's allocation and a release follows its free, the larger of
+    /// the two is at least what the driver held for them when it answered.
+    charged_low: u64,
+    charged: u64,
+}
+
+/// How long a measurement waits for another process's measurement on the same device.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+static WARNED_IMPOSSIBLE: AtomicBool = AtomicBool::new(false);
+static WARNED_LOCK: AtomicBool = AtomicBool::new(false);
+static WARNED_UNCHARGED: AtomicBool = AtomicBool::new(false);
+
+fn warn_once(flag: &AtomicBool, args: std::fmt::Arguments<'_>) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        log::warn(args);
+    }
+}
+
+/// The per-device measurement lock: a `flock` on a file in the device directory, released when
+/// dropped (or when the process dies). A lock that cannot be had in [`LOCK_WAIT`] (a stopped
+/// holder) or a directory that cannot be used leaves the measurement unlocked (logged once).
+struct MeasureLock(Option<OwnedFd>);
+
+impl MeasureLock {
+    /// The lock of device `uuid` in `dir`.
+    fn acquire(dir: &std::path::Path, uuid: &str) -> MeasureLock {
+        let path = dir.join(format!("{uuid}.measure"));
+        // Created writable for everyone (a tenant of another uid measures on the same GPU); a file
+        // another uid created is opened read-only, which is enough for flock.
+        let file = std::fs::create_dir_all(dir)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .mode(0o666)
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+            })
+            .or_else(|_| std::fs::File::open(&path));
+        let fd: OwnedFd = match file {
+            Ok(f) => f.into(),
+            Err(e) => {
+                warn_once(
+                    &WARNED_LOCK,
+                    format_args!(
+                        "cannot open {} ({e}): driver memory is measured without the device lock",
+                        path.display()
+                    ),
+                );
+                return MeasureLock(None);
+            }
+        };
+        let start = Instant::now();
+        loop {
+            if lock_byte(&fd, libc::LOCK_EX) {
+                return MeasureLock(Some(fd));
+            }
+            if start.elapsed() >= LOCK_WAIT {
+                warn_once(
+                    &WARNED_LOCK,
+                    format_args!(
+                        "{} stayed locked for {LOCK_WAIT:?}: driver memory is measured without it",
+                        path.display()
+                    ),
+                );
+                return MeasureLock(None);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for MeasureLock {
+    fn drop(&mut self) {
+        if let Some(fd) = &self.0 {
+            lock_byte(fd, libc::LOCK_UN);
+        }
+    }
+}
+
+/// Takes (`LOCK_EX`) or drops (`LOCK_UN`) the file's lock, without waiting. `flock` locks belong to
+/// the open file description: they die with the process, and work on a read-only descriptor.
+fn lock_byte(fd: &OwnedFd, kind: libc::c_int) -> bool {
+    // SAFETY: flock takes a descriptor and flags; LOCK_NB never blocks.
+    unsafe { libc::flock(fd.as_raw_fd(), kind | libc::LOCK_NB) == 0 }
+}
+
+impl Tenant {
+    /// Where the measurement locks live: the device directory every tenant of a GPU shares
+    /// (`GPUSLICE_DEVICE_DIR`), else beside the tenant's ledger (the default ledgers share one).
+    fn measure_dir(&self) -> std::path::PathBuf {
+        match std::env::var_os("GPUSLICE_DEVICE_DIR").filter(|v| !v.is_empty()) {
+            Some(dir) => dir.into(),
+            None => self
+                .config
+                .ledger_path
+                .parent()
+                .map_or_else(|| "/dev/shm/gpuslice".into(), std::path::Path::to_path_buf),
+        }
+    }
+
+    fn sample(&self, device: &Device) -> Sample {
+        let charged = || match (&device.slot, self.ledger.get()) {
+            (Ok(slot), Some(Ok(ledger))) => ledger.used_by_me(*slot),
+            _ => 0,
+        };
+        let first = charged();
+        let process = measure::process_used(&device.uuid);
+        let device_used = measure::device_used(&device.uuid);
+        let last = charged();
+        Sample {
+            process,
+            device: device_used,
+            charged_low: first.min(last),
+            charged: first.max(last),
+        }
+    }
+
+    /// What the driver spent between two samples (negative: it gave memory back), less what this
+    /// process charged for allocations meanwhile; `None` when nothing trustworthy was read.
+    fn spent(&self, device: &Device, before: &Sample, after: &Sample) -> Option<i128> {
+        // The most this process's own allocations can have moved: an error here under-measures the
+        // operation, never over-charges it; reconciliation then charges what is left.
+        let ours = i128::from(after.charged) - i128::from(before.charged_low);
+        let process = match (before.process, after.process) {
+            (ProcessFigure::Listed(b), ProcessFigure::Listed(a)) => Some((b, a)),
+            // Not listed before: it held nothing there yet.
+            (ProcessFigure::NotListed, ProcessFigure::Listed(a)) => Some((0, a)),
+            _ => None,
+        };
+        let allocated = after
+            .charged
+            .saturating_sub(self.overhead_on(device.slot.as_ref().ok().copied()));
+        if let Some((b, a)) = process {
+            if a >= allocated {
+                return Some(i128::from(a) - i128::from(b) - ours);
+            }
+            warn_once(
+                &WARNED_IMPOSSIBLE,
+                format_args!(
+                    "the driver says this process holds {a} bytes on {}, less than the {allocated} \
+                     it allocated: its per-process figures are not believed (charging the larger)",
+                    device.uuid
+                ),
+            );
+        }
+        match (before.device, after.device) {
+            (Some(b), Some(a)) if a >= allocated => Some(i128::from(a) - i128::from(b) - ours),
+            _ => None,
+        }
+    }
+
+    /// Runs `call` (an operation that makes the driver spend memory on `device`) and charges what it
+    /// spent: `explicit` when given (never measured), else the measured change, else `fallback`;
+    /// never less than `floor` (a change the driver documents, such as a larger heap, which a driver
+    /// may reserve only later: the larger figure is charged).
+    /// `current` is what the object is charged already (a limit changed again): the result is the
+    /// object's new charge, the ledger moved by the difference. Over the quota, `undo` reverses the
+    /// operation and the call fails with out-of-memory. The caller records the charge, then calls
+    /// [`Tenant::reconcile_device`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn charge_measured<T: Copy>(
+        &self,
+        device: &Device,
+        what: &str,
+        explicit: Option<u64>,
+        fallback: u64,
+        floor: Option<i128>,
+        current: u64,
+        call: impl FnOnce() -> Result<T, CUerror>,
+        undo: impl FnOnce(T),
+    ) -> Result<(T, Charge), CUerror> {
+        // An explicit charge, or the least the change takes, is reserved before the driver is asked,
+        // as any allocation: over the quota, the driver never sees the call.
+        let known = match (explicit, floor) {
+            (Some(e), _) => e.saturating_sub(current),
+            (None, Some(f)) => u64::try_from(f.max(0)).unwrap_or(u64::MAX),
+            (None, None) => 0,
+        };
+        let upfront = match (&device.slot, known) {
+            // Nothing to reserve yet: no ledger operation (a lowered limit must not refuse 0 bytes).
+            (Ok(slot), 0) => self.reserved(Charge {
+                device: *slot,
+                bytes: 0,
+            }),
+            _ => self.reserve(device, known, what)?,
+        };
+        let slot = upfront.charge().device;
+        if let Some(bytes) = explicit {
+            // An explicit charge is never measured: no lock, no driver figures.
+            let value = call()?;
+            upfront.commit();
+            return Ok((
+                value,
+                Charge {
+                    device: slot,
+                    bytes,
+                },
+            ));
+        }
+        let lock = MeasureLock::acquire(&self.measure_dir(), &device.uuid);
+        let before = self.sample(device);
+        let value = call()?;
+        let after = self.sample(device);
+        drop(lock);
+        let delta = match (explicit, self.spent(device, &before, &after)) {
+            (Some(bytes), _) => i128::from(bytes) - i128::from(current),
+            (None, Some(delta)) => delta,
+            (None, None) => i128::from(fallback),
+        };
+        let delta = floor.map_or(delta, |f| delta.max(f));
+        let cost = u64::try_from((i128::from(current) + delta).max(0)).unwrap_or(u64::MAX);
+        let have = current.saturating_add(upfront.charge().bytes);
+        if cost > have {
+            match self.reserve(device, cost - have, what) {
+                Ok(more) => {
+                    more.commit();
+                }
+                Err(e) => {
+                    undo(value);
+                    return Err(e);
+                }
+            }
+        }
+        upfront.commit();
+        if cost < have {
+            self.release(Charge {
+                device: slot,
+                bytes: have - cost,
+            });
+        }
+        Ok((
+            value,
+            Charge {
+                device: slot,
+                bytes: cost,
+            },
+        ))
+    }
+
+    /// Driver overhead charged on a ledger device: contexts, primary contexts, modules, limits and
+    /// what reconciliation found beyond them.
+    pub(super) fn overhead_on(&self, slot: Option<usize>) -> u64 {
+        let Some(slot) = slot else { return 0 };
+        let r = self.records.lock();
+        let on = |c: &Charge| if c.device == slot { c.bytes } else { 0 };
+        let contexts: u64 = r.contexts.values().map(on).sum();
+        let primary: u64 = r.primary.values().map(|(_, c, _)| on(c)).sum();
+        let objects: u64 = r.overhead.values().map(|o| on(&o.charge)).sum();
+        drop(r);
+        let unattributed = self
+            .overhead
+            .lock()
+            .unattributed
+            .get(&slot)
+            .copied()
+            .unwrap_or(0);
+        contexts + primary + objects + unattributed
+    }
+
+    /// Brings the unattributed overhead of a device to what the driver says this process holds
+    /// beyond its allocations and recorded overhead (never below 0; never on an impossible answer).
+    fn reconcile(&self, device: &Device, slot: usize, sample: &Sample) {
+        let ProcessFigure::Listed(holds) = sample.process else {
+            return;
+        };
+        if self.context_reserve_is_explicit() {
+            // Contexts are charged what the operator said; what the driver holds beyond that is
+            // mostly theirs, and cannot be told apart from other overhead.
+            return;
+        }
+        let Some(Ok(ledger)) = self.ledger.get() else {
+            return;
+        };
+        let mut state = self.overhead.lock();
+        let unattributed = state.unattributed.get(&slot).copied().unwrap_or(0);
+        drop(state);
+        let recorded = self.overhead_on(Some(slot)).saturating_sub(unattributed);
+        let charged = sample.charged;
+        let allocated = charged.saturating_sub(recorded + unattributed);
+        if holds < allocated {
+            return; // impossible (logged by `spent`): not believed
+        }
+        let wanted = holds.saturating_sub(allocated).saturating_sub(recorded);
+        state = self.overhead.lock();
+        let entry = state.unattributed.entry(slot).or_insert(0);
+        if wanted > *entry {
+            match ledger.try_reserve(slot, wanted - *entry) {
+                Ok(()) => *entry = wanted,
+                Err(QuotaExceeded { used, limit, .. }) => warn_once(
+                    &WARNED_UNCHARGED,
+                    format_args!(
+                        "the driver holds {} bytes for this process on {} beyond what was charged, \
+                         and the quota has no room for them ({used} of {limit} in use): further \
+                         allocations are refused until memory is freed",
+                        wanted - *entry,
+                        device.uuid
+                    ),
+                ),
+            }
+        } else if wanted < *entry {
+            ledger.release(slot, *entry - wanted);
+            *entry = wanted;
+        }
+    }
+
+    /// Records the driver memory of a module, library or context limits (replacing the object's
+    /// previous record, whose charge [`Tenant::charge_measured`] already moved to this one).
+    pub fn record_overhead(&self, kind: Overhead, handle: usize, ctx: usize, charge: Charge) {
+        self.records
+            .lock()
+            .overhead
+            .insert((kind as u8, handle), OverheadRecord { charge, ctx });
+    }
+
+    /// What an object is charged now (0: nothing).
+    pub fn overhead_of(&self, kind: Overhead, handle: usize) -> u64 {
+        self.records
+            .lock()
+            .overhead
+            .get(&(kind as u8, handle))
+            .map_or(0, |o| o.charge.bytes)
+    }
+
+    /// Returns an object's driver memory (unloaded).
+    pub fn forget_overhead(&self, kind: Overhead, handle: usize) {
+        let old = self.records.lock().overhead.remove(&(kind as u8, handle));
+        if let Some(old) = old {
+            self.release(old.charge);
+        }
+    }
+
+    /// Returns everything a destroyed context owned (its modules and limits).
+    pub(super) fn forget_owned_by(&self, ctx: usize) {
+        let mut r = self.records.lock();
+        let owned: Vec<(u8, usize)> = r
+            .overhead
+            .iter()
+            .filter(|(k, o)| o.ctx == ctx || (k.0 == Overhead::Limits as u8 && k.1 == ctx))
+            .map(|(k, _)| *k)
+            .collect();
+        let charges: Vec<Charge> = owned
+            .iter()
+            .filter_map(|k| r.overhead.remove(k))
+            .map(|o| o.charge)
+            .collect();
+        drop(r);
+        for c in charges {
+            self.release(c);
+        }
+    }
+
+    /// Re-reads what the driver says `device` holds for this process and reconciles; publishes the
+    /// process's overhead in the ledger (for `gpuslice status`).
+    pub fn reconcile_device(&self, device: &Device) {
+        let Ok(slot) = device.slot else { return };
+        if !self.context_reserve_is_explicit() {
+            let sample = self.sample(device);
+            self.reconcile(device, slot, &sample);
+        }
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            ledger.set_overhead_by_me(slot, self.overhead_on(Some(slot)));
+        }
+    }
+
+    /// [`Tenant::reconcile_device`] before the program is told how much memory it has
+    /// (`cuMemGetInfo`): driver memory spent since the last overhead operation (code loaded lazily at
+    /// a kernel's first launch, graph memory) is charged before the program sizes itself from the
+    /// figure. Only once the process has driver overhead (it then has NVML loaded).
+    pub fn reconcile_before_query(&self, device: &Device) {
+        if self.context_reserve_is_explicit()
+            || self.overhead_on(device.slot.as_ref().ok().copied()) == 0
+        {
+            return;
+        }
+        self.reconcile_device(device);
+    }
+
+    /// [`Tenant::reconcile_device`] for every device this process used (after a context was
+    /// destroyed or a module unloaded, when the driver gave memory back).
+    pub fn reconcile_all(&self) {
+        for device in self.known_devices() {
+            self.reconcile_device(device);
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The records of what this process charged, and the allocation paths that use them: device
+//! pointers (`cuMemAlloc*`, pitch, managed, stream-ordered without a pool) and arrays.
+
+use super::overhead::OverheadRecord;
+use super::pools::PoolCharge;
+use super::vmm::Physical;
+use super::{Charge, Device, Tenant};
+use gpuslice_api::types::CUdevice;
+use gpuslice_api::{CUerror, CUresult};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hashes the integer keys of the records (device pointers, handles) with one multiplication: they are
+/// distinct by construction and need no protection against chosen collisions, and SipHash would be a
+/// quarter of an allocation's added cost.
+#[derive(Default)]
+pub(super) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+    fn write_i32(&mut self, n: i32) {
+        self.write_u64(n as u64);
+    }
+}
+
+pub(super) type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
+
+/// Device pointer -> charge, for the allocation hot path: open addressing with linear probing and
+/// backward-shift deletion over a power-of-two table kept at most half full. Key 0 marks an empty
+/// entry (no allocation lives at address 0).
+#[derive(Default)]
+pub(super) struct ChargeTable {
+    keys: Vec<u64>,
+    charges: Vec<Charge>,
+    len: usize,
+}
+
+impl ChargeTable {
+    #[inline]
+    fn home(&self, key: u64) -> usize {
+        // Fibonacci hashing: the high bits of the product index the table.
+        let bits = self.keys.len().trailing_zeros();
+        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+    }
+
+    pub(super) fn insert(&mut self, key: u64, charge: Charge) {
+        if key == 0 {
+            return;
+        }
+        if (self.len + 1) * 2 > self.keys.len() {
+            self.grow();
+        }
+        let mask = self.keys.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            match self.keys[i] {
+                0 => {
+                    self.keys[i] = key;
+                    self.charges[i] = charge;
+                    self.len += 1;
+                    return;
+                }
+                k if k == key => {
+                    self.charges[i] = charge;
+                    return;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    pub(super) fn get(&self, key: u64) -> Option<Charge> {
+        if self.len == 0 || key == 0 {
+            return None;
+        }
+        let mask = self.keys.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            match self.keys[i] {
+                0 => return None,
+                k if k == key => return Some(self.charges[i]),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, key: u64) -> Option<Charge> {
+        if self.len == 0 || key == 0 {
+            return None;
+        }
+        let mask = self.keys.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            match self.keys[i] {
+                0 => return None,
+                k if k == key => break,
+                _ => i = (i + 1) & mask,
+            }
+        }
+        let found = self.charges[i];
+        // Backward shift: pull later entries of the probe run into the hole.
+        let mut hole = i;
+        let mut j = (i + 1) & mask;
+        while self.keys[j] != 0 {
+            let home = self.home(self.keys[j]);
+            // Move j into the hole if its home is not in (hole, j] (cyclically).
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.keys[hole] = self.keys[j];
+                self.charges[hole] = self.charges[j];
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.keys[hole] = 0;
+        self.len -= 1;
+        Some(found)
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let capacity = (self.keys.len() * 2).max(64);
+        let keys = std::mem::replace(&mut self.keys, vec![0; capacity]);
+        let charges = std::mem::replace(
+            &mut self.charges,
+            vec![
+                Charge {
+                    device: 0,
+                    bytes: 0
+                };
+                capacity
+            ],
+        );
+        self.len = 0;
+        for (k, c) in keys.into_iter().zip(charges) {
+            if k != 0 {
+                self.insert(k, c);
+            }
+        }
+    }
+}
+
+/// Everything this process charged, by what returns it.
+#[derive(Default)]
+pub(super) struct Records {
+    /// Device pointer -> charge (cuMemAlloc*, pitch, managed, stream-ordered without a pool).
+    pub allocations: ChargeTable,
+    /// Array / mipmapped array handle -> charge.
+    pub arrays: KeyMap<usize, Charge>,
+    /// VMM generic allocation handle -> physical allocation.
+    pub physical: KeyMap<u64, Physical>,
+    /// Mapped VA start -> (size, handle).
+    pub mappings: BTreeMap<u64, (u64, u64)>,
+    /// Memory pool -> what it is charged and what is outstanding from it.
+    pub pools: KeyMap<usize, PoolCharge>,
+    /// Block of a pool -> (pool, bytes): what is outstanding from each pool.
+    pub pool_blocks: KeyMap<u64, (usize, u64)>,
+    /// Created context -> its measured (or reserved) cost.
+    pub contexts: KeyMap<usize, Charge>,
+    /// Device ordinal -> (primary context references, its cost, its handle).
+    pub primary: KeyMap<CUdevice, (u32, Charge, usize)>,
+    /// Module, library and context limits -> the driver memory they took.
+    pub overhead: KeyMap<(u8, usize), OverheadRecord>,
+}
+
+impl Tenant {
+    /// Charges `bytes` on the current device around `call`, which allocates and returns the new
+    /// allocation's key; the charge is kept under that key, or rolled back if the driver failed.
+    pub fn charged(
+        &self,
+        device: &Device,
+        bytes: u64,
+        what: &str,
+        call: impl FnOnce() -> Result<u64, CUerror>,
+    ) -> CUresult {
+        let (key, charge) = self.charge_around(device, bytes, what, call)?;
+        self.records.lock().allocations.insert(key, charge);
+        Ok(())
+    }
+
+    /// Frees through `call`, then returns the allocation's charge (if it was charged). A block of a
+    /// memory pool returns to its pool, whose charge stays what the pool holds.
+    pub fn uncharge(&self, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+        // The record goes before the driver frees: from then on the driver may hand the same
+        // address to another thread's allocation, whose new record must not be the one removed.
+        // A pool block stops counting as outstanding before the driver frees it: what is counted
+        // outstanding is never more than the pool really has handed out.
+        let (charge, block) = {
+            let mut r = self.records.lock();
+            let charge = r.allocations.remove(key);
+            let block = if charge.is_none() && !r.pool_blocks.is_empty() {
+                r.pool_blocks.remove(&key)
+            } else {
+                None
+            };
+            (charge, block)
+        };
+        if let Some((pool, bytes)) = block {
+            self.pool_block_freed(pool, bytes);
+        }
+        if let Err(e) = call() {
+            let mut r = self.records.lock();
+            if let Some(charge) = charge {
+                r.allocations.insert(key, charge);
+            }
+            drop(r);
+            if let Some((pool, bytes)) = block {
+                self.record_pool_block(pool, 0, key, bytes);
+            }
+            return Err(e);
+        }
+        if let Some(charge) = charge {
+            self.release(charge);
+        }
+        Ok(())
+    }
+
+    /// Adjusts the charge of a live allocation whose real size is known only after the call
+    /// (pitch): grows it (fails when over quota) or shrinks it.
+    pub fn recharge(&self, key: u64, device: &Device, bytes: u64, what: &str) -> CUresult {
+        let old = self.records.lock().allocations.get(key);
+        let Some(old) = old else { return Ok(()) };
+        if bytes > old.bytes {
+            let extra = self.reserve(device, bytes - old.bytes, what)?.commit();
+            self.records.lock().allocations.insert(
+                key,
+                Charge {
+                    device: old.device,
+                    bytes: old.bytes + extra.bytes,
+                },
+            );
+        } else if bytes < old.bytes {
+            self.release(Charge {
+                device: old.device,
+                bytes: old.bytes - bytes,
+            });
+            self.records.lock().allocations.insert(
+                key,
+                Charge {
+                    device: old.device,
+                    bytes,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    pub fn record_array(&self, handle: usize, charge: Charge) {
+        self.records.lock().arrays.insert(handle, charge);
+    }
+
+    pub fn forget_array(&self, handle: usize) {
+        if let Some(charge) = self.records.lock().arrays.remove(&handle) {
+            self.release(charge);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Charge;
+    use super::ChargeTable;
+
+    #[test]
+    fn charge_table_matches_a_map() {
+        let mut table = ChargeTable::default();
+        let mut model = std::collections::HashMap::new();
+        let mut x: u64 = 0x1234_5678;
+        for step in 0..20_000u64 {
+            // xorshift: keys collide in the table's low bits often enough to exercise probing.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = (x % 512 + 1) << 8;
+            if x % 3 == 0 {
+                assert_eq!(table.remove(key), model.remove(&key), "step {step}");
+            } else {
+                let charge = Charge {
+                    device: (x % 4) as usize,
+                    bytes: step,
+                };
+                table.insert(key, charge);
+                model.insert(key, charge);
+            }
+            assert_eq!(table.len, model.len());
+        }
+        for (k, v) in &model {
+            assert_eq!(table.get(*k), Some(*v));
+        }
+        assert_eq!(table.get(0), None);
+    }
+}

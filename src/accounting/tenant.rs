@@ -1,0 +1,185 @@
+//! The tenant as this process sees it: its configuration, its ledger (joined on first use), and the
+//! devices by ordinal with their ledger slots.
+
+use super::records::Records;
+use crate::config::{self, Config, Limit};
+use crate::driver::calls as driver;
+use crate::ledger::{Ledger, LedgerOptions};
+use crate::log;
+use gpuslice_api::types::{CUcontext, CUdevice};
+use gpuslice_api::CUerror;
+use parking_lot::{Mutex, ReentrantMutex};
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+/// One device as this process sees it.
+#[derive(Clone, Debug)]
+pub struct Device {
+    pub ordinal: CUdevice,
+    pub uuid: String,
+    /// Ledger index, or why allocations on this device are refused.
+    pub slot: Result<usize, String>,
+}
+
+pub struct Tenant {
+    pub config: Config,
+    /// Opened on first use, when the process's devices are known (a creator records their limits).
+    pub(super) ledger: OnceLock<Result<Ledger, String>>,
+    /// Devices by ordinal, resolved once each.
+    devices: [OnceLock<Device>; MAX_ORDINALS],
+    /// The process sees exactly one device (then every allocation is on it): `Some(true)`.
+    single_device: OnceLock<bool>,
+    pub(super) records: Mutex<Records>,
+    /// Bytes charged per context when nothing can be measured, or always when
+    /// `GPUSLICE_CONTEXT_RESERVE` is set ([`Tenant::context_reserve_is_explicit`]).
+    pub context_reserve: u64,
+    /// When the last refusal was logged, and how many were not logged since (rate limit).
+    pub(super) last_refusal_log: Mutex<Option<(std::time::Instant, u32)>>,
+    pub(super) refusals_unlogged: std::sync::atomic::AtomicU64,
+    /// Serialises the pool bookkeeping (reserve, driver call, read of the pool's size, settle): the
+    /// charge is derived from the pool's size before and after, which another thread's allocation or
+    /// settle must not change in between. Reentrant: a refused reservation settles the pools.
+    pub(super) pools_serial: ReentrantMutex<()>,
+    /// Driver overhead measured per device (see `overhead`).
+    pub(super) overhead: Mutex<super::overhead::State>,
+}
+
+/// Device ordinals a process can see (CUDA has no more on one machine).
+pub(super) const MAX_ORDINALS: usize = 64;
+
+thread_local! {
+    /// The last (context, device ordinal) this thread resolved: allocations repeat on one context.
+    pub(super) static LAST_CONTEXT: Cell<(usize, CUdevice)> = const { Cell::new((0, -1)) };
+}
+
+impl Tenant {
+    pub(super) fn new(config: Config) -> Tenant {
+        let context_reserve = config
+            .context_reserve
+            .unwrap_or(config::DEFAULT_CONTEXT_RESERVE);
+        Tenant {
+            config,
+            ledger: OnceLock::new(),
+            devices: [const { OnceLock::new() }; MAX_ORDINALS],
+            single_device: OnceLock::new(),
+            records: Mutex::new(Records::default()),
+            context_reserve,
+            pools_serial: ReentrantMutex::new(()),
+            last_refusal_log: Mutex::new(None),
+            refusals_unlogged: std::sync::atomic::AtomicU64::new(0),
+            overhead: Mutex::new(Default::default()),
+        }
+    }
+
+    /// `GPUSLICE_CONTEXT_RESERVE` was given: contexts are charged that, never measured.
+    pub fn context_reserve_is_explicit(&self) -> bool {
+        self.config.context_reserve.is_some()
+    }
+
+    /// The tenant's ledger, joined (or created) on first use.
+    pub fn ledger(&self) -> Result<&Ledger, &str> {
+        self.ledger
+            .get_or_init(|| {
+                let visible = driver::visible_devices();
+                let options = LedgerOptions::from_config(&self.config, &visible);
+                Ledger::open(&self.config.ledger_path, &options).map_err(|e| {
+                    log::error(format_args!(
+                        "{e}; every allocation is refused until this is fixed"
+                    ));
+                    e.to_string()
+                })
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    /// The ledger if this process has joined it, or if it exists (never created from here).
+    pub(super) fn existing_ledger(&self) -> Option<&Ledger> {
+        if self.ledger.get().is_none() && !self.config.ledger_path.exists() {
+            return None;
+        }
+        self.ledger().ok()
+    }
+
+    /// The device of the calling thread's current context. When the process sees one device, that is
+    /// the device (a call without a current context then fails in the driver, and is rolled back).
+    pub fn current_device(&self) -> Result<&Device, CUerror> {
+        if self.sees_one_device() {
+            return self.device(0);
+        }
+        self.device(current_ordinal()?)
+    }
+
+    fn sees_one_device(&self) -> bool {
+        if let Some(one) = self.single_device.get() {
+            return *one;
+        }
+        let mut count = 0;
+        // SAFETY: `count` is a valid out-parameter.
+        match unsafe { driver::real::cuDeviceGetCount(&mut count) } {
+            // The count is fixed once the driver is initialised.
+            Ok(()) => *self.single_device.get_or_init(|| count == 1),
+            Err(_) => false,
+        }
+    }
+
+    /// A device by ordinal (in this process's visible order): its UUID and ledger slot.
+    pub fn device(&self, ordinal: CUdevice) -> Result<&Device, CUerror> {
+        let cell = usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or(CUerror::INVALID_DEVICE)?;
+        if let Some(d) = cell.get() {
+            return Ok(d);
+        }
+        let uuid = driver::device_uuid(ordinal)?;
+        let slot = self.resolve_slot(ordinal, &uuid);
+        if let Err(why) = &slot {
+            log::error(format_args!(
+                "device {ordinal} ({uuid}): {why}; allocations there are refused"
+            ));
+        }
+        Ok(cell.get_or_init(|| Device {
+            ordinal,
+            uuid,
+            slot,
+        }))
+    }
+
+    /// Devices resolved so far.
+    pub(super) fn known_devices(&self) -> impl Iterator<Item = &Device> {
+        self.devices.iter().filter_map(OnceLock::get)
+    }
+
+    fn resolve_slot(&self, ordinal: CUdevice, uuid: &str) -> Result<usize, String> {
+        if let Limit::Invalid(why) = self.config.memory_limit_for(ordinal as u32, uuid) {
+            return Err(why);
+        }
+        let ledger = self.ledger().map_err(str::to_owned)?;
+        ledger.device_index(uuid).ok_or_else(|| {
+            format!(
+                "the ledger {} has no room for this device",
+                ledger.path().display()
+            )
+        })
+    }
+}
+
+/// The ordinal of the calling thread's current context's device.
+pub(super) fn current_ordinal() -> Result<CUdevice, CUerror> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-parameter.
+    unsafe { driver::real::cuCtxGetCurrent(&mut ctx) }?;
+    if ctx.is_null() {
+        return Err(CUerror::INVALID_CONTEXT);
+    }
+    let (last_ctx, last_ordinal) = LAST_CONTEXT.with(Cell::get);
+    if last_ctx == ctx as usize {
+        return Ok(last_ordinal);
+    }
+    let mut ordinal: CUdevice = -1;
+    // SAFETY: `ordinal` is a valid out-parameter.
+    unsafe { driver::real::cuCtxGetDevice(&mut ordinal) }?;
+    LAST_CONTEXT.with(|c| c.set((ctx as usize, ordinal)));
+    Ok(ordinal)
+}

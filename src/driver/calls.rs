@@ -1,0 +1,152 @@
+//! Real driver functions the accounting calls (without hooking them, or past their hooks), and small
+//! queries built on them: the layer below accounting, so that it never calls up into the hooks.
+
+use super::real_calls;
+use gpuslice_api::types::{
+    CUcontext, CUdevice, CUlibrary, CUmemoryPool, CUmodule, CUstream, CUuuid,
+};
+use gpuslice_api::{CUerror, CUresult, NvmlReturn};
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+real_calls! {
+    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    fn cuCtxGetCurrent(pctx: *mut CUcontext);
+    fn cuCtxGetDevice(device: *mut CUdevice);
+    fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int);
+    fn cuDeviceGetCount(count: *mut c_int);
+    fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
+    fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
+    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
+    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
+    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void);
+    fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext);
+    fn cuCtxPushCurrent_v2(ctx: CUcontext);
+    fn cuCtxPopCurrent_v2(pctx: *mut CUcontext);
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64);
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize);
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
+    fn cuDeviceGetAttribute(value: *mut c_int, attr: c_int, dev: CUdevice);
+    fn cuCtxDestroy_v2(ctx: CUcontext);
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice);
+    fn cuCtxGetLimit(value: *mut usize, limit: c_int);
+    fn cuCtxSetLimit(limit: c_int, value: usize);
+    fn cuModuleUnload(module: CUmodule);
+    fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
+    fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
+    fn cuLibraryUnload(library: CUlibrary);
+}
+
+/// NVML functions (a separate library, its own error type).
+pub mod nvml {
+    use super::*;
+    real_calls! {
+        ret = NvmlReturn, missing = Err(gpuslice_api::NvmlError::UNINITIALIZED);
+        fn nvmlDeviceGetUUID(device: gpuslice_api::nvml::nvmlDevice_t, uuid: *mut c_char, length: c_uint);
+        fn nvmlInit_v2();
+        fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut gpuslice_api::nvml::nvmlDevice_t);
+        fn nvmlDeviceGetMemoryInfo(device: gpuslice_api::nvml::nvmlDevice_t, memory: *mut gpuslice_api::nvml::nvmlMemory_t);
+        fn nvmlDeviceGetComputeRunningProcesses_v3(device: gpuslice_api::nvml::nvmlDevice_t, count: *mut c_uint, infos: *mut gpuslice_api::nvml::nvmlProcessInfo_t);
+    }
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` for a CUDA device ordinal.
+pub fn device_uuid(ordinal: CUdevice) -> Result<String, CUerror> {
+    let mut uuid = CUuuid::default();
+    // SAFETY: `uuid` is a valid out-parameter.
+    let r = unsafe { real::cuDeviceGetUuid_v2(&mut uuid, ordinal) };
+    // SAFETY: as above; the legacy entry point for drivers that predate _v2.
+    r.or_else(|_| unsafe { real::cuDeviceGetUuid(&mut uuid, ordinal) })?;
+    Ok(format_uuid(&uuid.bytes))
+}
+
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(40);
+    out.push_str("GPU-");
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 15)]));
+    }
+    out
+}
+
+/// Whether `stream` is being captured into a graph (work on it is recorded, not run).
+// The stream handle is opaque to us, only passed to the driver, which validates it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn capturing(stream: CUstream, per_thread: bool) -> bool {
+    let mut status: c_uint = 0;
+    // SAFETY: `status` is a valid out-parameter; the stream is the caller's.
+    let r = unsafe {
+        if per_thread {
+            real::cuStreamIsCapturing_ptsz(stream, &mut status)
+        } else {
+            real::cuStreamIsCapturing(stream, &mut status)
+        }
+    };
+    r.is_ok() && status != 0
+}
+
+/// What a memory pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+pub fn pool_reserved(pool: usize) -> Option<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: the attribute is a cuuint64_t written to `value`.
+    let r = unsafe {
+        real::cuMemPoolGetAttribute(
+            pool as CUmemoryPool,
+            gpuslice_api::types::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as c_int,
+            (&mut value as *mut u64).cast(),
+        )
+    };
+    r.ok().map(|()| value)
+}
+
+/// What a memory pool has handed out (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+pub fn pool_used(pool: usize) -> Option<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: the attribute is a cuuint64_t written to `value`.
+    let r = unsafe {
+        real::cuMemPoolGetAttribute(
+            pool as CUmemoryPool,
+            gpuslice_api::types::CU_MEMPOOL_ATTR_USED_MEM_CURRENT as c_int,
+            (&mut value as *mut u64).cast(),
+        )
+    };
+    r.ok().map(|()| value)
+}
+
+/// The memory pool `cuMemAllocAsync` uses on a device: its current pool.
+pub fn current_pool(ordinal: CUdevice) -> Option<usize> {
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-parameter.
+    let r = unsafe { real::cuDeviceGetMemPool(&mut pool, ordinal) };
+    r.ok().filter(|()| !pool.is_null()).map(|()| pool as usize)
+}
+
+/// The devices this process sees, as (ordinal, UUID); empty before `cuInit`.
+pub fn visible_devices() -> Vec<(u32, String)> {
+    let mut count: c_int = 0;
+    // SAFETY: `count` is a valid out-parameter.
+    if unsafe { real::cuDeviceGetCount(&mut count) }.is_err() {
+        return Vec::new();
+    }
+    (0..count)
+        .filter_map(|i| device_uuid(i).ok().map(|u| (i as u32, u)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn uuid_text() {
+        let b = [
+            0x53, 0x49, 0x4d, 0x47, 0x50, 0x55, 0x40, 0x00, 0x80, 0, 0, 0, 0, 0, 0, 0x1f,
+        ];
+        assert_eq!(
+            super::format_uuid(&b),
+            "GPU-53494d47-5055-4000-8000-00000000001f"
+        );
+    }
+}

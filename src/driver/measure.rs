@@ -1,0 +1,91 @@
+//! What the real driver says about device memory in use: the device's used memory (NVML, else
+//! `cuMemGetInfo` in the current context) and this process's own used memory (NVML's list of
+//! running compute processes, when this process can find itself in it). These are the only ways a
+//! driver reports the memory it spends on a program's behalf (contexts, module code, limits).
+
+use super::calls::{nvml::real as nvml, real as cuda};
+use gpuslice_api::nvml::{nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t};
+use gpuslice_api::NvmlError;
+use std::ffi::CString;
+use std::sync::OnceLock;
+
+/// This process's line in NVML's process list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessFigure {
+    /// Listed, with this much used device memory.
+    Listed(u64),
+    /// The list was read and this process is not in it: it holds nothing on the device, or it
+    /// cannot identify itself (another PID namespace).
+    NotListed,
+    /// NVML is not there, or failed.
+    Unavailable,
+}
+
+fn nvml_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    // NVML counts its initialisations: this one never shuts it down under the program.
+    // SAFETY: no arguments.
+    *READY.get_or_init(|| unsafe { nvml::nvmlInit_v2() }.is_ok())
+}
+
+fn nvml_device(uuid: &str) -> Option<nvmlDevice_t> {
+    if !nvml_ready() {
+        return None;
+    }
+    let uuid = CString::new(uuid).ok()?;
+    let mut device: nvmlDevice_t = std::ptr::null_mut();
+    // SAFETY: `uuid` is NUL-terminated; `device` is a valid out-parameter.
+    unsafe { nvml::nvmlDeviceGetHandleByUUID(uuid.as_ptr(), &mut device) }.ok()?;
+    Some(device)
+}
+
+/// The device's used memory as the driver reports it.
+pub fn device_used(uuid: &str) -> Option<u64> {
+    if let Some(device) = nvml_device(uuid) {
+        let mut m = nvmlMemory_t::default();
+        // SAFETY: `m` is a valid out-parameter of the v1 struct.
+        if unsafe { nvml::nvmlDeviceGetMemoryInfo(device, &mut m) }.is_ok() && m.total > 0 {
+            return Some(m.used);
+        }
+    }
+    // Without NVML: the current context's device (callers measure on that device).
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: both are valid out-parameters.
+    unsafe { cuda::cuMemGetInfo_v2(&mut free, &mut total) }.ok()?;
+    (total > 0).then(|| (total as u64).saturating_sub(free as u64))
+}
+
+/// This process's used memory on the device, from NVML's list of compute processes.
+pub fn process_used(uuid: &str) -> ProcessFigure {
+    let Some(device) = nvml_device(uuid) else {
+        return ProcessFigure::Unavailable;
+    };
+    let me = std::process::id();
+    let mut capacity = 64u32;
+    for _ in 0..4 {
+        let mut infos = vec![nvmlProcessInfo_t::default(); capacity as usize];
+        let mut count = capacity;
+        // SAFETY: `infos` has room for `count` entries.
+        match unsafe {
+            nvml::nvmlDeviceGetComputeRunningProcesses_v3(device, &mut count, infos.as_mut_ptr())
+        } {
+            Ok(()) => {
+                return infos
+                    .iter()
+                    .take(count.min(capacity) as usize)
+                    .find(|p| p.pid == me)
+                    .map_or(ProcessFigure::NotListed, |p| {
+                        // Drivers that cannot say (e.g. without the privilege) answer "not available".
+                        if p.usedGpuMemory == gpuslice_api::nvml::NVML_VALUE_NOT_AVAILABLE {
+                            ProcessFigure::Unavailable
+                        } else {
+                            ProcessFigure::Listed(p.usedGpuMemory)
+                        }
+                    });
+            }
+            Err(e) if e == NvmlError::INSUFFICIENT_SIZE => capacity = count.max(capacity * 2),
+            Err(_) => return ProcessFigure::Unavailable,
+        }
+    }
+    ProcessFigure::Unavailable
+}

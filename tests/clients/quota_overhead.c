@@ -1,0 +1,240 @@
+/* Driver overhead under a quota: contexts, module code and context limits take device memory the
+ * program never asked cuMemAlloc for. Prints `key=value` lines that tests/memory_overhead.rs judges
+ * against simgpu's own counters. Every view of memory is printed after each step: cuMemGetInfo,
+ * cuDeviceTotalMem, NVML's memory info (v1 and v2) and its process lists (v1, v2, v3), NVML being
+ * reached by dlopen + dlsym as monitoring libraries do.
+ *
+ * Modes (argv[1]):
+ *   steps MODULE_MIB HEAP_MIB STACK_BYTES   context, alloc 256 MiB, load a module of MODULE_MIB MiB,
+ *                                           raise the malloc heap and the stack limit, then undo each
+ *                                           in turn; views after every step; then fill in 2 MiB chunks
+ *   hold [MODULE_MIB HEAP_MIB STACK_BYTES]  context (and a module and limits), ready=1, wait for a line;
+ *                                           fill; views; wait for EOF
+ *   async ROUNDS                            context, then ROUNDS times: cuMemAllocAsync 64 MiB blocks
+ *                                           until refused, free them, synchronise
+ *   graph MIB [captured]                    a graph with a memory node of MIB (allocated when the
+ *                                           graph is launched; made by capturing cuMemAllocAsync with
+ *                                           `captured`), launched; views
+ */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MIB (1024ull * 1024ull)
+
+#define CHECK(call)                                                                         \
+    do {                                                                                    \
+        CUresult rc_ = (call);                                                              \
+        if (rc_ != CUDA_SUCCESS) {                                                          \
+            printf("error=%s rc=%d line=%d\n", #call, (int)rc_, __LINE__);                  \
+            fflush(stdout);                                                                 \
+            exit(1);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+/* The NVML declarations this client needs (nvml.h's layouts). */
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+typedef void *nvmlDevice_t;
+static struct {
+    int (*init)(void);
+    int (*by_index)(unsigned int, nvmlDevice_t *);
+    int (*mem)(nvmlDevice_t, nvmlMemory_t *);
+    int (*mem2)(nvmlDevice_t, nvmlMemory_v2_t *);
+    int (*procs1)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *);
+    int (*procs2)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+    int (*procs3)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+    nvmlDevice_t dev;
+} N;
+
+static void nvml_open(void) {
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!h) { printf("error=no libnvidia-ml.so.1\n"); exit(1); }
+    *(void **)&N.init = dlsym(h, "nvmlInit_v2");
+    *(void **)&N.by_index = dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    *(void **)&N.mem = dlsym(h, "nvmlDeviceGetMemoryInfo");
+    *(void **)&N.mem2 = dlsym(h, "nvmlDeviceGetMemoryInfo_v2");
+    *(void **)&N.procs1 = dlsym(h, "nvmlDeviceGetComputeRunningProcesses");
+    *(void **)&N.procs2 = dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v2");
+    *(void **)&N.procs3 = dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
+    int rc_init = N.init(), rc_index = N.by_index(0, &N.dev);
+    if (rc_init != 0 || rc_index != 0) {
+        printf("error=nvml init %d %d\n", rc_init, rc_index);
+        exit(1);
+    }
+}
+
+/* Sum and count of a process list, and this process's line. */
+#define LIST(fn, type, tag, step)                                                           \
+    do {                                                                                    \
+        type infos[64];                                                                     \
+        unsigned int n = 64;                                                                \
+        int rc = fn(N.dev, &n, infos);                                                      \
+        unsigned long long mine = 0, sum = 0;                                               \
+        for (unsigned int i = 0; rc == 0 && i < n; i++) {                                   \
+            sum += infos[i].usedGpuMemory;                                                  \
+            if (infos[i].pid == (unsigned int)getpid()) mine = infos[i].usedGpuMemory;      \
+        }                                                                                   \
+        printf("%s_%s_rc=%d\n%s_%s_count=%u\n%s_%s_mine=%llu\n%s_%s_sum=%llu\n", step, tag, \
+               rc, step, tag, n, step, tag, mine, step, tag, sum);                          \
+    } while (0)
+
+static void views(const char *step) {
+    size_t free_b = 0, total_b = 0, dev_total = 0;
+    CHECK(cuMemGetInfo(&free_b, &total_b));
+    CHECK(cuDeviceTotalMem(&dev_total, 0));
+    nvmlMemory_t m = {0};
+    nvmlMemory_v2_t m2 = {0};
+    m2.version = (unsigned int)sizeof(nvmlMemory_v2_t) | (2u << 24);
+    int rc1 = N.mem(N.dev, &m), rc2 = N.mem2(N.dev, &m2);
+    printf("%s_free=%zu\n%s_total=%zu\n%s_device_total=%zu\n", step, free_b, step, total_b, step,
+           dev_total);
+    printf("%s_nvml_rc=%d\n%s_nvml_total=%llu\n%s_nvml_used=%llu\n%s_nvml_free=%llu\n", step, rc1,
+           step, m.total, step, m.used, step, m.free);
+    printf("%s_nvml2_rc=%d\n%s_nvml2_total=%llu\n%s_nvml2_reserved=%llu\n%s_nvml2_used=%llu\n"
+           "%s_nvml2_free=%llu\n",
+           step, rc2, step, m2.total, step, m2.reserved, step, m2.used, step, m2.free);
+    LIST(N.procs1, nvmlProcessInfo_v1_t, "procs1", step);
+    LIST(N.procs2, nvmlProcessInfo_t, "procs2", step);
+    LIST(N.procs3, nvmlProcessInfo_t, "procs3", step);
+    fflush(stdout);
+}
+
+/* Allocates 2 MiB chunks until refused; returns the bytes allocated (kept). */
+static unsigned long long fill(void) {
+    unsigned long long total = 0;
+    CUdeviceptr p;
+    while (cuMemAlloc(&p, 2 * MIB) == CUDA_SUCCESS) total += 2 * MIB;
+    return total;
+}
+
+/* A PTX module of `mib` MiB: a kernel, padded with a comment. */
+static char *ptx_of(unsigned long long mib) {
+    const char *head = ".version 7.0\n.target sm_80\n.address_size 64\n"
+                       ".visible .entry touch(.param .u64 p)\n{ ret; }\n//";
+    size_t n = (size_t)(mib * MIB);
+    char *s = malloc(n + 1);
+    memset(s, 'x', n);
+    memcpy(s, head, strlen(head));
+    s[n - 1] = '\n';
+    s[n] = 0;
+    return s;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "steps";
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    nvml_open();
+    CHECK(cuCtxCreate(&ctx, 0, dev));
+    printf("pid=%d\n", (int)getpid());
+    if (strcmp(mode, "steps") == 0 && argc > 4) {
+        unsigned long long module_mib = strtoull(argv[2], 0, 10);
+        unsigned long long heap_mib = strtoull(argv[3], 0, 10);
+        size_t stack = (size_t)strtoull(argv[4], 0, 10);
+        size_t heap0 = 0, stack0 = 0;
+        CHECK(cuCtxGetLimit(&heap0, CU_LIMIT_MALLOC_HEAP_SIZE));
+        CHECK(cuCtxGetLimit(&stack0, CU_LIMIT_STACK_SIZE));
+        views("s0");
+        CUdeviceptr a;
+        CHECK(cuMemAlloc(&a, 256 * MIB));
+        views("s1");
+        char *ptx = ptx_of(module_mib);
+        CUmodule mod;
+        CHECK(cuModuleLoadData(&mod, ptx));
+        free(ptx);
+        views("s2");
+        CUresult heap_rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(heap_mib * MIB));
+        printf("heap_rc=%d\n", (int)heap_rc);
+        views("s3");
+        CUresult stack_rc = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, stack);
+        printf("stack_rc=%d\n", (int)stack_rc);
+        views("s4");
+        CHECK(cuMemFree(a));
+        views("s5");
+        CHECK(cuModuleUnload(mod));
+        views("s6");
+        CHECK(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, heap0));
+        views("s7");
+        CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, stack0));
+        views("s8");
+        printf("fill_bytes=%llu\n", fill());
+        views("s9");
+    } else if (strcmp(mode, "hold") == 0) {
+        char line[64];
+        if (argc > 4) {
+            char *ptx = ptx_of(strtoull(argv[2], 0, 10));
+            CUmodule mod;
+            CHECK(cuModuleLoadData(&mod, ptx));
+            free(ptx);
+            CHECK(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(strtoull(argv[3], 0, 10) * MIB)));
+            CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, (size_t)strtoull(argv[4], 0, 10)));
+        }
+        printf("ready=1\n");
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin)) return 0;
+        printf("fill_bytes=%llu\n", fill());
+        views("held");
+        while (fgets(line, sizeof line, stdin)) {}
+    } else if (strcmp(mode, "async") == 0 && argc > 2) {
+        int rounds = atoi(argv[2]);
+        CUstream s;
+        CHECK(cuStreamCreate(&s, 0));
+        for (int r = 0; r < rounds; r++) {
+            CUdeviceptr blocks[256];
+            int n = 0;
+            while (n < 256 && cuMemAllocAsync(&blocks[n], 64 * MIB, s) == CUDA_SUCCESS) n++;
+            printf("round%d_blocks=%d\n", r, n);
+            for (int i = 0; i < n; i++) CHECK(cuMemFreeAsync(blocks[i], s));
+            CHECK(cuStreamSynchronize(s));
+        }
+        unsigned long long more = fill();
+        printf("fill_after_bytes=%llu\n", more);
+        views("async");
+    } else if (strcmp(mode, "graph") == 0 && argc > 2) {
+        CUstream s;
+        CUgraph graph;
+        CUgraphNode node;
+        CUgraphExec exec;
+        CUDA_MEM_ALLOC_NODE_PARAMS params;
+        memset(&params, 0, sizeof params);
+        params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        params.poolProps.location.id = dev;
+        params.bytesize = (size_t)(strtoull(argv[2], 0, 10) * MIB);
+        CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        views("before");
+        if (argc > 3 && strcmp(argv[3], "captured") == 0) {
+            /* The same node made by capturing a stream-ordered allocation. */
+            CUdeviceptr p;
+            CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+            CHECK(cuMemAllocAsync(&p, params.bytesize, s));
+            CHECK(cuStreamEndCapture(s, &graph));
+        } else {
+            CHECK(cuGraphCreate(&graph, 0));
+            CHECK(cuGraphAddMemAllocNode(&node, graph, NULL, 0, &params));
+        }
+        CHECK(cuGraphInstantiate(&exec, graph, 0));
+        views("instantiated");
+        CHECK(cuGraphLaunch(exec, s));
+        CHECK(cuStreamSynchronize(s));
+        views("launched");
+    } else {
+        printf("error=usage\n");
+        return 2;
+    }
+    printf("done=1\n");
+    return 0;
+}

@@ -1,0 +1,753 @@
+//! Memory quotas at the device's real cost: contexts, module code and context limits are charged
+//! what the driver spent on them, and every view of memory agrees with the charge. Judged by
+//! simgpu's own counters (per-process and per-group used memory, which is what a GPU holds) through
+//! a C client (tests/clients/quota_overhead.c) in preload, drop-in and mixed deployments.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const QUOTA: u64 = GIB;
+/// The driver reserves device memory in 2 MiB pages: measured charges are exact to one of them.
+const GRANULE: u64 = 2 * MIB;
+/// simgpu's default context cost (SIMGPU_CONTEXT_MEMORY).
+const SIM_CONTEXT: u64 = 300 * MIB;
+/// The simulated device's multiprocessors and resident threads per multiprocessor.
+const THREADS: u64 = 132 * 2048;
+
+const CLIENT: CBuild = CBuild {
+    name: "quota-overhead",
+    source: "quota_overhead.c",
+    include: "cu12",
+    link_cuda: true,
+};
+
+fn profile_dir() -> PathBuf {
+    common::gpuslice_bin()
+        .as_path()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn libgpuslice() -> PathBuf {
+    let p = profile_dir().join("libgpuslice.so");
+    assert!(p.exists(), "{} is missing (cargo build)", p.display());
+    p
+}
+
+/// A private directory for one test's ledgers and measurement locks.
+fn scratch(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "memory_overhead-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The drop-in libraries laid out by scripts/install-dropin.sh in a private directory.
+fn dropin_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("memory-overhead-dropin-{}", std::process::id()));
+        let out = Command::new(root().join("scripts/install-dropin.sh"))
+            .arg(profile_dir())
+            .arg(&dest)
+            .output()
+            .expect("run scripts/install-dropin.sh");
+        assert!(
+            out.status.success(),
+            "scripts/install-dropin.sh failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dest
+    })
+    .clone()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Deploy {
+    Preload,
+    Dropin,
+    /// Preloaded over the drop-in: everything counted once.
+    Mixed,
+}
+
+/// A client of `tenant` (quota 1 GiB, its ledger and device directory in `dir`) on `sim`.
+fn client(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str, args: &[&str]) -> Command {
+    client_of(&CLIENT, sim, deploy, dir, tenant, args)
+}
+
+/// [`client`] for another C client.
+fn client_of(
+    build: &CBuild,
+    sim: &Sim,
+    deploy: Deploy,
+    dir: &Path,
+    tenant: &str,
+    args: &[&str],
+) -> Command {
+    tenant_command(compile(build), sim, deploy, dir, tenant, args)
+}
+
+/// `program` run as a process of `tenant` (see [`client`]).
+fn tenant_command(
+    program: PathBuf,
+    sim: &Sim,
+    deploy: Deploy,
+    dir: &Path,
+    tenant: &str,
+    args: &[&str],
+) -> Command {
+    let simgpu = simgpu_lib_dir();
+    let mut cmd = match deploy {
+        Deploy::Preload => sim.command(program),
+        Deploy::Dropin | Deploy::Mixed => {
+            let mut cmd = sim.command_with_driver(program, &dropin_dir());
+            cmd.env(
+                "LD_LIBRARY_PATH",
+                format!("{}:{}", dropin_dir().display(), simgpu.display()),
+            )
+            .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"))
+            .env("GPUSLICE_REAL_NVML", simgpu.join("libnvidia-ml.so.1"));
+            cmd
+        }
+    };
+    if matches!(deploy, Deploy::Preload | Deploy::Mixed) {
+        cmd.env("LD_PRELOAD", libgpuslice());
+    }
+    cmd.args(args)
+        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+        .env("GPUSLICE_TENANT", tenant)
+        .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+        .env("SIMGPU_GROUP", tenant);
+    cmd
+}
+
+fn sim(tag: &str) -> Sim {
+    Sim::new(tag).env("SIMGPU_MEMORY", "4GiB")
+}
+
+/// `a` is `b` to within one granule.
+fn near(a: u64, b: u64) -> bool {
+    a.abs_diff(b) <= GRANULE
+}
+
+/// The group's (tenant's) peak device memory by simgpu's counters.
+fn group_peak(stat: &Json, tenant: &str) -> u64 {
+    let Json::Arr(groups) = stat.at("groups") else {
+        panic!("simgpu-stat: no groups in {stat}")
+    };
+    groups
+        .iter()
+        .find(|g| g.at("name") == &Json::Str(tenant.to_string()))
+        .map_or(0, |g| g.u64("peak.0"))
+}
+
+/// What a live process uses on device 0 by simgpu's counters.
+fn process_used(stat: &Json, pid: &str) -> u64 {
+    let Json::Arr(procs) = stat.at("processes") else {
+        panic!("simgpu-stat: no processes in {stat}")
+    };
+    procs
+        .iter()
+        .find(|p| p.u64("pid").to_string() == pid)
+        .map_or_else(
+            || panic!("process {pid} not in {stat}"),
+            |p| p.u64("used.0"),
+        )
+}
+
+/// The driver overhead a process of `tenant` published in the ledger (what `gpuslice status` shows
+/// apart from its allocations).
+fn ledger_overhead(dir: &Path, tenant: &str, pid: &str) -> u64 {
+    let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join(format!("{tenant}.ledger")))
+        .expect("the tenant's ledger");
+    let snapshot = ledger.snapshot();
+    let process = snapshot
+        .processes
+        .iter()
+        .find(|p| p.pid.to_string() == pid)
+        .unwrap_or_else(|| panic!("process {pid} not in the ledger: {snapshot:?}"));
+    process.overhead.iter().map(|(_, bytes)| bytes).sum()
+}
+
+/// Holders: each creates its context (optionally a module and limits), then fills the quota in 2
+/// MiB chunks one after the other; returns each one's (fill, shown used, simgpu's used, the
+/// overhead it published in the ledger).
+fn fill_in_turn(
+    sim: &Sim,
+    deploy: Deploy,
+    dir: &Path,
+    tenant: &str,
+    n: usize,
+    extra: &[&str],
+) -> Vec<(u64, u64, u64, u64)> {
+    let mut args = vec!["hold"];
+    args.extend_from_slice(extra);
+    let mut holders: Vec<_> = (0..n)
+        .map(|_| sim.spawn(&mut client(sim, deploy, dir, tenant, &args)))
+        .collect();
+    let pids: Vec<String> = holders
+        .iter_mut()
+        .map(|h| wait_for_key(h, "ready")["pid"].clone())
+        .collect();
+    let mut results = Vec::new();
+    for (h, pid) in holders.iter_mut().zip(&pids) {
+        h.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        let kv = wait_for_key(h, "held_procs3_sum");
+        let stat = sim.stat();
+        let get = |k: &str| -> u64 {
+            kv.get(k)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {k} in {kv:?}"))
+        };
+        results.push((
+            get("fill_bytes"),
+            get("held_procs3_mine"),
+            process_used(&stat, pid),
+            ledger_overhead(dir, tenant, pid),
+        ));
+    }
+    for h in holders {
+        finish(h, "holder").assert_success();
+    }
+    results
+}
+
+#[test]
+fn free_contexts_leave_the_whole_quota() {
+    for n in [1, 3] {
+        let dir = scratch("free-contexts");
+        let sim = sim("overhead-free").env("SIMGPU_CONTEXT_MEMORY", "0");
+        let results = fill_in_turn(&sim, Deploy::Preload, &dir, "free", n, &[]);
+        let filled: u64 = results.iter().map(|r| r.0).sum();
+        assert!(
+            filled + GRANULE >= QUOTA && filled <= QUOTA,
+            "{n} process(es) with free contexts: {filled} bytes allocated of a {QUOTA}-byte quota \
+             ({results:?})"
+        );
+        for (fill, shown, real, _) in &results {
+            assert_eq!(shown, real, "shown usage is simgpu's ({results:?})");
+            assert_eq!(
+                fill, real,
+                "nothing charged beyond the allocations ({results:?})"
+            );
+        }
+        assert!(group_peak(&sim.stat(), "free") <= QUOTA);
+    }
+}
+
+#[test]
+fn contexts_are_charged_what_they_cost() {
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        for n in [1, 3] {
+            let dir = scratch("contexts");
+            let sim = sim("overhead-contexts");
+            let results = fill_in_turn(&sim, deploy, &dir, "ctx", n, &[]);
+            let filled: u64 = results.iter().map(|r| r.0).sum();
+            let want = QUOTA - n as u64 * SIM_CONTEXT;
+            assert!(
+                filled <= want && filled + n as u64 * GRANULE >= want,
+                "{deploy:?}, {n} process(es): {filled} allocated, want {want} \
+                 (each context charged its 300 MiB): {results:?}"
+            );
+            for (fill, shown, real, overhead) in &results {
+                assert_eq!(
+                    shown, real,
+                    "{deploy:?}: shown usage is simgpu's ({results:?})"
+                );
+                assert!(
+                    near(real - fill, SIM_CONTEXT),
+                    "{deploy:?}: a process's overhead is its context ({results:?})"
+                );
+                assert_eq!(
+                    *overhead,
+                    real - fill,
+                    "{deploy:?}: the ledger shows overhead and allocations apart ({results:?})"
+                );
+            }
+            assert!(
+                group_peak(&sim.stat(), "ctx") <= QUOTA,
+                "{deploy:?}: the tenant passed its quota by simgpu's counters"
+            );
+        }
+    }
+}
+
+#[test]
+fn modules_and_limits_are_charged_what_they_cost() {
+    let dir = scratch("module-limits");
+    let sim = sim("overhead-module");
+    // A 20 MiB module, a 72 MiB heap (64 MiB over the default), a 1536-byte stack (512 over).
+    let results = fill_in_turn(&sim, Deploy::Preload, &dir, "mod", 1, &["20", "72", "1536"]);
+    let (fill, shown, real, overhead) = results[0];
+    assert_eq!(overhead, real - fill, "the ledger shows the overhead apart");
+    let overhead = SIM_CONTEXT + 20 * MIB + 64 * MIB + 512 * THREADS;
+    assert_eq!(shown, real, "shown usage is simgpu's");
+    assert!(real <= QUOTA, "simgpu's figure {real} passed the quota");
+    assert!(
+        near(real - fill, overhead) && fill + GRANULE >= QUOTA - overhead,
+        "allocated {fill}: the overhead {} should be {overhead} (what simgpu spent)",
+        real - fill
+    );
+    assert!(group_peak(&sim.stat(), "mod") <= QUOTA);
+}
+
+/// The `key=value` figures of one step.
+fn step(kv: &BTreeMap<String, String>, step: &str, key: &str) -> u64 {
+    let k = format!("{step}_{key}");
+    kv.get(&k)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {k}"))
+}
+
+/// Every view agrees with the others and with the charge after each step, and the charge moves by
+/// what simgpu spends at each step; another tenant's process and usage are never shown.
+fn views_agree(deploy: Deploy) {
+    let dir = scratch("views");
+    let sim = sim("overhead-views");
+    // A neighbour tenant holding memory on the same GPU.
+    let mut neighbour = sim.spawn(&mut client(&sim, deploy, &dir, "other", &["hold"]));
+    wait_for_key(&mut neighbour, "ready");
+    let run = sim.run_cmd(&mut client(
+        &sim,
+        deploy,
+        &dir,
+        "views",
+        &["steps", "10", "64", "2048"],
+    ));
+    finish(neighbour, "neighbour").assert_success();
+    run.assert_success();
+    let kv = run.kv();
+    let report = run.report();
+    let mut used_before = 0;
+    // What each step costs the device by simgpu's model (signed).
+    let stack = (2048 - 1024) * THREADS as i64;
+    let costs: [i64; 10] = [
+        SIM_CONTEXT as i64,
+        256 * MIB as i64,
+        10 * MIB as i64,
+        56 * MIB as i64,
+        stack,
+        -256 * MIB as i64,
+        -10 * MIB as i64,
+        -56 * MIB as i64,
+        -stack,
+        0,
+    ];
+    for (i, cost) in costs.iter().enumerate() {
+        let s = format!("s{i}");
+        let total = step(&kv, &s, "total");
+        let free = step(&kv, &s, "free");
+        let used = step(&kv, &s, "nvml_used");
+        assert_eq!(total, QUOTA, "{deploy:?} {s}: cuMemGetInfo total\n{report}");
+        assert_eq!(
+            step(&kv, &s, "device_total"),
+            QUOTA,
+            "{s}: cuDeviceTotalMem\n{report}"
+        );
+        assert_eq!(
+            step(&kv, &s, "nvml_total"),
+            QUOTA,
+            "{s}: NVML total\n{report}"
+        );
+        assert_eq!(
+            free + used,
+            total,
+            "{deploy:?} {s}: free + used = total\n{report}"
+        );
+        assert_eq!(step(&kv, &s, "nvml_free"), free, "{s}: NVML free\n{report}");
+        assert_eq!(
+            step(&kv, &s, "nvml2_total"),
+            QUOTA,
+            "{s}: NVML v2 total\n{report}"
+        );
+        assert_eq!(
+            step(&kv, &s, "nvml2_used"),
+            used,
+            "{s}: NVML v2 used\n{report}"
+        );
+        assert_eq!(
+            step(&kv, &s, "nvml2_free"),
+            free,
+            "{s}: NVML v2 free\n{report}"
+        );
+        assert_eq!(
+            step(&kv, &s, "nvml2_reserved"),
+            0,
+            "{s}: NVML v2 reserved\n{report}"
+        );
+        for list in ["procs1", "procs2", "procs3"] {
+            assert_eq!(
+                step(&kv, &s, &format!("{list}_rc")),
+                0,
+                "{s} {list}\n{report}"
+            );
+            assert_eq!(
+                step(&kv, &s, &format!("{list}_count")),
+                1,
+                "{deploy:?} {s}: {list} shows the tenant's one process, not its neighbour\n{report}"
+            );
+            assert_eq!(
+                step(&kv, &s, &format!("{list}_mine")),
+                used,
+                "{s} {list}\n{report}"
+            );
+        }
+        if i < 9 {
+            let moved = used as i64 - used_before as i64;
+            assert!(
+                moved.abs_diff(*cost) <= GRANULE,
+                "{deploy:?} {s}: the charge moved by {moved}, simgpu spent {cost}\n{report}"
+            );
+        }
+        used_before = used;
+    }
+    assert_eq!(
+        step(&kv, "s9", "free"),
+        0,
+        "{deploy:?}: filled to the quota\n{report}"
+    );
+    assert!(
+        group_peak(&sim.stat(), "views") <= QUOTA,
+        "{deploy:?}\n{report}"
+    );
+}
+
+#[test]
+fn views_agree_preloaded() {
+    views_agree(Deploy::Preload);
+}
+
+#[test]
+fn views_agree_dropin() {
+    views_agree(Deploy::Dropin);
+}
+
+#[test]
+fn views_agree_mixed() {
+    views_agree(Deploy::Mixed);
+}
+
+#[test]
+fn pool_attributes_answering_zero_do_not_loosen_the_quota() {
+    let dir = scratch("pool-zero");
+    let sim = sim("overhead-pool-zero").env("SIMGPU_POOL_ATTRIBUTES_ZERO", "1");
+    let run = sim.run_cmd(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "pools",
+        &["async", "3"],
+    ));
+    run.assert_success();
+    let peak = group_peak(&sim.stat(), "pools");
+    assert!(
+        peak <= QUOTA,
+        "simgpu's peak {peak} passed the quota:\n{}",
+        run.report()
+    );
+    let blocks = (QUOTA - SIM_CONTEXT) / (64 * MIB);
+    for r in 0..3 {
+        assert_eq!(
+            run.get_u64(&format!("round{r}_blocks")),
+            blocks,
+            "round {r}: freed blocks are usable again\n{}",
+            run.report()
+        );
+    }
+    assert!(
+        run.stderr.contains("no longer believed"),
+        "the impossible answer is logged:\n{}",
+        run.report()
+    );
+}
+
+#[test]
+fn a_malloc_heap_beyond_the_quota_is_refused_before_the_driver_reserves_it() {
+    let dir = scratch("heap");
+    // A device with room for the heap: only the quota can refuse it.
+    let sim = Sim::new("overhead-heap").env("SIMGPU_MEMORY", "16GiB");
+    let run = sim.run_cmd(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "heap",
+        &["steps", "10", "8192", "1024"],
+    ));
+    run.assert_success();
+    let kv = run.kv();
+    assert_eq!(
+        run.get("heap_rc"),
+        "2",
+        "an 8 GiB heap under a 1 GiB quota\n{}",
+        run.report()
+    );
+    assert_eq!(
+        step(&kv, "s3", "nvml_used"),
+        step(&kv, "s2", "nvml_used"),
+        "a refused limit changes nothing\n{}",
+        run.report()
+    );
+    assert!(
+        group_peak(&sim.stat(), "heap") <= QUOTA,
+        "the driver was let reserve the heap\n{}",
+        run.report()
+    );
+    // 8 GiB less the default 8 MiB heap the context already has.
+    assert!(
+        run.stderr.contains("cuCtxSetLimit of 7.99 GiB"),
+        "{}",
+        run.report()
+    );
+}
+
+const FRAMEWORKS: CBuild = CBuild {
+    name: "quota-frameworks",
+    source: "quota_frameworks.c",
+    include: "cu12",
+    link_cuda: true,
+};
+
+/// The claims of docs/FRAMEWORKS.md, each made by a client that asks the driver what the framework
+/// asks, in the same order, under a 1 GiB quota with 300 MiB contexts.
+#[test]
+fn frameworks_see_the_quota_and_fit_with_the_documented_settings() {
+    let dir = scratch("frameworks");
+    let sim = sim("overhead-frameworks");
+    let run = |args: &[&str]| {
+        let mut cmd = client_of(&FRAMEWORKS, &sim, Deploy::Preload, &dir, "fw", args);
+        let run = sim.run_cmd(cmd.env("GPUSLICE_LOG", "error"));
+        run.assert_success();
+        run
+    };
+    let usable = QUOTA - SIM_CONTEXT;
+    // JAX/XLA: 75% of the quota does not fit beside a 300 MiB context; 70% does.
+    let xla = run(&["xla", "0.75"]);
+    assert_eq!(xla.get_u64("start_total"), QUOTA);
+    assert_eq!(xla.get_u64("start_free"), usable);
+    assert_eq!(xla.get("prealloc_rc"), "2", "{}", xla.report());
+    assert_eq!(run(&["xla", "0.70"]).get("prealloc_rc"), "0");
+    // vLLM: gpu_memory_utilization 0.9 refuses to start (free < 0.9 x total); 0.7 starts, and its KV
+    // cache fits.
+    assert_eq!(run(&["vllm", "0.9", "100"]).get("refused_to_start"), "1");
+    let vllm = run(&["vllm", "0.7", "100"]);
+    assert_eq!(vllm.get("refused_to_start"), "0");
+    assert_eq!(vllm.get("kv_rc"), "0", "{}", vllm.report());
+    // PyTorch's caching allocator: after an out-of-memory, emptying its cache lets the retry through.
+    let torch = run(&["torch"]);
+    assert_eq!(torch.get_u64("segments"), usable / (20 * MIB));
+    assert_eq!(torch.get("retry_rc"), "0", "{}", torch.report());
+    // expandable_segments: pages mapped up to the quota exactly.
+    let expandable = run(&["torch_expandable"]);
+    assert_eq!(
+        expandable.get_u64("mapped"),
+        usable,
+        "{}",
+        expandable.report()
+    );
+    assert_eq!(expandable.get_u64("end_free"), 0);
+    // backend:cudaMallocAsync: blocks up to the quota; after frees a new block is served (the shim
+    // trims the pool's freed blocks itself before refusing).
+    let pool = run(&["torch_async"]);
+    assert_eq!(pool.get_u64("blocks"), usable / (32 * MIB));
+    assert_eq!(pool.get("first_rc"), "0", "{}", pool.report());
+    // TensorFlow without allow_growth: the whole free memory in one region.
+    let tf = run(&["tf"]);
+    assert_eq!(tf.get("region_rc"), "0", "{}", tf.report());
+    assert_eq!(tf.get_u64("end_free"), 0);
+    assert!(group_peak(&sim.stat(), "fw") <= QUOTA);
+}
+
+#[test]
+fn an_explicit_context_reserve_overrides_the_measurement() {
+    let dir = scratch("explicit");
+    let sim = sim("overhead-explicit");
+    let mut cmd = client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "explicit",
+        &["steps", "10", "8", "1024"],
+    );
+    let run = sim.run_cmd(cmd.env("GPUSLICE_CONTEXT_RESERVE", "100MiB"));
+    run.assert_success();
+    let kv = run.kv();
+    assert_eq!(step(&kv, "s0", "nvml_used"), 100 * MIB, "{}", run.report());
+    assert_eq!(
+        run.get_u64("fill_bytes"),
+        QUOTA - 100 * MIB,
+        "{}",
+        run.report()
+    );
+}
+
+/// The same through NVIDIA's cuda-bindings (cuGetProcAddress) and through a dlopen/dlsym client:
+/// contexts at 0 leave the whole quota, contexts at 300 MiB are charged 300 MiB.
+#[test]
+fn bindings_and_dlopen_clients_are_charged_what_contexts_cost() {
+    for (context, charged) in [("0", 0), ("300MiB", SIM_CONTEXT)] {
+        let dir = scratch("bindings");
+        let sim = sim("overhead-bindings").env("SIMGPU_CONTEXT_MEMORY", context);
+        let mut cmd = sim.command(venv_python());
+        cmd.arg(client_source("quota_overhead.py"))
+            .env("LD_PRELOAD", libgpuslice())
+            .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+            .env("GPUSLICE_LEDGER", dir.join("bindings.ledger"))
+            .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+            .env("GPUSLICE_LOG", "error");
+        let run = sim.run_cmd(&mut cmd);
+        run.assert_success();
+        let report = run.report();
+        assert_eq!(run.get_u64("context_free"), QUOTA - charged, "{report}");
+        // The PTX module's code: one 2 MiB page.
+        assert_eq!(
+            run.get_u64("module_free"),
+            QUOTA - charged - GRANULE,
+            "{report}"
+        );
+        assert_eq!(
+            run.get_u64("fill_bytes"),
+            QUOTA - charged - GRANULE,
+            "{report}"
+        );
+        assert_eq!(run.get("refused_rc"), "2", "{report}");
+        assert_eq!(
+            (run.get_u64("param0_offset"), run.get_u64("param0_size")),
+            (0, 8),
+            "{report}"
+        );
+        assert_eq!(
+            run.get("ptr_memory_type"),
+            "2",
+            "CU_MEMORYTYPE_DEVICE\n{report}"
+        );
+        assert_eq!(run.get("ptr_device"), "0", "{report}");
+
+        let mut cmd = client_of(&DLOPEN, &sim, Deploy::Preload, &dir, "dlopen", &["full"]);
+        let run = sim.run_cmd(cmd.env("GPUSLICE_LOG", "error"));
+        run.assert_success();
+        assert_eq!(
+            run.get_u64("oom_allocs"),
+            (QUOTA - charged) / (64 * MIB),
+            "{}",
+            run.report()
+        );
+    }
+}
+
+/// NVML's per-process views show the tenant's own processes only: two tenants run kernels on one
+/// GPU; each one's NVML lists (compute processes, process utilisation) name its process, never the
+/// other's, which the driver's own answer (no shim) does list.
+#[test]
+fn nvml_process_views_show_only_the_tenants_processes() {
+    let dir = scratch("nvml-procs");
+    let sim = sim("overhead-nvml-procs");
+    let mut holders = Vec::new();
+    let mut pids = Vec::new();
+    for tenant in ["a", "b"] {
+        let mut cmd = client_of(
+            &LINKED_CU12,
+            &sim,
+            Deploy::Preload,
+            &dir,
+            tenant,
+            &["hold", "64", "500"],
+        );
+        let mut child = sim.spawn(&mut cmd);
+        pids.push(wait_for_key(&mut child, "pid")["pid"].clone());
+        holders.push(child);
+    }
+    // Each holder ran a kernel before printing its pid: samples since time 0 include both.
+    let script = "import pynvml as nv\nnv.nvmlInit()\nh = nv.nvmlDeviceGetHandleByIndex(0)\n\
+        print('procs=' + ','.join(str(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)))\n\
+        try:\n    samples = nv.nvmlDeviceGetProcessUtilization(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
+        print('util=' + ','.join(str(s.pid) for s in samples))\n";
+    let view = |tenant: Option<&str>| {
+        let args = ["-c", script];
+        let mut py = match tenant {
+            Some(t) => tenant_command(venv_python(), &sim, Deploy::Preload, &dir, t, &args),
+            None => {
+                let mut cmd = sim.command(venv_python());
+                cmd.args(args);
+                cmd
+            }
+        };
+        let run = sim.run_cmd(&mut py);
+        run.assert_success();
+        let list = |k: &str| -> Vec<String> {
+            run.get(k)
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        (list("procs"), list("util"), run.report())
+    };
+    let (procs, util, report) = view(None);
+    for pid in &pids {
+        assert!(procs.contains(pid), "the driver lists {pid}\n{report}");
+        assert!(util.contains(pid), "the driver samples {pid}\n{report}");
+    }
+    for (i, tenant) in ["a", "b"].iter().enumerate() {
+        let (procs, util, report) = view(Some(tenant));
+        assert_eq!(
+            procs,
+            [pids[i].clone()],
+            "tenant {tenant}'s process list\n{report}"
+        );
+        assert_eq!(
+            util,
+            [pids[i].clone()],
+            "tenant {tenant}'s utilisation samples\n{report}"
+        );
+    }
+    for h in holders {
+        finish(h, "holder").assert_success();
+    }
+}
+
+/// Memory the shim sees no call for (a graph's memory node, allocated when the graph is launched) is
+/// charged by reconciliation before the program is next told how much memory it has.
+#[test]
+fn memory_spent_outside_any_call_is_charged_by_reconciliation() {
+    // A memory node added to a graph, and the same made by capturing a stream-ordered allocation.
+    for how in ["node", "captured"] {
+        let dir = scratch("graph");
+        let sim = sim("overhead-graph");
+        let mut cmd = client(&sim, Deploy::Preload, &dir, "graph", &["graph", "64", how]);
+        let run = sim.run_cmd(&mut cmd);
+        run.assert_success();
+        let kv = run.kv();
+        let report = run.report();
+        assert!(
+            !run.stderr.contains("gpuslice"),
+            "{how}: no complaint\n{report}"
+        );
+        let before = QUOTA - SIM_CONTEXT;
+        assert_eq!(step(&kv, "before", "free"), before, "{how}\n{report}");
+        assert_eq!(step(&kv, "instantiated", "free"), before, "{how}\n{report}");
+        assert_eq!(
+            step(&kv, "launched", "free"),
+            before - 64 * MIB,
+            "{how}: the graph's 64 MiB are charged\n{report}"
+        );
+        assert_eq!(
+            step(&kv, "launched", "nvml_used"),
+            SIM_CONTEXT + 64 * MIB,
+            "{how}\n{report}"
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! What simgpu reads from a module image without running it: its size (what the loaded code costs
+//! on the device) and each kernel's parameter layout (`cuFuncGetParamInfo`/`cuKernelGetParamInfo`).
+//!
+//! Images come as a real driver takes them: an ELF cubin (the size from its headers), a fatbinary
+//! (`0xBA55ED50` header: header size + payload size), the fatbinary wrapper a compiler emits
+//! (`0x466243B1`, pointing at the fatbinary), or NUL-terminated PTX text. Parameter layouts come from
+//! PTX `.entry` declarations, and from a cubin's `.nv.info.<kernel>` `EIATTR_KPARAM_INFO` records.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
+/// Most bytes simgpu believes an image header claims (a garbage header must not make it read GiBs).
+const MAX_IMAGE: u64 = 1 << 32;
+
+/// (offset, size) of each parameter of each kernel, by kernel name.
+pub type ParamLayouts = HashMap<String, Vec<(usize, usize)>>;
+
+/// A loaded image: its bytes (a copy) and its size.
+pub struct Image {
+    pub bytes: Vec<u8>,
+}
+
+/// # Safety
+/// `p` points to at least `n` readable bytes.
+unsafe fn read(p: *const u8, n: usize) -> Vec<u8> {
+    // SAFETY: per the caller.
+    unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
+}
+
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string.
+unsafe fn leading_nonzero(p: *const u8, max: usize) -> usize {
+    let mut n = 0;
+    // SAFETY: the bytes are read up to (not past) the first NUL.
+    while n < max && unsafe { *p.add(n) } != 0 {
+        n += 1;
+    }
+    n
+}
+
+fn u16_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 2)
+        .map_or(0, |s| u64::from(u16::from_le_bytes([s[0], s[1]])))
+}
+fn u32_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 4).map_or(0, |s| {
+        u64::from(u32::from_le_bytes(s.try_into().unwrap_or_default()))
+    })
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or_default()))
+}
+
+/// Reads the image at `p` as a real driver would find its extent.
+///
+/// # Safety
+/// `p` points to an image in one of the formats above, as `cuModuleLoadData` requires.
+pub unsafe fn from_pointer(p: *const c_void) -> Image {
+    let p = p.cast::<u8>();
+    // The first bytes of every format are non-zero: reading up to a NUL never passes the image.
+    // SAFETY: per the caller.
+    let lead = unsafe { leading_nonzero(p, 4) };
+    if lead == 4 {
+        // SAFETY: four non-zero bytes were just read.
+        let head = unsafe { read(p, 4) };
+        let magic = u32_at(&head, 0) as u32;
+        if head == b"\x7fELF" {
+            // SAFETY: an ELF file starts with its 64-byte header.
+            let h = unsafe { read(p, 64) };
+            let sections = u64_at(&h, 0x28).saturating_add(u16_at(&h, 0x3a) * u16_at(&h, 0x3c));
+            let programs = u64_at(&h, 0x20).saturating_add(u16_at(&h, 0x36) * u16_at(&h, 0x38));
+            let size = sections.max(programs).clamp(64, MAX_IMAGE) as usize;
+            // SAFETY: the ELF headers say the file extends this far.
+            let bytes = unsafe { read(p, size) };
+            return Image { bytes };
+        }
+        if magic == FATBIN_MAGIC {
+            // SAFETY: a fatbinary starts with its 16-byte header.
+            let h = unsafe { read(p, 16) };
+            let size = u16_at(&h, 6)
+                .saturating_add(u64_at(&h, 8))
+                .clamp(16, MAX_IMAGE);
+            // SAFETY: the header says the fatbinary extends this far.
+            let bytes = unsafe { read(p, size as usize) };
+            return Image { bytes };
+        }
+        if magic == FATBIN_WRAPPER_MAGIC {
+            // SAFETY: the wrapper is { int magic; int version; const void *data; void *filename }.
+            let data = unsafe { p.add(8).cast::<*const c_void>().read_unaligned() };
+            if !data.is_null() {
+                // SAFETY: the wrapper points at the fatbinary it wraps.
+                return unsafe { from_pointer(data) };
+            }
+        }
+    }
+    // PTX (or anything else): text up to its NUL.
+    // SAFETY: per the caller, a NUL-terminated string.
+    let n = unsafe { leading_nonzero(p, MAX_IMAGE as usize) };
+    // SAFETY: `n` bytes were just read.
+    let bytes = unsafe { read(p, n) };
+    Image { bytes }
+}
+
+/// The kernels' parameter layouts in `image`.
+pub fn param_layouts(image: &[u8]) -> ParamLayouts {
+    if image.starts_with(b"\x7fELF") {
+        return cubin_layouts(image);
+    }
+    match std::str::from_utf8(image) {
+        Ok(text) => ptx_layouts(text),
+        Err(_) => ParamLayouts::new(),
+    }
+}
+
+/// `.entry name ( .param .u64 a, .param .align 8 .b8 b[16], ... )`: each parameter at the next
+/// offset aligned to its alignment (its size for scalars), as the PTX ISA lays kernel parameters out.
+fn ptx_layouts(text: &str) -> ParamLayouts {
+    let mut out = ParamLayouts::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(".entry") {
+        rest = &rest[at + ".entry".len()..];
+        let Some(open) = rest.find('(') else { break };
+        let name = rest[..open].trim().to_owned();
+        let body_end = rest[open..].find(')').map_or(rest.len(), |c| open + c);
+        let body = &rest[open + 1..body_end];
+        let mut params = Vec::new();
+        let mut offset = 0usize;
+        for decl in body.split(',').filter(|d| d.contains(".param")) {
+            let (size, align) = ptx_param_size(decl);
+            offset = offset.div_ceil(align.max(1)) * align.max(1);
+            params.push((offset, size));
+            offset += size;
+        }
+        if !name.is_empty() {
+            out.insert(name, params);
+        }
+        rest = &rest[body_end..];
+    }
+    out
+}
+
+/// (size, alignment) of one `.param` declaration.
+fn ptx_param_size(decl: &str) -> (usize, usize) {
+    let words: Vec<&str> = decl.split_whitespace().collect();
+    let mut scalar = 0usize;
+    let mut align = 0usize;
+    for (i, w) in words.iter().enumerate() {
+        let bits = |t: &str| t[2..].parse::<usize>().ok().map(|b| b / 8);
+        match *w {
+            // An `.align` after the type belongs to `.ptr` (the pointee's alignment), not the parameter.
+            ".align" if scalar == 0 => {
+                align = words.get(i + 1).and_then(|a| a.parse().ok()).unwrap_or(0)
+            }
+            t if scalar == 0 && t.len() > 2 && matches!(&t[..2], ".u" | ".s" | ".b" | ".f") => {
+                scalar = bits(t).unwrap_or(0);
+            }
+            _ => {}
+        }
+    }
+    // `name[N]`: an array of N scalars (byte arrays for structs).
+    let count = words
+        .last()
+        .and_then(|w| w.split_once('['))
+        .and_then(|(_, n)| n.trim_end_matches(']').parse::<usize>().ok())
+        .unwrap_or(1);
+    let size = scalar.max(1) * count;
+    let align = if align == 0 { scalar.max(1) } else { align };
+    (size, align)
+}
+
+/// `EIATTR_KPARAM_INFO` (0x17) records of each `.nv.info.<kernel>` section: index, ordinal (u16),
+/// offset (u16), and a word whose bits 18..32 hold the size.
+fn cubin_layouts(elf: &[u8]) -> ParamLayouts {
+    let mut out = ParamLayouts::new();
+    let shoff = u64_at(elf, 0x28) as usize;
+    let shentsize = u16_at(elf, 0x3a) as usize;
+    let shnum = u16_at(elf, 0x3c) as usize;
+    let shstrndx = u16_at(elf, 0x3e) as usize;
+    let section = |i: usize| -> Option<(u64, usize, usize)> {
+        let h = elf.get(shoff + i * shentsize..shoff + (i + 1) * shentsize)?;
+        Some((
+            u32_at(h, 0),
+            u64_at(h, 0x18) as usize,
+            u64_at(h, 0x20) as usize,
+        ))
+    };
+    let Some((_, str_off, str_size)) = section(shstrndx) else {
+        return out;
+    };
+    let Some(names) = elf.get(str_off..str_off.saturating_add(str_size)) else {
+        return out;
+    };
+    for i in 0..shnum {
+        let Some((name_at, off, size)) = section(i) else {
+            continue;
+        };
+        let name = names
+            .get(name_at as usize..)
+            .and_then(|n| n.split(|b| *b == 0).next())
+            .and_then(|n| std::str::from_utf8(n).ok())
+            .unwrap_or("");
+        let Some(kernel) = name.strip_prefix(".nv.info.") else {
+            continue;
+        };
+        let Some(data) = elf.get(off..off.saturating_add(size)) else {
+            continue;
+        };
+        let mut params = Vec::new();
+        let mut at = 0;
+        while at + 4 <= data.len() {
+            let (format, attr) = (data[at], data[at + 1]);
+            let len = if format == 0x04 {
+                4 + u16_at(data, at + 2) as usize
+            } else {
+                4
+            };
+            if format == 0x04 && attr == 0x17 {
+                let rec = &data[(at + 4).min(data.len())..(at + len).min(data.len())];
+                let ordinal = u16_at(rec, 4) as usize;
+                let offset = u16_at(rec, 6) as usize;
+                let psize = ((u32_at(rec, 8) >> 18) & 0x3fff) as usize;
+                params.push((ordinal, offset, psize));
+            }
+            at += len;
+        }
+        params.sort_unstable();
+        out.insert(
+            kernel.to_owned(),
+            params.into_iter().map(|(_, o, s)| (o, s)).collect(),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptx_parameters_are_laid_out_aligned() {
+        let ptx = ".visible .entry spin(\n .param .u32 spin_param_0,\n .param .u64 .ptr .global .align 1 spin_param_1,\n .param .align 8 .b8 spin_param_2[24],\n .param .u8 p3\n)\n{ ret; }\n.entry empty()\n{ ret; }";
+        let l = param_layouts(ptx.as_bytes());
+        assert_eq!(l["spin"], vec![(0, 4), (8, 8), (16, 24), (40, 1)]);
+        assert_eq!(l["empty"], vec![]);
+    }
+}
