@@ -391,6 +391,11 @@ impl Ledger {
         self.created
     }
 
+    /// The tenant's identity, created with the ledger (`None` for a ledger made before identities).
+    pub fn id(&self) -> Option<u128> {
+        self.layout().id()
+    }
+
     /// Our process slot, if we hold one.
     pub fn slot(&self) -> Option<usize> {
         match self.slot.load(Ordering::Acquire) {
