@@ -15,7 +15,8 @@
  *   graph MIB [captured]                    a graph with a memory node of MIB (allocated when the
  *                                           graph is launched; made by capturing cuMemAllocAsync with
  *                                           `captured`), launched; views
- *   second                                  then a context on device 1 too; ready=1, wait for EOF
+ *   second                                  alloc 256 MiB, then a context on device 1 too; ready=1,
+ *                                           wait for EOF
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -193,6 +194,8 @@ int main(int argc, char **argv) {
         char line[64];
         CUdevice dev1;
         CUcontext ctx1;
+        CUdeviceptr a;
+        CHECK(cuMemAlloc(&a, 256 * MIB));
         CHECK(cuDeviceGet(&dev1, 1));
         CHECK(cuCtxCreate(&ctx1, 0, dev1));
         printf("ready=1\n");
