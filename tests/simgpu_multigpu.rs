@@ -110,7 +110,15 @@ fn without_time_slicing_crossed_collectives_deadlock() {
             .args(["rank", device, tag, "2", "1", "0"]);
         sim.spawn(&mut cmd)
     };
-    let serving = |d: usize| sim.stat().u64(&format!("devices.{d}.running"));
+    // The state file exists once the first client has initialised the driver.
+    let state = std::path::Path::new("/dev/shm").join(&sim.state);
+    let serving = |d: usize| {
+        if state.exists() {
+            sim.stat().u64(&format!("devices.{d}.running"))
+        } else {
+            0
+        }
+    };
     let wait_running = |d: usize| {
         let until = Instant::now() + Duration::from_secs(60);
         while serving(d) == 0 {
