@@ -455,7 +455,7 @@ async fn sweep(plugin: &Plugin, absent: &mut HashMap<String, u32>) {
     };
     for name in names {
         let path = layout.policy_path(&name);
-        let Ok(mut p) = policy::read(&path) else {
+        let Ok(mut p) = policy::Policy::read(&path) else {
             continue;
         };
         if p.created != Created::DevicePlugin {

@@ -58,6 +58,7 @@ pub struct Node {
 /// A created tenant.
 #[derive(Clone, Debug, Serialize)]
 pub struct Tenant {
+    #[serde(serialize_with = "policy::serialize")]
     pub policy: Policy,
     pub dir: PathBuf,
     pub ledger: PathBuf,
@@ -399,6 +400,7 @@ pub struct Listed {
     pub dir: PathBuf,
     pub ledger: PathBuf,
     pub gid: Option<u32>,
+    #[serde(serialize_with = "policy::serialize_opt")]
     pub policy: Option<Policy>,
     /// Live processes (memory ledger).
     pub processes: usize,
@@ -430,7 +432,7 @@ pub fn list(layout: &Layout) -> Result<Vec<Listed>, String> {
     let mut out = Vec::new();
     for name in layout.tenant_names()? {
         let mut errors = Vec::new();
-        let policy = policy::read(&layout.policy_path(&name))
+        let policy = policy::Policy::read(&layout.policy_path(&name))
             .map_err(|e| errors.push(e))
             .ok();
         let mut used = std::collections::BTreeMap::new();
