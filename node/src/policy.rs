@@ -4,8 +4,6 @@
 
 pub use gpuslice::config::policy::{Created, Kubernetes, Layout, Policy, DEFAULT_STATE_DIR};
 pub use gpuslice::config::Priority;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Writes a policy atomically (temporary file + rename), root-readable by all (0644). The text is
@@ -21,24 +19,7 @@ pub fn write(path: &Path, policy: &Policy) -> Result<(), String> {
             path.display()
         ));
     }
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let tmp = dir.join(format!(".policy.toml.{}.tmp", std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)?;
-        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("writing {}: {e}", path.display()));
-    }
-    Ok(())
+    crate::files::write_atomically(path, text.as_bytes(), 0o644)
 }
 
 /// Serialises a policy (JSON of `tenant create/list --json`) as the table its file holds, so the
