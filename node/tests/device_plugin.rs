@@ -343,7 +343,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     let quota = slice_memory(16 << 30, 3, 10);
     assert_eq!(quota, 2457 * 2 * MIB);
     let r = run_allocated(&scene, &resp, &["--chunk", "2"]);
-    r.ok();
+    r.assert_success();
     assert_eq!(r.get_u64("total"), quota, "{}", r.report());
     // The context is charged what simgpu spent on it (300 MiB by default; docs/MEMORY.md).
     assert_eq!(r.get_u64("allocated"), quota - 300 * MIB, "{}", r.report());
@@ -428,7 +428,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
             policy_path.exists(),
             "removed while a process of the tenant was alive"
         );
-        holder.join().unwrap().ok();
+        holder.join().unwrap().assert_success();
     });
     wait_until(
         "the gone pod's tenant removed",

@@ -40,7 +40,7 @@ fn specs_validate_and_mount_what_the_library_needs() {
         .arg(library())
         .arg("--dir")
         .arg(&libdir));
-    r.ok();
+    r.assert_success();
     let first = std::path::PathBuf::from(r.stdout.trim());
     let link = libdir.join("libgpuslice.so");
     assert_eq!(std::fs::canonicalize(&link).unwrap(), first);
@@ -54,7 +54,7 @@ fn specs_validate_and_mount_what_the_library_needs() {
         .arg(&scene.state)
         .arg("--library")
         .arg(&link);
-    run(&mut cmd).ok();
+    run(&mut cmd).assert_success();
     let tenant_spec = scene.cdi.join("gpuslice.io-tenant-t1.json");
     // Without the groups (for runtimes older than CDI 0.7.0): the lowest version, 0.3.0.
     create_tenant(
@@ -76,7 +76,7 @@ fn specs_validate_and_mount_what_the_library_needs() {
     )
     .unwrap();
     let r = validate(&[&tenant_spec, &node_spec, &old_runtime_spec, &broken]);
-    r.ok();
+    r.assert_success();
     assert!(
         r.stdout
             .contains(&format!("{}: valid", old_runtime_spec.display())),
@@ -161,7 +161,7 @@ fn specs_validate_and_mount_what_the_library_needs() {
         .arg(&changed)
         .arg("--dir")
         .arg(&libdir));
-    r.ok();
+    r.assert_success();
     let second = std::path::PathBuf::from(r.stdout.trim());
     assert_ne!(second, first);
     assert_eq!(std::fs::read(&first).unwrap(), before);
@@ -181,5 +181,5 @@ fn create_tenant(scene: &Scene, library: &Path, args: &[&str]) {
         .arg(&scene.cdi)
         .arg("--library")
         .arg(library);
-    run(&mut cmd).ok();
+    run(&mut cmd).assert_success();
 }

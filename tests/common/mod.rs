@@ -18,9 +18,14 @@ use std::sync::{Mutex, OnceLock};
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
-/// The repository root.
+/// The repository root (also when a member crate's tests include this file: node/tests).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|d| d.join("tests/common/mod.rs").is_file())
+        .unwrap_or(manifest)
+        .to_path_buf()
 }
 
 /// Cargo's target directory: `CARGO_TARGET_DIR` if set, else `<root>/target`.
@@ -31,7 +36,8 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
-fn require(path: PathBuf, what: &str) -> PathBuf {
+/// `path`, which `scripts/test` builds or installs; a panic naming `what` when it is missing.
+pub fn require(path: PathBuf, what: &str) -> PathBuf {
     assert!(
         path.exists(),
         "run scripts/test ({what} is not installed at {})",
@@ -317,6 +323,16 @@ impl Run {
 
     pub fn assert_success(&self) -> &Run {
         assert!(self.status.success(), "client failed:\n{}", self.report());
+        self
+    }
+
+    /// The run ended with an exit status other than 0 (not by a signal).
+    pub fn assert_failure(&self) -> &Run {
+        assert!(
+            self.status.code().is_some_and(|c| c != 0),
+            "expected a failure:\n{}",
+            self.report()
+        );
         self
     }
 
