@@ -230,17 +230,7 @@ impl Sim {
         program: impl AsRef<std::ffi::OsStr>,
         driver: &Path,
     ) -> Command {
-        let mut cmd = Command::new(program);
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("SIMGPU_")
-                || k.starts_with("CUDA_")
-                || k.starts_with("GPUSLICE_")
-                || k == "LD_PRELOAD"
-            {
-                cmd.env_remove(k.as_ref());
-            }
-        }
+        let mut cmd = clean_command(program);
         cmd.env("LD_LIBRARY_PATH", driver);
         cmd.envs(&self.env);
         cmd
@@ -293,6 +283,23 @@ impl Drop for Sim {
         let _ = std::fs::remove_file(Path::new("/dev/shm").join(&self.state));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `program` without the variables of this process that could change a test's outcome (simgpu's,
+/// CUDA's, gpuslice's, LD_PRELOAD).
+pub fn clean_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("SIMGPU_")
+            || k.starts_with("CUDA_")
+            || k.starts_with("GPUSLICE_")
+            || k == "LD_PRELOAD"
+        {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    cmd
 }
 
 /// A finished process: its output and `key=value` lines.

@@ -108,17 +108,7 @@ impl Scene {
 
     /// A command with this node's environment and nothing inherited that could change the outcome.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new(program);
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("SIMGPU_")
-                || k.starts_with("CUDA_")
-                || k.starts_with("GPUSLICE_")
-                || k == "LD_PRELOAD"
-            {
-                cmd.env_remove(k.as_ref());
-            }
-        }
+        let mut cmd = common::clean_command(program);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
