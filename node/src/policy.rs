@@ -84,6 +84,16 @@ mod tests {
         assert_eq!(lib.ledger_path(), layout.ledger_path("t1"));
         assert_eq!(lib.device_dir, layout.devices_dir());
 
+        // The JSON of `tenant list --json` has the file's keys and values.
+        #[derive(serde::Serialize)]
+        struct Doc<'a>(#[serde(serialize_with = "serialize")] &'a Policy);
+        let json = serde_json::to_value(Doc(&policy)).unwrap();
+        assert_eq!(json["memory"], 3u64 << 30);
+        assert_eq!(json["priority"], "high");
+        assert_eq!(json["created"], "device-plugin");
+        assert_eq!(json["kubernetes"]["container"], "main");
+        assert_eq!(json["gpus"][1], policy.gpus[1]);
+
         // What cannot be written faithfully is refused, and the old file stays.
         let mut bad = policy.clone();
         bad.kubernetes.as_mut().unwrap().container = "a\u{1}b".into();
