@@ -42,7 +42,7 @@ fn main() {
         .compile("gpuslice_interpose");
     // rustc's version script exports only Rust items; this one adds the C interposers.
     let exports = Path::new(&out_dir).join("c-exports.map");
-    std::fs::write(&exports, "{ global: dlsym; dlvsym; };\n").unwrap();
+    std::fs::write(&exports, "{ global: dlsym; dlvsym; dlopen; };\n").unwrap();
     println!(
         "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
         exports.display()

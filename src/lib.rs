@@ -10,15 +10,3 @@ pub mod accounting;
 pub mod driver;
 pub mod hooks;
 pub mod log;
-
-/// The configured log level as the logger's.
-pub fn log_level(level: config::LogLevel) -> log::Level {
-    match level {
-        config::LogLevel::Off => log::Level::Off,
-        config::LogLevel::Error => log::Level::Error,
-        config::LogLevel::Warn => log::Level::Warn,
-        config::LogLevel::Info => log::Level::Info,
-        config::LogLevel::Debug => log::Level::Debug,
-        config::LogLevel::Trace => log::Level::Trace,
-    }
-}

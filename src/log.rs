@@ -5,6 +5,7 @@ use std::fmt;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+/// A log level; also the configuration's `GPUSLICE_LOG` value (`config::LogLevel` is this type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum Level {

@@ -528,19 +528,24 @@ fn bad_quota_files_fail_closed() {
             "syntax",
             "memory_limit = \"4GiB\"\ntenant = \"x\n",
             ":2: unterminated string \"\\\"x\"",
+            EVERYWHERE,
         ),
         (
             "unknown-key",
             "# quota\nmemory_limit = \"4GiB\"\nmemory_limt = \"8GiB\"\n",
             ":3: unknown key \"memory_limt\" (expected tenant, ledger, ledger_group, memory_limit, compute_share, compute_limit, priority or a [devices] table)",
+            EVERYWHERE,
         ),
         (
             "bad-value",
             "memory_limit = \"lots\"\n",
             ":1: memory_limit=\"lots\": not a number (expected a size such as 4GiB, 512MiB or 4294967296)",
+            "allocations on the devices it concerns are refused",
         ),
     ];
-    for (name, text, tail) in cases {
+    // A quota file that does not parse concerns every device (and compute).
+    const EVERYWHERE: &str = "allocations on every device are refused, and compute runs at share 1% and cap 1% (strictest)";
+    for (name, text, tail, effect) in cases {
         let file = dir.join(format!("{name}.toml"));
         std::fs::write(&file, text).unwrap();
         let ledger = dir.join(format!("{name}.ledger"));
@@ -548,10 +553,7 @@ fn bad_quota_files_fail_closed() {
             &sim,
             &ledger,
             &[("GPUSLICE_QUOTA_FILE", file.to_str().unwrap())],
-            &format!(
-                "gpuslice: error: {}{tail}; allocations on the devices it concerns are refused",
-                file.display()
-            ),
+            &format!("gpuslice: error: {}{tail}; {effect}", file.display()),
         );
     }
 }

@@ -64,18 +64,12 @@ pub(crate) fn set(c: ComputeChange) -> Result<i32, String> {
     let mut changed = 0;
     for path in ledgers(c.device_dir, c.device)? {
         let l = DeviceLedger::open(&path, "", false).map_err(|e| e.to_string())?;
-        let Some(t) = l.find_tenant(&tenant) else {
+        // Under the ledger's arbitration lock, as every decision that reads these fields.
+        if !l
+            .update_tenant(&tenant, share, cap, high)
+            .map_err(|e| e.to_string())?
+        {
             continue;
-        };
-        let e = &l.layout().tenants[t];
-        if let Some(s) = share {
-            e.share.store(s.max(1), Release);
-        }
-        if let Some(c) = cap {
-            e.cap.store(c, Release);
-        }
-        if let Some(h) = high {
-            e.priority.store(h as u32, Release);
         }
         println!("{}: tenant {tenant} updated", l.uuid());
         changed += 1;

@@ -103,6 +103,136 @@ fn writable(path: &Path) -> bool {
     }
 }
 
+/// What the library would make of the ledger at `path`: (state shown, a problem if it could not
+/// use it). The same join as the library's (owner, type, header, DAMAGED), without claiming a slot.
+fn ledger_check(
+    path: &Path,
+    meta: std::io::Result<std::fs::Metadata>,
+    configured: bool,
+) -> (String, Option<String>) {
+    let refused = "every allocation would be refused";
+    match meta {
+        Ok(_) => match Ledger::open_existing(path) {
+            Ok(_) => ("exists, valid, usable by this user".into(), None),
+            Err(e) => ("unusable".into(), Some(format!("{e}: {refused}"))),
+        },
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => (
+            "unusable".into(),
+            Some(format!("ledger {}: {e}: {refused}", path.display())),
+        ),
+        Err(_) if writable(path) => ("created by the first CUDA program".into(), None),
+        Err(_) => (
+            "cannot be created".into(),
+            configured.then(|| {
+                format!(
+                    "the ledger {} cannot be created by this user: {refused}",
+                    path.display()
+                )
+            }),
+        ),
+    }
+}
+
+/// Whether the device ledgers in `dir` (compute shares) can be created or joined by this user: each
+/// reason they cannot is a problem when compute settings are configured, or a ledger is there.
+fn device_dir_check(dir: &Path, compute_configured: bool) -> (String, Vec<String>) {
+    let unenforced = "compute shares would not be enforced for programs started here";
+    let meta = match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return if writable(dir) {
+                (
+                    "created by the first CUDA program that launches".into(),
+                    vec![],
+                )
+            } else if compute_configured {
+                (
+                    "cannot be created".into(),
+                    vec![format!(
+                        "the device ledger directory {} cannot be created by this user: {unenforced}",
+                        dir.display()
+                    )],
+                )
+            } else {
+                ("cannot be created".into(), vec![])
+            };
+        }
+        Err(e) => {
+            return (
+                "unusable".into(),
+                vec![format!(
+                    "device ledger directory {}: {e}: {unenforced}",
+                    dir.display()
+                )],
+            )
+        }
+        Ok(m) => m,
+    };
+    if !meta.is_dir() {
+        return (
+            "unusable".into(),
+            vec![format!(
+                "device ledger directory {} is not a directory: {unenforced}",
+                dir.display()
+            )],
+        );
+    }
+    let mut problems = Vec::new();
+    if compute_configured && !writable(dir) {
+        problems.push(format!(
+            "device ledger directory {} is not writable by this user: {unenforced}",
+            dir.display()
+        ));
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            problems.push(format!(
+                "device ledger directory {}: {e}: {unenforced}",
+                dir.display()
+            ));
+            return ("unusable".into(), problems);
+        }
+    };
+    let mut count = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().map_or(true, |e| e != "dev") {
+            continue;
+        }
+        count += 1;
+        if let Err(e) = gpuslice::scheduling::device::DeviceLedger::open(&path, "", false) {
+            problems.push(format!(
+                "{e}: compute shares would not be enforced on that GPU"
+            ));
+        }
+    }
+    let state = if problems.is_empty() {
+        format!("{count} device ledger(s), usable")
+    } else {
+        "NOT usable".into()
+    };
+    (state, problems)
+}
+
+/// The top-level keys of a quota file (and `[devices]` when it has that table), for the settings
+/// report; the file itself is parsed by the library (`cfg.errors` says what is wrong with it).
+fn quota_file_keys(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut keys = Vec::new();
+    let mut in_table = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_table = true;
+            keys.push(line.split('#').next().unwrap_or("").trim().to_owned());
+        } else if let (false, Some((k, _))) = (in_table, line.split_once('=')) {
+            if !k.trim_start().starts_with('#') {
+                keys.push(k.trim().to_owned());
+            }
+        }
+    }
+    keys
+}
+
 fn describe_limits(cfg: &Config) -> String {
     let mut parts = Vec::new();
     let show = |v: &Result<u64, String>| match v {
@@ -195,7 +325,7 @@ pub fn doctor() -> Result<i32, String> {
 
     // The configuration, as the library reads it.
     let cfg = config::load();
-    problems.extend(cfg.errors.iter().cloned());
+    problems.extend(cfg.error_lines());
     notes.extend(cfg.warnings.iter().cloned());
     if let Ok(q) = std::env::var("GPUSLICE_QUOTA_FILE") {
         if std::fs::File::open(&q).is_err() {
@@ -204,7 +334,8 @@ pub fn doctor() -> Result<i32, String> {
             ));
         }
     }
-    let ledger_exists = cfg.ledger_path.exists();
+    let ledger_meta = std::fs::symlink_metadata(&cfg.ledger_path);
+    let ledger_exists = ledger_meta.is_ok();
     let configured = cfg.is_configured() || ledger_exists;
     println!("  tenant: {}", cfg.tenant);
     println!("  memory quota: {}", describe_limits(&cfg));
@@ -235,33 +366,25 @@ pub fn doctor() -> Result<i32, String> {
         );
         println!("  device ledgers: {}", p.device_dir.display());
     }
-    let ledger_state = if ledger_exists {
-        match Ledger::open_readonly(&cfg.ledger_path) {
-            Ok(_) if writable(&cfg.ledger_path) => "exists, valid, writable".to_owned(),
-            Ok(_) => {
-                problems.push(format!(
-                    "the ledger {} is not writable by this user: every allocation would be refused",
-                    cfg.ledger_path.display()
-                ));
-                "exists, valid, NOT writable".to_owned()
-            }
-            Err(e) => {
-                problems.push(format!("{e}: every allocation would be refused"));
-                "unusable".to_owned()
-            }
-        }
-    } else if writable(&cfg.ledger_path) {
-        "created by the first CUDA program".to_owned()
-    } else {
-        if configured {
-            problems.push(format!(
-                "the ledger {} cannot be created by this user: every allocation would be refused",
-                cfg.ledger_path.display()
-            ));
-        }
-        "cannot be created".to_owned()
-    };
+    let (ledger_state, problem) = ledger_check(&cfg.ledger_path, ledger_meta, configured);
+    problems.extend(problem);
     println!("  ledger: {} ({ledger_state})", cfg.ledger_path.display());
+    // Where each setting comes from (the first of its sources that is set: config::table).
+    let keys = cfg
+        .quota_file
+        .as_deref()
+        .map(quota_file_keys)
+        .unwrap_or_default();
+    for line in config::table::report(&|name| std::env::var(name).ok(), &keys) {
+        println!("  setting {line}");
+    }
+    let compute_configured = cfg.compute_share.is_set()
+        || cfg.compute_limit.is_set()
+        || cfg.priority != config::Setting::Unset;
+    let dir = gpuslice::scheduling::device_dir();
+    let (device_state, device_problems) = device_dir_check(&dir, compute_configured);
+    problems.extend(device_problems);
+    println!("  device ledgers: {} ({device_state})", dir.display());
     for m in &probe.messages {
         notes.push(format!("the library says: {m}"));
     }
@@ -303,7 +426,11 @@ pub fn doctor() -> Result<i32, String> {
     }
     let active = how.is_some() && cuda_real.is_some() && configured;
     match (active, how) {
-        (true, Some(how)) => println!("enforcement: ACTIVE via {how}"),
+        (true, Some(how)) if problems.is_empty() => println!("enforcement: ACTIVE via {how}"),
+        (true, Some(how)) => println!(
+            "enforcement: ACTIVE via {how}, but NOT WORKING as configured: {} problem(s) below",
+            problems.len()
+        ),
         _ => println!("enforcement: NOT ACTIVE"),
     }
     for n in &notes {

@@ -55,7 +55,7 @@ enum Command {
 /// Which tenant ledger a subcommand works on.
 #[derive(Args, Clone, Default)]
 pub(crate) struct LedgerArgs {
-    /// The tenant whose default ledger to use (`<ledger dir>/<NAME>.ledger`).
+    /// The tenant whose default ledger to use (`<ledger dir>/uid-<uid>/<NAME>.ledger`, docs/CONFIGURATION.md).
     #[arg(long, value_name = "NAME")]
     pub tenant: Option<String>,
     /// The ledger file itself.
@@ -73,15 +73,16 @@ impl LedgerArgs {
             // The tenant's default ledger, as the library would choose it for a program run with
             // GPUSLICE_TENANT=NAME (and no GPUSLICE_LEDGER).
             Some(t) => {
-                gpuslice::config::load_from(
+                let mut cfg = gpuslice::config::load_from(
                     &|name| match name {
                         "GPUSLICE_TENANT" => Some(t.clone()),
                         "GPUSLICE_LEDGER" => None,
                         _ => std::env::var(name).ok(),
                     },
                     std::path::Path::new(gpuslice::config::DEFAULT_QUOTA_FILE),
-                )
-                .ledger_path
+                );
+                cfg.place_default_ledger();
+                cfg.ledger_path
             }
             None => gpuslice::config::load().ledger_path,
         }

@@ -90,8 +90,8 @@ impl Sources {
                 tenants.push(t);
             }
         }
-        for path in visible_entries(&self.ledger_dir) {
-            if path.extension().is_some_and(|x| x == "ledger") && !seen.contains(&path) {
+        for path in ledger_files(&self.ledger_dir) {
+            if !seen.contains(&path) {
                 if let Some(t) = read_tenant(&path, None, None) {
                     tenants.push(t);
                 }
@@ -111,6 +111,34 @@ impl Sources {
 }
 
 /// The non-hidden entries of `dir`, sorted; nothing when it does not exist or cannot be listed.
+/// The `*.ledger` files of the ledger directory and of its per-user directories: `uid-<uid>/` and
+/// `group-<group>/` in it, `<dir>-uid-<uid>/` beside it (docs/CONFIGURATION.md, "Several users").
+fn ledger_files(dir: &Path) -> Vec<PathBuf> {
+    let named = |p: &Path, prefix: &str| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+            && p.is_dir()
+    };
+    let mut dirs = vec![dir.to_path_buf()];
+    dirs.extend(
+        visible_entries(dir)
+            .into_iter()
+            .filter(|p| named(p, "uid-") || named(p, "group-")),
+    );
+    if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) {
+        let beside = format!("{}-uid-", name.to_string_lossy());
+        dirs.extend(
+            visible_entries(parent)
+                .into_iter()
+                .filter(|p| named(p, &beside)),
+        );
+    }
+    dirs.iter()
+        .flat_map(|d| visible_entries(d))
+        .filter(|p| p.extension().is_some_and(|x| x == "ledger"))
+        .collect()
+}
+
 fn visible_entries(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -408,5 +436,49 @@ mod tests {
             assert!(line.contains(part), "{line}");
         }
         std::fs::remove_dir_all(&d).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod ledger_file_tests {
+    use super::*;
+
+    #[test]
+    fn per_user_directories_are_scanned() {
+        let root = std::env::temp_dir().join(format!("observe-ledgers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = root.join("gpuslice");
+        for d in [
+            "gpuslice/uid-1000",
+            "gpuslice/group-gpu",
+            "gpuslice-uid-1001",
+            "other",
+        ] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        for f in [
+            "gpuslice/top.ledger",
+            "gpuslice/uid-1000/a.ledger",
+            "gpuslice/group-gpu/b.ledger",
+            "gpuslice-uid-1001/c.ledger",
+            "other/d.ledger",
+        ] {
+            std::fs::write(root.join(f), b"").unwrap();
+        }
+        let mut found: Vec<String> = ledger_files(&dir)
+            .iter()
+            .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "gpuslice-uid-1001/c.ledger",
+                "gpuslice/group-gpu/b.ledger",
+                "gpuslice/top.ledger",
+                "gpuslice/uid-1000/a.ledger"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

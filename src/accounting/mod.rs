@@ -44,17 +44,15 @@ static MODE: OnceLock<Mode> = OnceLock::new();
 pub fn mode() -> &'static Mode {
     MODE.get_or_init(|| {
         let config = config::load();
-        log::set_level(crate::log_level(config.log_level));
+        log::set_level(config.log_level);
         for note in &config.notes {
             log::info(format_args!("{note}"));
         }
         for warning in &config.warnings {
             log::warn(format_args!("{warning}"));
         }
-        for error in &config.errors {
-            log::error(format_args!(
-                "{error}; allocations on the devices it concerns are refused"
-            ));
+        for line in config.error_lines() {
+            log::error(format_args!("{line}"));
         }
         if !config.is_configured() && !config.ledger_path.exists() {
             return Mode::Transparent;

@@ -98,7 +98,7 @@ fn a_node_policy_is_only_ever_lowered() {
     )
     .unwrap();
     let p = policy.to_str().unwrap();
-    let c = cfg(&[
+    let mut c = cfg(&[
         ("GPUSLICE_POLICY", p),
         ("GPUSLICE_TENANT", "other"),
         ("GPUSLICE_MEMORY_LIMIT", "8GiB"),
@@ -107,6 +107,9 @@ fn a_node_policy_is_only_ever_lowered() {
         ("GPUSLICE_PRIORITY", "high"),
     ]);
     assert_eq!(c.tenant, "t1");
+    assert_eq!(c.ledger_path, tenant_dir.join("t1.ledger"));
+    // The node's ledger is not a default one: per-user placement leaves it alone.
+    c.place_default_ledger();
     assert_eq!(c.ledger_path, tenant_dir.join("t1.ledger"));
     assert_eq!(c.memory_ceiling(0, UUID_A), Some(2 * GIB));
     assert_eq!(

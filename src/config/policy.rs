@@ -454,6 +454,7 @@ pub(super) fn apply(cfg: &mut Config, env: &dyn Fn(&str) -> Option<String>, poli
     }
     cfg.tenant = p.name.clone();
     cfg.ledger_path = p.ledger_path();
+    cfg.ledger_dir = None; // the node's ledger, not a default one to place per user
     cfg.ledger_group = None;
 
     let share = match cfg.compute_share.get_default() {

@@ -17,6 +17,12 @@ fn cfg_with_file(vars: &[(&str, &str)], default_file: &Path) -> Config {
     load_from(&|k| map.get(k).cloned(), default_file)
 }
 
+/// The default ledger path of `tenant` for this user (before the filesystem is looked at).
+fn default_path(tenant: &str) -> PathBuf {
+    let uid = crate::slotfile::sys::geteuid();
+    PathBuf::from(format!("/dev/shm/gpuslice/uid-{uid}/{tenant}.ledger"))
+}
+
 fn temp_file(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gpuslice-cfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -31,10 +37,7 @@ fn nothing_configured() {
     assert!(!c.is_configured());
     assert_eq!(c.memory_limit_for(0, UUID_A), Limit::Unlimited);
     assert_eq!(c.tenant, "default");
-    assert_eq!(
-        c.ledger_path,
-        PathBuf::from("/dev/shm/gpuslice/default.ledger")
-    );
+    assert_eq!(c.ledger_path, default_path("default"));
     assert_eq!(c.log_level, LogLevel::Warn);
     assert_eq!(c.context_reserve, None);
     assert!(c.errors.is_empty() && c.notes.is_empty());
@@ -121,9 +124,10 @@ fn other_settings() {
     ]);
     assert!(c.errors.is_empty(), "{:?}", c.errors);
     assert_eq!(c.tenant, "team-a");
+    // A group-shared tenant's default ledger is in the group's directory.
     assert_eq!(
         c.ledger_path,
-        PathBuf::from("/dev/shm/gpuslice/team-a.ledger")
+        PathBuf::from("/dev/shm/gpuslice/group-gpu/team-a.ledger")
     );
     assert_eq!(c.log_level, LogLevel::Debug);
     assert_eq!(c.context_reserve, Some(300 << 20));
@@ -233,10 +237,7 @@ fn quota_file() {
     assert!(c.is_configured());
     assert_eq!(c.quota_file.as_deref(), Some(f.as_path()));
     assert_eq!(c.tenant, "team-a");
-    assert_eq!(
-        c.ledger_path,
-        PathBuf::from("/dev/shm/gpuslice/team-a.ledger")
-    );
+    assert_eq!(c.ledger_path, default_path("team-a"));
     assert_eq!(c.memory_limit_for(0, UUID_B), Limit::Bytes(4 * GIB));
     assert_eq!(c.memory_limit_for(1, UUID_B), Limit::Bytes(2 * GIB));
     assert_eq!(c.memory_limit_for(1, UUID_A), Limit::Bytes(8 * GIB));
@@ -272,7 +273,7 @@ fn environment_over_file() {
         PathBuf::from("/x/a.ledger")
     );
     let c = cfg_with_file(&[("GPUSLICE_TENANT", "b")], &f);
-    assert_eq!(c.ledger_path, PathBuf::from("/dev/shm/gpuslice/b.ledger"));
+    assert_eq!(c.ledger_path, default_path("b"));
 }
 
 #[test]
@@ -423,4 +424,32 @@ fn fuzz_generated_settings() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn each_error_says_what_it_does() {
+    let c = cfg(&[
+        ("GPUSLICE_MEMORY_LIMIT", "lots"),
+        ("GPUSLICE_COMPUTE_SHARE", "0"),
+        ("GPUSLICE_PRIORITY", "urgent"),
+        ("GPUSLICE_LOG", "loud"),
+    ]);
+    let effect = |var: &str| {
+        let e = c
+            .errors
+            .iter()
+            .find(|e| e.starts_with(var))
+            .unwrap_or_else(|| panic!("no error for {var}: {:?}", c.errors));
+        c.effect_of(e)
+    };
+    assert_eq!(effect("GPUSLICE_MEMORY_LIMIT="), effect::MEMORY);
+    assert_eq!(effect("GPUSLICE_COMPUTE_SHARE="), effect::COMPUTE);
+    assert_eq!(effect("GPUSLICE_PRIORITY="), effect::PRIORITY);
+    assert_eq!(effect("GPUSLICE_LOG="), effect::LOG);
+    let c = cfg(&[
+        ("GPUSLICE_TENANT", "../x"),
+        ("GPUSLICE_MEMORY_LIMIT", "1GiB"),
+    ]);
+    assert_eq!(c.effect_of(&c.errors[0]), effect::EVERYTHING);
+    assert!(c.error_lines()[0].ends_with(effect::EVERYTHING));
 }

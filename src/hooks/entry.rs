@@ -63,6 +63,26 @@ fn substitute(base: &CStr, resolved: *mut c_void) -> *mut c_void {
     resolved
 }
 
+/// For the `dlopen(RTLD_DEEPBIND)` interposer (shim-c/interpose.c): the hook of entry point `name`
+/// when `current` (a GOT slot's value) is the real driver's function of that name, else null.
+///
+/// # Safety
+/// `name` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn gpuslice_rebind(name: *const c_char, current: *mut c_void) -> *mut c_void {
+    let body = || {
+        // SAFETY: the C side passes a NUL-terminated name from a symbol table.
+        let name = unsafe { CStr::from_ptr(name) };
+        let (real, hook) = hooked_entry(name.to_bytes())?;
+        (!current.is_null() && driver::real(real) == Some(current as *const ()))
+            .then_some(hook as *mut c_void)
+    };
+    std::panic::catch_unwind(body)
+        .ok()
+        .flatten()
+        .unwrap_or(std::ptr::null_mut())
+}
+
 /// The Rust half of the `dlsym`/`dlvsym` interposer (shim-c/interpose.c), called for names starting with
 /// `cu` or `nvml`. Sets `*answered` when it answered the lookup itself; otherwise the C side forwards it.
 ///

@@ -256,6 +256,7 @@ impl Ledger {
         let create = CreateOptions {
             mode: if gid.is_some() { 0o660 } else { 0o600 },
             gid,
+            shared_dir: false,
         };
         let file = Writable::<Layout>::open(path, Some(create), |l| {
             let (dl, df) = stored(&opts.default_limit);

@@ -114,6 +114,8 @@ impl DeviceLedger {
         let opts = create.then_some(CreateOptions {
             mode: 0o600,
             gid: None,
+            // Every tenant of the GPU, of whichever user, creates its ledger there.
+            shared_dir: true,
         });
         let file = Writable::<Layout>::open(path, opts, |l| {
             l.header.epoch.store(1, Relaxed);
@@ -251,6 +253,42 @@ impl DeviceLedger {
         );
         self.own.lock().slot = got;
         got
+    }
+
+    /// Changes tenant `name`'s settings (`gpuslice set`) under the arbitration lock, from a process
+    /// that does not schedule: it holds a process slot (the lock's holder id) only meanwhile.
+    /// `Ok(false)`: no tenant of that name here.
+    pub fn update_tenant(
+        &self,
+        name: &str,
+        share: Option<u32>,
+        cap: Option<u32>,
+        high: Option<bool>,
+    ) -> Result<bool, DeviceLedgerError> {
+        let slot = self.claim_slot(usize::MAX >> 1).ok_or_else(|| {
+            DeviceLedgerError::Invalid(self.path.clone(), "no free process slot".into())
+        })?;
+        let found = {
+            let _g = self.lock(slot);
+            let t = self.find_tenant(name);
+            if let Some(t) = t {
+                let e = &self.layout().tenants[t];
+                if let Some(v) = share {
+                    e.share.store(v.clamp(1, 100), Release);
+                }
+                if let Some(v) = cap {
+                    e.cap.store(v.min(100) % 100, Release);
+                }
+                if let Some(v) = high {
+                    e.priority.store(v as u32, Release);
+                }
+            }
+            t.is_some()
+        };
+        self.layout().slots[slot].state.store(SLOT_FREE, Release);
+        slotfile::release_slot::<Layout>(self.raw_fd(), slot);
+        self.own.lock().slot = None;
+        Ok(found)
     }
 
     /// Frees the slots of dead processes (the cleaner holds the dead slot's lock while it does).

@@ -107,43 +107,28 @@ pub fn current() -> Option<&'static Sched> {
 }
 
 /// What the configuration says for this device: (share, cap, high, explicitly configured).
+/// An invalid share or cap means the strictest setting, share 1% and cap 1%, both applied (the
+/// configuration's error line says so: `config::effect::COMPUTE`).
 fn settings(cfg: &config::Config, ordinal: u32, uuid: &str) -> (u32, u32, bool, bool) {
-    let mut configured = false;
-    let share = match cfg.compute_share_for(ordinal, uuid) {
-        Setting::Value(v) => {
-            configured = true;
-            v as u32
-        }
-        Setting::Unset => arbiter::DEFAULT_SHARE,
-        Setting::Invalid(e) => {
-            configured = true;
-            log::error(format_args!(
-                "{e}; compute share 1% and cap 1% on {uuid} (strictest)"
-            ));
-            1
-        }
+    let share = cfg.compute_share_for(ordinal, uuid);
+    let cap = cfg.compute_limit_for(ordinal, uuid);
+    let high = &cfg.priority;
+    let configured =
+        [&share, &cap].iter().any(|s| **s != Setting::Unset) || *high != Setting::Unset;
+    let high = *high == Setting::Value(Priority::High);
+    if matches!(share, Setting::Invalid(_)) || matches!(cap, Setting::Invalid(_)) {
+        log::warn(format_args!(
+            "compute on {uuid}: share 1% and cap 1% (strictest), because a compute setting is invalid"
+        ));
+        return (1, 1, high, true);
+    }
+    let share = match share {
+        Setting::Value(v) => u32::from(v),
+        _ => arbiter::DEFAULT_SHARE,
     };
-    let cap = match cfg.compute_limit_for(ordinal, uuid) {
-        Setting::Value(v) => {
-            configured = true;
-            (v as u32).min(100) % 100
-        }
-        Setting::Unset => 0,
-        Setting::Invalid(_) => {
-            configured = true;
-            1
-        }
-    };
-    let high = match &cfg.priority {
-        Setting::Value(p) => {
-            configured = true;
-            *p == Priority::High
-        }
-        Setting::Unset => false,
-        Setting::Invalid(_) => {
-            configured = true;
-            false
-        }
+    let cap = match cap {
+        Setting::Value(v) => u32::from(v).min(100) % 100,
+        _ => 0,
     };
     (share.max(1), cap, high, configured)
 }
@@ -410,6 +395,12 @@ impl Sched {
             if !self.contended.load(Relaxed) {
                 break;
             }
+            if slot.wants.load(Acquire) == 0 {
+                // The file was zeroed under us (truncated and repaired, or scribbled): we still
+                // wait, and a hand-over only picks slots that say so.
+                slot.wants.store(1, Release);
+                slot.wait_since.store(now_ns(), Release);
+            }
             let e = h.epoch.load(Acquire);
             let o = h.owner.load(Acquire);
             if o == self.me() {
@@ -458,7 +449,12 @@ impl Sched {
             }
             futex_wait(&h.epoch, e, timeout);
         }
-        if slot.wants.fetch_sub(1, AcqRel) == 1 {
+        // Saturating: the count may have been zeroed (and set to 1 above) meanwhile.
+        let before = slot
+            .wants
+            .fetch_update(AcqRel, Acquire, |w| Some(w.saturating_sub(1)))
+            .unwrap_or(0);
+        if before <= 1 {
             slot.wait_since.store(0, Release);
         }
     }

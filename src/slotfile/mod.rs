@@ -238,6 +238,10 @@ pub struct CreateOptions {
     pub mode: u32,
     /// Group to give the file (and a directory this call creates).
     pub gid: Option<u32>,
+    /// A missing directory of the file is created for every user (mode 1777, sticky, as /tmp is:
+    /// files every tenant of every user shares, such as the device ledgers) instead of private
+    /// (0700, or 0770 for `gid`). Missing directories above it are created mode 1777 either way.
+    pub shared_dir: bool,
 }
 
 /// Packs text into NUL-padded words (`None` if empty, longer than `8 * N` bytes, or with a NUL).
@@ -275,6 +279,31 @@ fn unique_suffix() -> u64 {
     t ^ (sys::getpid() as u64) << 40
 }
 
+/// The refusal of a file owned by another uid and not shared with one of our groups.
+fn foreign_owner(path: &Path, uid: u32, gid: u32, mode: u32) -> Option<Error> {
+    let group_shared = mode & 0o060 == 0o060 && sys::in_group(gid);
+    (uid != sys::geteuid() && !group_shared).then(|| Error::Insecure {
+        path: path.to_path_buf(),
+        why: format!(
+            "owned by uid {uid} (not us, {}) and not shared with one of our groups (mode 0660 via GPUSLICE_LEDGER_GROUP): another user's file, not used",
+            sys::geteuid()
+        ),
+    })
+}
+
+/// An open refused with EACCES: another user's file is reported as such.
+fn open_refused(path: &Path, err: io::Error) -> Error {
+    use std::os::unix::fs::MetadataExt;
+    if err.kind() == io::ErrorKind::PermissionDenied {
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            if let Some(e) = foreign_owner(path, m.uid(), m.gid(), m.mode()) {
+                return e;
+            }
+        }
+    }
+    io_err(path, "open")(err)
+}
+
 /// Checks an open file before it is read: type, mode, owner (when it is to be written), then its
 /// header (waiting for READY) and size.
 fn validate<L: SlotLayout>(path: &Path, fd: &OwnedFd, writable: bool) -> Result<(), Error> {
@@ -301,17 +330,9 @@ fn validate<L: SlotLayout>(path: &Path, fd: &OwnedFd, writable: bool) -> Result<
         });
     }
     // Anyone may look (read-only); only the owner or a sharing group may take part.
-    if writable && st.st_uid != sys::geteuid() {
-        let group_shared = st.st_mode & 0o060 == 0o060 && sys::in_group(st.st_gid);
-        if !group_shared {
-            return Err(Error::Insecure {
-                path: p(),
-                why: format!(
-                    "owned by uid {} (not us, {}) and not shared with one of our groups (mode 0660 via GPUSLICE_LEDGER_GROUP)",
-                    st.st_uid,
-                    sys::geteuid()
-                ),
-            });
+    if writable {
+        if let Some(e) = foreign_owner(path, st.st_uid, st.st_gid, st.st_mode) {
+            return Err(e);
         }
     }
     let total = size_of::<L>() as u64;
@@ -426,7 +447,7 @@ impl<L: SlotLayout> Writable<L> {
                 Some(opts) => Self::create(path, opts, init),
                 None => Err(io_err(path, "open")(e)),
             },
-            Err(e) => Err(io_err(path, "open")(e)),
+            Err(e) => Err(open_refused(path, e)),
         }
     }
 
@@ -460,7 +481,12 @@ impl<L: SlotLayout> Writable<L> {
     ) -> Result<Writable<L>, Error> {
         let dir = path.parent().unwrap_or(Path::new("/"));
         if !dir.exists() {
-            make_dir(dir, opts.gid).map_err(io_err(path, "creating its directory"))?;
+            let made = if opts.shared_dir {
+                make_shared_dir(dir)
+            } else {
+                make_dir(dir, opts.gid)
+            };
+            made.map_err(io_err(path, "creating its directory"))?;
         }
         // Short, whatever the final name's length: a name that fits fits its temporary too.
         let tmp = dir.join(format!(".gs{:x}.tmp", unique_suffix()));
@@ -676,13 +702,14 @@ fn read_copy<L: SlotLayout>(path: &Path, fd: &OwnedFd) -> Result<Box<L>, Error> 
     Ok(copy)
 }
 
-/// Creates a file's directory: 0700 (0770 and the group when shared), and a missing parent of the
-/// default layout sticky and world-writable, as /tmp is, so every user can have a directory in it.
+/// Creates a file's private directory: 0700 (0770 and the group when shared), and its missing
+/// parents sticky and world-writable, as /tmp is, so every user can have a directory in them
+/// (the default layout: `/dev/shm/gpuslice/` 1777 holding `uid-<uid>/` 0700, `config::paths`).
 fn make_dir(dir: &Path, gid: Option<u32>) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if let Some(parent) = dir.parent() {
         if !parent.exists() && parent.parent().is_some() {
-            make_dir(parent, gid)?;
+            make_shared_dir(parent)?;
         }
     }
     match std::fs::DirBuilder::new()

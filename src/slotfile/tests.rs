@@ -31,6 +31,7 @@ fn dir(name: &str) -> PathBuf {
 const PRIVATE: CreateOptions = CreateOptions {
     mode: 0o600,
     gid: None,
+    shared_dir: false,
 };
 
 fn open(path: &Path) -> Result<Writable<Tiny>, Error> {

@@ -1,0 +1,110 @@
+//! Reading the quota file (`GPUSLICE_QUOTA_FILE`, default `/etc/gpuslice/quota.toml`).
+
+use super::{file, parse_size, per_device, quoted, Builder, PerDevice, Units, MAX_QUOTA_FILE};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Default)]
+pub(super) struct FileSettings {
+    pub(super) path: Option<PathBuf>,
+    /// Top-level keys: value text and its `file:line` source label.
+    pub(super) top: BTreeMap<String, (String, String)>,
+    pub(super) memory: PerDevice<u64>,
+}
+
+impl Builder {
+    pub(super) fn read_quota_file(
+        &mut self,
+        env: &dyn Fn(&str) -> Option<String>,
+        default: &Path,
+    ) -> FileSettings {
+        let (path, explicit) = match env("GPUSLICE_QUOTA_FILE") {
+            Some(p) if p.trim().is_empty() => {
+                self.fail_all(format!(
+                    "{}: empty path (expected the path of a quota file)",
+                    quoted("GPUSLICE_QUOTA_FILE", &p)
+                ));
+                return FileSettings::default();
+            }
+            Some(p) => (PathBuf::from(p), true),
+            None => (default.to_path_buf(), false),
+        };
+        let meta = match std::fs::metadata(&path) {
+            Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {
+                return FileSettings::default()
+            }
+            Err(e) => {
+                self.fail_all(format!("quota file {}: {e}", path.display()));
+                return FileSettings::default();
+            }
+            Ok(m) => m,
+        };
+        if !meta.is_file() || meta.len() > MAX_QUOTA_FILE {
+            self.fail_all(format!(
+                "quota file {}: not a regular file of at most {MAX_QUOTA_FILE} bytes",
+                path.display()
+            ));
+            return FileSettings::default();
+        }
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail_all(format!("quota file {}: {e}", path.display()));
+                return FileSettings::default();
+            }
+        };
+        let (entries, syntax) = file::parse(&path, &text);
+        for e in syntax {
+            self.fail_all(e);
+        }
+        let mut out = FileSettings {
+            path: Some(path.clone()),
+            ..FileSettings::default()
+        };
+        for e in entries {
+            let value = e.value.as_text();
+            let src = format!("{}:{}: {}={value:?}", path.display(), e.line, e.key);
+            match (e.table.as_str(), e.key.as_str()) {
+                (
+                    "",
+                    "tenant" | "ledger" | "ledger_group" | "memory_limit" | "compute_share"
+                    | "compute_limit" | "priority",
+                ) => {
+                    out.top.insert(e.key.clone(), (value, src));
+                }
+                ("devices", key) => {
+                    let item = format!("{key}={value}");
+                    let one = per_device(&src, &item, |v| parse_size(v, Units::Gpuslice));
+                    if let Some(p) = one.poison {
+                        self.fail_all(p);
+                    }
+                    out.memory.by_index.extend(one.by_index);
+                    out.memory.by_uuid.extend(one.by_uuid);
+                }
+                ("", key) => self.fail_all(format!(
+                    "{}:{}: unknown key \"{key}\" (expected tenant, ledger, ledger_group, memory_limit, compute_share, compute_limit, priority or a [devices] table)",
+                    path.display(),
+                    e.line
+                )),
+                (table, _) => self.fail_all(format!(
+                    "{}:{}: unknown table [{table}] (expected [devices])",
+                    path.display(),
+                    e.line
+                )),
+            }
+        }
+        if let Some((v, src)) = out.top.get("memory_limit") {
+            let all = per_device(src, v, |v| parse_size(v, Units::Gpuslice));
+            out.memory.all = all.all;
+            out.memory.poison = all.poison;
+            // `memory_limit = "0=2GiB"` also works; the [devices] table wins over it per device.
+            for (k, v) in all.by_index {
+                out.memory.by_index.entry(k).or_insert(v);
+            }
+            for (k, v) in all.by_uuid {
+                out.memory.by_uuid.entry(k).or_insert(v);
+            }
+        }
+        out
+    }
+}

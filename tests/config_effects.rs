@@ -1,0 +1,126 @@
+//! What a bad setting does is what its message says (docs/CONFIGURATION.md, "Bad values"): a bad
+//! compute setting applies the strictest share *and* cap it announces; settings that refuse nothing
+//! (priority, log level) say that allocations are not affected, and they are not. Real clients on
+//! simgpu with the shim preloaded; the judge is simgpu's busy counter.
+
+mod common;
+
+use common::*;
+use std::path::PathBuf;
+
+const COMPUTE: CBuild = CBuild {
+    name: "compute-client",
+    source: "compute_client.c",
+    include: "cu13",
+    link_cuda: true,
+};
+
+const ROBUST: CBuild = CBuild {
+    name: "robust-client-cu12",
+    source: "robust_client.c",
+    include: "cu12",
+    link_cuda: true,
+};
+
+fn shim() -> PathBuf {
+    let p = target_dir().join("debug/libgpuslice.so");
+    assert!(p.exists(), "{} is not built", p.display());
+    p
+}
+
+fn private_dir(tag: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("config-effects-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `GPUSLICE_COMPUTE_SHARE=0` is out of range (1..100): the process runs at share 1% and cap 1%,
+/// as its error line says, so alone on the GPU it keeps it busy a small fraction of the time
+/// (without the cap it would keep it busy nearly all the time).
+#[test]
+fn compute_share_zero_applies_the_strictest_setting_it_announces() {
+    let sim = Sim::new("share0");
+    let dir = private_dir("share0");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let start = now + 700_000_000;
+    let mut cmd = sim.command(compile(&COMPUTE));
+    cmd.env("LD_PRELOAD", shim())
+        .env("SIMGPU_GROUP", "z")
+        .env("GPUSLICE_TENANT", "z")
+        .env("GPUSLICE_LEDGER", dir.join("z.ledger"))
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+        .env("GPUSLICE_COMPUTE_SHARE", "0")
+        .args(["spin", &start.to_string(), "3000", "200"]);
+    let run = sim.run_cmd(&mut cmd);
+    run.assert_success();
+    let wall = run.get_u64("end_ns") - run.get_u64("start_ns");
+    let busy = sim
+        .stat()
+        .find("groups", "name", &Json::Str("z".into()))
+        .map_or(0, |g| g.u64("busy_ns.0"));
+    let frac = busy as f64 / wall as f64;
+    println!(
+        "share 0: {:.1}% busy over {} ms",
+        frac * 100.0,
+        wall / 1_000_000
+    );
+    assert!(
+        run.stderr
+            .contains("GPUSLICE_COMPUTE_SHARE=\"0\": out of range")
+            && run.stderr.contains("compute share 1% and cap 1%"),
+        "{}",
+        run.report()
+    );
+    assert!(!run.stderr.contains("are refused"), "{}", run.report());
+    // Generous: a cap of 1% gives a few percent at most; no cap gives nearly 100%.
+    assert!(
+        frac < 0.25,
+        "{:.1}% busy: the cap was not applied",
+        frac * 100.0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bad priority or log level refuses nothing, and its message says so.
+#[test]
+fn settings_that_refuse_nothing_say_what_happens() {
+    let sim = Sim::new("harmless");
+    let dir = private_dir("harmless");
+    for (var, value, effect) in [
+        (
+            "GPUSLICE_PRIORITY",
+            "urgent",
+            "compute priority normal; allocations are not affected",
+        ),
+        (
+            "GPUSLICE_LOG",
+            "loud",
+            "logging at warn; allocations are not affected",
+        ),
+    ] {
+        let mut cmd = sim.command(compile(&ROBUST));
+        cmd.env("LD_PRELOAD", shim())
+            .env("GPUSLICE_LEDGER", dir.join(format!("{value}.ledger")))
+            .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+            .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+            .env("GPUSLICE_CONTEXT_RESERVE", "0")
+            .env(var, value)
+            .arg("cmd");
+        let run = feed(sim.spawn(&mut cmd), "alloc 64\nexit\n", var);
+        assert_eq!(run.get("alloc"), "0", "{}", run.report());
+        let line = format!("{var}={value:?}");
+        let logged = run
+            .stderr
+            .lines()
+            .find(|l| l.contains(&line))
+            .unwrap_or_else(|| panic!("no line about {line}:\n{}", run.report()));
+        assert!(logged.ends_with(effect), "{logged}");
+        assert!(!run.stderr.contains("refused"), "{}", run.report());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
