@@ -242,12 +242,7 @@ impl Sim {
     }
 
     pub fn run_cmd(&self, cmd: &mut Command) -> Run {
-        let desc = format!("{cmd:?}");
-        let out = cmd
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
-        Run::new(desc, out)
+        run_command(cmd)
     }
 
     /// Start a program with piped stdin/stdout (for long-running clients).
@@ -283,6 +278,16 @@ impl Drop for Sim {
         let _ = std::fs::remove_file(Path::new("/dev/shm").join(&self.state));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Runs `cmd` to its end, stdin closed.
+pub fn run_command(cmd: &mut Command) -> Run {
+    let desc = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+    Run::new(desc, out)
 }
 
 /// `program` without the variables of this process that could change a test's outcome (simgpu's,

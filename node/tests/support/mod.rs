@@ -5,14 +5,15 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
 #[allow(unused_imports)] // each test file uses a different part
 pub use common::{
-    gpuslice_bin, require, root, simgpu_lib_dir, target_dir, venv_python, Run, GIB, MIB,
+    gpuslice_bin, require, root, run_command as run, simgpu_lib_dir, target_dir, venv_python, Run,
+    GIB, MIB,
 };
 
 pub fn workload_bin() -> PathBuf {
@@ -54,15 +55,6 @@ pub fn start_in(ms: u64) -> u64 {
         .unwrap()
         + std::time::Duration::from_millis(ms))
     .as_nanos() as u64
-}
-
-pub fn run(cmd: &mut Command) -> Run {
-    let desc = format!("{cmd:?}");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
-    Run::new(desc, out)
 }
 
 /// One node: a private directory (0755, so other uids can reach the state dir) holding the state
