@@ -5,7 +5,8 @@
 # time (paired, interleaved runs pinned to one CPU, medians) and as instructions (callgrind,
 # deterministic). Prints a table; method and results: docs/BENCHMARKS.md.
 #
-# Usage: scripts/bench.sh [--reps N] [--startup-runs N] [--cpu C]   (defaults 9, 400, 1)
+# Usage: scripts/bench.sh [--reps N] [--startup-runs N] [--cpu C] [--old-shim PATH]   (defaults 9, 400, 1)
+# --old-shim: another build of libgpuslice.so (e.g. the last release) measured as a third side.
 # Builds the release profile in $CARGO_TARGET_DIR (default target/) and installs simgpu into a private
 # directory, $TARGET/bench/simgpu/lib. Outputs (callgrind files, results.json) go to $TARGET/bench/out.
 set -euo pipefail

@@ -21,7 +21,9 @@ fn set_waits_for_the_arbitration_lock() {
     let slot = holder.claim_slot(0).unwrap();
     let t = {
         let g = holder.lock(slot);
-        holder.find_or_add_tenant(&g, "a", 50, 0, false).unwrap()
+        holder
+            .find_or_add_tenant(&g, gpuslice::scheduling::TenantId(1), "a", 50, 0, false)
+            .unwrap()
     };
     let share = || holder.layout().tenants[t].share.load(Acquire);
 

@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gpuslice::scheduling::device::{path_for, DeviceLedger};
+use gpuslice::scheduling::TenantId;
 
 const ROBUST: CBuild = CBuild {
     name: "robust-client-cu12",
@@ -266,7 +267,7 @@ fn device_ledger_join_read_only_and_repair() {
     let slot = a.claim_slot(0).unwrap();
     let t = {
         let g = a.lock(slot);
-        a.find_or_add_tenant(&g, &"t".repeat(64), 50, 0, false)
+        a.find_or_add_tenant(&g, TenantId(7), &"t".repeat(64), 50, 0, false)
             .unwrap()
     };
     // A 64-byte tenant name (the configuration's limit) fits.

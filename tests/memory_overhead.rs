@@ -286,6 +286,60 @@ fn contexts_are_charged_what_they_cost() {
     }
 }
 
+/// Each device's context is measured on that device: a process with contexts on two GPUs (device
+/// 0's measured first, and 256 MiB allocated there before device 1's context) is charged each
+/// one's cost on its own device, and nothing of device 0's usage on device 1.
+#[test]
+fn contexts_on_two_devices_are_each_charged_on_their_device() {
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("two-devices");
+        let sim = sim("overhead-two").env("SIMGPU_DEVICES", "2");
+        let mut holder = sim.spawn(&mut client(&sim, deploy, &dir, "two", &["second"]));
+        let pid = wait_for_key(&mut holder, "ready")["pid"].clone();
+        let stat = sim.stat();
+        let Json::Arr(procs) = stat.at("processes") else {
+            panic!("simgpu-stat: no processes in {stat}")
+        };
+        let process = procs
+            .iter()
+            .find(|p| p.u64("pid").to_string() == pid)
+            .unwrap_or_else(|| panic!("process {pid} not in {stat}"));
+        let real = [process.u64("used.0") - 256 * MIB, process.u64("used.1")];
+        let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join("two.ledger"))
+            .expect("the tenant's ledger");
+        let snapshot = ledger.snapshot();
+        let mut charged: Vec<u64> = snapshot
+            .processes
+            .iter()
+            .find(|p| p.pid.to_string() == pid)
+            .unwrap_or_else(|| panic!("process {pid} not in the ledger: {snapshot:?}"))
+            .overhead
+            .iter()
+            .map(|&(_, bytes)| bytes)
+            .collect();
+        charged.sort_unstable();
+        drop(holder.stdin.take());
+        finish(holder, "holder").assert_success();
+        for used in real {
+            assert!(
+                near(used, SIM_CONTEXT),
+                "{deploy:?}: simgpu holds one context per device ({real:?})"
+            );
+        }
+        assert_eq!(
+            charged.len(),
+            2,
+            "{deploy:?}: overhead on both devices ({charged:?}, simgpu {real:?})"
+        );
+        for bytes in &charged {
+            assert!(
+                near(*bytes, SIM_CONTEXT),
+                "{deploy:?}: each device charged its context ({charged:?}, simgpu {real:?})"
+            );
+        }
+    }
+}
+
 #[test]
 fn modules_and_limits_are_charged_what_they_cost() {
     let dir = scratch("module-limits");

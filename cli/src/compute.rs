@@ -2,7 +2,7 @@
 //! in the device ledgers) and the compute section of `gpuslice status`.
 
 use gpuslice::scheduling::device::{tenant_name, DeviceLedger, HISTORY_LEN};
-use gpuslice::scheduling::{device_dir, MAX_TENANTS};
+use gpuslice::scheduling::{device_dir, Holder, TenantId, MAX_TENANTS};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -64,15 +64,19 @@ pub(crate) fn set(c: ComputeChange) -> Result<i32, String> {
     let mut changed = 0;
     for path in ledgers(c.device_dir, c.device)? {
         let l = DeviceLedger::open(&path, "", false).map_err(|e| e.to_string())?;
-        // Under the ledger's arbitration lock, as every decision that reads these fields.
-        if !l
+        // Under the ledger's arbitration lock, as every decision that reads these fields. A tenant
+        // is its memory ledger; the name is a label: every tenant carrying it is changed.
+        for t in l
             .update_tenant(&tenant, share, cap, high)
             .map_err(|e| e.to_string())?
         {
-            continue;
+            println!(
+                "{}: tenant {tenant} ({}) updated",
+                l.uuid(),
+                short_id(l.tenant_id(t))
+            );
+            changed += 1;
         }
-        println!("{}: tenant {tenant} updated", l.uuid());
-        changed += 1;
     }
     if changed == 0 {
         return Err(format!("no device ledger has a tenant {tenant:?}"));
@@ -80,11 +84,19 @@ pub(crate) fn set(c: ComputeChange) -> Result<i32, String> {
     Ok(0)
 }
 
+/// The first 8 hex digits of a tenant's identity (enough to tell tenants apart on one device).
+fn short_id(id: TenantId) -> String {
+    format!("{:08x}", (id.0 >> 96) as u32)
+}
+
 /// One tenant of one GPU in `gpuslice status`'s compute section (and its JSON).
 #[derive(Serialize, Clone)]
 pub(crate) struct ComputeRow {
     pub device: String,
+    /// The tenant's label (`GPUSLICE_TENANT`); two tenants may carry the same one.
     pub tenant: String,
+    /// The tenant's identity (its memory ledger's), first 8 hex digits.
+    pub id: String,
     pub share: u32,
     /// 0: no cap.
     pub cap: u32,
@@ -119,11 +131,10 @@ pub(crate) fn rows(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Compu
         } else {
             (None, 0)
         };
-        // The tenant holding the device: the owner word names a slot (+1), untrusted.
-        let owner = (h.owner.load(Acquire) as usize)
-            .checked_sub(1)
-            .and_then(|slot| lay.slots.get(slot))
-            .map(|slot| slot.tenant.load(Acquire) as usize);
+        // The tenant holding the device: the owner word names a slot, untrusted.
+        let owner = Holder::from_word(h.owner.load(Acquire))
+            .slot()
+            .map(|slot| lay.slots[slot].tenant.load(Acquire) as usize);
         let uuid = l.uuid();
         for t in 0..MAX_TENANTS {
             let e = &lay.tenants[t];
@@ -142,13 +153,10 @@ pub(crate) fn rows(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Compu
             rows.push(ComputeRow {
                 device: uuid.clone(),
                 tenant: tenant_name(&l, t),
+                id: short_id(l.tenant_id(t)),
                 share: e.share.load(Acquire),
                 cap: e.cap.load(Acquire),
-                priority: if e.priority.load(Acquire) == 1 {
-                    "high"
-                } else {
-                    "normal"
-                },
+                priority: if l.is_high(t) { "high" } else { "normal" },
                 achieved_percent,
                 waited_s: (e.wait_ns.load(Acquire) / 1_000_000) as f64 / 1000.0,
                 charged_ns: e.charged_ns.load(Acquire),
@@ -169,14 +177,15 @@ pub(crate) fn table(rows: &[ComputeRow]) -> String {
             let _ = writeln!(out, "compute {device}");
             let _ = writeln!(
                 out,
-                "  {:<20} {:>6} {:>6} {:>8} {:>9} {:>10}",
-                "tenant", "share", "cap", "priority", "achieved", "waited"
+                "  {:<20} {:<8} {:>6} {:>6} {:>8} {:>9} {:>10}",
+                "tenant", "id", "share", "cap", "priority", "achieved", "waited"
             );
         }
         let _ = writeln!(
             out,
-            "  {:<20} {:>5}% {:>6} {:>8} {:>8.1}% {:>9.2}s{}",
+            "  {:<20} {:<8} {:>5}% {:>6} {:>8} {:>8.1}% {:>9.2}s{}",
             r.tenant,
+            r.id,
             r.share,
             if r.cap == 0 {
                 "-".to_string()

@@ -16,6 +16,7 @@ use crate::nvml::Gpu;
 use crate::policy::{self, Layout, Policy, Priority};
 use gpuslice::ledger::{Ledger, LedgerOptions};
 use gpuslice::scheduling::device::DeviceLedger;
+use gpuslice::scheduling::TenantId;
 use serde::Serialize;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -155,7 +156,8 @@ fn device_ledger(layout: &Layout, uuid: &str) -> Result<DeviceLedger, String> {
 }
 
 /// Adds (or resets) the tenant's entry in a device ledger.
-fn add_to_device(layout: &Layout, uuid: &str, p: &Policy) -> Result<(), String> {
+/// `id` is the tenant's identity (its memory ledger's): device ledgers know tenants by it.
+fn add_to_device(layout: &Layout, uuid: &str, p: &Policy, id: TenantId) -> Result<(), String> {
     let l = device_ledger(layout, uuid)?;
     l.sweep(None);
     let slot = l
@@ -165,7 +167,7 @@ fn add_to_device(layout: &Layout, uuid: &str, p: &Policy) -> Result<(), String> 
     let cap = u32::from(p.limit) % 100;
     let g = l.lock(slot);
     let t = l
-        .find_or_add_tenant(&g, &p.name, u32::from(p.share), cap, high)
+        .find_or_add_tenant(&g, id, &p.name, u32::from(p.share), cap, high)
         .ok_or_else(|| {
             format!(
                 "device ledger {}: no room for another tenant",
@@ -334,10 +336,14 @@ pub fn create(node: &Node, req: &Request, gpus: &[Gpu]) -> Result<Tenant, String
             group: Some(gid.to_string()),
         };
         let ledger_tmp = tmp.join(format!("{}.ledger", req.name));
-        drop(Ledger::open(&ledger_tmp, &opts).map_err(|e| e.to_string())?);
+        let id = Ledger::open(&ledger_tmp, &opts)
+            .map_err(|e| e.to_string())?
+            .id()
+            .map(TenantId)
+            .ok_or_else(|| format!("{}: no tenant identity", ledger_tmp.display()))?;
         for g in &selected {
             added_devices.push(g.uuid.clone());
-            add_to_device(layout, &g.uuid, &policy)?;
+            add_to_device(layout, &g.uuid, &policy, id)?;
         }
         rename_noreplace(&tmp, &dir).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {

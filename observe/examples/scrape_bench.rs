@@ -56,6 +56,7 @@ fn main() {
         for t in 0..tenants.min(32) {
             l.find_or_add_tenant(
                 &g,
+                gpuslice::scheduling::TenantId(t as u128 + 1),
                 &format!("tenant-{t:03}"),
                 100 / tenants.min(32) as u32 + 1,
                 0,

@@ -12,6 +12,10 @@ LD_PRELOAD=libgpuslice.so (a quota configured, so the hooks do their work):
     added = with - without.
   * start-up: whole-process wall time of `bench startup` (cuInit, primary context retain, set
     current), interleaved pairs of runs, medians; plus the whole process's Ir under callgrind.
+
+With --old-shim (another build of libgpuslice.so, e.g. the last release), every measurement runs a
+third side, "old", configured exactly as "with", interleaved with the other two (the order rotates
+between repetitions), and a second table compares what each build adds: old vs new, in one run.
 """
 import argparse
 import collections
@@ -60,6 +64,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", required=True, help="the compiled bench client")
     ap.add_argument("--shim", required=True, help="libgpuslice.so")
+    ap.add_argument("--old-shim", help="another libgpuslice.so (e.g. the last release) to compare")
     ap.add_argument("--simgpu-lib", required=True, help="simgpu installed as a driver")
     ap.add_argument("--simgpu-stat", required=True)
     ap.add_argument("--work", required=True, help="output dir (callgrind files, results)")
@@ -89,11 +94,24 @@ def main():
     )
     sides = {"without": base_env, "with": with_env}
     # The compute-share row: the same launches with a share configured (one tenant on the device).
-    share_env = dict(with_env, GPUSLICE_COMPUTE_SHARE="50",
-                     GPUSLICE_DEVICE_DIR=os.path.join(a.shm, "devices"))
+    share_envs = {"with": dict(with_env, GPUSLICE_COMPUTE_SHARE="50",
+                               GPUSLICE_DEVICE_DIR=os.path.join(a.shm, "devices"))}
+    if a.old_shim:
+        # The same configuration, its own ledger and device directory (the formats may differ).
+        sides["old"] = dict(with_env, LD_PRELOAD=a.old_shim,
+                            GPUSLICE_LEDGER=os.path.join(a.shm, "bench-old.ledger"))
+        share_envs["old"] = dict(sides["old"], GPUSLICE_COMPUTE_SHARE="50",
+                                 GPUSLICE_DEVICE_DIR=os.path.join(a.shm, "devices-old"))
+    side_names = list(sides)
 
     def env_for(mode, side):
-        return share_env if (mode == "launch_share" and side == "with") else sides[side]
+        return share_envs[side] if (mode == "launch_share" and side in share_envs) else sides[side]
+
+    def order_of(i):
+        """The sides' order in repetition i: every side first, middle and last equally often."""
+        k = i % len(side_names)
+        rotated = side_names[k:] + side_names[:k]
+        return rotated if (i // len(side_names)) % 2 == 0 else rotated[::-1]
     # Pin this driver, and so every process it starts, to one CPU. Not `taskset CMD`: with
     # LD_PRELOAD in its environment taskset itself would load the shim, and the start-up figure
     # would count that load twice.
@@ -126,9 +144,9 @@ def main():
           flush=True)
 
     # 1. Wall time, paired and interleaved.
-    ns = {m: {"without": [], "with": []} for m in MODES}
+    ns = {m: {s: [] for s in side_names} for m in MODES}
     for rep in range(a.reps):
-        order = ["without", "with"] if rep % 2 == 0 else ["with", "without"]
+        order = order_of(rep)
         for mode, (n, *_rest) in MODES.items():
             for side in order:
                 ns[mode][side].append(ns_per_op(env_for(mode, side), client_mode(mode), n))
@@ -193,10 +211,10 @@ def main():
         print("strace: done", flush=True)
 
     # 3. Start-up: whole processes, interleaved pairs.
-    start = {"without": [], "with": []}
-    start_cpu = {"without": [], "with": []}  # user + system CPU time of the child, ms
+    start = {s: [] for s in side_names}
+    start_cpu = {s: [] for s in side_names}  # user + system CPU time of the child, ms
     for i in range(a.startup_runs + 10):
-        order = ["without", "with"] if i % 2 == 0 else ["with", "without"]
+        order = order_of(i)
         for side in order:
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter_ns()
@@ -224,13 +242,14 @@ def main():
         hf_json = os.path.join(a.work, "hyperfine.json")
         envs = {s: " ".join(f"{k}={v}" for k, v in e.items()) for s, e in sides.items()}
         # `env -i` on both sides: only the client sees LD_PRELOAD, and both pay the same exec.
-        cmds = [f"env -i {envs[s]} {a.bench} startup" for s in ("without", "with")]
+        named = []
+        for s in side_names:
+            named += ["-n", s, f"env -i {envs[s]} {a.bench} startup"]
         subprocess.run(["hyperfine", "-N", "--warmup", "10", "--runs", "100", "--export-json",
-                        hf_json, "-n", "without", cmds[0], "-n", "with", cmds[1]],
-                       capture_output=True, text=True, check=True)
+                        hf_json] + named, capture_output=True, text=True, check=True)
         with open(hf_json) as f:
             res = {r["command"]: r for r in json.load(f)["results"]}
-        hyperfine = {s: (res[s]["median"] * 1e3, res[s]["stddev"] * 1e3) for s in ("without", "with")}
+        hyperfine = {s: (res[s]["median"] * 1e3, res[s]["stddev"] * 1e3) for s in side_names}
 
     # The judge: simgpu's counters after everything exited (every pair freed, nothing left used).
     stat = subprocess.run([a.simgpu_stat], env=base_env, capture_output=True, text=True).stdout
@@ -238,10 +257,10 @@ def main():
     # ---- table ----
     med = statistics.median
 
-    def syscalls_added(mode):
+    def syscalls_added(mode, side="with"):
         if not sys_per_op[mode]:
             return "(no strace)"
-        w, s = sys_per_op[mode]["without"], sys_per_op[mode]["with"]
+        w, s = sys_per_op[mode]["without"], sys_per_op[mode][side]
         added = {k: s.get(k, 0) - w.get(k, 0) for k in set(w) | set(s)}
         added = {k: v for k, v in added.items() if abs(v) >= 0.05}
         if not added:
@@ -296,6 +315,44 @@ def main():
         print(f"hyperfine cross-check (start-up, median of 100 runs each, not interleaved): without "
               f"{hw[0]:.3f} ms (sd {hw[1]:.3f}), with {hs[0]:.3f} ms (sd {hs[1]:.3f}), "
               f"added {hs[0] - hw[0]:+.3f} ms")
+    if "old" in sides:
+        print()
+        print(f"Old ({a.old_shim}) vs new ({a.shim}), same run: added = side - without, median "
+              f"[IQR] of the paired differences; new - old = median of the paired differences "
+              f"between the two builds' runs")
+        head2 = ["call", "ns added, old", "ns added, new", "ns new - old", "Ir added, old",
+                 "Ir added, new", "Ir new - old", "syscalls added, old", "syscalls added, new"]
+        print("| " + " | ".join(head2) + " |")
+        print("|" + "|".join("---" for _ in head2) + "|")
+        rows2 = []
+
+        def paired(xs, ys, fmt):
+            d = sorted(x - y for x, y in zip(xs, ys))
+            return f"{med(d):+{fmt}} [{iqr(d, fmt)}]"
+        for mode, (_n, _cg, _gn, _gi, label) in MODES.items():
+            w, o, s = (ns[mode][k] for k in ("without", "old", "with"))
+            io, iw = (ir[mode][k] - ir[mode]["without"] for k in ("old", "with"))
+            rows2.append([label, paired(o, w, ".1f"), paired(s, w, ".1f"), paired(s, o, ".1f"),
+                          f"{io:+.0f}", f"{iw:+.0f}", f"{iw - io:+.0f}",
+                          syscalls_added(mode, "old"), syscalls_added(mode)])
+        w, o, s = (start[k] for k in ("without", "old", "with"))
+        io, iw = (startup_ir[k] - startup_ir["without"] for k in ("old", "with"))
+        rows2.append(["process start-up to a current context (ms)", paired(o, w, ".3f"),
+                      paired(s, w, ".3f"), paired(s, o, ".3f"), f"{io:+d}", f"{iw:+d}",
+                      f"{iw - io:+d}", "", ""])
+        for r in rows2:
+            print("| " + " | ".join(r) + " |")
+        co = start_cpu["old"]
+        print(f"start-up CPU time, old: {med(co):.3f} ms, added (median of pairs) "
+              f"{med([b - c for b, c in zip(co, cw)]):+.3f} ms")
+        if hyperfine:
+            ho = hyperfine["old"]
+            print(f"hyperfine, old: {ho[0]:.3f} ms (sd {ho[1]:.3f}), added {ho[0] - hw[0]:+.3f} ms")
+        deltas_old = {o: startup_objects["old"][o] - startup_objects["without"][o]
+                      for o in set(startup_objects["old"]) | set(startup_objects["without"])}
+        print("start-up instructions added by the old build, by object: " + ", ".join(
+            f"{o} {d:+d}" for o, d in sorted(deltas_old.items(), key=lambda kv: -abs(kv[1])) if d))
+        print()
     print(f"alloc/free pair with the shim loaded but NO quota configured (transparent): "
           f"{ir_transparent:.0f} Ir, {ir_transparent - ir['alloc']['without']:+.0f} vs without"
           + ("" if not (os.path.exists("/etc/gpuslice/quota.toml") or os.path.exists("/dev/shm/gpuslice"))
@@ -315,7 +372,8 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"ns": ns, "ir": ir, "startup_ms": start, "startup_cpu_ms": start_cpu, "startup_ir": startup_ir,
                        "hyperfine_ms": hyperfine, "syscalls_per_op": sys_per_op, "rows": rows,
-                       "head": head}, f, indent=1)
+                       "head": head, "old_shim": a.old_shim,
+                       "old_rows": rows2 if "old" in sides else None}, f, indent=1)
 
 
 if __name__ == "__main__":

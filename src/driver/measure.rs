@@ -7,7 +7,7 @@ use super::calls::{nvml::real as nvml, real as cuda};
 use gpuslice_api::nvml::{nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t};
 use gpuslice_api::NvmlError;
 use std::ffi::CString;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// This process's line in NVML's process list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,10 +28,33 @@ fn nvml_ready() -> bool {
     *READY.get_or_init(|| unsafe { nvml::nvmlInit_v2() }.is_ok())
 }
 
+/// NVML's handle of device `uuid`, looked up once per process: a handle stays valid until NVML is
+/// shut down, which this library never does (see [`nvml_ready`]), and a measurement takes two
+/// samples of two queries each. Only found handles are kept (a failed lookup is asked again).
 fn nvml_device(uuid: &str) -> Option<nvmlDevice_t> {
+    // (UUID, handle as an address); a few GPUs per process at most.
+    static HANDLES: Mutex<Vec<(String, usize)>> = Mutex::new(Vec::new());
     if !nvml_ready() {
         return None;
     }
+    let known = |handles: &[(String, usize)]| {
+        handles
+            .iter()
+            .find(|(u, _)| u == uuid)
+            .map(|&(_, h)| h as nvmlDevice_t)
+    };
+    if let Some(device) = known(&HANDLES.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Some(device);
+    }
+    let device = lookup_handle(uuid)?;
+    let mut handles = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    if known(&handles).is_none() {
+        handles.push((uuid.to_owned(), device as usize));
+    }
+    Some(device)
+}
+
+fn lookup_handle(uuid: &str) -> Option<nvmlDevice_t> {
     let uuid = CString::new(uuid).ok()?;
     let mut device: nvmlDevice_t = std::ptr::null_mut();
     // SAFETY: `uuid` is NUL-terminated; `device` is a valid out-parameter.

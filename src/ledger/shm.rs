@@ -56,7 +56,10 @@ pub struct Header {
     /// Number of dead process slots reclaimed so far.
     pub reclaims: AtomicU64,
     pub tenant: [AtomicU64; 8],
-    pub _reserved: [AtomicU64; 13],
+    /// The tenant's identity: 128 random bits drawn when the ledger is created (0 in ledgers made
+    /// before it existed). Compute shares tell tenants apart by it; the name is only a label.
+    pub id: [AtomicU64; 2],
+    pub _reserved: [AtomicU64; 11],
 }
 
 #[repr(C)]
@@ -174,6 +177,25 @@ pub fn pack_key(key: &str) -> Option<[u64; KEY_BYTES / 8]> {
     pack_text(key)
 }
 
+/// 128 bits from the kernel's random source (never 0; the clock and pid if getrandom fails).
+fn random_id() -> [u64; 2] {
+    let mut id = [0u64; 2];
+    // SAFETY: writes at most 16 bytes into `id`.
+    let n = unsafe { libc::getrandom(id.as_mut_ptr().cast(), 16, 0) };
+    if n != 16 || id == [0, 0] {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid out-parameter.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u64;
+        id = [(ts.tv_sec as u64) << 32 ^ ts.tv_nsec as u64, pid | 1 << 63];
+    }
+    id
+}
+
 impl Layout {
     // ---- creation (the file is private to its creator until published) ----
 
@@ -202,12 +224,22 @@ impl Layout {
         for (dst, w) in h.tenant.iter().zip(name) {
             dst.store(w, Ordering::Relaxed);
         }
+        for (dst, w) in h.id.iter().zip(random_id()) {
+            dst.store(w, Ordering::Relaxed);
+        }
     }
 
     // ---- header ----
 
     pub fn tenant(&self) -> String {
         unpack_text(&self.header.tenant)
+    }
+
+    /// The tenant's identity (`None` for a ledger created before identities existed).
+    pub fn id(&self) -> Option<u128> {
+        let [a, b] = [0, 1].map(|i| self.header.id[i].load(Ordering::Acquire));
+        let id = (u128::from(a) << 64) | u128::from(b);
+        (id != 0).then_some(id)
     }
 
     pub fn creator_pid(&self) -> u32 {

@@ -3,6 +3,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
+use std::time::Instant;
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

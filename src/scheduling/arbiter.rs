@@ -15,6 +15,16 @@ pub const GRACE_NS: u64 = 100_000_000;
 pub const ACTIVE_GAP_NS: u64 = 50_000_000;
 /// Shortest slice granted to a capped tenant with few tokens (keeps hand-overs from thrashing).
 pub const MIN_SLICE_NS: u64 = 1_000_000;
+/// Largest share read from a ledger (shares are ratios; a larger word is garbage).
+pub const MAX_SHARE: u32 = 10_000;
+/// Lowest a capped tenant's bucket goes (an overrun of a few slices; a lower word is garbage).
+pub const MIN_TOKENS_NS: i64 = -50 * SLICE_NS as i64;
+/// Longest an owner waits for its in-flight work at the end of its slice before handing the device
+/// over anyway: a kernel that waits for another process (a collective whose peer waits at another
+/// device's gate) must not hold the device forever; the hardware time-slices contexts, our gate only
+/// decides who may enqueue. (An owner that submits nothing while its work waits hands over sooner:
+/// see the scheduler thread.) Ordinary drains take at most `Q` kernels, well below this.
+pub const DRAIN_LIMIT_NS: u64 = 2 * SLICE_NS;
 /// Share of a tenant that has none.
 pub const DEFAULT_SHARE: u32 = 10;
 /// Work a process keeps in flight on a contended device: `Q` launches, `Q` = this / the observed
@@ -157,7 +167,7 @@ pub fn choose(tenants: &mut [TenantView], waiters: &[Waiter], now: u64) -> Choic
                 .filter(|w| w.tenant < tenants.len())
                 .map(|w| {
                     let t = &tenants[w.tenant];
-                    let missing = (1 - t.tokens).max(1) as u128;
+                    let missing = 1i64.saturating_sub(t.tokens).max(1) as u128;
                     (missing * 100 / t.cap.max(1) as u128) as u64
                 })
                 .min()

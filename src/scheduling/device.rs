@@ -1,16 +1,14 @@
 //! One device ledger: a slot file (`crate::slotfile`: creation, validated join, slot locks with the
 //! fork guard, truncation containment), the arbitration lock, tenants and process slots, liveness.
 
-use super::arbiter::{self, Choice, TenantView, Waiter};
+use super::arbiter::{self, TenantView, Waiter};
+
+pub use super::lock::LockGuard;
 use super::shm::*;
 use crate::slotfile::{self, sys, CreateOptions, ReadOnly, Writable};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
-use std::time::Duration;
-
-/// A held arbitration lock older than this is taken over when its holder is dead or stopped.
-const LOCK_STALE_NS: u64 = 50_000_000;
 
 /// A process whose heartbeat is older than this is not chosen (stopped or hung).
 const BEAT_STALE_NS: u64 = 50_000_000;
@@ -90,7 +88,7 @@ enum Map {
 #[derive(Default)]
 struct Own {
     slot: Option<usize>,
-    tenant: Option<(usize, String, u32, u32, bool)>,
+    tenant: Option<(usize, TenantId, String, u32, u32, bool)>,
 }
 
 /// A mapped device ledger.
@@ -173,7 +171,7 @@ impl DeviceLedger {
         unpack(&self.layout().header.uuid)
     }
 
-    fn raw_fd(&self) -> RawFd {
+    pub(super) fn raw_fd(&self) -> RawFd {
         match (&self.lock_fd, &self.map) {
             (Some(fd), _) => fd.as_raw_fd(),
             (None, Map::Shared(w)) => w.fd().as_raw_fd(),
@@ -188,41 +186,6 @@ impl DeviceLedger {
             return true;
         }
         slotfile::slot_alive::<Layout>(self.raw_fd(), slot)
-    }
-
-    /// Takes the arbitration lock (`me` = our slot), taking over a dead or stopped holder's.
-    pub fn lock(&self, me: usize) -> LockGuard<'_> {
-        let h = &self.layout().header;
-        let mut spins = 0u32;
-        loop {
-            let cur = h.lock.load(Acquire);
-            if cur == 0 {
-                if h.lock
-                    .compare_exchange(0, me as u32 + 1, AcqRel, Acquire)
-                    .is_ok()
-                {
-                    h.lock_ns.store(now_ns(), Release);
-                    return LockGuard { l: self, me };
-                }
-                continue;
-            }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let holder = cur as usize - 1;
-            let stale = now_ns().saturating_sub(h.lock_ns.load(Acquire)) > LOCK_STALE_NS;
-            if (holder >= MAX_SLOTS || stale || !self.slot_alive(holder, Some(me)))
-                && h.lock
-                    .compare_exchange(cur, me as u32 + 1, AcqRel, Acquire)
-                    .is_ok()
-            {
-                h.lock_ns.store(now_ns(), Release);
-                return LockGuard { l: self, me };
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
     }
 
     /// Claims a free process slot for `tenant` (its lock first, so nobody mistakes it for dead).
@@ -257,21 +220,22 @@ impl DeviceLedger {
 
     /// Changes tenant `name`'s settings (`gpuslice set`) under the arbitration lock, from a process
     /// that does not schedule: it holds a process slot (the lock's holder id) only meanwhile.
-    /// `Ok(false)`: no tenant of that name here.
+    /// The tenants changed (none: no tenant of that name here).
     pub fn update_tenant(
         &self,
         name: &str,
         share: Option<u32>,
         cap: Option<u32>,
         high: Option<bool>,
-    ) -> Result<bool, DeviceLedgerError> {
+    ) -> Result<Vec<usize>, DeviceLedgerError> {
         let slot = self.claim_slot(usize::MAX >> 1).ok_or_else(|| {
             DeviceLedgerError::Invalid(self.path.clone(), "no free process slot".into())
         })?;
-        let found = {
+        let updated = {
             let _g = self.lock(slot);
-            let t = self.find_tenant(name);
-            if let Some(t) = t {
+            // A tenant is its memory ledger; the name is a label: every tenant carrying it changes.
+            let found = self.find_tenants(name);
+            for &t in &found {
                 let e = &self.layout().tenants[t];
                 if let Some(v) = share {
                     e.share.store(v.clamp(1, 100), Release);
@@ -280,15 +244,15 @@ impl DeviceLedger {
                     e.cap.store(v.min(100) % 100, Release);
                 }
                 if let Some(v) = high {
-                    e.priority.store(v as u32, Release);
+                    e.priority.store(PriorityClass::of(v).word(), Release);
                 }
             }
-            t.is_some()
+            found
         };
         self.layout().slots[slot].state.store(SLOT_FREE, Release);
         slotfile::release_slot::<Layout>(self.raw_fd(), slot);
         self.own.lock().slot = None;
-        Ok(found)
+        Ok(updated)
     }
 
     /// Frees the slots of dead processes (the cleaner holds the dead slot's lock while it does).
@@ -302,7 +266,8 @@ impl DeviceLedger {
         self.repair();
         let l = self.layout();
         for i in 0..MAX_SLOTS {
-            if Some(i) == me || l.slots[i].state.load(Acquire) != SLOT_ACTIVE {
+            // Any state but FREE counts: a scribbled state word must not keep a slot forever.
+            if Some(i) == me || l.slots[i].state.load(Acquire) == SLOT_FREE {
                 continue;
             }
             slotfile::take_dead_slot::<Layout, _>(self.raw_fd(), i, || {
@@ -358,10 +323,10 @@ impl DeviceLedger {
                 s.state.store(SLOT_ACTIVE, Release);
             }
         }
-        if let Some((i, name, share, cap, high)) = &own.tenant {
+        if let Some((i, id, name, share, cap, high)) = &own.tenant {
             let t = &l.tenants[*i];
             if t.state.load(Acquire) != TENANT_READY {
-                fill_tenant(t, name, *share, *cap, *high);
+                fill_tenant(t, *id, name, *share, *cap, *high);
             }
         }
         h.prefix.state.store(slotfile::STATE_READY, Release);
@@ -373,35 +338,89 @@ impl DeviceLedger {
         }
     }
 
-    /// Finds the tenant `name`, or adds it with these settings. Caller holds the lock.
+    /// Finds the tenant `id`, or adds it with these settings (an entry that no live process uses is
+    /// recycled when the table is full). Its label is refreshed. Caller holds the lock.
     pub fn find_or_add_tenant(
         &self,
         _g: &LockGuard<'_>,
-        name: &str,
+        id: TenantId,
+        label: &str,
         share: u32,
         cap: u32,
         high: bool,
     ) -> Option<usize> {
-        let key = pack(name)?;
         let l = self.layout();
         let mut free = None;
         for (i, t) in l.tenants.iter().enumerate() {
             if t.state.load(Acquire) == TENANT_READY {
-                if t.name.iter().zip(&key).all(|(a, b)| a.load(Acquire) == *b) {
-                    self.own.lock().tenant = Some((i, name.to_string(), share, cap, high));
+                if TenantId::load(&t.id) == id {
+                    for (w, v) in t.name.iter().zip(pack_truncated(label)) {
+                        w.store(v, Release);
+                    }
+                    self.own.lock().tenant = Some((i, id, label.to_string(), share, cap, high));
                     return Some(i);
                 }
             } else if free.is_none() {
                 free = Some(i);
             }
         }
-        let i = free?;
-        fill_tenant(&l.tenants[i], name, share, cap, high);
-        self.own.lock().tenant = Some((i, name.to_string(), share, cap, high));
+        let i = free.or_else(|| self.unused_tenant())?;
+        fill_tenant(&l.tenants[i], id, label, share, cap, high);
+        self.own.lock().tenant = Some((i, id, label.to_string(), share, cap, high));
         Some(i)
     }
 
-    /// Finds a tenant by name (admin and status).
+    /// A tenant entry no live process slot refers to (the table is full: recycle it).
+    fn unused_tenant(&self) -> Option<usize> {
+        let l = self.layout();
+        let mut used = [false; MAX_TENANTS];
+        for (i, s) in l.slots.iter().enumerate() {
+            let t = s.tenant.load(Acquire) as usize;
+            if s.state.load(Acquire) != SLOT_FREE && t < MAX_TENANTS && self.slot_alive(i, None) {
+                used[t] = true;
+            }
+        }
+        (0..MAX_TENANTS).find(|&t| !used[t])
+    }
+
+    /// Writes tenant entry `i` afresh (our own, found damaged). Caller holds the lock.
+    pub fn rewrite_tenant(&self, i: usize, id: TenantId, label: &str, v: &TenantView) {
+        if let Some(t) = self.layout().tenants.get(i) {
+            fill_tenant(t, id, label, v.share, v.cap, v.high);
+        }
+    }
+
+    /// The identity of tenant entry `i`.
+    pub fn tenant_id(&self, i: usize) -> TenantId {
+        self.layout()
+            .tenants
+            .get(i)
+            .map_or(TenantId(0), |t| TenantId::load(&t.id))
+    }
+
+    /// Every tenant that carries the label `name` (admin).
+    pub fn find_tenants(&self, name: &str) -> Vec<usize> {
+        let Some(key) = pack(name) else {
+            return Vec::new();
+        };
+        (0..MAX_TENANTS)
+            .filter(|&i| {
+                let t = &self.layout().tenants[i];
+                t.state.load(Acquire) == TENANT_READY
+                    && t.name.iter().zip(&key).all(|(a, b)| a.load(Acquire) == *b)
+            })
+            .collect()
+    }
+
+    /// The tenant with identity `id`.
+    pub fn find_tenant_by_id(&self, id: TenantId) -> Option<usize> {
+        (0..MAX_TENANTS).find(|&i| {
+            let t = &self.layout().tenants[i];
+            t.state.load(Acquire) == TENANT_READY && TenantId::load(&t.id) == id
+        })
+    }
+
+    /// Finds a tenant by its label (the first one that carries it).
     pub fn find_tenant(&self, name: &str) -> Option<usize> {
         let key = pack(name)?;
         self.layout().tenants.iter().position(|t| {
@@ -410,20 +429,34 @@ impl DeviceLedger {
         })
     }
 
+    /// Tenant `i`'s scheduling state, made sane: the file is untrusted (shares and caps within their
+    /// ranges, tokens within the bucket's bounds, no time stamp ahead of the clock).
     pub fn view(&self, i: usize) -> TenantView {
-        let t = &self.layout().tenants[i];
+        let t = &self.layout().tenants[i % MAX_TENANTS];
+        let now = now_ns();
+        let cap = t.cap.load(Acquire);
         TenantView {
-            share: t.share.load(Acquire),
-            cap: t.cap.load(Acquire),
-            high: t.priority.load(Acquire) == 1,
+            share: t.share.load(Acquire).clamp(1, arbiter::MAX_SHARE),
+            cap: if cap >= 100 { 0 } else { cap },
+            high: PriorityClass::from_word(t.priority.load(Acquire)) == PriorityClass::High,
             vtime: t.vtime.load(Acquire),
-            tokens: t.tokens.load(Acquire),
-            refill_ns: t.refill_ns.load(Acquire),
-            last_active_ns: t.last_active_ns.load(Acquire),
+            tokens: t
+                .tokens
+                .load(Acquire)
+                .clamp(arbiter::MIN_TOKENS_NS, arbiter::BUCKET_NS),
+            refill_ns: t.refill_ns.load(Acquire).min(now),
+            last_active_ns: t.last_active_ns.load(Acquire).min(now),
         }
     }
 
-    fn store_view(&self, i: usize, v: &TenantView) {
+    /// Whether tenant `i` is of the high-priority class.
+    pub fn is_high(&self, i: usize) -> bool {
+        self.layout().tenants.get(i).is_some_and(|t| {
+            PriorityClass::from_word(t.priority.load(Acquire)) == PriorityClass::High
+        })
+    }
+
+    pub(super) fn store_view(&self, i: usize, v: &TenantView) {
         let t = &self.layout().tenants[i];
         t.vtime.store(v.vtime, Release);
         t.tokens.store(v.tokens, Release);
@@ -452,125 +485,37 @@ impl DeviceLedger {
             .collect()
     }
 
-    fn views(&self) -> Vec<TenantView> {
+    pub(super) fn views(&self) -> Vec<TenantView> {
         (0..MAX_TENANTS).map(|i| self.view(i)).collect()
     }
 }
 
 /// Writes a new tenant entry (READY last).
-fn fill_tenant(t: &TenantEntry, name: &str, share: u32, cap: u32, high: bool) {
-    for (w, v) in t.name.iter().zip(pack(name).unwrap_or_default()) {
+fn fill_tenant(t: &TenantEntry, id: TenantId, label: &str, share: u32, cap: u32, high: bool) {
+    t.state.store(0, Release);
+    id.store(&t.id);
+    for (w, v) in t.name.iter().zip(pack_truncated(label)) {
         w.store(v, Release);
     }
     t.share.store(share, Release);
     t.cap.store(cap, Release);
-    t.priority.store(high as u32, Release);
+    t.priority.store(PriorityClass::of(high).word(), Release);
     t.vtime.store(0, Release);
     t.tokens.store(arbiter::BUCKET_NS, Release);
     t.refill_ns.store(now_ns(), Release);
     t.last_active_ns.store(0, Release);
     t.charged_ns.store(0, Release);
     t.wait_ns.store(0, Release);
+    for w in &t.samples {
+        w.store(0, Release);
+    }
     t.state.store(TENANT_READY, Release);
-}
-
-/// The held arbitration lock; every decision about ownership is taken under it.
-pub struct LockGuard<'a> {
-    l: &'a DeviceLedger,
-    me: usize,
-}
-
-impl Drop for LockGuard<'_> {
-    fn drop(&mut self) {
-        let _ =
-            self.l
-                .layout()
-                .header
-                .lock
-                .compare_exchange(self.me as u32 + 1, 0, AcqRel, Acquire);
-    }
-}
-
-impl LockGuard<'_> {
-    /// Charges `ns` to tenant `t`.
-    pub fn charge(&self, t: usize, ns: u64, now: u64) {
-        let mut v = self.l.view(t);
-        arbiter::charge(&mut v, ns, now);
-        self.l.store_view(t, &v);
-        self.l.layout().tenants[t].charged_ns.fetch_add(ns, AcqRel);
-    }
-
-    /// Chooses among the waiters and installs the result as the new ownership (bumping the epoch).
-    /// Returns the choice; the caller wakes the waiters.
-    pub fn hand_over(&self, now: u64) -> Choice {
-        let l = self.l.layout();
-        let waiters = self.l.waiters(None);
-        let mut views = self.l.views();
-        let choice = arbiter::choose(&mut views, &waiters, now);
-        for w in &waiters {
-            self.l.store_view(w.tenant, &views[w.tenant]);
-        }
-        let h = &l.header;
-        match choice {
-            Choice::Grant { slot, slice_ns } => {
-                h.grant_ns.store(now, Release);
-                h.owner_beat_ns.store(now, Release);
-                h.slice_ns.store(slice_ns, Release);
-                h.owner.store(slot as u32 + 1, Release);
-                let t = l.slots[slot].tenant.load(Acquire) as usize;
-                if t < MAX_TENANTS && views[t].high {
-                    h.preempt.store(0, Release);
-                }
-            }
-            _ => h.owner.store(0, Release),
-        }
-        let mut e = h.epoch.load(Acquire).wrapping_add(1);
-        if e == 0 {
-            e = 1;
-        }
-        h.epoch.store(e, Release);
-        h.hand_overs.fetch_add(1, Relaxed);
-        choice
-    }
-
-    /// Renews the owner's slice in place (nobody else waits). Returns false when its tenant is out of
-    /// tokens (it must hand over instead).
-    pub fn renew(&self, tenant: usize, now: u64) -> bool {
-        let mut v = self.l.view(tenant);
-        arbiter::refill(&mut v, now);
-        self.l.store_view(tenant, &v);
-        let h = &self.l.layout().header;
-        if !arbiter::eligible(&v) {
-            // Charged up to now already: the release that follows charges only what comes after.
-            h.grant_ns.store(now, Release);
-            return false;
-        }
-        h.grant_ns.store(now, Release);
-        h.slice_ns.store(arbiter::slice_for(&v), Release);
-        true
-    }
-
-    /// Takes a history sample when one is due.
-    pub fn sample(&self, now: u64) {
-        let l = self.l.layout();
-        let seq = l.header.sample_seq.load(Acquire);
-        let last = l.header.sample_ns[(seq as usize + HISTORY - 1) % HISTORY].load(Acquire);
-        if seq != 0 && now.saturating_sub(last) < SAMPLE_NS {
-            return;
-        }
-        let k = seq as usize % HISTORY;
-        for t in &l.tenants {
-            t.samples[k].store(t.charged_ns.load(Acquire), Release);
-        }
-        l.header.sample_ns[k].store(now, Release);
-        l.header.sample_seq.store(seq + 1, Release);
-    }
 }
 
 /// Number of history samples kept (for `gpuslice status`).
 pub const HISTORY_LEN: usize = HISTORY;
 
-/// The name of tenant `t`.
+/// The label of tenant `t`.
 pub fn tenant_name(l: &DeviceLedger, t: usize) -> String {
-    unpack(&l.layout().tenants[t].name)
+    unpack(&l.layout().tenants[t % MAX_TENANTS].name)
 }

@@ -8,7 +8,8 @@ use crate::slotfile::atomic::{AtomicI64, AtomicU32, AtomicU64};
 use crate::slotfile::{pack_text, unpack_text, Prefix, SlotLayout};
 
 pub const MAGIC: [u8; 8] = *b"GSLCDEV1";
-pub const VERSION: u32 = 1;
+/// 2: tenants are identified by their memory ledger's id (`TenantEntry::id`), names are labels.
+pub const VERSION: u32 = 2;
 pub const MAX_TENANTS: usize = 32;
 pub const MAX_SLOTS: usize = 256;
 /// Samples of every tenant's charged time kept for the "achieved share" of `gpuslice status`.
@@ -27,11 +28,11 @@ pub struct Header {
     pub prefix: Prefix,
     /// Canonical `GPU-...` text, NUL-padded.
     pub uuid: [AtomicU64; 8],
-    /// The arbitration lock: 0, or the holder's slot + 1.
+    /// The arbitration lock: a [`Holder`] word.
     pub lock: AtomicU32,
     /// Futex word: bumped on every change of ownership (never 0).
     pub epoch: AtomicU32,
-    /// The owning slot + 1, or 0.
+    /// The owning slot: a [`Holder`] word.
     pub owner: AtomicU32,
     /// Futex word: non-zero while a high-priority slot waits for a normal owner to yield.
     pub preempt: AtomicU32,
@@ -53,8 +54,11 @@ pub struct Header {
 #[repr(C)]
 pub struct TenantEntry {
     pub state: AtomicU32,
-    /// 1 = high priority.
+    /// A [`PriorityClass`] word.
     pub priority: AtomicU32,
+    /// The tenant's identity ([`TenantId`]): its memory ledger's id.
+    pub id: [AtomicU64; 2],
+    /// A label for people (`GPUSLICE_TENANT`); two tenants may carry the same one.
     pub name: [AtomicU64; 8],
     pub share: AtomicU32,
     /// Percent, 0 = none.
@@ -108,6 +112,136 @@ pub fn pack(text: &str) -> Option<[u64; 8]> {
     pack_text::<{ NAME_BYTES / 8 }>(text)
 }
 
+/// A label as NUL-padded words, cut to [`NAME_BYTES`] (at a character boundary).
+pub fn pack_truncated(text: &str) -> [u64; 8] {
+    let mut end = text.len().min(NAME_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    pack(&text[..end]).unwrap_or_default()
+}
+
 pub fn unpack(words: &[AtomicU64; 8]) -> String {
     unpack_text(words)
+}
+
+/// Who holds the arbitration lock or owns the device, as stored in `Header::lock` / `Header::owner`:
+/// the slot index plus one, 0 for nobody. A word read from the file may name no slot at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holder(u32);
+
+impl Holder {
+    pub const NONE: Holder = Holder(0);
+
+    pub fn of(slot: usize) -> Holder {
+        Holder(u32::try_from(slot).map_or(u32::MAX, |s| s.saturating_add(1)))
+    }
+
+    pub fn from_word(word: u32) -> Holder {
+        Holder(word)
+    }
+
+    pub fn word(self) -> u32 {
+        self.0
+    }
+
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The slot it names, when it names a real one (`None` for nobody and for garbage).
+    pub fn slot(self) -> Option<usize> {
+        let s = (self.0 as usize).checked_sub(1)?;
+        (s < MAX_SLOTS).then_some(s)
+    }
+}
+
+/// A tenant's class, as stored in `TenantEntry::priority`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PriorityClass {
+    Normal = 0,
+    High = 1,
+}
+
+impl PriorityClass {
+    pub fn from_word(word: u32) -> PriorityClass {
+        if word == PriorityClass::High as u32 {
+            PriorityClass::High
+        } else {
+            PriorityClass::Normal
+        }
+    }
+
+    pub fn of(high: bool) -> PriorityClass {
+        if high {
+            PriorityClass::High
+        } else {
+            PriorityClass::Normal
+        }
+    }
+
+    pub fn word(self) -> u32 {
+        self as u32
+    }
+}
+
+/// A tenant's identity: 128 bits created with its memory ledger (0 is nobody).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TenantId(pub u128);
+
+impl TenantId {
+    pub fn words(self) -> [u64; 2] {
+        [(self.0 >> 64) as u64, self.0 as u64]
+    }
+
+    pub fn load(words: &[AtomicU64; 2]) -> TenantId {
+        let [a, b] = [0, 1].map(|i| words[i].load(std::sync::atomic::Ordering::Acquire));
+        TenantId((u128::from(a) << 64) | u128::from(b))
+    }
+
+    pub fn store(self, words: &[AtomicU64; 2]) {
+        for (w, v) in words.iter().zip(self.words()) {
+            w.store(v, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_round_trip_and_reject_garbage() {
+        assert_eq!(Holder::of(0).word(), 1);
+        assert_eq!(Holder::of(7).slot(), Some(7));
+        assert_eq!(Holder::from_word(0).slot(), None);
+        assert!(Holder::from_word(0).is_none());
+        // A word naming no slot: not nobody, and no slot either (revoked by whoever reads it).
+        let garbage = Holder::from_word(0xffff_fff0);
+        assert!(!garbage.is_none());
+        assert_eq!(garbage.slot(), None);
+        assert_eq!(Holder::from_word(MAX_SLOTS as u32 + 1).slot(), None);
+        assert_eq!(
+            Holder::from_word(MAX_SLOTS as u32).slot(),
+            Some(MAX_SLOTS - 1)
+        );
+        assert_eq!(PriorityClass::from_word(1), PriorityClass::High);
+        assert_eq!(PriorityClass::from_word(7), PriorityClass::Normal);
+        assert_eq!(PriorityClass::of(true).word(), 1);
+        let words: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+        let id = TenantId(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        id.store(&words);
+        assert_eq!(TenantId::load(&words), id);
+        assert_eq!(
+            unpack(&pack(&"x".repeat(70)).map_or_else(
+                || pack_truncated(&"x".repeat(70)).map(AtomicU64::new),
+                |w| w.map(AtomicU64::new),
+            )),
+            "x".repeat(NAME_BYTES)
+        );
+        assert_eq!(
+            unpack(&pack_truncated("é".repeat(40).as_str()).map(AtomicU64::new)).len(),
+            64
+        );
+    }
 }

@@ -204,6 +204,24 @@ pub fn getpid() -> u32 {
     std::process::id()
 }
 
+/// Milliseconds of the coarse monotonic clock (the kernel's last tick: a few ms of resolution, read
+/// from the vDSO without the timestamp counter), for intervals of tens of milliseconds on hot paths.
+/// Counted from boot; a kernel without the coarse clock gets the precise one.
+pub fn coarse_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter of both clocks.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        // SAFETY: as above; CLOCK_MONOTONIC always exists.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1000)
+        .saturating_add(ts.tv_nsec as u64 / 1_000_000)
+}
+
 static FORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 extern "C" fn count_fork() {

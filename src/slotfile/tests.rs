@@ -379,3 +379,19 @@ fn full_filesystem_at_creation_is_a_clear_error() {
     );
     assert_eq!(leftovers, vec![std::ffi::OsString::from("filler")]);
 }
+
+#[test]
+fn the_coarse_clock_counts_milliseconds_from_boot_and_never_goes_back() {
+    let first = sys::coarse_ms();
+    // Counted from boot, not from this process's start (the first size check of a ledger is then
+    // not put off for SIZE_CHECK_MS): a machine that built this test has been up for minutes.
+    assert!(first > 10_000, "{first} ms: not counted from boot");
+    let mut last = first;
+    for _ in 0..1000 {
+        let now = sys::coarse_ms();
+        assert!(now >= last, "went back from {last} to {now}");
+        last = now;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(sys::coarse_ms() > first, "a 30 ms sleep did not advance it");
+}

@@ -10,9 +10,21 @@
  *                                      prints latency percentiles (us)
  *   hold US                            spin kernels until stdin closes (prints ready=1 pid=...)
  *   bench N REPS                       median ns per cuLaunchKernel (0-us kernels), REPS batches of N
+ *   streams START_NS MS US             as `spin`, alternating between two non-blocking streams of one
+ *                                      context (their kernels may run concurrently)
+ *   capture START_NS MS US             one thread captures graphs (3 spin launches each) in
+ *                                      CU_STREAM_CAPTURE_MODE_GLOBAL in a loop while this thread
+ *                                      launches spin kernels of US on another stream every US / 2
+ *                                      (no synchronisation of its own); prints captures=
+ *                                      capture_failures=
+ *   multi START_NS MS US NDEV          one thread per device 0..NDEV-1, each as `spin` on its own
+ *                                      device's primary context (prints launches_<dev>=...)
+ *
+ * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
 #include <cuda.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,8 +56,9 @@ static void setup(void) {
     CUdevice dev;
     CUcontext ctx;
     CUmodule mod;
+    const char *ordinal = getenv("COMPUTE_DEVICE");
     CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDeviceGet(&dev, ordinal ? atoi(ordinal) : 0));
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuModuleLoadData(&mod, module_image));
@@ -83,6 +96,34 @@ static int mode_spin(uint64_t start_ns, uint64_t ms, uint64_t us, int depth) {
         n++;
     }
     CHECK(cuStreamSynchronize(stream));
+    printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
+           (unsigned long long)now_ns(CLOCK_REALTIME), n);
+    return 0;
+}
+
+static int mode_streams(uint64_t start_ns, uint64_t ms, uint64_t us) {
+    setup();
+    CUstream other, s[2];
+    CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    s[0] = stream;
+    s[1] = other;
+    enum { DEPTH = 8 };
+    CUevent ring[DEPTH];
+    for (int i = 0; i < DEPTH; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    wait_start(start_ns);
+    uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < end) {
+        if (n >= DEPTH)
+            CHECK(cuEventSynchronize(ring[n % DEPTH]));
+        void *params[] = {&us};
+        CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s[n % 2], params, NULL));
+        CHECK(cuEventRecord(ring[n % DEPTH], s[n % 2]));
+        n++;
+    }
+    CHECK(cuStreamSynchronize(s[0]));
+    CHECK(cuStreamSynchronize(s[1]));
     printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
            (unsigned long long)now_ns(CLOCK_REALTIME), n);
     return 0;
@@ -199,6 +240,117 @@ static int mode_bench(int n, int reps) {
     return 0;
 }
 
+struct capture_arg {
+    uint64_t end_ns, us;
+    long captures, failures;
+    CUcontext ctx;
+};
+
+static void *capture_thread(void *p) {
+    struct capture_arg *a = p;
+    CUstream cs;
+    CHECK(cuCtxSetCurrent(a->ctx));
+    CHECK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    while (now_ns(CLOCK_REALTIME) < a->end_ns) {
+        CUgraph g = NULL;
+        CUresult r = cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+        for (int i = 0; r == CUDA_SUCCESS && i < 3; i++) {
+            void *params[] = {&a->us};
+            r = cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, cs, params, NULL);
+        }
+        CUresult e = cuStreamEndCapture(cs, &g);
+        if (r != CUDA_SUCCESS || e != CUDA_SUCCESS || g == NULL) {
+            a->failures++;
+            printf("capture_error=%d end=%d\n", (int)r, (int)e);
+        } else {
+            a->captures++;
+        }
+        if (g)
+            cuGraphDestroy(g);
+    }
+    return NULL;
+}
+
+static int mode_capture(uint64_t start_ns, uint64_t ms, uint64_t us) {
+    setup();
+    wait_start(start_ns);
+    uint64_t t0 = now_ns(CLOCK_REALTIME);
+    struct capture_arg c = {.end_ns = t0 + ms * 1000000ull, .us = us};
+    CHECK(cuCtxGetCurrent(&c.ctx));
+    pthread_t t;
+    pthread_create(&t, NULL, capture_thread, &c);
+    /* No synchronisation while the other thread captures in global mode (the program would break
+     * its own capture): launches paced by the clock instead. */
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < c.end_ns) {
+        CHECK(launch(us));
+        usleep((useconds_t)(us / 2));
+        n++;
+    }
+    pthread_join(t, NULL);
+    CHECK(cuStreamSynchronize(stream));
+    printf("launches=%ld\ncaptures=%ld\ncapture_failures=%ld\n", n, c.captures, c.failures);
+    return 0;
+}
+
+struct multi_arg {
+    int dev;
+    uint64_t start_ns, ms, us;
+    long launches;
+};
+
+static void *multi_thread(void *p) {
+    struct multi_arg *a = p;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction fn;
+    CUstream st;
+    CHECK(cuDeviceGet(&dev, a->dev));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, module_image));
+    CHECK(cuModuleGetFunction(&fn, mod, "spin_kernel"));
+    CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    enum { DEPTH = 8 };
+    CUevent ring[DEPTH];
+    for (int i = 0; i < DEPTH; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    wait_start(a->start_ns);
+    uint64_t end = now_ns(CLOCK_REALTIME) + a->ms * 1000000ull;
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < end) {
+        if (n >= DEPTH)
+            CHECK(cuEventSynchronize(ring[n % DEPTH]));
+        void *params[] = {&a->us};
+        CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, NULL));
+        CHECK(cuEventRecord(ring[n % DEPTH], st));
+        n++;
+    }
+    CHECK(cuStreamSynchronize(st));
+    a->launches = n;
+    return NULL;
+}
+
+static int mode_multi(uint64_t start_ns, uint64_t ms, uint64_t us, int ndev) {
+    CHECK(cuInit(0));
+    if (ndev < 1 || ndev > 8)
+        ndev = 1;
+    pthread_t t[8];
+    struct multi_arg a[8];
+    for (int d = 0; d < ndev; d++) {
+        a[d] = (struct multi_arg){.dev = d, .start_ns = start_ns, .ms = ms, .us = us};
+        pthread_create(&t[d], NULL, multi_thread, &a[d]);
+    }
+    for (int d = 0; d < ndev; d++) {
+        pthread_join(t[d], NULL);
+        printf("launches_%d=%ld\n", d, a[d].launches);
+    }
+    printf("start_ns=%llu\nend_ns=%llu\n", (unsigned long long)start_ns,
+           (unsigned long long)now_ns(CLOCK_REALTIME));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *m = argc > 1 ? argv[1] : "";
@@ -213,6 +365,15 @@ int main(int argc, char **argv) {
                             strtoull(argv[4], NULL, 10), atoi(argv[5]), strtoull(argv[6], NULL, 10));
     if (strcmp(m, "hold") == 0 && argc == 3)
         return mode_hold(strtoull(argv[2], NULL, 10));
+    if (strcmp(m, "streams") == 0 && argc == 5)
+        return mode_streams(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                            strtoull(argv[4], NULL, 10));
+    if (strcmp(m, "capture") == 0 && argc == 5)
+        return mode_capture(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                            strtoull(argv[4], NULL, 10));
+    if (strcmp(m, "multi") == 0 && argc == 6)
+        return mode_multi(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                          strtoull(argv[4], NULL, 10), atoi(argv[5]));
     if (strcmp(m, "bench") == 0 && argc == 4)
         return mode_bench(atoi(argv[2]), atoi(argv[3]));
     fprintf(stderr, "usage: see the comment at the top of compute_client.c\n");

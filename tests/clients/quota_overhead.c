@@ -15,6 +15,8 @@
  *   graph MIB [captured]                    a graph with a memory node of MIB (allocated when the
  *                                           graph is launched; made by capturing cuMemAllocAsync with
  *                                           `captured`), launched; views
+ *   second                                  alloc 256 MiB, then a context on device 1 too; ready=1,
+ *                                           wait for EOF
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -187,6 +189,17 @@ int main(int argc, char **argv) {
         if (!fgets(line, sizeof line, stdin)) return 0;
         printf("fill_bytes=%llu\n", fill());
         views("held");
+        while (fgets(line, sizeof line, stdin)) {}
+    } else if (strcmp(mode, "second") == 0) {
+        char line[64];
+        CUdevice dev1;
+        CUcontext ctx1;
+        CUdeviceptr a;
+        CHECK(cuMemAlloc(&a, 256 * MIB));
+        CHECK(cuDeviceGet(&dev1, 1));
+        CHECK(cuCtxCreate(&ctx1, 0, dev1));
+        printf("ready=1\n");
+        fflush(stdout);
         while (fgets(line, sizeof line, stdin)) {}
     } else if (strcmp(mode, "async") == 0 && argc > 2) {
         int rounds = atoi(argv[2]);

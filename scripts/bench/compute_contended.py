@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Contended path of compute shares, side by side in one run (docs/BENCHMARKS.md):
+
+two tenants, each one process launching `spin` kernels of KERNEL_US back to back (a queue of 8),
+for SECONDS, on one simgpu device: once without gpuslice, once with it (shares 50/50, one memory
+ledger each), alternating, ROUNDS times. Reported (medians over the rounds):
+
+- CPU time per launch (user + system of both client processes, divided by their launches): the
+  difference is what the contended path adds per launch (the simulated driver's own CPU, including
+  the stream workers' handling of the events the shim records, is inside both figures);
+- the device's busy fraction (simgpu's counter): the difference is the device time lost to
+  hand-overs (and to the shim's events on the stream).
+
+Usage: scripts/bench/compute_contended.py [--rounds N (3)] [--seconds S (4)] [--kernel-us U (20)]
+Builds the release profile into $CARGO_TARGET_DIR (default target/).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--kernel-us", type=int, default=20)
+    a = ap.parse_args()
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    if not os.path.isabs(target):
+        target = os.path.join(ROOT, target)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "gpuslice", "-p", "simgpu-cuda",
+                    "-p", "simgpu-nvml", "-p", "simgpu-core"], cwd=ROOT, check=True)
+    rel = os.path.join(target, "release")
+    work = tempfile.mkdtemp(prefix="gpuslice-bench-contended-")
+    lib = os.path.join(work, "lib")
+    subprocess.run(["bash", "scripts/install-simgpu.sh", rel, lib], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    client = os.path.join(work, "compute_client")
+    subprocess.run(["cc", "-O2", "-Wall", "-I", os.path.join(ROOT, "target/nvidia/include/cu13"),
+                    os.path.join(ROOT, "tests/clients/compute_client.c"), "-o", client,
+                    "-L", lib, "-lcuda", "-ldl", "-lpthread"], check=True)
+    stat_bin = os.path.join(rel, "simgpu-stat")
+    try:
+        rows = {"none": [], "shim": []}
+        for r in range(a.rounds):
+            for mode in ("none", "shim"):
+                rows[mode].append(run(mode, r, a, work, lib, client, rel, stat_bin))
+        report(rows, a)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(mode, r, a, work, lib, client, rel, stat_bin):
+    state = f"gpuslice-bench-contended-{os.getpid()}-{mode}-{r}"
+    ms = int(a.seconds * 1000)
+    start = time.time_ns() + 500_000_000
+    procs = []
+    for tenant in ("a", "b"):
+        env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": lib, "SIMGPU_STATE": state,
+               "SIMGPU_GROUP": tenant}
+        if mode == "shim":
+            env.update({"LD_PRELOAD": os.path.join(rel, "libgpuslice.so"),
+                        "GPUSLICE_COMPUTE_SHARE": "50",
+                        "GPUSLICE_LEDGER": os.path.join(work, f"{mode}{r}-{tenant}.ledger"),
+                        "GPUSLICE_DEVICE_DIR": os.path.join(work, f"{mode}{r}-devices")})
+        p = subprocess.Popen([client, "spin", str(start), str(ms), str(a.kernel_us), "8"], env=env,
+                             stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+    cpu, launches, wall = 0.0, 0, 0
+    for p in procs:
+        _, status, ru = os.wait4(p.pid, 0)
+        out = dict(line.split("=", 1) for line in p.stdout.read().split() if "=" in line)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            sys.exit(f"client failed ({mode}): {out}")
+        cpu += ru.ru_utime + ru.ru_stime
+        launches += int(out["launches"])
+        wall = max(wall, int(out["end_ns"]) - int(out["start_ns"]))
+    stat = json.loads(subprocess.run([stat_bin], env={"SIMGPU_STATE": state}, check=True,
+                                     capture_output=True, text=True).stdout)
+    busy = stat["devices"][0]["busy_ns"]
+    try:
+        os.unlink(f"/dev/shm/{state}")
+    except OSError:
+        pass
+    return {"cpu_per_launch_ns": cpu * 1e9 / max(launches, 1), "busy": busy / wall,
+            "launches": launches}
+
+
+def report(rows, a):
+    med = lambda mode, k: statistics.median(x[k] for x in rows[mode])
+    cn, cs = med("none", "cpu_per_launch_ns"), med("shim", "cpu_per_launch_ns")
+    bn, bs = med("none", "busy"), med("shim", "busy")
+    print(f"compute_contended: 2 tenants, {a.kernel_us} us kernels, {a.seconds} s, {a.rounds} rounds")
+    print(f"compute_contended: CPU per launch: without {cn:.0f} ns, with gpuslice {cs:.0f} ns, "
+          f"added {cs - cn:.0f} ns")
+    print(f"compute_contended: device busy: without {bn * 100:.1f}%, with gpuslice {bs * 100:.1f}%, "
+          f"lost {(bn - bs) * 100:.1f} points")
+    print(f"compute_contended: launches per round: without {med('none', 'launches'):.0f}, "
+          f"with {med('shim', 'launches'):.0f}")
+    print("compute_contended: raw", json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+//! Device time measured with events: the shim records an event on the launch's stream before and
+//! after each launch; their interval, less what an empty pair measures, is the launch's device time.
+//! What an ownership is charged is that time, never more than the wall time the device was held (so
+//! kernels of several streams that overlap are charged once).
+
+use super::arbiter::DRAIN_LIMIT_NS;
+use super::cu;
+use super::device::now_ns;
+use super::gate::Sched;
+use gpuslice_api::types::{CUcontext, CUevent, CUstream};
+use gpuslice_api::{CUerror, CUresult};
+use std::sync::atomic::Ordering::*;
+use std::time::Duration;
+
+/// How often an empty event pair is recorded to re-measure the per-launch event overhead.
+const CALIBRATION_NS: u64 = 250_000_000;
+
+/// One of our events, and the context it belongs to.
+pub(super) struct Pending {
+    event: usize,
+    ctx: usize,
+}
+
+/// Recorded events: around one launch, or back to back to calibrate what an empty pair measures. A
+/// high-priority tenant records only the end of each launch (`start` is `None`): it is charged by
+/// wall time, and a second event per launch would lengthen exactly the latency it asks to keep short.
+pub(super) struct Tracked {
+    start: Option<Pending>,
+    end: Pending,
+    calibration: bool,
+}
+
+/// What a query of one of our events says.
+enum State {
+    Done,
+    Running,
+    /// The event is gone (its context was destroyed): nothing to measure, never to be used again.
+    Gone,
+}
+
+fn query(p: &Pending) -> State {
+    // SAFETY: an event we created and recorded.
+    match unsafe { cu::cuEventQuery(p.event as CUevent) } {
+        Ok(()) => State::Done,
+        Err(CUerror::NOT_READY) => State::Running,
+        Err(_) => State::Gone,
+    }
+}
+
+impl Sched {
+    /// Calls `launch` between two of our events on each stream (one after it for a high-priority
+    /// tenant), and tracks them.
+    pub(super) fn launch_tracked(
+        &self,
+        streams: &[CUstream],
+        ctx: CUcontext,
+        per_thread: bool,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let high = self.high.load(Relaxed);
+        let mut starts: [Option<Pending>; 4] = Default::default();
+        if !high {
+            for (start, &s) in starts.iter_mut().zip(streams) {
+                *start = self.record(s, ctx, per_thread);
+            }
+        }
+        let r = launch();
+        let mut starts = starts.into_iter();
+        for &s in streams.iter().take(4) {
+            let start = starts.next().flatten();
+            if start.is_none() && !high {
+                continue;
+            }
+            match r.is_ok().then(|| self.record(s, ctx, per_thread)).flatten() {
+                Some(end) => self.inflight.lock().push_back(Tracked {
+                    start,
+                    end,
+                    calibration: false,
+                }),
+                None => self.free_events.lock().extend(start),
+            }
+        }
+        if r.is_ok() && !high {
+            self.calibrate(streams, ctx, per_thread);
+        }
+        r
+    }
+
+    /// Records one of our events on `stream` (of context `ctx`).
+    fn record(&self, stream: CUstream, ctx: CUcontext, per_thread: bool) -> Option<Pending> {
+        let key = ctx as usize;
+        let reuse = {
+            let mut free = self.free_events.lock();
+            free.iter()
+                .position(|p| p.ctx == key)
+                .map(|i| free.swap_remove(i))
+        };
+        let p = match reuse {
+            Some(p) => p,
+            None => {
+                let mut ev: CUevent = std::ptr::null_mut();
+                // SAFETY: valid out-parameter; the event is created in the stream's context.
+                cu::in_context(ctx, || unsafe { cu::cuEventCreate(&mut ev, 0) }).ok()?;
+                Pending {
+                    event: ev as usize,
+                    ctx: key,
+                }
+            }
+        };
+        // SAFETY: our event and the caller's stream.
+        let r = unsafe {
+            if per_thread {
+                cu::cuEventRecord_ptsz(p.event as CUevent, stream)
+            } else {
+                cu::cuEventRecord(p.event as CUevent, stream)
+            }
+        };
+        match r {
+            Ok(()) => Some(p),
+            // The context is gone (destroyed, or its address reused by a new one): forget its events
+            // without calling the driver on them again.
+            Err(_) => {
+                self.free_events.lock().retain(|q| q.ctx != key);
+                None
+            }
+        }
+    }
+
+    /// Now and then, two events back to back after a launch: what they measure is the driver's step
+    /// between stream operations, which a launch's event pair measures twice besides its device time.
+    fn calibrate(&self, streams: &[CUstream], ctx: CUcontext, per_thread: bool) {
+        let now = now_ns();
+        let last = self.last_calibration_ns.load(Relaxed);
+        let Some(&stream) = streams.first() else {
+            return;
+        };
+        if now.saturating_sub(last) < CALIBRATION_NS
+            || self
+                .last_calibration_ns
+                .compare_exchange(last, now, AcqRel, Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let Some(start) = self.record(stream, ctx, per_thread) else {
+            return;
+        };
+        match self.record(stream, ctx, per_thread) {
+            Some(end) => self.inflight.lock().push_back(Tracked {
+                start: Some(start),
+                end,
+                calibration: true,
+            }),
+            None => self.free_events.lock().push(start),
+        }
+    }
+
+    /// Waits for a tracked launch taken off the queue by flow control, and accounts it.
+    pub(super) fn wait_completed(&self, t: Tracked) {
+        // SAFETY: an event we created and recorded.
+        let gone = unsafe { cu::cuEventSynchronize(t.end.event as CUevent) }.is_err();
+        if !t.calibration {
+            // With the queue full the device runs our work back to back: the interval between two
+            // completions seen here is one launch's work.
+            let now = now_ns();
+            let prev = self.last_completion_ns.swap(now, AcqRel);
+            let gap = now.saturating_sub(prev);
+            if prev != 0 && gap < 200_000_000 {
+                let old = self.launch_ns.load(Relaxed);
+                self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
+            }
+        }
+        self.completed_launch(t, gone);
+    }
+
+    /// Adds a completed launch's device time to what the next charge takes (or, for an empty pair,
+    /// updates the event overhead), and recycles its events (forgets them when they are gone).
+    fn completed_launch(&self, t: Tracked, gone: bool) {
+        if gone {
+            return;
+        }
+        self.progress_ns.store(now_ns(), Release);
+        if let Some(start) = &t.start {
+            let mut ms = 0f32;
+            // SAFETY: two of our events, both completed.
+            let measured = unsafe {
+                cu::cuEventElapsedTime(&mut ms, start.event as CUevent, t.end.event as CUevent)
+            }
+            .is_ok()
+            .then(|| (ms.max(0.0) as f64 * 1e6) as u64);
+            if let Some(ns) = measured {
+                if t.calibration {
+                    // Low estimate: follow decreases at once, increases slowly (a busy host only adds).
+                    let old = self.event_overhead_ns.load(Relaxed);
+                    let new = if old == 0 || ns < old {
+                        ns
+                    } else {
+                        old + (ns - old) / 16
+                    };
+                    self.event_overhead_ns.store(new, Relaxed);
+                } else {
+                    let ns = ns.saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
+                    // Work that outlived our ownership is charged at our next charge, in full.
+                    if self.owned.load(SeqCst) == 0 {
+                        self.carried_ns.fetch_add(ns, AcqRel);
+                    } else {
+                        self.measured_ns.fetch_add(ns, AcqRel);
+                    }
+                }
+            }
+        }
+        let mut free = self.free_events.lock();
+        free.extend(t.start);
+        free.push(t.end);
+    }
+
+    /// What this ownership is charged at `now`: its measured device time, at most the wall time since
+    /// `since` (the grant or last renewal; overlapping streams count once), plus what completed after
+    /// an earlier ownership; for a high-priority tenant the wall time since `since`.
+    pub(super) fn take_charge(&self, now: u64, since: u64) -> u64 {
+        let measured = self.measured_ns.swap(0, AcqRel);
+        let carried = self.carried_ns.swap(0, AcqRel);
+        let wall = now.saturating_sub(since.min(now));
+        if self.high.load(Relaxed) {
+            wall
+        } else {
+            measured.min(wall).saturating_add(carried)
+        }
+    }
+
+    /// Whether every tracked launch has completed (completed ones are accounted and recycled).
+    pub(super) fn completed(&self) -> bool {
+        let mut done = Vec::new();
+        let all = {
+            let mut f = self.inflight.lock();
+            // In order per stream: stop at the first one still running.
+            while let Some(p) = f.front() {
+                let gone = match query(&p.end) {
+                    State::Running => break,
+                    State::Done => false,
+                    State::Gone => true,
+                };
+                done.extend(f.pop_front().map(|p| (p, gone)));
+            }
+            f.is_empty()
+        };
+        for (p, gone) in done {
+            self.completed_launch(p, gone);
+        }
+        all
+    }
+
+    /// Waits for every tracked launch, at most [`DRAIN_LIMIT_NS`]: work that waits for something
+    /// outside this process (a collective whose peer waits at another device's gate) must not keep the
+    /// device; what is still running then is accounted when it completes.
+    pub(super) fn drain(&self) {
+        let h = &self.ledger.layout().header;
+        let deadline = now_ns().saturating_add(DRAIN_LIMIT_NS);
+        loop {
+            if self.completed() {
+                break;
+            }
+            let now = now_ns();
+            if now >= deadline {
+                break;
+            }
+            // Polled, with a heartbeat, so waiters can tell a long drain from a stopped owner.
+            h.owner_beat_ns.store(now, Release);
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        self.last_completion_ns.store(0, Release);
+    }
+}

@@ -1,0 +1,156 @@
+//! The device ledger's arbitration lock and what is decided under it: charges, hand-overs, renewals,
+//! history samples. The lock word and its time stamp are read from the file like everything else:
+//! a holder that is dead, stopped, held too long, or named by a word that cannot be genuine loses it.
+
+use super::arbiter::{self, Choice};
+use super::device::{now_ns, DeviceLedger};
+use super::shm::*;
+use super::Incident;
+use std::sync::atomic::Ordering::*;
+use std::time::Duration;
+
+/// A held arbitration lock older than this is taken over when its holder is dead or stopped.
+const LOCK_STALE_NS: u64 = 50_000_000;
+
+impl DeviceLedger {
+    /// Takes the arbitration lock (`me` = our slot), taking over a dead or stopped holder's, one
+    /// held past its bound, and a lock word or time stamp that cannot be genuine (untrusted file).
+    pub fn lock(&self, me: usize) -> LockGuard<'_> {
+        let h = &self.layout().header;
+        let mine = Holder::of(me).word();
+        let mut spins = 0u32;
+        loop {
+            let cur = h.lock.load(Acquire);
+            if cur == 0 {
+                if h.lock.compare_exchange(0, mine, AcqRel, Acquire).is_ok() {
+                    h.lock_ns.store(now_ns(), Release);
+                    return LockGuard { l: self, me };
+                }
+                continue;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let stamp = h.lock_ns.load(Acquire);
+            let now = now_ns();
+            // A stamp ahead of the clock was not written by a holder (they stamp with this clock).
+            let stale = stamp > now || now - stamp > LOCK_STALE_NS;
+            let bogus = match Holder::from_word(cur).slot() {
+                None => true,
+                Some(holder) => holder == me || !self.slot_alive(holder, Some(me)),
+            };
+            if (bogus || stale) && h.lock.compare_exchange(cur, mine, AcqRel, Acquire).is_ok() {
+                h.lock_ns.store(now_ns(), Release);
+                if bogus || stamp > now {
+                    crate::scheduling::incident(
+                        Incident::Lock,
+                        format_args!(
+                            "device ledger {}: arbitration lock word {cur:#x} stamped {stamp} (now {now}) taken over",
+                            self.path().display()
+                        ),
+                    );
+                }
+                return LockGuard { l: self, me };
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+/// The held arbitration lock; every decision about ownership is taken under it.
+pub struct LockGuard<'a> {
+    pub(super) l: &'a DeviceLedger,
+    pub(super) me: usize,
+}
+
+impl Drop for LockGuard<'_> {
+    fn drop(&mut self) {
+        let _ = self.l.layout().header.lock.compare_exchange(
+            Holder::of(self.me).word(),
+            0,
+            AcqRel,
+            Acquire,
+        );
+    }
+}
+
+impl LockGuard<'_> {
+    /// Charges `ns` to tenant `t`.
+    pub fn charge(&self, t: usize, ns: u64, now: u64) {
+        if t >= MAX_TENANTS {
+            return;
+        }
+        let mut v = self.l.view(t);
+        arbiter::charge(&mut v, ns, now);
+        self.l.store_view(t, &v);
+        self.l.layout().tenants[t].charged_ns.fetch_add(ns, AcqRel);
+    }
+
+    /// Chooses among the waiters and installs the result as the new ownership (bumping the epoch).
+    /// Returns the choice; the caller wakes the waiters.
+    pub fn hand_over(&self, now: u64) -> Choice {
+        let l = self.l.layout();
+        let waiters = self.l.waiters(None);
+        let mut views = self.l.views();
+        let choice = arbiter::choose(&mut views, &waiters, now);
+        for w in &waiters {
+            self.l.store_view(w.tenant, &views[w.tenant]);
+        }
+        let h = &l.header;
+        match choice {
+            Choice::Grant { slot, slice_ns } => {
+                h.grant_ns.store(now, Release);
+                h.owner_beat_ns.store(now, Release);
+                h.slice_ns.store(slice_ns, Release);
+                h.owner.store(Holder::of(slot).word(), Release);
+                let t = l.slots[slot].tenant.load(Acquire) as usize;
+                if t < MAX_TENANTS && views[t].high {
+                    h.preempt.store(0, Release);
+                }
+            }
+            _ => h.owner.store(Holder::NONE.word(), Release),
+        }
+        let mut e = h.epoch.load(Acquire).wrapping_add(1);
+        if e == 0 {
+            e = 1;
+        }
+        h.epoch.store(e, Release);
+        h.hand_overs.fetch_add(1, Relaxed);
+        choice
+    }
+
+    /// Renews the owner's slice in place (nobody else waits). Returns false when its tenant is out of
+    /// tokens (it must hand over instead).
+    pub fn renew(&self, tenant: usize, now: u64) -> bool {
+        let mut v = self.l.view(tenant);
+        arbiter::refill(&mut v, now);
+        self.l.store_view(tenant, &v);
+        let h = &self.l.layout().header;
+        if !arbiter::eligible(&v) {
+            // Charged up to now already: the release that follows charges only what comes after.
+            h.grant_ns.store(now, Release);
+            return false;
+        }
+        h.grant_ns.store(now, Release);
+        h.slice_ns.store(arbiter::slice_for(&v), Release);
+        true
+    }
+
+    /// Takes a history sample when one is due.
+    pub fn sample(&self, now: u64) {
+        let l = self.l.layout();
+        let seq = l.header.sample_seq.load(Acquire);
+        let k = (seq % HISTORY as u64) as usize;
+        let last = l.header.sample_ns[(k + HISTORY - 1) % HISTORY].load(Acquire);
+        if seq != 0 && last <= now && now - last < SAMPLE_NS {
+            return;
+        }
+        for t in &l.tenants {
+            t.samples[k].store(t.charged_ns.load(Acquire), Release);
+        }
+        l.header.sample_ns[k].store(now, Release);
+        l.header.sample_seq.store(seq.wrapping_add(1), Release);
+    }
+}

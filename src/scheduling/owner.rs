@@ -1,0 +1,271 @@
+//! The scheduler thread of one device in this process: it watches our ownership and ends it (slice
+//! over, idle, or preempted by a high-priority tenant), drains our work (bounded), charges it and hands
+//! the device over; it re-reads the ledger (contention, priorities, caps), repairs our own entries when
+//! the file was damaged, and stops at exit after handing the device back.
+
+use super::arbiter::{IDLE_NS, SLICE_NS};
+use super::cu::RelaxedCapture;
+use super::device::{futex_wait, futex_wake, now_ns};
+use super::gate::Sched;
+use super::shm::{self, TENANT_READY};
+use super::{incident, runtime, Holder, Incident, TenantId, MAX_TENANTS};
+use crate::log;
+use std::sync::atomic::Ordering::*;
+use std::time::Duration;
+
+/// How often the scheduler thread re-reads the ledger (contention, settings, liveness).
+const REFRESH_NS: u64 = 10_000_000;
+const SWEEP_NS: u64 = 100_000_000;
+/// The owner's scheduler thread checks for idleness at least this often.
+const OWNER_POLL_NS: u64 = 250_000;
+/// An owner whose work completed nothing for this long (or three launches' time, if longer) while it
+/// submits nothing and others wait is stuck on something outside the process: it hands over.
+const STALL_NS: u64 = 1_000_000;
+/// A high-priority tenant that wanted the device within this interval is active: normal tenants
+/// beside it keep one launch in flight. One that is merely present costs them nothing.
+const HIGH_ACTIVE_NS: u64 = 200_000_000;
+
+impl Sched {
+    pub(super) fn start_thread(&'static self) {
+        let spawned = std::thread::Builder::new()
+            .name(format!("gpuslice-sched{}", self.ordinal))
+            .spawn(move || self.run());
+        if spawned.is_err() {
+            self.done.store(true, Release);
+        }
+    }
+
+    /// Exit: hand over and stop.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Release);
+        let h = &self.ledger.layout().header;
+        futex_wake(&h.epoch);
+        futex_wake(&h.preempt);
+    }
+
+    pub(super) fn thread_done(&self) -> bool {
+        self.done.load(Acquire)
+    }
+
+    /// Ends our ownership: stop submitting, drain (bounded) when `drain`, charge, hand over.
+    /// With `drain` false (a high-priority tenant preempts us, or the process exits) the device is
+    /// handed over as soon as we stop submitting: what we have in flight runs before the new owner's
+    /// work in the device's order anyway, and it is charged to us when it completes.
+    fn release(&self, drain: bool) {
+        let epoch = self.owned.load(SeqCst);
+        self.stopping.store(true, SeqCst);
+        while self.launching.load(SeqCst) != 0 && !runtime::stopped() {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        if drain {
+            self.drain();
+        }
+        let h = &self.ledger.layout().header;
+        let g = self.ledger.lock(self.slot);
+        if h.owner.load(Acquire) == self.me().word() && h.epoch.load(Acquire) == epoch {
+            let now = now_ns();
+            let charge = self.take_charge(now, h.grant_ns.load(Acquire));
+            g.charge(self.tenant(), charge, now);
+            let c = g.hand_over(now);
+            log::debug(format_args!("compute: released after {charge} ns -> {c:?}"));
+        }
+        drop(g);
+        futex_wake(&h.epoch);
+        self.owned.store(0, SeqCst);
+        self.stopping.store(false, SeqCst);
+    }
+
+    /// Re-reads the ledger: contention, priorities, caps; repairs our own slot and tenant entry.
+    pub(super) fn refresh(&self, now: u64) {
+        self.repair_own();
+        let l = self.ledger.layout();
+        let mine = self.tenant();
+        let mut present = [false; MAX_TENANTS];
+        let mut wanting = [false; MAX_TENANTS];
+        for s in &l.slots {
+            if s.state.load(Acquire) == shm::SLOT_ACTIVE {
+                let t = s.tenant.load(Acquire) as usize;
+                if t < MAX_TENANTS {
+                    present[t] = true;
+                    wanting[t] |= s.wants.load(Acquire) > 0;
+                }
+            }
+        }
+        let others = (0..MAX_TENANTS).any(|t| present[t] && t != mine);
+        let owner_tenant = Holder::from_word(l.header.owner.load(Acquire))
+            .slot()
+            .map(|s| l.slots[s].tenant.load(Acquire) as usize);
+        let beside_high = (0..MAX_TENANTS).any(|t| {
+            present[t]
+                && t != mine
+                && self.ledger.is_high(t)
+                && (wanting[t]
+                    || owner_tenant == Some(t)
+                    || now.saturating_sub(self.ledger.view(t).last_active_ns) < HIGH_ACTIVE_NS)
+        });
+        let view = self.ledger.view(mine);
+        self.high.store(view.high, Relaxed);
+        self.beside_high.store(beside_high, Relaxed);
+        let contended = others || view.cap != 0;
+        if self.contended.swap(contended, Relaxed) != contended {
+            runtime::update_pass();
+        }
+    }
+
+    /// Our slot and tenant entry as we wrote them: a damaged file (another program, a bit flip) must
+    /// not take us out of scheduling or make us count as someone else.
+    fn repair_own(&self) {
+        let l = self.ledger.layout();
+        let slot = &l.slots[self.slot];
+        let t = self.tenant();
+        let entry = &l.tenants[t % MAX_TENANTS];
+        let slot_ok =
+            slot.state.load(Acquire) == shm::SLOT_ACTIVE && slot.tenant.load(Acquire) as usize == t;
+        let entry_ok =
+            entry.state.load(Acquire) == TENANT_READY && TenantId::load(&entry.id) == self.id;
+        if slot_ok && entry_ok {
+            return;
+        }
+        let g = self.ledger.lock(self.slot);
+        if !entry_ok {
+            let label = shm::unpack(&entry.name);
+            let view = self.ledger.view(t);
+            self.ledger.rewrite_tenant(t, self.id, &label, &view);
+        }
+        slot.tenant.store(t as u32, Release);
+        slot.state.store(shm::SLOT_ACTIVE, Release);
+        drop(g);
+        incident(
+            Incident::OwnEntry,
+            format_args!(
+                "device ledger {}: our slot {} or tenant entry {t} was overwritten",
+                self.ledger.path().display(),
+                self.slot
+            ),
+        );
+    }
+
+    /// The scheduler thread.
+    fn run(&self) {
+        // Hand-overs wait in short sleeps: keep the kernel's default 50 us timer slack off them.
+        // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+        // Our event calls must never disturb the application's stream captures.
+        let _relaxed = RelaxedCapture::enter();
+        self.owner_loop();
+        if self.owned.load(SeqCst) != 0 {
+            self.release(false);
+        }
+        let slot = &self.ledger.layout().slots[self.slot];
+        slot.wants.store(0, Release);
+        self.done.store(true, Release);
+    }
+
+    fn owner_loop(&self) {
+        let h = &self.ledger.layout().header;
+        let (mut last_refresh, mut last_sweep) = (0u64, 0u64);
+        let beat = &self.ledger.layout().slots[self.slot].beat_ns;
+        while !self.stop.load(Acquire) {
+            let now = now_ns();
+            beat.store(now, Release);
+            if now.saturating_sub(last_refresh) >= REFRESH_NS {
+                last_refresh = now;
+                self.refresh(now);
+                if now.saturating_sub(last_sweep) >= SWEEP_NS {
+                    last_sweep = now;
+                    self.ledger.sweep(Some(self.slot));
+                    self.ledger.lock(self.slot).sample(now);
+                }
+            }
+            let owned = self.owned.load(SeqCst);
+            if owned == 0 {
+                let e = h.epoch.load(Acquire);
+                if h.owner.load(Acquire) == self.me().word() && !self.stopping.load(SeqCst) {
+                    // Granted while none of our threads waited: adopt it (idleness hands it on).
+                    self.owned.store(e, SeqCst);
+                    continue;
+                }
+                futex_wait(&h.epoch, e, REFRESH_NS / 2);
+                continue;
+            }
+            if h.owner.load(Acquire) != self.me().word() || h.epoch.load(Acquire) != owned {
+                // Revoked (we were stopped or too slow): queue like everyone else.
+                self.owned.store(0, SeqCst);
+                continue;
+            }
+            h.owner_beat_ns.store(now, Release);
+            // Untrusted words: a grant in the future counts from now, a slice is at most `S`.
+            let grant = h.grant_ns.load(Acquire).min(now);
+            let end = grant.saturating_add(h.slice_ns.load(Acquire).min(SLICE_NS));
+            let high = self.high.load(Relaxed);
+            let quiet = now.saturating_sub(self.last_submit_ns.load(Acquire).max(grant)) > IDLE_NS
+                && self.launching.load(SeqCst) == 0;
+            let idle = quiet && self.completed();
+            let preempted = !high && h.preempt.load(Acquire) != 0 && {
+                let real = self
+                    .ledger
+                    .waiters(Some(self.slot))
+                    .iter()
+                    .any(|w| self.ledger.is_high(w.tenant));
+                if !real {
+                    h.preempt.store(0, Release);
+                }
+                real
+            };
+            if idle || preempted || !self.contended() {
+                self.release(!preempted);
+                continue;
+            }
+            // Submitting nothing, not waiting to submit, and our work makes no progress (nothing
+            // completed for several launches' time): it waits for something outside this process
+            // (a collective's peer rank at another device's gate). The device moves on at once; the
+            // hardware time-slices what we left running.
+            let since_progress = now.saturating_sub(
+                self.progress_ns
+                    .load(Acquire)
+                    .max(grant)
+                    .max(self.last_submit_ns.load(Acquire)),
+            );
+            let stalled = since_progress > STALL_NS.max(3 * self.launch_ns.load(Relaxed));
+            if quiet
+                && stalled
+                && self.flow_waiting.load(SeqCst) == 0
+                && !self.ledger.waiters(Some(self.slot)).is_empty()
+            {
+                self.release(false);
+                continue;
+            }
+            if now >= end {
+                if self.renew(high, now, grant) {
+                    continue;
+                }
+                self.release(true);
+                continue;
+            }
+            let wait = (end - now).clamp(20_000, OWNER_POLL_NS);
+            if high {
+                std::thread::sleep(Duration::from_nanos(wait));
+            } else {
+                futex_wait(&h.preempt, 0, wait);
+            }
+        }
+    }
+
+    /// At the end of a slice with nobody (of our class, for a high-priority owner) waiting: charge
+    /// what the slice used and start another. False when we must hand over instead.
+    fn renew(&self, high: bool, now: u64, grant: u64) -> bool {
+        let g = self.ledger.lock(self.slot);
+        let rivals = self
+            .ledger
+            .waiters(Some(self.slot))
+            .into_iter()
+            .any(|w| !high || self.ledger.is_high(w.tenant));
+        if rivals {
+            return false;
+        }
+        let charge = self.take_charge(now, grant);
+        log::debug(format_args!("compute: renewed after {charge} ns"));
+        g.charge(self.tenant(), charge, now);
+        g.renew(self.tenant(), now)
+    }
+}

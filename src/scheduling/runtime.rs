@@ -1,0 +1,336 @@
+//! The process's side of compute sharing, decided once: its configuration and identity, and for each
+//! device it launches on, its participation there ([`Sched`]: a slot in that device's ledger and a
+//! scheduler thread). Nothing runs in a process that takes part nowhere. A forked child starts afresh;
+//! at exit the scheduler threads hand their devices back and stop before the driver is torn down.
+
+use super::cu;
+use super::device::{self, now_ns, DeviceLedger};
+use super::gate::Sched;
+use super::{arbiter, device_dir, TenantId};
+use crate::config::{self, Priority, Setting};
+use crate::log;
+use gpuslice_api::types::{CUcontext, CUstream};
+use parking_lot::Mutex;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
+
+/// Most device ordinals a process is scheduled on (launches on higher ordinals pass through).
+pub const MAX_DEVICES: usize = 16;
+
+/// True when no launch of this process needs the gate: every device it can see is decided, and none
+/// it takes part on is contended (or it takes part nowhere). The launch hooks' one load.
+pub(super) static PASS: AtomicBool = AtomicBool::new(false);
+
+/// Per device ordinal: [`UNDECIDED`], [`NOT_PARTICIPATING`], or a leaked `&'static Sched`.
+static DEVICES: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(UNDECIDED) }; MAX_DEVICES];
+const UNDECIDED: usize = 0;
+const NOT_PARTICIPATING: usize = 1;
+
+/// Serialises joins (cold path).
+static INIT: Mutex<()> = Mutex::new(());
+/// Serialises the recomputation of [`PASS`] (taken inside `INIT`, never the other way round).
+static PASS_LOCK: Mutex<()> = Mutex::new(());
+/// Set at exit: every launch passes, scheduler threads hand over and stop.
+static STOPPED: AtomicBool = AtomicBool::new(false);
+
+/// What the process decided once.
+struct Runtime {
+    cfg: config::Config,
+    dir: PathBuf,
+    /// Devices the process sees (capped at [`MAX_DEVICES`]).
+    visible: usize,
+    /// The tenant's identity and label (from its memory ledger), on first join.
+    identity: OnceLock<(TenantId, String)>,
+}
+
+/// `None`: this process takes no part anywhere (a gpuslice drop-in below us enforces, or no device).
+static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
+
+fn runtime() -> Option<&'static Runtime> {
+    RUNTIME.get_or_init(Runtime::load).as_ref()
+}
+
+impl Runtime {
+    fn load() -> Option<Runtime> {
+        // Preloaded over a gpuslice drop-in libcuda: the drop-in gates every launch; gating here too
+        // would gate each launch twice. Finding the driver decides it, so find it now.
+        if crate::driver::role() == crate::driver::Role::Preload {
+            crate::driver::library_handle(crate::driver::Library::Cuda);
+            if crate::driver::deferring() {
+                return None;
+            }
+        }
+        let cfg = config::load();
+        let dir = device_dir();
+        let visible = (cu::device_count() as usize).min(MAX_DEVICES);
+        let mut any = false;
+        for (ordinal, state) in DEVICES.iter().enumerate().take(visible) {
+            // Configured for this device, or another tenant's ledger is there: decided at its first
+            // launch. Otherwise it never takes part (no thread, no file).
+            let candidate = cu::device_uuid(ordinal as u32).is_some_and(|uuid| {
+                settings(&cfg, ordinal as u32, &uuid).configured
+                    || device::path_for(&dir, &uuid).exists()
+            });
+            if candidate {
+                any = true;
+            } else {
+                state.store(NOT_PARTICIPATING, Release);
+            }
+        }
+        any.then_some(Runtime {
+            cfg,
+            dir,
+            visible,
+            identity: OnceLock::new(),
+        })
+    }
+
+    /// The tenant is its memory ledger: its id, created with the ledger. A process without a ledger
+    /// (nothing configured, or the ledger refused) is a tenant of its own.
+    fn identity(&self) -> &(TenantId, String) {
+        self.identity.get_or_init(|| {
+            let id = crate::accounting::tenant()
+                .and_then(|t| t.ledger().ok())
+                .and_then(|l| l.id());
+            let id = id.unwrap_or_else(|| {
+                log::info(format_args!(
+                    "compute: no memory ledger with an identity; this process is a tenant of its own"
+                ));
+                let mut r = [0u8; 16];
+                // SAFETY: writes at most 16 bytes into `r`.
+                unsafe { libc::getrandom(r.as_mut_ptr().cast(), 16, 0) };
+                u128::from_ne_bytes(r) ^ (u128::from(now_ns()) << 32) ^ u128::from(std::process::id())
+                    | 1
+            });
+            (TenantId(id), self.cfg.tenant.clone())
+        })
+    }
+}
+
+/// A participating device's scheduler and the launch's context, for a launch on `stream`; `None` when
+/// the launch passes straight through.
+pub(super) fn participation(stream: CUstream) -> Option<(&'static Sched, CUcontext)> {
+    if STOPPED.load(Acquire) {
+        return None;
+    }
+    let Some(rt) = runtime() else {
+        update_pass();
+        return None;
+    };
+    let (ctx, ordinal) = cu::stream_device(stream)?;
+    let ordinal = ordinal as usize;
+    if ordinal >= MAX_DEVICES {
+        return None;
+    }
+    let sched = match DEVICES[ordinal].load(Acquire) {
+        NOT_PARTICIPATING => None,
+        UNDECIDED => join(rt, ordinal),
+        // SAFETY: any other value is a leaked, never-freed `Sched` stored by `join`.
+        p => Some(unsafe { &*(p as *const Sched) }),
+    };
+    sched.map(|s| (s, ctx))
+}
+
+/// Whether the process is exiting (scheduling is over).
+pub(super) fn stopped() -> bool {
+    STOPPED.load(Acquire)
+}
+
+#[cold]
+fn join(rt: &'static Runtime, ordinal: usize) -> Option<&'static Sched> {
+    let _g = INIT.lock();
+    match DEVICES[ordinal].load(Acquire) {
+        UNDECIDED => {}
+        NOT_PARTICIPATING => return None,
+        // SAFETY: as in `participation`.
+        p => return Some(unsafe { &*(p as *const Sched) }),
+    }
+    let s = try_join(rt, ordinal as u32);
+    DEVICES[ordinal].store(
+        s.map_or(NOT_PARTICIPATING, |s| s as *const Sched as usize),
+        Release,
+    );
+    if let Some(s) = s {
+        s.refresh(now_ns());
+        s.start_thread();
+        register_handlers();
+    }
+    update_pass();
+    s
+}
+
+fn try_join(rt: &Runtime, ordinal: u32) -> Option<&'static Sched> {
+    let uuid = cu::device_uuid(ordinal)?;
+    let set = settings(&rt.cfg, ordinal, &uuid);
+    let path = device::path_for(&rt.dir, &uuid);
+    if !set.configured && !path.exists() {
+        return None;
+    }
+    let ledger = match DeviceLedger::open(&path, &uuid, set.configured) {
+        Ok(l) => l,
+        Err(e) => {
+            log::error(format_args!(
+                "{e}; compute shares are not enforced on device {ordinal} for this process"
+            ));
+            return None;
+        }
+    };
+    ledger.sweep(None);
+    let (id, label) = rt.identity();
+    // A slot first (the lock needs a holder id), then the tenant under the lock.
+    let Some(slot) = ledger.claim_slot(usize::MAX >> 1) else {
+        log::error(format_args!(
+            "device ledger {}: no free process slot; compute shares are not enforced on device {ordinal}",
+            path.display()
+        ));
+        return None;
+    };
+    let tenant = {
+        let g = ledger.lock(slot);
+        ledger.find_or_add_tenant(&g, *id, label, set.share, set.cap, set.high)
+    };
+    let Some(tenant) = tenant else {
+        log::error(format_args!(
+            "device ledger {}: no room for tenant {label:?}; compute shares are not enforced",
+            path.display()
+        ));
+        return None;
+    };
+    ledger.layout().slots[slot]
+        .tenant
+        .store(tenant as u32, Release);
+    log::info(format_args!(
+        "compute: joined {} as tenant {label:?} (slot {slot})",
+        path.display()
+    ));
+    Some(Box::leak(Box::new(Sched::new(
+        ledger, ordinal, slot, tenant, *id, set.high,
+    ))))
+}
+
+/// Recomputes [`PASS`].
+pub(super) fn update_pass() {
+    let _g = PASS_LOCK.lock();
+    let pass = STOPPED.load(Acquire)
+        || match RUNTIME.get() {
+            None => false,
+            Some(None) => true,
+            Some(Some(rt)) => DEVICES[..rt.visible].iter().all(|d| match d.load(Acquire) {
+                UNDECIDED => false,
+                NOT_PARTICIPATING => true,
+                // SAFETY: as in `participation`.
+                p => !unsafe { &*(p as *const Sched) }.contended(),
+            }),
+        };
+    PASS.store(pass, Release);
+}
+
+/// Every participation of this process.
+fn each_sched(mut f: impl FnMut(&'static Sched)) {
+    for d in &DEVICES {
+        match d.load(Acquire) {
+            UNDECIDED | NOT_PARTICIPATING => {}
+            // SAFETY: as in `participation`.
+            p => f(unsafe { &*(p as *const Sched) }),
+        }
+    }
+}
+
+fn register_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers plain `extern "C"` functions with no arguments.
+        unsafe {
+            libc::atexit(at_exit);
+            libc::pthread_atfork(None, None, Some(in_forked_child));
+        }
+    });
+}
+
+/// At exit, before the driver's own teardown (registered after the driver was loaded, so run before
+/// its destructors): every scheduler thread hands its device over without waiting for queued work,
+/// and stops; launches from then on pass through.
+extern "C" fn at_exit() {
+    STOPPED.store(true, Release);
+    PASS.store(true, Release);
+    each_sched(|s| s.stop());
+    let deadline = now_ns().saturating_add(200_000_000);
+    each_sched(|s| {
+        while !s.thread_done() && now_ns() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    });
+}
+
+/// In a child forked without exec: the parent's participations are not ours (their threads do not
+/// exist here, their slot locks were dropped by the ledger's fork guard); decide again at the next
+/// launch. Only atomic stores (async-signal-safe).
+extern "C" fn in_forked_child() {
+    for d in &DEVICES {
+        if d.load(Relaxed) != NOT_PARTICIPATING {
+            d.store(UNDECIDED, Relaxed);
+        }
+    }
+    PASS.store(false, Relaxed);
+}
+
+/// What the configuration says for one device.
+pub(super) struct Settings {
+    pub share: u32,
+    pub cap: u32,
+    pub high: bool,
+    /// Some compute setting was given (even an invalid one): the process creates the device ledger.
+    pub configured: bool,
+}
+
+pub(super) fn settings(cfg: &config::Config, ordinal: u32, uuid: &str) -> Settings {
+    let mut configured = false;
+    let share = match cfg.compute_share_for(ordinal, uuid) {
+        Setting::Value(v) => {
+            configured = true;
+            u32::from(v)
+        }
+        Setting::Unset => arbiter::DEFAULT_SHARE,
+        Setting::Invalid(e) => {
+            configured = true;
+            log::error(format_args!(
+                "{e}; compute share 1% and cap 1% on {uuid} (strictest)"
+            ));
+            1
+        }
+    };
+    let cap = match cfg.compute_limit_for(ordinal, uuid) {
+        Setting::Value(v) => {
+            configured = true;
+            u32::from(v).min(100) % 100
+        }
+        Setting::Unset => 0,
+        Setting::Invalid(_) => {
+            configured = true;
+            1
+        }
+    };
+    let high = match &cfg.priority {
+        Setting::Value(p) => {
+            configured = true;
+            *p == Priority::High
+        }
+        Setting::Unset => false,
+        Setting::Invalid(_) => {
+            configured = true;
+            false
+        }
+    };
+    // An invalid share or cap means the strictest setting, share 1% and cap 1%, both applied (the
+    // configuration's error line says so: `config::effect`).
+    let invalid = matches!(cfg.compute_share_for(ordinal, uuid), Setting::Invalid(_))
+        || matches!(cfg.compute_limit_for(ordinal, uuid), Setting::Invalid(_));
+    let (share, cap) = if invalid { (1, 1) } else { (share, cap) };
+    Settings {
+        share: share.max(1),
+        cap,
+        high,
+        configured,
+    }
+}
