@@ -805,3 +805,97 @@ fn memory_spent_outside_any_call_is_charged_by_reconciliation() {
         );
     }
 }
+
+/// `gpuslice status` shows each process's allocations and driver overhead apart: a process that
+/// loads a module, raises its limits and fills its quota is shown with what it allocated and what
+/// the driver spent for it, both as simgpu counts them (its used memory less the allocations).
+#[test]
+fn status_shows_allocations_and_overhead_per_process() {
+    let dir = scratch("status");
+    let sim = sim("overhead-status");
+    let mut holder = sim.spawn(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "shown",
+        &["hold", "20", "72", "1536"],
+    ));
+    let pid = wait_for_key(&mut holder, "ready")["pid"].clone();
+    holder.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let kv = wait_for_key(&mut holder, "held_procs3_sum");
+    let fill: u64 = kv["fill_bytes"].parse().unwrap();
+    let nvml_used: u64 = kv["held_procs3_mine"].parse().unwrap();
+    let real = process_used(&sim.stat(), &pid);
+    let ledger = dir.join("shown.ledger");
+    let status = |json: bool| {
+        let mut cmd = Command::new(common::gpuslice_bin());
+        cmd.arg("status").arg("--ledger").arg(&ledger);
+        if json {
+            cmd.arg("--json");
+        }
+        let run = sim.run_cmd(cmd.env("GPUSLICE_DEVICE_DIR", dir.join("devices")));
+        run.assert_success();
+        run.stdout
+    };
+    let text = status(true);
+    let doc = Json::parse(&text).unwrap_or_else(|e| panic!("status --json: {e}\n{text}"));
+    let Json::Arr(processes) = doc.at("memory.processes") else {
+        panic!("no memory.processes in {text}")
+    };
+    let me = processes
+        .iter()
+        .find(|p| p.u64("pid").to_string() == pid)
+        .unwrap_or_else(|| panic!("process {pid} not in {text}"));
+    let (used, allocations, overhead) = (
+        me.u64("used.0.bytes"),
+        me.u64("allocations.0.bytes"),
+        me.u64("overhead.0.bytes"),
+    );
+    assert_eq!(
+        used, real,
+        "used is simgpu's figure for the process: {text}"
+    );
+    assert_eq!(used, nvml_used, "and NVML's: {text}");
+    assert_eq!(
+        allocations, fill,
+        "allocations are what it allocated: {text}"
+    );
+    assert_eq!(
+        overhead,
+        real - fill,
+        "overhead is what simgpu spent beyond the allocations: {text}"
+    );
+    let spent = SIM_CONTEXT + 20 * MIB + 64 * MIB + 512 * THREADS;
+    assert!(
+        near(overhead, spent),
+        "overhead {overhead}: the context, module and limits cost {spent}: {text}"
+    );
+    // The table shows the same figures in their own columns.
+    let table = status(false);
+    let row = table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(pid.as_str()))
+        .unwrap_or_else(|| panic!("process {pid} not in the table:\n{table}"));
+    let header = table
+        .lines()
+        .find(|l| l.contains("allocations") && l.contains("overhead"))
+        .unwrap_or_else(|| panic!("no allocations/overhead columns:\n{table}"));
+    assert!(
+        header.find("allocations") < header.find("overhead"),
+        "{table}"
+    );
+    let figures: Vec<&str> = row.split_whitespace().skip(2).collect();
+    assert_eq!(
+        figures,
+        [
+            gpuslice::config::format_bytes(allocations),
+            gpuslice::config::format_bytes(overhead),
+            gpuslice::config::format_bytes(used),
+        ]
+        .iter()
+        .flat_map(|f| f.split_whitespace())
+        .collect::<Vec<_>>(),
+        "{table}"
+    );
+    finish(holder, "holder").assert_success();
+}

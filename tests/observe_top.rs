@@ -50,8 +50,17 @@ fn start_tenants(sim: &Sim, seconds: u32) -> Tenants {
 /// Waits until both tenants' ledgers and the device ledger exist.
 fn wait_for_ledgers(sim: &Sim) {
     let start = Instant::now();
-    while !(sim.dir.join("alpha.ledger").exists()
-        && sim.dir.join("beta.ledger").exists()
+    // A tenant's default ledger is in the user's own directory below the ledger directory
+    // (`uid-<uid>/`, docs/CONFIGURATION.md "Several users").
+    let ledger = |name: &str| {
+        std::fs::read_dir(&sim.dir).is_ok_and(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .any(|e| e.path().join(format!("{name}.ledger")).exists())
+        })
+    };
+    while !(ledger("alpha")
+        && ledger("beta")
         && std::fs::read_dir(sim.dir.join("devices")).is_ok_and(|mut d| d.next().is_some()))
     {
         assert!(

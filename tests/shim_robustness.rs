@@ -882,7 +882,7 @@ fn status_prints_the_documented_table_and_json() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     let report = table.report();
-    assert_eq!(lines.len(), 5, "{report}");
+    assert_eq!(lines.len(), 6, "{report}");
     assert_eq!(lines[0], ["tenant", "team-a", "-", "ledger", p], "{report}");
     assert_eq!(lines[1], ["device", "limit", "used", "peak"], "{report}");
     let uuid = lines[2][0];
@@ -895,7 +895,22 @@ fn status_prints_the_documented_table_and_json() {
     assert_eq!(lines[3], ["processes:", "1"], "{report}");
     assert_eq!(
         lines[4],
-        ["pid", &pid.to_string(), &format!("{uuid}:"), "1.5", "GiB"],
+        ["pid", "device", "allocations", "overhead", "used"],
+        "{report}"
+    );
+    // Its 1 GiB allocation and the context's reservation, apart.
+    assert_eq!(
+        lines[5],
+        [
+            &pid.to_string(),
+            uuid,
+            "1",
+            "GiB",
+            "512",
+            "MiB",
+            "1.5",
+            "GiB"
+        ],
         "{report}"
     );
 
@@ -915,6 +930,8 @@ fn status_prints_the_documented_table_and_json() {
     assert_eq!(procs[0].at("alive"), &Json::Bool(true));
     assert_eq!(procs[0].u64("used.0.device"), 0);
     assert_eq!(procs[0].u64("used.0.bytes"), CONTEXT + GIB);
+    assert_eq!(procs[0].u64("allocations.0.bytes"), GIB, "{j}");
+    assert_eq!(procs[0].u64("overhead.0.bytes"), CONTEXT, "{j}");
 
     // Killed: shown as exited until its memory is reclaimed.
     signal(holder.pid(), libc::SIGKILL);

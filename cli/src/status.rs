@@ -5,7 +5,7 @@
 use super::compute::{self, ComputeRow};
 use super::LedgerArgs;
 use gpuslice::config::{format_bytes, parse_size, Units};
-use gpuslice::ledger::{Ledger, Snapshot, UNLIMITED};
+use gpuslice::ledger::{Ledger, ProcessSnapshot, Snapshot, UNLIMITED};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -96,7 +96,12 @@ struct DeviceDocument {
 struct ProcessDocument {
     pid: u64,
     alive: bool,
+    /// Everything charged to the process: `allocations` + `overhead`.
     used: Vec<ProcessUsage>,
+    /// What the program allocated.
+    allocations: Vec<ProcessUsage>,
+    /// What the driver spent for it (contexts, module code, limits).
+    overhead: Vec<ProcessUsage>,
 }
 
 #[derive(Serialize)]
@@ -126,14 +131,19 @@ impl From<&Snapshot> for MemoryDocument {
             processes: s
                 .processes
                 .iter()
-                .map(|p| ProcessDocument {
-                    pid: u64::from(p.pid),
-                    alive: p.alive,
-                    used: p
-                        .used
-                        .iter()
-                        .map(|&(device, bytes)| ProcessUsage { device, bytes })
-                        .collect(),
+                .map(|p| {
+                    let usage = |v: &[(usize, u64)]| {
+                        v.iter()
+                            .map(|&(device, bytes)| ProcessUsage { device, bytes })
+                            .collect()
+                    };
+                    ProcessDocument {
+                        pid: u64::from(p.pid),
+                        alive: p.alive,
+                        used: usage(&p.used),
+                        allocations: usage(&allocations(p)),
+                        overhead: usage(&p.overhead),
+                    }
                 })
                 .collect(),
         }
@@ -229,27 +239,58 @@ fn table(s: &Snapshot) -> String {
         );
     }
     let _ = writeln!(out, "processes: {}", s.processes.len());
+    if !s.processes.is_empty() {
+        let _ = writeln!(
+            out,
+            "  {:<12} {:<42} {:>12} {:>12} {:>12}",
+            "pid", "device", "allocations", "overhead", "used"
+        );
+    }
     for p in &s.processes {
-        let usage: Vec<String> = p
-            .used
-            .iter()
-            .map(|(dev, bytes)| {
-                let uuid = s
-                    .devices
-                    .iter()
-                    .find(|d| d.index == *dev)
-                    .map_or("?", |d| d.uuid.as_str());
-                format!("{uuid}: {}", format_bytes(*bytes))
-            })
-            .collect();
         let state = if p.alive {
             ""
         } else {
             " (exited, being reclaimed)"
         };
-        let _ = writeln!(out, "  pid {:<8} {}{state}", p.pid, usage.join(", "));
+        let allocated = allocations(p);
+        for (i, &(dev, used)) in p.used.iter().enumerate() {
+            let uuid = s
+                .devices
+                .iter()
+                .find(|d| d.index == dev)
+                .map_or("?", |d| d.uuid.as_str());
+            let _ = writeln!(
+                out,
+                "  {:<12} {uuid:<42} {:>12} {:>12} {:>12}{state}",
+                if i == 0 {
+                    p.pid.to_string()
+                } else {
+                    String::new()
+                },
+                format_bytes(on_device(&allocated, dev)),
+                format_bytes(on_device(&p.overhead, dev)),
+                format_bytes(used),
+            );
+        }
+        if p.used.is_empty() {
+            let _ = writeln!(out, "  {:<12} (nothing charged){state}", p.pid);
+        }
     }
     out
+}
+
+/// Bytes on device `dev` in a `(device index, bytes)` list.
+fn on_device(v: &[(usize, u64)], dev: usize) -> u64 {
+    v.iter().find(|(d, _)| *d == dev).map_or(0, |&(_, b)| b)
+}
+
+/// A process's allocations per device: what is charged to it less the driver's overhead (read
+/// from shared memory, so never below 0).
+fn allocations(p: &ProcessSnapshot) -> Vec<(usize, u64)> {
+    p.used
+        .iter()
+        .map(|&(dev, used)| (dev, used.saturating_sub(on_device(&p.overhead, dev))))
+        .collect()
 }
 
 pub(crate) fn set(mut a: SetArgs) -> Result<i32, String> {

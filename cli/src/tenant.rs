@@ -286,7 +286,7 @@ pub(crate) fn guard_set(
             path.display()
         ));
     }
-    let mut p = gpuslice_node::policy::read(&path)?;
+    let mut p = gpuslice_node::policy::Policy::read(&path)?;
     if let Some(m) = memory {
         if device.is_some() {
             return Err(

@@ -7,12 +7,11 @@
 //! directory at `/run/gpuslice/devices`, and the tenant's and the device group (`additionalGids`,
 //! which needs cdiVersion 0.7.0).
 
+use crate::files::write_atomically;
 use crate::policy::Policy;
 use crate::tenant::{Node, DEVICE_GID};
 use gpuslice::config::policy::{CONTAINER_DEVICE_DIR, POLICY_DIR, POLICY_FILE};
 use serde::Serialize;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 pub const TENANT_KIND: &str = "gpuslice.io/tenant";
@@ -146,9 +145,10 @@ pub fn preload_file(state: &Path) -> PathBuf {
 
 /// Writes `<state>/ld.so.preload` (naming the library at its container path).
 pub fn write_preload(state: &Path) -> Result<(), String> {
-    atomic_write(
+    write_atomically(
         &preload_file(state),
         format!("{CONTAINER_LIBRARY}\n").as_bytes(),
+        0o644,
     )
 }
 
@@ -199,31 +199,6 @@ pub fn tenant_spec_name(name: &str) -> String {
     format!("gpuslice.io-tenant-{name}.json")
 }
 
-/// Writes `text` to `path` atomically (temporary file beside it, then rename), mode 0644.
-pub fn atomic_write(path: &Path, text: &[u8]) -> Result<(), String> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().map_or("x".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&tmp)?;
-        f.write_all(text)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("writing {}: {e}", path.display())
-    })
-}
-
 /// A spec's host paths must exist: a runtime refuses a container whose mount source is missing.
 pub fn check_sources(spec: &Spec) -> Result<(), String> {
     for d in &spec.devices {
@@ -246,7 +221,7 @@ pub fn write_spec(dir: &Path, file: &str, spec: &Spec) -> Result<PathBuf, String
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let path = dir.join(file);
     let text = serde_json::to_string_pretty(spec).map_err(|e| e.to_string())?;
-    atomic_write(&path, text.as_bytes())?;
+    write_atomically(&path, text.as_bytes(), 0o644)?;
     Ok(path)
 }
 
@@ -263,21 +238,7 @@ pub fn install_library(from: &Path, dir: &Path) -> Result<PathBuf, String> {
     let name = format!("libgpuslice.so.{hash:016x}");
     let versioned = dir.join(&name);
     if !versioned.exists() {
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let result = (|| -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o755)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &versioned)
-        })();
-        result.map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("installing {}: {e}", versioned.display())
-        })?;
+        write_atomically(&versioned, &bytes, 0o755)?;
     }
     let link = dir.join("libgpuslice.so");
     let tmp_link = dir.join(format!(".libgpuslice.so.{}.link", std::process::id()));

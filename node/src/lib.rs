@@ -3,6 +3,7 @@
 //! Used by the `gpuslice` command; never linked into the preloaded library.
 
 pub mod cdi;
+pub mod files;
 pub mod nvml;
 pub mod plugin;
 pub mod policy;

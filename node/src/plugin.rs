@@ -231,9 +231,11 @@ impl Plugin {
         };
         tenant::create(&self.cfg.node, &req, &self.gpus)?;
         let slices = layout.tenant_dir(&name).join(SLICES_FILE);
-        if let Err(e) =
-            crate::cdi::atomic_write(&slices, format!("{}\n", wanted.join("\n")).as_bytes())
-        {
+        if let Err(e) = crate::files::write_atomically(
+            &slices,
+            format!("{}\n", wanted.join("\n")).as_bytes(),
+            0o644,
+        ) {
             let _ = tenant::delete(&self.cfg.node, &name, true);
             return Err(e);
         }
@@ -455,7 +457,7 @@ async fn sweep(plugin: &Plugin, absent: &mut HashMap<String, u32>) {
     };
     for name in names {
         let path = layout.policy_path(&name);
-        let Ok(mut p) = policy::read(&path) else {
+        let Ok(mut p) = policy::Policy::read(&path) else {
             continue;
         };
         if p.created != Created::DevicePlugin {

@@ -13,7 +13,7 @@
 
 use crate::cdi;
 use crate::nvml::Gpu;
-use crate::policy::{self, Created, Kubernetes, Layout, Policy, Priority};
+use crate::policy::{self, Layout, Policy, Priority};
 use gpuslice::ledger::{Ledger, LedgerOptions};
 use gpuslice::scheduling::device::DeviceLedger;
 use gpuslice::scheduling::TenantId;
@@ -26,19 +26,9 @@ pub const DEVICE_GID: u32 = 61000;
 /// Tenants' own groups are taken from this range, one per tenant.
 pub const TENANT_GIDS: std::ops::RangeInclusive<u32> = 61001..=61999;
 
-/// What `tenant create` asks for.
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub name: String,
-    pub memory: u64,
-    pub share: u8,
-    pub limit: u8,
-    pub priority: Priority,
-    /// UUIDs or NVML indices; empty = every GPU.
-    pub gpus: Vec<String>,
-    pub created: Created,
-    pub kubernetes: Option<Kubernetes>,
-}
+/// What `tenant create` asks for: the tenant's policy, except that `gpus` may name GPUs by NVML
+/// index too (the created policy lists their UUIDs).
+pub type Request = Policy;
 
 /// Where the node keeps things.
 #[derive(Clone, Debug)]
@@ -59,6 +49,7 @@ pub struct Node {
 /// A created tenant.
 #[derive(Clone, Debug, Serialize)]
 pub struct Tenant {
+    #[serde(serialize_with = "policy::serialize")]
     pub policy: Policy,
     pub dir: PathBuf,
     pub ledger: PathBuf,
@@ -314,18 +305,12 @@ pub fn create(node: &Node, req: &Request, gpus: &[Gpu]) -> Result<Tenant, String
     }
     ensure_state(layout)?;
     let policy = Policy {
-        name: req.name.clone(),
-        memory: req.memory,
-        share: req.share,
-        limit: req.limit,
-        priority: req.priority,
         gpus: if req.gpus.is_empty() {
             Vec::new()
         } else {
             selected.iter().map(|g| g.uuid.clone()).collect()
         },
-        created: req.created,
-        kubernetes: req.kubernetes.clone(),
+        ..req.clone()
     };
     let gid = free_gid(layout)?;
     let tmp = layout
@@ -405,6 +390,7 @@ pub struct Listed {
     pub dir: PathBuf,
     pub ledger: PathBuf,
     pub gid: Option<u32>,
+    #[serde(serialize_with = "policy::serialize_opt")]
     pub policy: Option<Policy>,
     /// Live processes (memory ledger).
     pub processes: usize,
@@ -436,7 +422,7 @@ pub fn list(layout: &Layout) -> Result<Vec<Listed>, String> {
     let mut out = Vec::new();
     for name in layout.tenant_names()? {
         let mut errors = Vec::new();
-        let policy = policy::read(&layout.policy_path(&name))
+        let policy = policy::Policy::read(&layout.policy_path(&name))
             .map_err(|e| errors.push(e))
             .ok();
         let mut used = std::collections::BTreeMap::new();

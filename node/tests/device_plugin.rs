@@ -67,6 +67,17 @@ async fn next_registration(
         .expect("registration channel open")
 }
 
+/// The first device list ListAndWatch sends.
+async fn first_device_list(kubelet: &Path) -> Vec<dp::Device> {
+    let mut stream = plugin_client(kubelet)
+        .await
+        .list_and_watch(dp::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    stream.message().await.unwrap().unwrap().devices
+}
+
 async fn plugin_client(
     kubelet: &Path,
 ) -> dp::device_plugin_client::DevicePluginClient<tonic::transport::Channel> {
@@ -222,15 +233,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     assert!(reg.options.unwrap().get_preferred_allocation_available);
 
     // ListAndWatch: 10 healthy slices of each of the 2 GPUs.
-    let devices = rt.block_on(async {
-        let mut stream = plugin_client(&kubelet)
-            .await
-            .list_and_watch(dp::Empty {})
-            .await
-            .unwrap()
-            .into_inner();
-        stream.message().await.unwrap().unwrap().devices
-    });
+    let devices = rt.block_on(first_device_list(&kubelet));
     assert_eq!(devices.len(), 20, "{devices:?}");
     assert!(devices.iter().all(|d| d.health == "Healthy"));
     let uuids: Vec<String> = devices
@@ -340,7 +343,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     let quota = slice_memory(16 << 30, 3, 10);
     assert_eq!(quota, 2457 * 2 * MIB);
     let r = run_allocated(&scene, &resp, &["--chunk", "2"]);
-    r.ok();
+    r.assert_success();
     assert_eq!(r.get_u64("total"), quota, "{}", r.report());
     // The context is charged what simgpu spent on it (300 MiB by default; docs/MEMORY.md).
     assert_eq!(r.get_u64("allocated"), quota - 300 * MIB, "{}", r.report());
@@ -359,15 +362,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     let mut registrations = serve_kubelet(&kubelet);
     let reg = rt.block_on(next_registration(&mut registrations));
     assert_eq!(reg.endpoint, "gpuslice.sock");
-    let devices = rt.block_on(async {
-        let mut stream = plugin_client(&kubelet)
-            .await
-            .list_and_watch(dp::Empty {})
-            .await
-            .unwrap()
-            .into_inner();
-        stream.message().await.unwrap().unwrap().devices
-    });
+    let devices = rt.block_on(first_device_list(&kubelet));
     assert_eq!(devices.len(), 20);
 
     // PodResources names the pod in the tenant's policy.
@@ -433,7 +428,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
             policy_path.exists(),
             "removed while a process of the tenant was alive"
         );
-        holder.join().unwrap().ok();
+        holder.join().unwrap().assert_success();
     });
     wait_until(
         "the gone pod's tenant removed",

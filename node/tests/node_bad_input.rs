@@ -46,7 +46,7 @@ fn bad_input_leaves_nothing_behind() {
     );
     scene
         .gpuslice(&["tenant", "create", "ok", "--memory", "1GiB"])
-        .ok();
+        .assert_success();
     let before = leftovers(&scene);
 
     let cases: [(&[&str], &str); 8] = [
@@ -74,7 +74,7 @@ fn bad_input_leaves_nothing_behind() {
         let mut all = vec!["tenant", "create", "t9"];
         all.extend_from_slice(args);
         let r = scene.gpuslice(&all);
-        r.failed();
+        r.assert_failure();
         assert!(
             r.stderr.contains(message),
             "want {message:?}: {}",
@@ -83,7 +83,7 @@ fn bad_input_leaves_nothing_behind() {
         assert_eq!(leftovers(&scene), before, "{}", r.report());
     }
     let r = scene.gpuslice(&["tenant", "create", "ok", "--memory", "2GiB"]);
-    r.failed();
+    r.assert_failure();
     assert!(r.stderr.contains("already exists"), "{}", r.report());
     // A library that is not installed: the spec would not start a container.
     let r = run(scene
@@ -93,7 +93,7 @@ fn bad_input_leaves_nothing_behind() {
         .arg("--cdi-dir")
         .arg(&scene.cdi)
         .args(["--library", "/nonexistent/libgpuslice.so"]));
-    r.failed();
+    r.assert_failure();
     assert!(
         r.stderr
             .contains("/nonexistent/libgpuslice.so does not exist"),
@@ -103,7 +103,7 @@ fn bad_input_leaves_nothing_behind() {
     assert_eq!(leftovers(&scene), before, "{}", r.report());
     assert_eq!(device_tenants(&scene), vec!["ok", "ok"]);
     let r = scene.gpuslice(&["tenant", "create", "../x", "--memory", "1GiB"]);
-    r.failed();
+    r.assert_failure();
     assert!(r.stderr.contains("tenant name \"../x\""), "{}", r.report());
     assert_eq!(leftovers(&scene), before);
     assert_eq!(device_tenants(&scene), vec!["ok", "ok"]);
@@ -120,7 +120,7 @@ fn bad_input_leaves_nothing_behind() {
     .args(["tenant", "create", "t9", "--memory", "1GiB", "--state-dir"])
     .arg(&scene.state);
     let r = run(&mut cmd);
-    r.failed();
+    r.assert_failure();
     assert!(r.stderr.contains("must be run as root"), "{}", r.report());
 }
 
@@ -130,7 +130,7 @@ fn bad_input_leaves_nothing_behind() {
 fn full_or_read_only_state_directory() {
     let scene = Scene::new("fs", &[("SIMGPU_MEMORY", "16GiB")]);
     // Make simgpu's state first (as root, outside the small filesystem).
-    scene.gpuslice(&["tenant", "list"]).ok();
+    scene.gpuslice(&["tenant", "list"]).assert_success();
     let mnt = scene.dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let script = format!(
@@ -153,7 +153,7 @@ fn full_or_read_only_state_directory() {
         .arg(gpuslice_bin())
         .arg(library());
     let r = run(&mut cmd);
-    r.ok();
+    r.assert_success();
     assert_eq!(r.get("full_rc"), "2", "{}", r.report());
     assert!(
         r.stderr.to_lowercase().contains("no space left") && r.stderr.contains("not created"),

@@ -40,22 +40,12 @@ fn specs_validate_and_mount_what_the_library_needs() {
         .arg(library())
         .arg("--dir")
         .arg(&libdir));
-    r.ok();
+    r.assert_success();
     let first = std::path::PathBuf::from(r.stdout.trim());
     let link = libdir.join("libgpuslice.so");
     assert_eq!(std::fs::canonicalize(&link).unwrap(), first);
 
-    let mut cmd = scene.command(gpuslice_bin());
-    cmd.args([
-        "tenant", "create", "t1", "--memory", "2GiB", "--share", "30",
-    ])
-    .arg("--state-dir")
-    .arg(&scene.state)
-    .arg("--cdi-dir")
-    .arg(&scene.cdi)
-    .arg("--library")
-    .arg(&link);
-    run(&mut cmd).ok();
+    create_tenant(&scene, &link, &["t1", "--memory", "2GiB", "--share", "30"]);
     let node_spec = scene.dir.join("node.json");
     let mut cmd = scene.command(gpuslice_bin());
     cmd.args(["cdi", "generate", "--output"])
@@ -64,25 +54,14 @@ fn specs_validate_and_mount_what_the_library_needs() {
         .arg(&scene.state)
         .arg("--library")
         .arg(&link);
-    run(&mut cmd).ok();
+    run(&mut cmd).assert_success();
     let tenant_spec = scene.cdi.join("gpuslice.io-tenant-t1.json");
     // Without the groups (for runtimes older than CDI 0.7.0): the lowest version, 0.3.0.
-    let mut cmd = scene.command(gpuslice_bin());
-    cmd.args([
-        "tenant",
-        "create",
-        "t2",
-        "--memory",
-        "1GiB",
-        "--cdi-without-groups",
-    ])
-    .arg("--state-dir")
-    .arg(&scene.state)
-    .arg("--cdi-dir")
-    .arg(&scene.cdi)
-    .arg("--library")
-    .arg(&link);
-    run(&mut cmd).ok();
+    create_tenant(
+        &scene,
+        &link,
+        &["t2", "--memory", "1GiB", "--cdi-without-groups"],
+    );
     let old_runtime_spec = scene.cdi.join("gpuslice.io-tenant-t2.json");
     assert_eq!(scene.spec("t2")["cdiVersion"], "0.3.0");
     assert!(scene.spec("t2")["devices"][0]["containerEdits"]
@@ -97,7 +76,7 @@ fn specs_validate_and_mount_what_the_library_needs() {
     )
     .unwrap();
     let r = validate(&[&tenant_spec, &node_spec, &old_runtime_spec, &broken]);
-    r.ok();
+    r.assert_success();
     assert!(
         r.stdout
             .contains(&format!("{}: valid", old_runtime_spec.display())),
@@ -182,11 +161,25 @@ fn specs_validate_and_mount_what_the_library_needs() {
         .arg(&changed)
         .arg("--dir")
         .arg(&libdir));
-    r.ok();
+    r.assert_success();
     let second = std::path::PathBuf::from(r.stdout.trim());
     assert_ne!(second, first);
     assert_eq!(std::fs::read(&first).unwrap(), before);
     assert_eq!(std::fs::metadata(&first).unwrap().ino(), inode);
     assert_eq!(std::fs::canonicalize(&link).unwrap(), second);
     assert_eq!(std::fs::read(&second).unwrap(), bytes);
+}
+
+/// `gpuslice tenant create ARGS` in the scene's node, naming `library` in its CDI spec.
+fn create_tenant(scene: &Scene, library: &Path, args: &[&str]) {
+    let mut cmd = scene.command(gpuslice_bin());
+    cmd.args(["tenant", "create"])
+        .args(args)
+        .arg("--state-dir")
+        .arg(&scene.state)
+        .arg("--cdi-dir")
+        .arg(&scene.cdi)
+        .arg("--library")
+        .arg(library);
+    run(&mut cmd).assert_success();
 }

@@ -18,18 +18,18 @@ fn two_uids_share_a_gpu_under_node_policies() {
         .gpuslice(&[
             "tenant", "create", "t1", "--memory", "3GiB", "--share", "30",
         ])
-        .ok();
+        .assert_success();
     scene
         .gpuslice(&[
             "tenant", "create", "t2", "--memory", "5GiB", "--share", "70",
         ])
-        .ok();
+        .assert_success();
 
     // Both quotas hold for programs of other uids; the program sees its quota as the GPU's size.
     // 512 MiB of each quota is the context's reservation.
     for (tenant, uid, quota) in [("t1", 1001, 3 * GIB), ("t2", 1002, 5 * GIB)] {
         let r = run(&mut workload(&scene, tenant, uid, &["--chunk", "256"]));
-        r.ok();
+        r.assert_success();
         assert_eq!(r.get_u64("total"), quota, "{}", r.report());
         assert_eq!(r.get_u64("allocated"), quota - 512 * MIB, "{}", r.report());
         assert_eq!(
@@ -43,7 +43,7 @@ fn two_uids_share_a_gpu_under_node_policies() {
     // `gpuslice doctor` in the container reports the node's policy and active enforcement.
     let r = run(&mut scene.in_container("t1", 1001, &gpuslice_bin(), &["doctor"]));
     assert!(
-        r.code == Some(0)
+        r.status.success()
             && r.stdout
                 .contains("node policy: /run/gpuslice/tenant/policy.toml")
             && r.stdout.contains("enforcement: ACTIVE"),
@@ -63,7 +63,7 @@ fn two_uids_share_a_gpu_under_node_policies() {
         .env("GPUSLICE_POLICY", elsewhere.join("policy.toml"))
         .env("GPUSLICE_CONTEXT_RESERVE", "0");
     let r = run(&mut cmd);
-    r.ok();
+    r.assert_success();
     assert_eq!(
         r.get_u64("allocated"),
         3 * GIB - 512 * MIB,
@@ -88,7 +88,7 @@ fn two_uids_share_a_gpu_under_node_policies() {
     // `gpuslice set` by the tenant is refused with a clear message and changes nothing.
     let r =
         run(&mut scene.in_container("t1", 1001, &gpuslice_bin(), &["set", "--memory", "100GiB"]));
-    r.failed();
+    r.assert_failure();
     assert!(
         r.stderr.contains("created by the node") && r.stderr.contains("only root"),
         "{}",
@@ -106,7 +106,7 @@ fn two_uids_share_a_gpu_under_node_policies() {
         t2 = t2_ledger.display()
     );
     let r = run(&mut scene.in_container("t1", 1001, Path::new("/bin/sh"), &["-c", &probe]));
-    r.ok();
+    r.assert_success();
     let writable: Vec<&str> = r
         .stdout
         .lines()
@@ -164,8 +164,8 @@ fn two_uids_share_a_gpu_under_node_policies() {
     );
     let ra = Run::new("t1 spin".into(), ca.wait_with_output().unwrap());
     let rb = Run::new("t2 spin".into(), cb.wait_with_output().unwrap());
-    ra.ok();
-    rb.ok();
+    ra.assert_success();
+    rb.assert_success();
     let (d1, d2) = (scene.busy("t1") - b1, scene.busy("t2") - b2);
     let t2_percent = d2 as f64 * 100.0 / (d1 + d2).max(1) as f64;
     println!("node-compute: t1 (share 30, uid 1001) {d1} ns, t2 (share 70, uid 1002) {d2} ns: t2 got {t2_percent:.1}%");
@@ -188,7 +188,7 @@ fn two_uids_share_a_gpu_under_node_policies() {
             "--memory",
             "6GiB",
         ])
-        .ok();
+        .assert_success();
     let policy = std::fs::read_to_string(scene.state.join("tenants/t2/policy.toml")).unwrap();
     assert!(
         policy.contains(&format!("memory = {}", 6 * GIB)),
@@ -202,7 +202,7 @@ fn two_uids_share_a_gpu_under_node_policies() {
         r.report()
     );
     let r = scene.gpuslice(&["status", "--tenant", "t2", "--state-dir", &state, "--json"]);
-    r.ok();
+    r.assert_success();
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(doc["memory"]["tenant"], "t2", "{}", r.stdout);
     assert!(doc["compute"]
@@ -234,14 +234,14 @@ fn two_uids_share_a_gpu_under_node_policies() {
         assert!(line.starts_with("total="), "{line}");
     }
     let r = scene.gpuslice(&["tenant", "delete", "t1"]);
-    r.failed();
+    r.assert_failure();
     assert!(r.stderr.contains("live process"), "{}", r.report());
     assert!(out.wait().unwrap().success());
-    scene.gpuslice(&["tenant", "delete", "t1"]).ok();
+    scene.gpuslice(&["tenant", "delete", "t1"]).assert_success();
     assert!(!scene.state.join("tenants/t1").exists());
     assert!(!scene.cdi.join("gpuslice.io-tenant-t1.json").exists());
     let r = scene.gpuslice(&["tenant", "list", "--json"]);
-    r.ok();
+    r.assert_success();
     let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     let names: Vec<&str> = doc["tenants"]
         .as_array()

@@ -10,7 +10,7 @@
 //! Ledgers are published whole (created under a hidden temporary name, then linked), so a ledger
 //! being created is either not listed yet or complete; hidden files are never read.
 
-use crate::policy::{self, Kubernetes};
+use gpuslice::config::policy::{Kubernetes, Layout, Policy};
 use gpuslice::ledger::{Ledger, UNLIMITED};
 use gpuslice::scheduling::device::{tenant_name, DeviceLedger, HISTORY_LEN};
 use gpuslice::scheduling::MAX_TENANTS;
@@ -72,16 +72,18 @@ impl Sources {
         let mut tenants = Vec::new();
         let mut seen: HashSet<PathBuf> = HashSet::new();
         let mut owners: BTreeMap<String, Option<Kubernetes>> = BTreeMap::new();
-        for dir in visible_entries(&self.state_dir.join("tenants")) {
+        let layout = Layout::new(&self.state_dir);
+        for dir in visible_entries(&layout.tenants_dir()) {
             let Some(dir_name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
                 continue;
             };
             // The layout names the ledger after the directory; the policy names the tenant (the
-            // same name when the node wrote both).
-            let ledger = dir.join(format!("{dir_name}.ledger"));
-            let labels = policy::read_labels(&dir.join("policy.toml")).ok();
-            let k8s = labels.as_ref().and_then(|p| p.kubernetes.clone());
-            let name = labels.map_or(dir_name, |p| p.name);
+            // same name when the node wrote both). A policy that cannot be read (missing, being
+            // replaced, corrupt) costs this tenant its pod labels only.
+            let ledger = layout.ledger_path(&dir_name);
+            let policy = Policy::read(&layout.policy_path(&dir_name)).ok();
+            let k8s = policy.as_ref().and_then(|p| p.kubernetes.clone());
+            let name = policy.map_or(dir_name, |p| p.name);
             owners.insert(name.clone(), k8s.clone());
             seen.insert(ledger.clone());
             if let Some(t) = read_tenant(&ledger, Some(name), k8s) {
@@ -396,7 +398,7 @@ mod tests {
         std::fs::create_dir_all(&t).unwrap();
         std::fs::write(
             t.join("policy.toml"),
-            "name = \"trainer\"\ncreated = \"device-plugin\"\n[kubernetes]\nnamespace = \"ml\"\npod = \"p-0\"\ncontainer = \"main\"\n",
+            "name = \"trainer\"\nmemory = 1073741824\nshare = 50\ncreated = \"device-plugin\"\n[kubernetes]\nnamespace = \"ml\"\npod = \"p-0\"\ncontainer = \"main\"\n",
         )
         .unwrap();
         let opts = LedgerOptions {

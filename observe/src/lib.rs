@@ -9,7 +9,6 @@ pub mod collect;
 pub mod exporter;
 pub mod gpus;
 pub mod metrics;
-pub mod policy;
 pub mod top;
 
 pub use collect::{Reading, Sources};

@@ -4,7 +4,7 @@
 
 use crate::collect::{DeviceReading, Reading, TenantReading};
 use crate::gpus::GpuIndex;
-use crate::policy::Kubernetes;
+use gpuslice::config::policy::Kubernetes;
 use prometheus::core::Collector;
 use prometheus::{
     CounterVec, Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,

@@ -13,6 +13,12 @@
 //! the least of the policy's, the ledger's and what its own environment or quota file asks: other
 //! settings can only lower it. A policy that cannot be read or parsed refuses every allocation.
 
+//!
+//! This module is the one definition of the file (fields, syntax, the node's directory layout) for
+//! everything that reads or writes it: the library (enforcement), the node crate (which writes it
+//! atomically with [`Policy::to_toml`]) and the exporter and `gpuslice top` (labels). It parses with
+//! the quota file's small reader, so the preloaded library carries no TOML or serde dependency.
+
 use super::{canonical_uuid, file, Config, PerDevice, Priority, Setting, DEFAULT_CONTEXT_RESERVE};
 use std::path::{Path, PathBuf};
 
@@ -22,28 +28,55 @@ pub const POLICY_DIR: &str = "/run/gpuslice/tenant";
 pub const POLICY_FILE: &str = "/run/gpuslice/tenant/policy.toml";
 /// Where a container finds the node's device ledgers (mounted by CDI).
 pub const CONTAINER_DEVICE_DIR: &str = "/run/gpuslice/devices";
+/// The node's default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/run/gpuslice";
 /// A policy is a dozen lines.
 const MAX_POLICY_FILE: u64 = 64 * 1024;
 
-/// A node-created tenant's policy, as the library reads it.
+/// Who created the tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Created {
+    #[default]
+    Cli,
+    DevicePlugin,
+}
+
+impl Created {
+    /// The value in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Created::Cli => "cli",
+            Created::DevicePlugin => "device-plugin",
+        }
+    }
+}
+
+/// The pod a device-plugin tenant belongs to, once PodResources names it (`[kubernetes]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kubernetes {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+/// `policy.toml`: a node-created tenant's limits, as written by the node.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodePolicy {
-    /// The policy file that was read.
-    pub path: PathBuf,
+pub struct Policy {
     pub name: String,
     /// Bytes on each listed GPU.
     pub memory: u64,
+    /// Percent, 1..=100.
     pub share: u8,
     /// Compute cap, percent; 0 = none.
     pub limit: u8,
     pub priority: Priority,
     /// Canonical UUIDs; empty = every GPU.
     pub gpus: Vec<String>,
-    /// Directory of the device ledgers the tenant's processes join.
-    pub device_dir: PathBuf,
+    pub created: Created,
+    pub kubernetes: Option<Kubernetes>,
 }
 
-impl NodePolicy {
+impl Policy {
     /// The tenant's memory on the GPU `uuid`: `memory` on a listed GPU, 0 on any other.
     pub fn memory_on(&self, uuid: &str) -> u64 {
         let key = canonical_uuid(uuid).unwrap_or_else(|| uuid.to_string());
@@ -54,12 +87,174 @@ impl NodePolicy {
         }
     }
 
+    /// Reads and checks the policy at `path`. Errors name the file (and line).
+    pub fn read(path: &Path) -> Result<Policy, String> {
+        let shown = path.display();
+        let meta = std::fs::metadata(path).map_err(|e| format!("node policy {shown}: {e}"))?;
+        if !meta.is_file() || meta.len() > MAX_POLICY_FILE {
+            return Err(format!(
+                "node policy {shown}: not a regular file of at most {MAX_POLICY_FILE} bytes"
+            ));
+        }
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("node policy {shown}: {e}"))?;
+        Policy::parse(path, &text)
+    }
+
+    /// Parses a policy's text (`path` names it in errors): the quota file's syntax plus the
+    /// one-line string array `gpus`. Unknown keys are errors naming `file:line`.
+    pub fn parse(path: &Path, text: &str) -> Result<Policy, String> {
+        parse(path, text)
+    }
+
+    /// The file's text, in the subset [`Policy::parse`] reads back to the same policy. Refuses a
+    /// value that subset cannot carry (a string with a control character other than tab/newline).
+    pub fn to_toml(&self) -> Result<String, String> {
+        let mut out = format!(
+            "name = {}\nmemory = {}\nshare = {}\nlimit = {}\npriority = \"{}\"\ngpus = [{}]\ncreated = \"{}\"\n",
+            quoted(&self.name)?,
+            self.memory,
+            self.share,
+            self.limit,
+            match self.priority {
+                Priority::High => "high",
+                Priority::Normal => "normal",
+            },
+            self.gpus
+                .iter()
+                .map(|g| quoted(g))
+                .collect::<Result<Vec<_>, _>>()?
+                .join(", "),
+            self.created.as_str(),
+        );
+        if let Some(k) = &self.kubernetes {
+            out.push_str(&format!(
+                "\n[kubernetes]\nnamespace = {}\npod = {}\ncontainer = {}\n",
+                quoted(&k.namespace)?,
+                quoted(&k.pod)?,
+                quoted(&k.container)?
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// A basic string in the quota file's syntax.
+fn quoted(s: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                return Err(format!("{s:?}: a control character cannot go in a policy"))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    Ok(out)
+}
+
+/// A policy read from its place, as the library applies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePolicy {
+    /// The policy file that was read.
+    pub path: PathBuf,
+    /// Directory of the device ledgers the tenant's processes join.
+    pub device_dir: PathBuf,
+    pub policy: Policy,
+}
+
+impl std::ops::Deref for NodePolicy {
+    type Target = Policy;
+    fn deref(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+impl NodePolicy {
     /// The tenant's ledger: beside the policy.
     pub fn ledger_path(&self) -> PathBuf {
         self.path
             .parent()
             .unwrap_or(Path::new("/"))
             .join(format!("{}.ledger", self.name))
+    }
+}
+
+/// Paths of the node layout under one state directory (docs/KUBERNETES.md, "State directory"):
+///
+/// ```text
+/// <state>/tenants/<NAME>/policy.toml     root:root 0644, read-only to the tenant
+/// <state>/tenants/<NAME>/<NAME>.ledger   the tenant's memory ledger
+/// <state>/devices/<GPU-UUID>.dev         device ledgers (compute)
+/// ```
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub state: PathBuf,
+}
+
+impl Layout {
+    pub fn new(state: impl Into<PathBuf>) -> Layout {
+        Layout {
+            state: state.into(),
+        }
+    }
+
+    pub fn tenants_dir(&self) -> PathBuf {
+        self.state.join("tenants")
+    }
+
+    pub fn tenant_dir(&self, name: &str) -> PathBuf {
+        self.tenants_dir().join(name)
+    }
+
+    pub fn policy_path(&self, name: &str) -> PathBuf {
+        self.tenant_dir(name).join("policy.toml")
+    }
+
+    pub fn ledger_path(&self, name: &str) -> PathBuf {
+        self.tenant_dir(name).join(format!("{name}.ledger"))
+    }
+
+    pub fn devices_dir(&self) -> PathBuf {
+        self.state.join("devices")
+    }
+
+    pub fn device_ledger(&self, uuid: &str) -> PathBuf {
+        self.devices_dir().join(format!("{uuid}.dev"))
+    }
+
+    /// The state directory of a policy at `<state>/tenants/<NAME>/policy.toml`.
+    pub fn of_policy(path: &Path) -> Layout {
+        Layout::new(
+            path.parent()
+                .and_then(Path::parent)
+                .and_then(Path::parent)
+                .unwrap_or(Path::new("/")),
+        )
+    }
+
+    /// Names of the tenants (directories holding a policy), sorted.
+    pub fn tenant_names(&self) -> Result<Vec<String>, String> {
+        let dir = self.tenants_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| !n.starts_with('.'))
+            .filter(|n| self.policy_path(n).exists())
+            .collect();
+        names.sort();
+        Ok(names)
     }
 }
 
@@ -80,11 +275,7 @@ pub fn device_dir_for(path: &Path, fixed: bool) -> PathBuf {
     if fixed {
         return PathBuf::from(CONTAINER_DEVICE_DIR);
     }
-    path.parent()
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .unwrap_or(Path::new("/"))
-        .join("devices")
+    Layout::of_policy(path).devices_dir()
 }
 
 /// The device-ledger directory of this process's policy (real environment), if it has one.
@@ -93,22 +284,16 @@ pub fn device_dir() -> Option<PathBuf> {
         .map(|(path, fixed)| device_dir_for(&path, fixed))
 }
 
-/// Reads and checks the policy at `path`. Errors name the file (and line).
+/// Reads and checks the policy at `path` (`fixed`: the in-container file). Errors name the file.
 pub fn read(path: &Path, fixed: bool) -> Result<NodePolicy, String> {
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("node policy {shown}: {e}"))?;
-    if !meta.is_file() || meta.len() > MAX_POLICY_FILE {
-        return Err(format!(
-            "node policy {shown}: not a regular file of at most {MAX_POLICY_FILE} bytes"
-        ));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("node policy {shown}: {e}"))?;
-    parse(path, &text, fixed)
+    Ok(NodePolicy {
+        path: path.to_path_buf(),
+        device_dir: device_dir_for(path, fixed),
+        policy: Policy::read(path)?,
+    })
 }
 
-/// Parses a policy's text (the node writes it with a TOML library; this reads the subset it writes:
-/// the quota file's syntax plus the one-line string array `gpus`).
-pub fn parse(path: &Path, text: &str, fixed: bool) -> Result<NodePolicy, String> {
+fn parse(path: &Path, text: &str) -> Result<Policy, String> {
     let shown = path.display();
     let mut gpus = Vec::new();
     let mut gpus_line = None;
@@ -146,6 +331,8 @@ pub fn parse(path: &Path, text: &str, fixed: bool) -> Result<NodePolicy, String>
     let mut share = None;
     let mut limit = 0u8;
     let mut priority = Priority::Normal;
+    let mut created = Created::Cli;
+    let mut kubernetes: Option<Kubernetes> = None;
     for e in entries {
         let at = format!("{shown}:{}", e.line);
         let int = |max: u64| match &e.value {
@@ -156,6 +343,7 @@ pub fn parse(path: &Path, text: &str, fixed: bool) -> Result<NodePolicy, String>
                 v.as_text()
             )),
         };
+        let k8s = || kubernetes.clone().unwrap_or_default();
         match (e.table.as_str(), e.key.as_str()) {
             ("", "name") => {
                 let v = e.value.as_text();
@@ -175,8 +363,35 @@ pub fn parse(path: &Path, text: &str, fixed: bool) -> Result<NodePolicy, String>
                     v => return Err(format!("{at}: priority = {v:?}: expected high or normal")),
                 }
             }
-            ("", "created") => {}
-            ("kubernetes", "namespace" | "pod" | "container") => {}
+            ("", "created") => {
+                created = match e.value.as_text().as_str() {
+                    "cli" => Created::Cli,
+                    "device-plugin" => Created::DevicePlugin,
+                    v => {
+                        return Err(format!(
+                            "{at}: created = {v:?}: expected cli or device-plugin"
+                        ))
+                    }
+                }
+            }
+            ("kubernetes", "namespace") => {
+                kubernetes = Some(Kubernetes {
+                    namespace: e.value.as_text(),
+                    ..k8s()
+                })
+            }
+            ("kubernetes", "pod") => {
+                kubernetes = Some(Kubernetes {
+                    pod: e.value.as_text(),
+                    ..k8s()
+                })
+            }
+            ("kubernetes", "container") => {
+                kubernetes = Some(Kubernetes {
+                    container: e.value.as_text(),
+                    ..k8s()
+                })
+            }
             (table, key) => {
                 let key = if table.is_empty() {
                     key.to_string()
@@ -188,15 +403,15 @@ pub fn parse(path: &Path, text: &str, fixed: bool) -> Result<NodePolicy, String>
         }
     }
     let missing = |what: &str| format!("node policy {shown}: no {what}");
-    Ok(NodePolicy {
-        path: path.to_path_buf(),
+    Ok(Policy {
         name: name.ok_or_else(|| missing("name"))?,
         memory: memory.ok_or_else(|| missing("memory"))?,
         share: share.ok_or_else(|| missing("share"))?,
         limit,
         priority,
         gpus,
-        device_dir: device_dir_for(path, fixed),
+        created,
+        kubernetes,
     })
 }
 
@@ -345,7 +560,11 @@ mod tests {
         let text = format!(
             "name = \"t1\"\nmemory = 3221225472\nshare = 30\nlimit = 0\npriority = \"high\"\ngpus = [\"{U}\"]\ncreated = \"cli\"\n\n[kubernetes]\nnamespace = \"default\"\npod = \"p\"\ncontainer = \"c\"\n"
         );
-        let p = parse(Path::new("/s/tenants/t1/policy.toml"), &text, false).unwrap();
+        let p = NodePolicy {
+            path: "/s/tenants/t1/policy.toml".into(),
+            device_dir: device_dir_for(Path::new("/s/tenants/t1/policy.toml"), false),
+            policy: Policy::parse(Path::new("/s/tenants/t1/policy.toml"), &text).unwrap(),
+        };
         assert_eq!(p.name, "t1");
         assert_eq!(p.memory, 3 << 30);
         assert_eq!((p.share, p.limit, p.priority), (30, 0, Priority::High));
@@ -354,25 +573,29 @@ mod tests {
         assert_eq!(p.memory_on("GPU-00000000-0000-0000-0000-000000000000"), 0);
         assert_eq!(p.ledger_path(), Path::new("/s/tenants/t1/t1.ledger"));
         assert_eq!(p.device_dir, Path::new("/s/devices"));
-        let fixed = parse(Path::new(POLICY_FILE), &text, true).unwrap();
-        assert_eq!(fixed.device_dir, Path::new(CONTAINER_DEVICE_DIR));
+        assert_eq!(
+            device_dir_for(Path::new(POLICY_FILE), true),
+            Path::new(CONTAINER_DEVICE_DIR)
+        );
+        assert_eq!(p.created, Created::Cli);
+        let k = p.kubernetes.clone().unwrap();
+        assert_eq!((k.namespace.as_str(), k.pod.as_str()), ("default", "p"));
+        assert_eq!(
+            Policy::parse(Path::new("/x"), &p.to_toml().unwrap()),
+            Ok(p.policy.clone())
+        );
     }
 
     #[test]
     fn bad_policies_name_file_and_line() {
         let p = Path::new("/p.toml");
-        let e = parse(p, "name = \"t\"\nmemory = 1\nshare = 0\n", false).unwrap_err();
+        let e = Policy::parse(p, "name = \"t\"\nmemory = 1\nshare = 0\n").unwrap_err();
         assert!(e.contains("/p.toml:3") && e.contains("share"), "{e}");
-        let e = parse(p, "name = \"t\"\nmemory = 1\nshare = 5\nextra = 1\n", false).unwrap_err();
+        let e = Policy::parse(p, "name = \"t\"\nmemory = 1\nshare = 5\nextra = 1\n").unwrap_err();
         assert!(e.contains("/p.toml:4") && e.contains("unknown key"), "{e}");
-        let e = parse(
-            p,
-            "name = \"t\"\nmemory = 1\nshare = 5\ngpus = [x]\n",
-            false,
-        )
-        .unwrap_err();
+        let e = Policy::parse(p, "name = \"t\"\nmemory = 1\nshare = 5\ngpus = [x]\n").unwrap_err();
         assert!(e.contains("/p.toml:4"), "{e}");
-        let e = parse(p, "name = \"t\"\nshare = 5\n", false).unwrap_err();
+        let e = Policy::parse(p, "name = \"t\"\nshare = 5\n").unwrap_err();
         assert!(e.contains("no memory"), "{e}");
     }
 

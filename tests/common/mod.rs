@@ -18,9 +18,14 @@ use std::sync::{Mutex, OnceLock};
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
-/// The repository root.
+/// The repository root (also when a member crate's tests include this file: node/tests).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|d| d.join("tests/common/mod.rs").is_file())
+        .unwrap_or(manifest)
+        .to_path_buf()
 }
 
 /// Cargo's target directory: `CARGO_TARGET_DIR` if set, else `<root>/target`.
@@ -31,7 +36,8 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
-fn require(path: PathBuf, what: &str) -> PathBuf {
+/// `path`, which `scripts/test` builds or installs; a panic naming `what` when it is missing.
+pub fn require(path: PathBuf, what: &str) -> PathBuf {
     assert!(
         path.exists(),
         "run scripts/test ({what} is not installed at {})",
@@ -224,17 +230,7 @@ impl Sim {
         program: impl AsRef<std::ffi::OsStr>,
         driver: &Path,
     ) -> Command {
-        let mut cmd = Command::new(program);
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("SIMGPU_")
-                || k.starts_with("CUDA_")
-                || k.starts_with("GPUSLICE_")
-                || k == "LD_PRELOAD"
-            {
-                cmd.env_remove(k.as_ref());
-            }
-        }
+        let mut cmd = clean_command(program);
         cmd.env("LD_LIBRARY_PATH", driver);
         cmd.envs(&self.env);
         cmd
@@ -246,12 +242,7 @@ impl Sim {
     }
 
     pub fn run_cmd(&self, cmd: &mut Command) -> Run {
-        let desc = format!("{cmd:?}");
-        let out = cmd
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
-        Run::new(desc, out)
+        run_command(cmd)
     }
 
     /// Start a program with piped stdin/stdout (for long-running clients).
@@ -289,6 +280,33 @@ impl Drop for Sim {
     }
 }
 
+/// Runs `cmd` to its end, stdin closed.
+pub fn run_command(cmd: &mut Command) -> Run {
+    let desc = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+    Run::new(desc, out)
+}
+
+/// `program` without the variables of this process that could change a test's outcome (simgpu's,
+/// CUDA's, gpuslice's, LD_PRELOAD).
+pub fn clean_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("SIMGPU_")
+            || k.starts_with("CUDA_")
+            || k.starts_with("GPUSLICE_")
+            || k == "LD_PRELOAD"
+        {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    cmd
+}
+
 /// A finished process: its output and `key=value` lines.
 pub struct Run {
     pub desc: String,
@@ -317,6 +335,16 @@ impl Run {
 
     pub fn assert_success(&self) -> &Run {
         assert!(self.status.success(), "client failed:\n{}", self.report());
+        self
+    }
+
+    /// The run ended with an exit status other than 0 (not by a signal).
+    pub fn assert_failure(&self) -> &Run {
+        assert!(
+            self.status.code().is_some_and(|c| c != 0),
+            "expected a failure:\n{}",
+            self.report()
+        );
         self
     }
 

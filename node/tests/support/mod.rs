@@ -5,38 +5,16 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub const MIB: u64 = 1 << 20;
-pub const GIB: u64 = 1 << 30;
-
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("node/ is in the workspace")
-        .to_path_buf()
-}
-
-pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) if !d.is_empty() => root().join(d),
-        _ => root().join("target"),
-    }
-}
-
-fn require(path: PathBuf, what: &str) -> PathBuf {
-    assert!(
-        path.exists(),
-        "run scripts/test ({what} is not built/installed at {})",
-        path.display()
-    );
-    path
-}
-
-pub fn gpuslice_bin() -> PathBuf {
-    require(target_dir().join("debug/gpuslice"), "the gpuslice command")
-}
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+#[allow(unused_imports)] // each test file uses a different part
+pub use common::{
+    gpuslice_bin, require, root, run_command as run, simgpu_lib_dir, target_dir, venv_python, Run,
+    GIB, MIB,
+};
 
 pub fn workload_bin() -> PathBuf {
     require(
@@ -47,19 +25,6 @@ pub fn workload_bin() -> PathBuf {
 
 pub fn library() -> PathBuf {
     require(target_dir().join("debug/libgpuslice.so"), "libgpuslice.so")
-}
-
-pub fn simgpu_lib_dir() -> PathBuf {
-    let dir = target_dir().join("simgpu/lib");
-    require(dir.join("libnvidia-ml.so.1"), "simgpu");
-    dir
-}
-
-pub fn venv_python() -> PathBuf {
-    require(
-        root().join("target/venv/bin/python"),
-        "the Python venv (scripts/setup-python.sh)",
-    )
 }
 
 /// tests/clients/compute_client.c (the compute-share client of the library's tests), built into
@@ -79,7 +44,7 @@ pub fn compute_client(dir: &Path) -> PathBuf {
         .arg("-L")
         .arg(simgpu_lib_dir())
         .args(["-lcuda", "-ldl"]));
-    r.ok();
+    r.assert_success();
     out
 }
 
@@ -90,67 +55,6 @@ pub fn start_in(ms: u64) -> u64 {
         .unwrap()
         + std::time::Duration::from_millis(ms))
     .as_nanos() as u64
-}
-
-/// A finished command.
-pub struct Run {
-    pub desc: String,
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Run {
-    pub fn new(desc: String, out: Output) -> Run {
-        Run {
-            desc,
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    }
-
-    pub fn report(&self) -> String {
-        format!(
-            "{}\nexit {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.desc, self.code, self.stdout, self.stderr
-        )
-    }
-
-    pub fn ok(&self) -> &Run {
-        assert_eq!(self.code, Some(0), "{}", self.report());
-        self
-    }
-
-    pub fn failed(&self) -> &Run {
-        assert!(
-            self.code.is_some() && self.code != Some(0),
-            "expected a failure: {}",
-            self.report()
-        );
-        self
-    }
-
-    pub fn get(&self, key: &str) -> String {
-        self.stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .unwrap_or_else(|| panic!("no {key}= in {}", self.report()))
-            .to_string()
-    }
-
-    pub fn get_u64(&self, key: &str) -> u64 {
-        self.get(key).parse().expect("a number")
-    }
-}
-
-pub fn run(cmd: &mut Command) -> Run {
-    let desc = format!("{cmd:?}");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
-    Run::new(desc, out)
 }
 
 /// One node: a private directory (0755, so other uids can reach the state dir) holding the state
@@ -196,17 +100,7 @@ impl Scene {
 
     /// A command with this node's environment and nothing inherited that could change the outcome.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new(program);
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("SIMGPU_")
-                || k.starts_with("CUDA_")
-                || k.starts_with("GPUSLICE_")
-                || k == "LD_PRELOAD"
-            {
-                cmd.env_remove(k.as_ref());
-            }
-        }
+        let mut cmd = common::clean_command(program);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
@@ -287,7 +181,7 @@ impl Scene {
             .command(target_dir().join("simgpu/bin/simgpu-stat"))
             .arg("--state")
             .arg(&self.simgpu_state));
-        r.ok();
+        r.assert_success();
         let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
         v["groups"]
             .as_array()
