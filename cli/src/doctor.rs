@@ -135,7 +135,13 @@ fn ledger_check(
 
 /// Whether the device ledgers in `dir` (compute shares) can be created or joined by this user: each
 /// reason they cannot is a problem when compute settings are configured, or a ledger is there.
-fn device_dir_check(dir: &Path, compute_configured: bool) -> (String, Vec<String>) {
+/// `node_created`: the node creates the device ledgers (a node policy names the directory), so the
+/// directory itself need not be writable, only the ledgers in it.
+fn device_dir_check(
+    dir: &Path,
+    compute_configured: bool,
+    node_created: bool,
+) -> (String, Vec<String>) {
     let unenforced = "compute shares would not be enforced for programs started here";
     let meta = match std::fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -177,7 +183,7 @@ fn device_dir_check(dir: &Path, compute_configured: bool) -> (String, Vec<String
         );
     }
     let mut problems = Vec::new();
-    if compute_configured && !writable(dir) {
+    if compute_configured && !node_created && !writable(dir) {
         problems.push(format!(
             "device ledger directory {} is not writable by this user: {unenforced}",
             dir.display()
@@ -382,7 +388,8 @@ pub fn doctor() -> Result<i32, String> {
         || cfg.compute_limit.is_set()
         || cfg.priority != config::Setting::Unset;
     let dir = gpuslice::scheduling::device_dir();
-    let (device_state, device_problems) = device_dir_check(&dir, compute_configured);
+    let (device_state, device_problems) =
+        device_dir_check(&dir, compute_configured, cfg.policy.is_some());
     problems.extend(device_problems);
     println!("  device ledgers: {} ({device_state})", dir.display());
     for m in &probe.messages {
