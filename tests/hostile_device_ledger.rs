@@ -227,17 +227,15 @@ fn device_ledger_truncated_to_zero_while_two_processes_launch() {
     damaged_while_two_processes_launch(Damage::TruncatedToZero);
 }
 
-/// Known to fail: after a partial zeroing the waiting thread of one process loops on hand-overs
-/// that never grant it (the arbitration's handling of values it did not write: docs/SECURITY.md).
+/// The half restored as zeros holds every process slot: a process whose thread was waiting for a
+/// grant must announce itself again, or the arbitration never sees it wait.
 #[test]
-#[ignore = "hangs a launching process: arbitration after a partial zeroing (docs/SECURITY.md)"]
 fn device_ledger_truncated_to_half_while_two_processes_launch() {
     damaged_while_two_processes_launch(Damage::TruncatedToHalf);
 }
 
-/// Known to fail, as above.
+/// Random bytes everywhere: every word the processes read back is bounded or written again.
 #[test]
-#[ignore = "arbitration over values it did not write (docs/SECURITY.md)"]
 fn device_ledger_overwritten_while_two_processes_launch() {
     damaged_while_two_processes_launch(Damage::Overwritten);
 }

@@ -478,7 +478,9 @@ impl DeviceLedger {
                     .then(|| Waiter {
                         slot: i,
                         tenant: s.tenant.load(Acquire) as usize,
-                        since: s.wait_since.load(Acquire),
+                        // Untrusted: a stamp ahead of the clock would put it behind every
+                        // other waiter of its tenant for good.
+                        since: s.wait_since.load(Acquire).min(now),
                     })
             })
             .filter(|w| w.tenant < MAX_TENANTS)

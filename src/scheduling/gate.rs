@@ -39,6 +39,12 @@ pub struct Sched {
     pub(super) launching: AtomicU32,
     /// Launch hooks waiting in flow control for our oldest launch (we still have work to submit).
     pub(super) flow_waiting: AtomicU32,
+    /// Threads of this process waiting for a grant, and since when the oldest of them waits: the
+    /// truth our slot's `wants` / `wait_since` words publish. The words live in a file others can
+    /// zero or scribble (a truncation repaired with zeros): they are written again from these
+    /// values, never counted up and down in place, so a waiter stays visible to arbitration.
+    pub(super) waiting: AtomicU32,
+    pub(super) waiting_since: AtomicU64,
     pub(super) last_submit_ns: AtomicU64,
     /// Estimated device time of one launch (EWMA), for `Q`.
     pub(super) launch_ns: AtomicU64,
@@ -83,6 +89,8 @@ impl Sched {
             stopping: AtomicBool::new(false),
             launching: AtomicU32::new(0),
             flow_waiting: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
+            waiting_since: AtomicU64::new(0),
             last_submit_ns: AtomicU64::new(0),
             launch_ns: AtomicU64::new(250_000),
             last_completion_ns: AtomicU64::new(0),
@@ -171,12 +179,19 @@ impl Sched {
         let l = self.ledger.layout();
         let h = &l.header;
         let slot = &l.slots[self.slot];
-        if slot.wants.fetch_add(1, AcqRel) == 0 {
-            slot.wait_since.store(now_ns(), Release);
+        if self.waiting.fetch_add(1, SeqCst) == 0 {
+            self.waiting_since.store(now_ns(), SeqCst);
         }
+        self.publish_waiting();
         loop {
             if !self.contended() || runtime::stopped() {
                 break;
+            }
+            // Our words zeroed or scribbled (a truncation repaired with zeros, another program):
+            // arbitration would never see us wait. Written again on every pass (at most
+            // `WAITER_POLL_NS` apart).
+            if !self.waiting_published(slot) {
+                self.publish_waiting();
             }
             let e = h.epoch.load(Acquire);
             let o = Holder::from_word(h.owner.load(Acquire));
@@ -232,9 +247,30 @@ impl Sched {
             }
             futex_wait(&h.epoch, e, WAITER_POLL_NS);
         }
-        if slot.wants.fetch_sub(1, AcqRel) == 1 {
-            slot.wait_since.store(0, Release);
-        }
+        self.waiting.fetch_sub(1, SeqCst);
+        self.publish_waiting();
+    }
+
+    /// Writes our slot's `wants` and `wait_since` from this process's own count. Two threads
+    /// publishing at once may leave a stale value; a waiter's next pass and the scheduler thread's
+    /// refresh write it again.
+    pub(super) fn publish_waiting(&self) {
+        let slot = &self.ledger.layout().slots[self.slot];
+        let n = self.waiting.load(SeqCst);
+        let since = if n == 0 {
+            0
+        } else {
+            self.waiting_since.load(SeqCst).max(1)
+        };
+        slot.wants.store(n, Release);
+        slot.wait_since.store(since, Release);
+    }
+
+    /// Whether our slot's `wants` and `wait_since` words say what this process's count says.
+    pub(super) fn waiting_published(&self, slot: &super::shm::SlotEntry) -> bool {
+        let n = self.waiting.load(SeqCst);
+        let since = slot.wait_since.load(Acquire);
+        slot.wants.load(Acquire) == n && (n == 0) == (since == 0) && since <= now_ns()
     }
 
     /// Whether the owner is stopped or hung: past its slice plus the grace, and silent (a draining

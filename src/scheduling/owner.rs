@@ -117,6 +117,10 @@ impl Sched {
     fn repair_own(&self) {
         let l = self.ledger.layout();
         let slot = &l.slots[self.slot];
+        if !self.waiting_published(slot) {
+            // Zeroed (a waiter would never be granted) or stale (a grant nobody uses).
+            self.publish_waiting();
+        }
         let t = self.tenant();
         let entry = &l.tenants[t % MAX_TENANTS];
         let slot_ok =
