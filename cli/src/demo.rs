@@ -204,6 +204,7 @@ pub(crate) fn demo(args: DemoArgs) -> Result<i32, String> {
     );
     let mut ok = true;
     let mut log_lines = Vec::new();
+    let mut alpha_chunks = 0;
     for (t, out) in TENANTS.iter().zip(children) {
         let out = out.map_err(|e| format!("cannot run {}: {e}", workload.display()))?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -224,6 +225,9 @@ pub(crate) fn demo(args: DemoArgs) -> Result<i32, String> {
                 format!("unexpected: {other}")
             }
         };
+        if t.name == "alpha" {
+            alpha_chunks = num("chunks");
+        }
         println!(
             "{:<7} {:>6}  {:>18}  {:>24}  {result}",
             t.name,
@@ -253,11 +257,11 @@ pub(crate) fn demo(args: DemoArgs) -> Result<i32, String> {
     ok &= compute_part(&workload, &library, &env, scratch, args.seconds)?;
     interrupted()?;
     println!(
-        "\nEach tenant sees its quota as the card's size. The context each process creates is charged to\n\
-         its quota too ({} by default), so alpha's 2 GiB leaves room for 6 allocations of 256 MiB.\n\
+        "\nEach tenant sees its quota as the card's size. The device memory the driver spends on each\n\
+         process's context is charged to its quota too (measured, docs/MEMORY.md), so alpha's 2 GiB\n\
+         held {alpha_chunks} allocations of 256 MiB.\n\
          Under contention each tenant gets its share of the GPU's time; alone, a tenant gets all of it.\n\
-         Try: gpuslice run --memory 1GiB --share 30 -- <your CUDA program>",
-        format_bytes(gpuslice::config::DEFAULT_CONTEXT_RESERVE)
+         Try: gpuslice run --memory 1GiB --share 30 -- <your CUDA program>"
     );
     Ok(if ok { 0 } else { 1 })
 }
