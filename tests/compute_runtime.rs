@@ -8,7 +8,6 @@ use common::*;
 use gpuslice::scheduling::shm::{Layout, SlotEntry, MAX_SLOTS, SLOT_ACTIVE};
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const CLIENT: CBuild = CBuild {
@@ -82,23 +81,6 @@ fn a_process_with_nothing_configured_runs_no_thread() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The drop-in libraries laid out by scripts/install-dropin.sh in a private directory.
-fn dropin_dir() -> PathBuf {
-    let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("compute-dropin-lib-{}", std::process::id()));
-    let out = Command::new(root().join("scripts/install-dropin.sh"))
-        .arg(profile_dir())
-        .arg(&dest)
-        .output()
-        .expect("run scripts/install-dropin.sh");
-    assert!(
-        out.status.success(),
-        "scripts/install-dropin.sh failed (build the workspace first):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dest
-}
-
 /// Live slots of the device ledger in `devices` held by process `pid`.
 fn slots_of(devices: &Path, pid: u32) -> usize {
     let path = std::fs::read_dir(devices)
@@ -121,7 +103,7 @@ fn slots_of(devices: &Path, pid: u32) -> usize {
 fn preload_plus_dropin_gates_each_launch_once() {
     let sim = Sim::new("compute-runtime-dropin");
     let dir = private_dir("dropin");
-    let lib = dropin_dir();
+    let lib = common::dropin_dir();
     let simgpu = simgpu_lib_dir();
     let command = |tenant: &str, preload: bool| {
         let mut cmd = sim.command_with_driver(compile(&CLIENT), &lib);

@@ -16,26 +16,6 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-fn dropin_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dropin-lib-doctor-{}", std::process::id()));
-        let out = Command::new(root().join("scripts/install-dropin.sh"))
-            .arg(profile_dir())
-            .arg(&dest)
-            .output()
-            .expect("run scripts/install-dropin.sh");
-        assert!(
-            out.status.success(),
-            "scripts/install-dropin.sh failed (build the workspace first):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dest
-    })
-    .clone()
-}
-
 fn tmp(name: &str) -> PathBuf {
     let dir =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("doctor-{}", std::process::id()));
@@ -121,7 +101,7 @@ fn dropin_on_the_library_path() {
     let run = doctor(|c| {
         c.env(
             "LD_LIBRARY_PATH",
-            format!("{}:{}", dropin_dir().display(), simgpu.display()),
+            format!("{}:{}", common::dropin_dir().display(), simgpu.display()),
         )
         .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"))
         .env("GPUSLICE_REAL_NVML", simgpu.join("libnvidia-ml.so.1"));
@@ -141,7 +121,7 @@ fn dropin_on_the_library_path() {
 fn preload_and_dropin() {
     let simgpu = simgpu_lib_dir();
     let run = doctor(|c| {
-        c.env("LD_LIBRARY_PATH", dropin_dir())
+        c.env("LD_LIBRARY_PATH", common::dropin_dir())
             .env("LD_PRELOAD", profile_dir().join("libgpuslice.so"))
             .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"));
     });
@@ -191,8 +171,10 @@ fn misconfigured() {
 
     // A drop-in whose real driver is itself.
     let run = doctor(|c| {
-        c.env("LD_LIBRARY_PATH", dropin_dir())
-            .env("GPUSLICE_REAL_LIBCUDA", dropin_dir().join("libcuda.so.1"));
+        c.env("LD_LIBRARY_PATH", common::dropin_dir()).env(
+            "GPUSLICE_REAL_LIBCUDA",
+            common::dropin_dir().join("libcuda.so.1"),
+        );
     });
     assert_verdict(&run, false, "found no real CUDA driver");
     assert!(

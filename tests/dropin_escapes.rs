@@ -24,26 +24,6 @@ fn profile_dir() -> PathBuf {
     gpuslice_bin().parent().unwrap().to_path_buf()
 }
 
-fn dropin_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dropin-lib-escapes-{}", std::process::id()));
-        let out = Command::new(root().join("scripts/install-dropin.sh"))
-            .arg(profile_dir())
-            .arg(&dest)
-            .output()
-            .expect("run scripts/install-dropin.sh");
-        assert!(
-            out.status.success(),
-            "scripts/install-dropin.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dest
-    })
-    .clone()
-}
-
 /// `escape_lib.c` as a shared library linked against the driver, with extra linker `flags`, in a
 /// directory of its own.
 fn escape_lib(tag: &str, flags: &[&str]) -> PathBuf {
@@ -83,7 +63,7 @@ fn granted(tag: &str, mode: Mode, args: &[&str], extra_lib_dir: Option<&Path>) -
     let simgpu = simgpu_lib_dir();
     let mut path = match mode {
         Mode::Preload => simgpu.display().to_string(),
-        Mode::DropIn => format!("{}:{}", dropin_dir().display(), simgpu.display()),
+        Mode::DropIn => format!("{}:{}", common::dropin_dir().display(), simgpu.display()),
     };
     if let Some(d) = extra_lib_dir {
         path = format!("{}:{path}", d.display());

@@ -34,27 +34,6 @@ fn libgpuslice() -> PathBuf {
     p
 }
 
-/// The drop-in libraries laid out by scripts/install-dropin.sh in this test process's own directory.
-fn dropin_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("dropin-lib-{}", std::process::id()));
-        let out = Command::new(root().join("scripts/install-dropin.sh"))
-            .arg(profile_dir())
-            .arg(&dest)
-            .output()
-            .expect("run scripts/install-dropin.sh");
-        assert!(
-            out.status.success(),
-            "scripts/install-dropin.sh failed (build the workspace first: cargo build --workspace):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dest
-    })
-    .clone()
-}
-
 fn ledger(tag: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dropin-ledgers");
     std::fs::create_dir_all(&dir).unwrap();
@@ -71,10 +50,10 @@ fn sim(tag: &str) -> Sim {
 /// with the quota, and no LD_PRELOAD.
 fn dropin_command(sim: &Sim, program: impl AsRef<std::ffi::OsStr>, ledger: &Path) -> Command {
     let simgpu = simgpu_lib_dir();
-    let mut cmd = sim.command_with_driver(program, &dropin_dir());
+    let mut cmd = sim.command_with_driver(program, &common::dropin_dir());
     cmd.env(
         "LD_LIBRARY_PATH",
-        format!("{}:{}", dropin_dir().display(), simgpu.display()),
+        format!("{}:{}", common::dropin_dir().display(), simgpu.display()),
     )
     .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"))
     .env("GPUSLICE_REAL_NVML", simgpu.join("libnvidia-ml.so.1"))
@@ -113,7 +92,7 @@ fn soname(lib: &Path) -> String {
 
 #[test]
 fn exports_cover_the_real_libraries_and_simgpu() {
-    let drop = dropin_dir();
+    let drop = common::dropin_dir();
     for (name, real_soname) in [
         ("libcuda.so.1", "libcuda.so.1"),
         ("libnvidia-ml.so.1", "libnvidia-ml.so.1"),
@@ -240,8 +219,8 @@ fn dropin_never_loads_itself_as_the_driver() {
     let sim = sim("dropin-self");
     let ledger = ledger("self");
     for real in [
-        dropin_dir().join("libcuda.so.1"),
-        dropin_dir().join("libcuda.so"),
+        common::dropin_dir().join("libcuda.so.1"),
+        common::dropin_dir().join("libcuda.so"),
         profile_dir().join("libgpuslice_cuda.so"),
     ] {
         let mut cmd = dropin_command(&sim, compile(&DLOPEN), &ledger);
@@ -321,7 +300,7 @@ fn real_driver_answers_through_dropin_and_preload() {
     let oracle = run_with(&mut sim.command_with_driver(&client, &nvidia));
     let mut through_dropin = dropin_command(&sim, &client, &ledger);
     through_dropin
-        .env("LD_LIBRARY_PATH", dropin_dir())
+        .env("LD_LIBRARY_PATH", common::dropin_dir())
         .env("GPUSLICE_REAL_LIBCUDA", nvidia.join("libcuda.so.1"));
     let mut preloaded = sim.command_with_driver(&client, &nvidia);
     preloaded
@@ -407,7 +386,7 @@ fn nvml_shows_the_quota_through_the_dropin() {
     );
 
     // Over NVIDIA's real NVML (no driver on this machine): the real library's own error.
-    let mut cmd = sim.command_with_driver(venv_python(), &dropin_dir());
+    let mut cmd = sim.command_with_driver(venv_python(), &common::dropin_dir());
     cmd.env(
         "GPUSLICE_REAL_NVML",
         nvidia_driver_dir().join("libnvidia-ml.so.1"),

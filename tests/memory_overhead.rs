@@ -54,27 +54,6 @@ fn scratch(tag: &str) -> PathBuf {
     dir
 }
 
-/// The drop-in libraries laid out by scripts/install-dropin.sh in a private directory.
-fn dropin_dir() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("memory-overhead-dropin-{}", std::process::id()));
-        let out = Command::new(root().join("scripts/install-dropin.sh"))
-            .arg(profile_dir())
-            .arg(&dest)
-            .output()
-            .expect("run scripts/install-dropin.sh");
-        assert!(
-            out.status.success(),
-            "scripts/install-dropin.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dest
-    })
-    .clone()
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Deploy {
     Preload,
@@ -113,10 +92,10 @@ fn tenant_command(
     let mut cmd = match deploy {
         Deploy::Preload => sim.command(program),
         Deploy::Dropin | Deploy::Mixed => {
-            let mut cmd = sim.command_with_driver(program, &dropin_dir());
+            let mut cmd = sim.command_with_driver(program, &common::dropin_dir());
             cmd.env(
                 "LD_LIBRARY_PATH",
-                format!("{}:{}", dropin_dir().display(), simgpu.display()),
+                format!("{}:{}", common::dropin_dir().display(), simgpu.display()),
             )
             .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"))
             .env("GPUSLICE_REAL_NVML", simgpu.join("libnvidia-ml.so.1"));

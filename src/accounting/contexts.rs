@@ -4,7 +4,7 @@
 //! release or reset. A context's modules and limits go with it.
 
 use super::tenant::{Device, LAST_CONTEXT};
-use super::Tenant;
+use super::{Charge, Tenant};
 use gpuslice_api::types::{CUcontext, CUdevice};
 use gpuslice_api::{CUerror, CUresult};
 
@@ -24,8 +24,22 @@ impl Tenant {
         call: impl FnOnce() -> Result<CUcontext, CUerror>,
         destroy: impl FnOnce(CUcontext),
     ) -> CUresult {
+        let (ctx, charge) = self.charge_context(device, call, destroy)?;
+        self.records.lock().contexts.insert(ctx as usize, charge);
+        self.reconcile_device(device);
+        Ok(())
+    }
+
+    /// Creates a context through `call`, charged what it cost the driver (or the explicit or
+    /// fallback estimate); `undo` destroys it when the quota has no room for that cost.
+    fn charge_context(
+        &self,
+        device: &Device,
+        call: impl FnOnce() -> Result<CUcontext, CUerror>,
+        undo: impl FnOnce(CUcontext),
+    ) -> Result<(CUcontext, Charge), CUerror> {
         let (explicit, fallback) = self.context_estimate();
-        let (ctx, charge) = self.charge_measured(
+        self.charge_measured(
             device,
             "context creation",
             explicit,
@@ -33,11 +47,8 @@ impl Tenant {
             None,
             0,
             call,
-            destroy,
-        )?;
-        self.records.lock().contexts.insert(ctx as usize, charge);
-        self.reconcile_device(device);
-        Ok(())
+            undo,
+        )
     }
 
     /// A context destroyed: its charge, and its modules' and limits', are returned.
@@ -70,17 +81,7 @@ impl Tenant {
             }
             return Ok(());
         }
-        let (explicit, fallback) = self.context_estimate();
-        let (ctx, charge) = self.charge_measured(
-            device,
-            "context creation",
-            explicit,
-            fallback,
-            None,
-            0,
-            call,
-            release,
-        )?;
+        let (ctx, charge) = self.charge_context(device, call, release)?;
         let mut r = self.records.lock();
         match r.primary.get_mut(&device.ordinal) {
             Some(entry) => {

@@ -82,7 +82,8 @@ impl ChargeTable {
         }
     }
 
-    pub(super) fn get(&self, key: u64) -> Option<Charge> {
+    /// The index of `key`'s entry (linear probing from its home), if present.
+    fn position(&self, key: u64) -> Option<usize> {
         if self.len == 0 || key == 0 {
             return None;
         }
@@ -91,25 +92,19 @@ impl ChargeTable {
         loop {
             match self.keys[i] {
                 0 => return None,
-                k if k == key => return Some(self.charges[i]),
+                k if k == key => return Some(i),
                 _ => i = (i + 1) & mask,
             }
         }
     }
 
+    pub(super) fn get(&self, key: u64) -> Option<Charge> {
+        self.position(key).map(|i| self.charges[i])
+    }
+
     pub(super) fn remove(&mut self, key: u64) -> Option<Charge> {
-        if self.len == 0 || key == 0 {
-            return None;
-        }
+        let i = self.position(key)?;
         let mask = self.keys.len() - 1;
-        let mut i = self.home(key);
-        loop {
-            match self.keys[i] {
-                0 => return None,
-                k if k == key => break,
-                _ => i = (i + 1) & mask,
-            }
-        }
         let found = self.charges[i];
         // Backward shift: pull later entries of the probe run into the hole.
         let mut hole = i;

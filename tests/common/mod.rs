@@ -60,6 +60,36 @@ pub fn gpuslice_bin() -> PathBuf {
     )
 }
 
+/// The drop-in libraries (`libcuda.so.1`, `libnvidia-ml.so.1`) laid out by
+/// `scripts/install-dropin.sh` in this test binary's own directory, once per process.
+pub fn dropin_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let name = exe
+            .file_stem()
+            .map_or_else(|| "tests".into(), |n| n.to_string_lossy().into_owned());
+        let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("dropin-{name}-{}", std::process::id()));
+        let profile_dir = gpuslice_bin()
+            .parent()
+            .expect("the profile directory")
+            .to_path_buf();
+        let out = Command::new(root().join("scripts/install-dropin.sh"))
+            .arg(profile_dir)
+            .arg(&dest)
+            .output()
+            .expect("run scripts/install-dropin.sh");
+        assert!(
+            out.status.success(),
+            "scripts/install-dropin.sh failed (build the workspace first: cargo build --workspace):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dest
+    })
+    .clone()
+}
+
 /// Where `scripts/install-simgpu.sh` put simgpu's `libcuda.so.1` and `libnvidia-ml.so.1`.
 pub fn simgpu_lib_dir() -> PathBuf {
     let dir = target_dir().join("simgpu/lib");
