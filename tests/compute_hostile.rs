@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::libgpuslice as shim;
 use common::*;
 use gpuslice::scheduling::shm::{Header, TOTAL_SIZE};
 use std::io::{Seek, SeekFrom, Write};
@@ -22,10 +23,6 @@ const CLIENT: CBuild = CBuild {
 };
 
 const RUN_MS: u64 = 1200;
-
-fn shim() -> PathBuf {
-    target_dir().join("debug/libgpuslice.so")
-}
 
 fn start_in(ms: u64) -> u64 {
     (SystemTime::now().duration_since(UNIX_EPOCH).unwrap() + Duration::from_millis(ms)).as_nanos()

@@ -17,10 +17,6 @@ const CLIENT: CBuild = CBuild {
     link_cuda: true,
 };
 
-fn profile_dir() -> PathBuf {
-    target_dir().join("debug")
-}
-
 fn private_dir(tag: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("compute-runtime-{tag}-{}", std::process::id()));

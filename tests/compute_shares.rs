@@ -11,6 +11,7 @@
 
 mod common;
 
+use common::libgpuslice as shim;
 use common::*;
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -29,12 +30,6 @@ const MULTIGPU: CBuild = CBuild {
     include: "cu12",
     link_cuda: true,
 };
-
-fn shim() -> PathBuf {
-    let p = target_dir().join("debug/libgpuslice.so");
-    assert!(p.exists(), "{} is not built", p.display());
-    p
-}
 
 /// One scenario: a simulated machine and a private ledger/device directory.
 struct Scene {

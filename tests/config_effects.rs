@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::libgpuslice as shim;
 use common::*;
 use std::path::PathBuf;
 
@@ -21,12 +22,6 @@ const ROBUST: CBuild = CBuild {
     include: "cu12",
     link_cuda: true,
 };
-
-fn shim() -> PathBuf {
-    let p = target_dir().join("debug/libgpuslice.so");
-    assert!(p.exists(), "{} is not built", p.display());
-    p
-}
 
 fn private_dir(tag: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

@@ -8,14 +8,6 @@ use common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
-fn profile_dir() -> PathBuf {
-    common::gpuslice_bin()
-        .as_path()
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 fn tmp(name: &str) -> PathBuf {
     let dir =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("doctor-{}", std::process::id()));

@@ -20,10 +20,6 @@ const CHUNKS: &str = "8";
 const ENFORCED: &str = "4";
 const ESCAPED: &str = "8";
 
-fn profile_dir() -> PathBuf {
-    gpuslice_bin().parent().unwrap().to_path_buf()
-}
-
 /// `escape_lib.c` as a shared library linked against the driver, with extra linker `flags`, in a
 /// directory of its own.
 fn escape_lib(tag: &str, flags: &[&str]) -> PathBuf {

@@ -19,21 +19,6 @@ const CONTEXT_RESERVE: u64 = SIMGPU_CONTEXT;
 const MODULE: u64 = 2 * MIB;
 const CHUNK: u64 = 64 * MIB;
 
-/// The directory of the build profile (libgpuslice.so, the drop-in cdylibs, the gpuslice binary).
-fn profile_dir() -> PathBuf {
-    common::gpuslice_bin()
-        .as_path()
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn libgpuslice() -> PathBuf {
-    let p = profile_dir().join("libgpuslice.so");
-    assert!(p.exists(), "{} is missing (cargo build)", p.display());
-    p
-}
-
 fn ledger(tag: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dropin-ledgers");
     std::fs::create_dir_all(&dir).unwrap();

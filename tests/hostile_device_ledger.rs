@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::libgpuslice as shim;
 use common::*;
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
@@ -25,12 +26,6 @@ const CLIENT: CBuild = CBuild {
 /// Busy fraction below which the cap counts as working (capped: ~0.2; unscheduled: ~1.0).
 const CAPPED: f64 = 0.5;
 const RUN_MS: u64 = 9000;
-
-fn shim() -> PathBuf {
-    let p = target_dir().join("debug/libgpuslice.so");
-    assert!(p.exists(), "{} is not built", p.display());
-    p
-}
 
 fn now_ns() -> u64 {
     SystemTime::now()

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::libgpuslice as shim_lib;
 use common::*;
 use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
@@ -24,18 +25,6 @@ const ROBUST: CBuild = CBuild {
 
 /// `CUDA_ERROR_OUT_OF_MEMORY` as the client prints it.
 const OOM: &str = "2";
-
-/// The `libgpuslice.so` of the code under test (the newer of `deps/` and the installed copy).
-fn shim_lib() -> PathBuf {
-    let installed = gpuslice_bin().with_file_name("libgpuslice.so");
-    let fresh = gpuslice_bin().with_file_name("deps").join("libgpuslice.so");
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (mtime(&fresh), mtime(&installed)) {
-        (Some(f), Some(i)) if f > i => fresh,
-        (Some(_), None) => fresh,
-        _ => installed,
-    }
-}
 
 fn tmp_dir(tag: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

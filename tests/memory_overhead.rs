@@ -27,20 +27,6 @@ const CLIENT: CBuild = CBuild {
     link_cuda: true,
 };
 
-fn profile_dir() -> PathBuf {
-    common::gpuslice_bin()
-        .as_path()
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn libgpuslice() -> PathBuf {
-    let p = profile_dir().join("libgpuslice.so");
-    assert!(p.exists(), "{} is missing (cargo build)", p.display());
-    p
-}
-
 /// A private directory for one test's ledgers and measurement locks.
 fn scratch(tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::libgpuslice as shim;
 use common::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
@@ -22,18 +23,8 @@ fn heavy() -> std::sync::MutexGuard<'static, ()> {
     HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn profile_dir() -> PathBuf {
-    gpuslice_bin().parent().unwrap().to_path_buf()
-}
-
 fn workload() -> PathBuf {
     let p = profile_dir().join("gpuslice-workload");
-    assert!(p.exists(), "{} is not built (cargo build)", p.display());
-    p
-}
-
-fn shim() -> PathBuf {
-    let p = profile_dir().join("libgpuslice.so");
     assert!(p.exists(), "{} is not built (cargo build)", p.display());
     p
 }

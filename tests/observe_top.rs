@@ -9,10 +9,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn profile_dir() -> PathBuf {
-    gpuslice_bin().parent().unwrap().to_path_buf()
-}
-
 /// Processes killed (and reaped) when the test ends, however it ends.
 struct Tenants(Vec<Child>);
 

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::libgpuslice as shim_lib;
 use common::*;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -26,18 +27,6 @@ const MALLORY: u32 = 1002;
 fn is_root() -> bool {
     // SAFETY: no arguments.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// The `libgpuslice.so` of the code under test (the newer of `deps/` and the installed copy).
-fn shim_lib() -> PathBuf {
-    let installed = gpuslice_bin().with_file_name("libgpuslice.so");
-    let fresh = gpuslice_bin().with_file_name("deps").join("libgpuslice.so");
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (mtime(&fresh), mtime(&installed)) {
-        (Some(f), Some(i)) if f > i => fresh,
-        (Some(_), None) => fresh,
-        _ => installed,
-    }
 }
 
 /// A machine whose ledger directory does not exist yet, in a parent like `/dev/shm`.

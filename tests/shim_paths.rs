@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::libgpuslice as shim;
 use common::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -97,23 +98,6 @@ const PATHS: [(&str, CBuild, &[&str]); 6] = [
     ("cuda13_linked", PATHS_LINKED_CU13, &[]),
     ("cuda13_procaddress_v2", PATHS_PROCADDR, &["v2"]),
 ];
-
-/// libgpuslice.so of the profile these tests were built with (cargo builds the cdylib with them).
-fn shim() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/shim_paths-HASH -> target/<profile>/libgpuslice.so
-    let lib = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("libgpuslice.so");
-    assert!(
-        lib.exists(),
-        "libgpuslice.so is not built at {}",
-        lib.display()
-    );
-    lib
-}
 
 /// A private directory for one test's ledgers and builds.
 fn scratch(tag: &str) -> PathBuf {

@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use common::{libgpuslice as shim_lib, libgpuslice as installed_shim_lib};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -35,26 +36,6 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn gpuslice_bin() -> PathBuf {
     common::gpuslice_bin()
-}
-
-/// `libgpuslice.so` as `cargo build` leaves it beside the `gpuslice` binary (where `gpuslice run`
-/// looks for it).
-fn installed_shim_lib() -> PathBuf {
-    let lib = gpuslice_bin().with_file_name("libgpuslice.so");
-    assert!(lib.exists(), "{} was not built", lib.display());
-    lib
-}
-
-/// The `libgpuslice.so` of the code under test: `cargo test` rebuilds the library in `deps/` but
-/// copies it beside the binary only on `cargo build`, so the newer of the two.
-fn shim_lib() -> PathBuf {
-    let installed = installed_shim_lib();
-    let fresh = gpuslice_bin().with_file_name("deps").join("libgpuslice.so");
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (mtime(&fresh), mtime(&installed)) {
-        (Some(f), Some(i)) if f > i => fresh,
-        _ => installed,
-    }
 }
 
 /// A fresh per-test directory for ledgers and quota files (never the default ledger location).

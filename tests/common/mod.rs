@@ -60,6 +60,24 @@ pub fn gpuslice_bin() -> PathBuf {
     )
 }
 
+/// The build profile's directory (`<target>/<profile>`): libgpuslice.so, the drop-in cdylibs and
+/// the binaries, beside the test binaries' `deps/`.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binaries live in <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The `libgpuslice.so` under test, built by `cargo build --workspace`.
+pub fn libgpuslice() -> PathBuf {
+    require(
+        profile_dir().join("libgpuslice.so"),
+        "libgpuslice.so (cargo build --workspace)",
+    )
+}
+
 /// The drop-in libraries (`libcuda.so.1`, `libnvidia-ml.so.1`) laid out by
 /// `scripts/install-dropin.sh` in this test binary's own directory, once per process.
 pub fn dropin_dir() -> PathBuf {
@@ -71,12 +89,8 @@ pub fn dropin_dir() -> PathBuf {
             .map_or_else(|| "tests".into(), |n| n.to_string_lossy().into_owned());
         let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("dropin-{name}-{}", std::process::id()));
-        let profile_dir = gpuslice_bin()
-            .parent()
-            .expect("the profile directory")
-            .to_path_buf();
         let out = Command::new(root().join("scripts/install-dropin.sh"))
-            .arg(profile_dir)
+            .arg(profile_dir())
             .arg(&dest)
             .output()
             .expect("run scripts/install-dropin.sh");
