@@ -1,5 +1,5 @@
 //! A damaged device ledger never hangs or kills a tenant (docs/COMPUTE.md, "Failure"): two tenants
-//! launch while the test scribbles over their device ledger — random bytes over the whole file (many
+//! launch while the test scribbles over their device ledger — random bytes over the whole file (100
 //! seeds), and single words that cannot be genuine (an owner naming no slot, a lock stamped at the end
 //! of time, a grant ten minutes ahead). Every process must finish within its run time plus 2 s, with
 //! every call answered successfully.
@@ -158,7 +158,7 @@ fn damaged_device_ledger_never_hangs_a_tenant() {
     let seeds: u64 = std::env::var("COMPUTE_FUZZ_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(24);
+        .unwrap_or(100);
     for seed in 1..=seeds {
         failures.extend(round(Damage::Random(seed)));
     }
