@@ -32,15 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        CUresult rc_ = (call);                                                                 \
-        if (rc_ != CUDA_SUCCESS) {                                                             \
-            printf("error=%s rc=%d line=%d\n", #call, (int)rc_, __LINE__);                     \
-            fflush(stdout);                                                                    \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "check.h"
 
 static uint64_t now_ns(clockid_t clock) {
     struct timespec ts;

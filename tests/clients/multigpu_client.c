@@ -42,15 +42,7 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        CUresult rc_ = (call);                                                                 \
-        if (rc_ != CUDA_SUCCESS) {                                                             \
-            printf("error=%s rc=%d line=%d\n", #call, (int)rc_, __LINE__);                     \
-            fflush(stdout);                                                                    \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "check.h"
 
 static uint64_t now_ns(void) {
     struct timespec ts;

@@ -21,14 +21,7 @@
 #include <string.h>
 
 #define MIB (1024ull * 1024ull)
-#define CHECK(call)                                                                \
-    do {                                                                           \
-        CUresult rc_ = (call);                                                     \
-        if (rc_ != CUDA_SUCCESS) {                                                 \
-            printf("error=%s rc=%d line=%d\n", #call, (int)rc_, __LINE__);         \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "check.h"
 
 static CUdevice dev;
 

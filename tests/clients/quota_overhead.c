@@ -28,15 +28,7 @@
 
 #define MIB (1024ull * 1024ull)
 
-#define CHECK(call)                                                                         \
-    do {                                                                                    \
-        CUresult rc_ = (call);                                                              \
-        if (rc_ != CUDA_SUCCESS) {                                                          \
-            printf("error=%s rc=%d line=%d\n", #call, (int)rc_, __LINE__);                  \
-            fflush(stdout);                                                                 \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "check.h"
 
 /* The NVML declarations this client needs (nvml.h's layouts). */
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
