@@ -20,6 +20,18 @@
  *   multi START_NS MS US NDEV          one thread per device 0..NDEV-1, each as `spin` on its own
  *                                      device's primary context (prints launches_<dev>=...)
  *
+ *   teardown START_NS MS US HOW        as `spin` (depth 8), but halfway through tears its context down
+ *                                      with kernels queued -- HOW = destroy: a context of its own
+ *                                      (cuCtxCreate), cuCtxDestroy; reset: the primary context,
+ *                                      cuDevicePrimaryCtxReset -- then sets up a new context and spins
+ *                                      on to the end (prints torn_down=1 launches_after=...)
+ *   quit START_NS MS US HOW            as `spin` with DEPTH 8, then leaves with those kernels still
+ *                                      queued, no synchronisation: HOW = return (from main) or exit
+ *                                      (exit(0) from a second thread while this one launches)
+ *   idle START_NS MS                   one kernel (joins the device); at START_NS ten 50 us kernels,
+ *                                      then nothing until MS after START_NS (a registered tenant
+ *                                      without work)
+ *
  * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
 #include <cuda.h>
@@ -44,18 +56,27 @@ static const char module_image[] = "simgpu test module: any bytes";
 static CUfunction spin;
 static CUstream stream;
 
-static void setup(void) {
+static CUdevice device(void) {
     CUdevice dev;
-    CUcontext ctx;
-    CUmodule mod;
     const char *ordinal = getenv("COMPUTE_DEVICE");
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&dev, ordinal ? atoi(ordinal) : 0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
+    return dev;
+}
+
+/* The module, the kernel and the stream, in the current context. */
+static void load(void) {
+    CUmodule mod;
     CHECK(cuModuleLoadData(&mod, module_image));
     CHECK(cuModuleGetFunction(&spin, mod, "spin_kernel"));
     CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+}
+
+static void setup(void) {
+    CUcontext ctx;
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, device()));
+    CHECK(cuCtxSetCurrent(ctx));
+    load();
 }
 
 static CUresult launch(uint64_t us) {
@@ -343,6 +364,92 @@ static int mode_multi(uint64_t start_ns, uint64_t ms, uint64_t us, int ndev) {
     return 0;
 }
 
+/* Spins until `end_ns` keeping DEPTH launches queued (events of the current context); returns the
+ * number of launches. Leaves the last DEPTH queued. */
+enum { TEAR_DEPTH = 8 };
+static long spin_until(uint64_t end_ns, uint64_t us) {
+    CUevent ring[TEAR_DEPTH];
+    for (int i = 0; i < TEAR_DEPTH; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < end_ns) {
+        if (n >= TEAR_DEPTH)
+            CHECK(cuEventSynchronize(ring[n % TEAR_DEPTH]));
+        CHECK(launch(us));
+        CHECK(cuEventRecord(ring[n % TEAR_DEPTH], stream));
+        n++;
+    }
+    return n;
+}
+
+static int mode_teardown(uint64_t start_ns, uint64_t ms, uint64_t us, const char *how) {
+    CUdevice dev = device();
+    int destroy = strcmp(how, "destroy") == 0;
+    CUcontext ctx;
+    if (destroy)
+        CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
+    else
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    load();
+    wait_start(start_ns);
+    uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
+    long before = spin_until(t0 + ms * 500000ull, us);
+    /* Kernels still queued: the context goes with them. */
+    if (destroy) {
+        CHECK(cuCtxDestroy(ctx));
+        CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
+    } else {
+        CHECK(cuDevicePrimaryCtxReset(dev));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    }
+    CHECK(cuCtxSetCurrent(ctx));
+    load();
+    uint64_t torn = now_ns(CLOCK_REALTIME);
+    long after = spin_until(end, us);
+    CHECK(cuStreamSynchronize(stream));
+    printf("torn_down=1\ntorn_ns=%llu\nlaunches_before=%ld\nlaunches_after=%ld\nend_ns=%llu\n",
+           (unsigned long long)torn, before, after, (unsigned long long)now_ns(CLOCK_REALTIME));
+    return 0;
+}
+
+static void *exit_thread(void *p) {
+    uint64_t end_ns = *(uint64_t *)p;
+    wait_start(end_ns);
+    printf("leaving_ns=%llu\n", (unsigned long long)now_ns(CLOCK_REALTIME));
+    exit(0);
+}
+
+static int mode_quit(uint64_t start_ns, uint64_t ms, uint64_t us, const char *how) {
+    setup();
+    wait_start(start_ns);
+    uint64_t end = now_ns(CLOCK_REALTIME) + ms * 1000000ull;
+    if (strcmp(how, "exit") == 0) {
+        /* exit() from another thread while this one keeps launching. */
+        pthread_t t;
+        pthread_create(&t, NULL, exit_thread, &end);
+        for (;;)
+            spin_until(UINT64_MAX, us);
+    }
+    spin_until(end, us);
+    printf("leaving_ns=%llu\n", (unsigned long long)now_ns(CLOCK_REALTIME));
+    return 0; /* with TEAR_DEPTH kernels queued */
+}
+
+static int mode_idle(uint64_t start_ns, uint64_t ms) {
+    setup();
+    CHECK(launch(0));
+    CHECK(cuStreamSynchronize(stream));
+    /* A little work beside the others at the start, then none. */
+    wait_start(start_ns);
+    for (int i = 0; i < 10; i++)
+        CHECK(launch(50));
+    CHECK(cuStreamSynchronize(stream));
+    printf("idle_from_ns=%llu\n", (unsigned long long)now_ns(CLOCK_REALTIME));
+    wait_start(start_ns + ms * 1000000ull);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *m = argc > 1 ? argv[1] : "";
@@ -366,6 +473,14 @@ int main(int argc, char **argv) {
     if (strcmp(m, "multi") == 0 && argc == 6)
         return mode_multi(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                           strtoull(argv[4], NULL, 10), atoi(argv[5]));
+    if (strcmp(m, "teardown") == 0 && argc == 6)
+        return mode_teardown(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                             strtoull(argv[4], NULL, 10), argv[5]);
+    if (strcmp(m, "quit") == 0 && argc == 6)
+        return mode_quit(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                         strtoull(argv[4], NULL, 10), argv[5]);
+    if (strcmp(m, "idle") == 0 && argc == 4)
+        return mode_idle(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
     if (strcmp(m, "bench") == 0 && argc == 4)
         return mode_bench(atoi(argv[2]), atoi(argv[3]));
     fprintf(stderr, "usage: see the comment at the top of compute_client.c\n");
