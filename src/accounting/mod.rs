@@ -19,6 +19,7 @@ use crate::log;
 use std::sync::OnceLock;
 
 pub mod contexts;
+pub mod graphs;
 pub mod overhead;
 pub mod pools;
 pub mod records;

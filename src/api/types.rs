@@ -160,6 +160,21 @@ pub struct CUmemPoolProps {
     pub reserved: [u8; 54],
 }
 
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (`_v1`): a graph memory allocation node's parameters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub poolProps: CUmemPoolProps,
+    pub accessDescs: *const CUmemAccessDesc,
+    pub accessDescCount: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}
+
+/// `CUgraphNodeType` (the memory node types).
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: u32 = 10;
+pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
+
 /// `CUmemPool_attribute`
 pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: u32 = 1;
 pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: u32 = 2;
@@ -260,6 +275,8 @@ mod layout_tests {
         assert_eq!(size_of::<CUmemAllocationProp>(), 32);
         assert_eq!(size_of::<CUmemAccessDesc>(), 12);
         assert_eq!(size_of::<CUmemPoolProps>(), 88);
+        assert_eq!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>(), 120);
+        assert_eq!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, dptr), 112);
         assert_eq!(size_of::<CUctxCreateParams>(), 24);
         assert_eq!(size_of::<CUdevprop>(), 56);
     }

@@ -3,7 +3,8 @@
 
 use super::real_calls;
 use gpuslice_api::types::{
-    CUcontext, CUdevice, CUlibrary, CUmemoryPool, CUmodule, CUstream, CUuuid,
+    CUcontext, CUdevice, CUgraph, CUgraphNode, CUlibrary, CUmemoryPool, CUmodule, CUstream, CUuuid,
+    CUDA_MEM_ALLOC_NODE_PARAMS,
 };
 use gpuslice_api::{CUerror, CUresult, NvmlReturn};
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -34,6 +35,10 @@ real_calls! {
     fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
     fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
     fn cuLibraryUnload(library: CUlibrary);
+    fn cuGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize);
+    fn cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_uint);
+    fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
+    fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut u64);
 }
 
 /// NVML functions (a separate library, its own error type).

@@ -1,10 +1,10 @@
 //! Launch hooks: every entry point that puts kernels on the device passes through the compute-share
-//! gate ([`crate::scheduling::gate`]) before the real driver sees it.
+//! gate ([`crate::scheduling::gate`]) before the real driver sees it. Graph launches: `graph.rs`.
 
 use super::{hooks, In};
 use crate::scheduling::gate;
 use gpuslice_api::launch_types::CUlaunchConfig;
-use gpuslice_api::types::{CUfunction, CUgraphExec, CUstream};
+use gpuslice_api::types::{CUfunction, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::{c_uint, c_void};
 
@@ -41,10 +41,6 @@ hooks! {
         => gate(&[stream], true, || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params));
     fn cuLaunchCooperativeKernelMultiDevice(list: *mut LaunchParams, count: c_uint, flags: c_uint)
         => gate(&multi_streams(list, count), false, || real::cuLaunchCooperativeKernelMultiDevice(list, count, flags));
-    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream)
-        => gate(&[stream], false, || real::cuGraphLaunch(exec, stream));
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream)
-        => gate(&[stream], true, || real::cuGraphLaunch_ptsz(exec, stream));
 }
 
 /// The stream of a `cuLaunchKernelEx` configuration (NULL config: the driver reports it).

@@ -11,6 +11,7 @@ use std::cell::Cell;
 pub mod calls;
 pub mod context;
 pub mod entry;
+pub mod graph;
 pub mod info;
 pub mod launch;
 pub mod memory;

@@ -859,6 +859,28 @@ pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
     })
 }
 
+/// `cuGraphNodeGetType`: `CUgraphNodeType` (cuda.h). Kernel, empty and memory nodes are reported as
+/// what they are; other work (host functions, captured copies and memsets, which simgpu keeps as
+/// opaque stream work) is reported as a host node: simgpu does not model their node types.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetType(
+    hn: CUgraphNode,
+    kind: Option<&mut c_uint>,
+) -> CUresult {
+    crate::call("cuGraphNodeGetType", || {
+        let out = crate::out(kind)?;
+        *out = match node(hn).as_deref().map(|n| &n.kind) {
+            Some(NodeKind::Kernel(_)) => 0,
+            Some(NodeKind::Empty) => 5,
+            Some(NodeKind::MemAlloc(_)) => 10,
+            Some(NodeKind::MemFree(_)) => 11,
+            Some(NodeKind::Once(_) | NodeKind::Repeat(_)) => 3,
+            None => return Err(CUerror::INVALID_HANDLE),
+        };
+        Ok(())
+    })
+}
+
 /// `CUDA_HOST_NODE_PARAMS_v1`: `{ CUhostFn fn; void *userData; }`.
 #[repr(C)]
 pub struct HostNodeParams {

@@ -1,0 +1,184 @@
+//! Graph memory: allocations a CUDA graph makes when it is launched.
+//!
+//! A graph memory allocation node (`cuGraphAddMemAllocNode`, or a `cuMemAllocAsync` captured from a
+//! stream) allocates nothing when it is created or instantiated: "memory is allocated when the graph
+//! is launched" (CUDA Programming Guide, "Graph Memory Nodes"; `cuGraphLaunch` fails with
+//! `CUDA_ERROR_OUT_OF_MEMORY` when it cannot be). So the capture passes through untouched, and the
+//! charge is made at `cuGraphLaunch`:
+//!
+//! - At instantiation, the graph's memory nodes are read from the driver (`cuGraphGetNodes`,
+//!   `cuGraphNodeGetType`, `cuGraphMemAllocNodeGetParams`, `cuGraphMemFreeNodeGetParams`) into the
+//!   executable graph's [`Plan`].
+//! - At launch, every allocation is reserved before the driver is called; over the quota the launch
+//!   is refused with `CUDA_ERROR_OUT_OF_MEMORY` and the usual refusal line, and nothing runs.
+//! - An allocation the graph does not free itself outlives the launch: its charge is kept under its
+//!   address (fixed across launches) and returned by the `cuMemFreeAsync`/`cuMemFree` of that address,
+//!   or by the launch of another graph that frees it. Relaunching a graph instantiated with
+//!   `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH` frees and allocates it again: the charge stays.
+//! - An allocation the graph frees itself lives only during the launch's execution: it must fit at
+//!   the launch (reserved for the call), and is not held afterwards.
+
+use super::{tenant, Tenant};
+use crate::driver::calls::real;
+use gpuslice_api::types::{CUdevice, CU_MEM_LOCATION_TYPE_DEVICE};
+use gpuslice_api::types::{
+    CUgraph, CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+    CU_GRAPH_NODE_TYPE_MEM_FREE,
+};
+use gpuslice_api::CUresult;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// One allocation node of a graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Alloc {
+    /// Its address, the same at every launch.
+    ptr: u64,
+    bytes: u64,
+    ordinal: CUdevice,
+    /// A free node of the same graph returns it before the launch's work completes.
+    freed_in_graph: bool,
+}
+
+/// What launching an executable graph allocates and frees.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    allocs: Vec<Alloc>,
+    /// Free nodes of allocations made by other graphs.
+    frees_elsewhere: Vec<u64>,
+}
+
+/// Executable graph -> its plan, for graphs with memory nodes only.
+static PLANS: Mutex<BTreeMap<usize, Arc<Plan>>> = Mutex::new(BTreeMap::new());
+/// Some executable graph has memory nodes: graph launches look their plan up.
+static ANY: AtomicBool = AtomicBool::new(false);
+
+/// Whether any executable graph of this process allocates memory (one load; graph launches of a
+/// process without graph memory skip everything here).
+#[inline]
+pub fn any() -> bool {
+    ANY.load(Relaxed)
+}
+
+/// Reads `graph`'s memory nodes from the driver. `None` when it has none (or cannot be read).
+fn read_plan(graph: CUgraph) -> Option<Plan> {
+    let mut count = 0usize;
+    // SAFETY: NULL node array with a valid count out-parameter: the driver reports the count.
+    unsafe { real::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.ok()?;
+    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); count];
+    // SAFETY: `nodes` holds `count` entries, as the count says.
+    unsafe { real::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.ok()?;
+    nodes.truncate(count);
+    let mut allocs = Vec::new();
+    let mut frees = Vec::new();
+    for &node in &nodes {
+        let mut kind = 0u32;
+        // SAFETY: a node of `graph`, valid out-parameter.
+        if unsafe { real::cuGraphNodeGetType(node, &mut kind) }.is_err() {
+            continue;
+        }
+        match kind {
+            CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
+                // SAFETY: zeroed plain data (pointers NULL), filled by the driver.
+                let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: an allocation node of `graph`, valid out-parameter.
+                if unsafe { real::cuGraphMemAllocNodeGetParams(node, &mut p) }.is_ok()
+                    && p.poolProps.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE
+                {
+                    allocs.push(Alloc {
+                        ptr: p.dptr,
+                        bytes: p.bytesize as u64,
+                        ordinal: p.poolProps.location.id,
+                        freed_in_graph: false,
+                    });
+                }
+            }
+            CU_GRAPH_NODE_TYPE_MEM_FREE => {
+                let mut ptr = 0u64;
+                // SAFETY: a free node of `graph`, valid out-parameter.
+                if unsafe { real::cuGraphMemFreeNodeGetParams(node, &mut ptr) }.is_ok() {
+                    frees.push(ptr);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut frees_elsewhere = Vec::new();
+    for ptr in frees {
+        match allocs.iter_mut().find(|a| a.ptr == ptr) {
+            Some(a) => a.freed_in_graph = true,
+            None => frees_elsewhere.push(ptr),
+        }
+    }
+    (!allocs.is_empty() || !frees_elsewhere.is_empty()).then_some(Plan {
+        allocs,
+        frees_elsewhere,
+    })
+}
+
+/// After a successful instantiation of `graph` as `exec`: records what its launches allocate. A
+/// handle the driver reuses gets its new graph's plan (or none). The instantiation flags change
+/// nothing here: an auto-free relaunch frees and allocates again what the graph holds (its charge
+/// stays), and without the flag the driver refuses to relaunch a graph whose allocations are live.
+pub fn instantiated(exec: usize, graph: CUgraph) {
+    if tenant().is_none() {
+        return;
+    }
+    let plan = read_plan(graph);
+    let mut plans = PLANS.lock();
+    match plan {
+        Some(p) => {
+            plans.insert(exec, Arc::new(p));
+            ANY.store(true, Relaxed);
+        }
+        None => {
+            plans.remove(&exec);
+        }
+    }
+}
+
+/// Launches an executable graph (`launch`, the driver's `cuGraphLaunch`): its allocations are
+/// reserved first; over the quota the launch is refused and nothing runs.
+pub fn launch(exec: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
+    let (Some(t), Some(plan)) = (tenant(), PLANS.lock().get(&exec).cloned()) else {
+        return launch();
+    };
+    t.launch_graph(&plan, launch)
+}
+
+impl Tenant {
+    fn launch_graph(&self, plan: &Plan, launch: impl FnOnce() -> CUresult) -> CUresult {
+        // Graphs with memory nodes only: a reservation per allocation (their memory is allocated
+        // by this very call).
+        let mut held = Vec::with_capacity(plan.allocs.len());
+        for a in &plan.allocs {
+            if !a.freed_in_graph && self.records.lock().allocations.get(a.ptr).is_some() {
+                // Still held from an earlier launch (auto-free relaunch: freed and allocated again).
+                continue;
+            }
+            let Ok(device) = self.device(a.ordinal) else {
+                continue;
+            };
+            let reservation = self.reserve(device, a.bytes, "cuGraphLaunch (graph memory node)")?;
+            held.push((reservation, a));
+        }
+        launch()?;
+        for (reservation, a) in held {
+            if a.freed_in_graph {
+                // Freed by the graph itself: it fitted; not held past the launch.
+                continue;
+            }
+            let charge = reservation.commit();
+            self.records.lock().allocations.insert(a.ptr, charge);
+        }
+        for &ptr in &plan.frees_elsewhere {
+            let charge = self.records.lock().allocations.remove(ptr);
+            if let Some(charge) = charge {
+                self.release(charge);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,95 @@
+/* Graph memory near the quota (tests/graph_memory_quota.rs): an unmodified CUDA program linked with
+ * -lcuda. Allocations captured from cuMemAllocAsync into graphs (CU_STREAM_CAPTURE_MODE_GLOBAL) get
+ * their memory when the graph is launched (CUDA Programming Guide, "Graph Memory Nodes"). Prints one
+ * key=value line per step (the CUresult of the step, 0 = success); a step that is not the subject of
+ * the test stops the program (CHECK).
+ *
+ * Usage: graph_memory BIG_MIB GRAPH_MIB
+ *   held graph:      capture cuMemAllocAsync(GRAPH_MIB) (not freed in the graph); launch it beside a
+ *                    BIG_MIB cuMemAlloc, then alone; a BIG_MIB allocation while the graph's memory is
+ *                    held; cuMemFreeAsync of the graph's allocation; BIG_MIB again.
+ *   transient graph: capture cuMemAllocAsync(GRAPH_MIB) + cuMemFreeAsync of it (freed in the graph);
+ *                    launch it beside BIG_MIB, then alone; BIG_MIB after it.
+ */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "check.h"
+
+static CUstream stream;
+
+/* One step whose result is the subject: printed, never fatal. */
+static CUresult step(const char *name, CUresult r) {
+    printf("%s=%d\n", name, (int)r);
+    return r;
+}
+
+static CUgraphExec capture(size_t bytes, int free_in_graph, const char *name, CUdeviceptr *out) {
+    CUdeviceptr p = 0;
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    CUresult r = cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if (r == CUDA_SUCCESS)
+        r = cuMemAllocAsync(&p, bytes, stream);
+    if (r == CUDA_SUCCESS && free_in_graph)
+        r = cuMemFreeAsync(p, stream);
+    CUresult e = cuStreamEndCapture(stream, &graph);
+    printf("%s_capture=%d\n%s_end=%d\n", name, (int)r, name, (int)e);
+    CHECK(r);
+    CHECK(e);
+    CHECK(cuGraphInstantiate(&exec, graph, 0));
+    *out = p;
+    return exec;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc != 3) {
+        fprintf(stderr, "usage: graph_memory BIG_MIB GRAPH_MIB\n");
+        return 2;
+    }
+    size_t big = strtoull(argv[1], NULL, 10) << 20, graph = strtoull(argv[2], NULL, 10) << 20;
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr a, b;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+
+    /* Held: the graph's allocation outlives its launch. */
+    CUdeviceptr g;
+    CUgraphExec held = capture(graph, 0, "held", &g);
+    CHECK(cuMemAlloc(&a, big));
+    if (step("held_launch_beside_big", cuGraphLaunch(held, stream)) == CUDA_SUCCESS) {
+        /* (Where it fits.) Freed before the graph is launched again, as the driver requires. */
+        CHECK(cuMemFreeAsync(g, stream));
+        CHECK(cuStreamSynchronize(stream));
+    }
+    CHECK(cuMemFree(a));
+    if (step("held_launch_alone", cuGraphLaunch(held, stream)) == CUDA_SUCCESS)
+        CHECK(cuStreamSynchronize(stream));
+    if (step("big_while_held", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
+        CHECK(cuMemFree(b));
+    /* Its address is the one the capture returned; freeing it returns the memory. */
+    step("held_free", cuMemFreeAsync(g, stream));
+    CHECK(cuStreamSynchronize(stream));
+    if (step("big_after_held_free", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
+        CHECK(cuMemFree(b));
+
+    /* Transient: the graph frees its allocation itself. */
+    CUdeviceptr t;
+    CUgraphExec transient = capture(graph, 1, "transient", &t);
+    CHECK(cuMemAlloc(&a, big));
+    if (step("transient_launch_beside_big", cuGraphLaunch(transient, stream)) == CUDA_SUCCESS)
+        CHECK(cuStreamSynchronize(stream));
+    CHECK(cuMemFree(a));
+    if (step("transient_launch_alone", cuGraphLaunch(transient, stream)) == CUDA_SUCCESS)
+        CHECK(cuStreamSynchronize(stream));
+    if (step("big_after_transient", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
+        CHECK(cuMemFree(b));
+    printf("done=1\n");
+    return 0;
+}
