@@ -8,10 +8,16 @@ ledger each), alternating, ROUNDS times. Reported (medians over the rounds):
 - CPU time per launch (user + system of both client processes, divided by their launches): the
   difference is what the contended path adds per launch (the simulated driver's own CPU, including
   the stream workers' handling of the events the shim records, is inside both figures);
+- the same less the device's busy time (simgpu runs a kernel by spinning its stream worker on
+  the CPU, so kernel time is client CPU time too; what remains is the host's own work per launch);
 - the device's busy fraction (simgpu's counter): the difference is the device time lost to
   hand-overs (and to the shim's events on the stream).
 
+With --baseline LIB (another build's libgpuslice.so, e.g. the main branch's), a third run per round
+uses it, so that two versions of the shim are compared side by side in one run on one machine.
+
 Usage: scripts/bench/compute_contended.py [--rounds N (3)] [--seconds S (4)] [--kernel-us U (20)]
+                                          [--baseline LIB]
 Builds the release profile into $CARGO_TARGET_DIR (default target/).
 """
 import argparse
@@ -32,7 +38,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--kernel-us", type=int, default=20)
+    ap.add_argument("--baseline", help="another libgpuslice.so, run as a third mode")
     a = ap.parse_args()
+    if a.baseline:
+        a.baseline = os.path.abspath(a.baseline)
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     if not os.path.isabs(target):
         target = os.path.join(ROOT, target)
@@ -49,9 +58,10 @@ def main():
                     "-L", lib, "-lcuda", "-ldl", "-lpthread"], check=True)
     stat_bin = os.path.join(rel, "simgpu-stat")
     try:
-        rows = {"none": [], "shim": []}
+        modes = ("none", "shim") + (("base",) if a.baseline else ())
+        rows = {m: [] for m in modes}
         for r in range(a.rounds):
-            for mode in ("none", "shim"):
+            for mode in modes:
                 rows[mode].append(run(mode, r, a, work, lib, client, rel, stat_bin))
         report(rows, a)
     finally:
@@ -66,8 +76,9 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
     for tenant in ("a", "b"):
         env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": lib, "SIMGPU_STATE": state,
                "SIMGPU_GROUP": tenant}
-        if mode == "shim":
-            env.update({"LD_PRELOAD": os.path.join(rel, "libgpuslice.so"),
+        if mode in ("shim", "base"):
+            shim = a.baseline if mode == "base" else os.path.join(rel, "libgpuslice.so")
+            env.update({"LD_PRELOAD": shim,
                         "GPUSLICE_COMPUTE_SHARE": "50",
                         "GPUSLICE_LEDGER": os.path.join(work, f"{mode}{r}-{tenant}.ledger"),
                         "GPUSLICE_DEVICE_DIR": os.path.join(work, f"{mode}{r}-devices")})
@@ -91,8 +102,11 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
         os.unlink(f"/dev/shm/{state}")
     except OSError:
         pass
+    # simgpu runs a kernel by spinning its stream worker on the CPU: the device's busy time is CPU
+    # time of the clients too. What is left is the host's own work per launch.
+    host = max(cpu * 1e9 - busy, 0.0)
     return {"cpu_per_launch_ns": cpu * 1e9 / max(launches, 1), "busy": busy / wall,
-            "launches": launches}
+            "host_cpu_per_launch_ns": host / max(launches, 1), "launches": launches}
 
 
 def report(rows, a):
@@ -102,10 +116,19 @@ def report(rows, a):
     print(f"compute_contended: 2 tenants, {a.kernel_us} us kernels, {a.seconds} s, {a.rounds} rounds")
     print(f"compute_contended: CPU per launch: without {cn:.0f} ns, with gpuslice {cs:.0f} ns, "
           f"added {cs - cn:.0f} ns")
+    hn, hs = med("none", "host_cpu_per_launch_ns"), med("shim", "host_cpu_per_launch_ns")
+    print(f"compute_contended: CPU per launch besides simulated kernel time (CPU - device busy): "
+          f"without {hn:.0f} ns, with gpuslice {hs:.0f} ns, added {hs - hn:.0f} ns")
     print(f"compute_contended: device busy: without {bn * 100:.1f}%, with gpuslice {bs * 100:.1f}%, "
           f"lost {(bn - bs) * 100:.1f} points")
     print(f"compute_contended: launches per round: without {med('none', 'launches'):.0f}, "
           f"with {med('shim', 'launches'):.0f}")
+    if "base" in rows:
+        cb, bb = med("base", "cpu_per_launch_ns"), med("base", "busy")
+        hb = med("base", "host_cpu_per_launch_ns")
+        print(f"compute_contended: baseline ({a.baseline}): CPU per launch {cb:.0f} ns, added "
+              f"{cb - cn:.0f} ns; besides kernel time {hb:.0f} ns, added {hb - hn:.0f} ns; device busy {bb * 100:.1f}%, lost {(bn - bb) * 100:.1f} points; "
+              f"launches per round {med('base', 'launches'):.0f}")
     print("compute_contended: raw", json.dumps(rows))
 
 

@@ -24,10 +24,19 @@ pub(super) struct Pending {
 /// Recorded events: around one launch, or back to back to calibrate what an empty pair measures. A
 /// high-priority tenant records only the end of each launch (`start` is `None`): it is charged by
 /// wall time, and a second event per launch would lengthen exactly the latency it asks to keep short.
+///
+/// A launch submitted while the previous launch on its stream has not completed starts where that
+/// one ends: its `start` is the previous launch's `end` (one event recorded per launch instead of
+/// two, the common case under contention, where the queue is rarely empty). The event then belongs
+/// to the later launch (`end_shared` on the earlier one): it is recycled once, when the later one is.
 pub(super) struct Tracked {
     start: Option<Pending>,
     end: Pending,
+    /// The stream the events were recorded on (a chained start is found by it).
+    stream: usize,
     calibration: bool,
+    /// `end` is also the next launch's `start`: not recycled with this one.
+    end_shared: bool,
 }
 
 /// What a query of one of our events says.
@@ -61,7 +70,9 @@ impl Sched {
         let mut starts: [Option<Pending>; 4] = Default::default();
         if !high {
             for (start, &s) in starts.iter_mut().zip(streams) {
-                *start = self.record(s, ctx, per_thread);
+                *start = self
+                    .chain(s, ctx)
+                    .or_else(|| self.record(s, ctx, per_thread));
             }
         }
         let r = launch();
@@ -75,15 +86,55 @@ impl Sched {
                 Some(end) => self.inflight.lock().push_back(Tracked {
                     start,
                     end,
+                    stream: s as usize,
                     calibration: false,
+                    end_shared: false,
                 }),
-                None => self.free_events.lock().extend(start),
+                None => {
+                    if let Some(start) = start {
+                        self.unchain(start);
+                    }
+                }
             }
         }
         if r.is_ok() && !high {
             self.calibrate(streams, ctx, per_thread);
         }
         r
+    }
+
+    /// The start of a launch on `stream` when the previous launch there is still running: that
+    /// launch's end event, which the new launch then owns. `None` when there is none (the device
+    /// may be idle between the two: a start event of its own measures the launch alone).
+    fn chain(&self, stream: CUstream, ctx: CUcontext) -> Option<Pending> {
+        let mut f = self.inflight.lock();
+        let prev = f
+            .iter_mut()
+            .rev()
+            .find(|t| t.stream == stream as usize && t.end.ctx == ctx as usize)?;
+        if prev.end_shared || !matches!(query(&prev.end), State::Running) {
+            return None;
+        }
+        prev.end_shared = true;
+        Some(Pending {
+            event: prev.end.event,
+            ctx: prev.end.ctx,
+        })
+    }
+
+    /// A start event whose launch failed: recycled, or given back to the launch it was chained to.
+    fn unchain(&self, start: Pending) {
+        {
+            let mut f = self.inflight.lock();
+            if let Some(prev) = f
+                .iter_mut()
+                .find(|t| t.end_shared && t.end.event == start.event)
+            {
+                prev.end_shared = false;
+                return;
+            }
+        }
+        self.free_events.lock().push(start);
     }
 
     /// Records one of our events on `stream` (of context `ctx`).
@@ -149,7 +200,9 @@ impl Sched {
             Some(end) => self.inflight.lock().push_back(Tracked {
                 start: Some(start),
                 end,
+                stream: stream as usize,
                 calibration: true,
+                end_shared: false,
             }),
             None => self.free_events.lock().push(start),
         }
@@ -211,7 +264,9 @@ impl Sched {
         }
         let mut free = self.free_events.lock();
         free.extend(t.start);
-        free.push(t.end);
+        if !t.end_shared {
+            free.push(t.end);
+        }
     }
 
     /// What this ownership is charged at `now`: its measured device time, at most the wall time since
