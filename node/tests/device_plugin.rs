@@ -108,7 +108,7 @@ impl Drop for PluginProcess {
     }
 }
 
-fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path) -> PluginProcess {
+fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path, extra: &[&str]) -> PluginProcess {
     let child = scene
         .command(gpuslice_bin())
         .arg("device-plugin")
@@ -123,6 +123,7 @@ fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path) -> PluginProcess {
         .arg("--pod-resources-socket")
         .arg(podres)
         .args(["--sweep-seconds", "1"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -223,7 +224,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     let pod_server = serve_pods(&pods);
 
     // The plugin starts before the kubelet listens: it retries until it can register.
-    let plugin = start_plugin(&scene, &kubelet, &podres_sock);
+    let plugin = start_plugin(&scene, &kubelet, &podres_sock, &[]);
     std::thread::sleep(Duration::from_millis(1500));
     let mut registrations = serve_kubelet(&kubelet);
     let reg = rt.block_on(next_registration(&mut registrations));
@@ -452,4 +453,144 @@ fn device_plugin_against_a_kubelet_stand_in() {
         stderr.contains("PodResources: ") && stderr.contains("no tenant removed this time"),
         "{stderr}"
     );
+}
+
+/// Files under the tenants and CDI directories (a half-created tenant would leave one).
+fn node_files(scene: &Scene) -> Vec<String> {
+    let mut out = Vec::new();
+    for dir in [scene.state.join("tenants"), scene.cdi.clone()] {
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            out.extend(entries.filter_map(|e| e.ok()).map(|e| {
+                e.path()
+                    .strip_prefix(&scene.dir)
+                    .unwrap()
+                    .display()
+                    .to_string()
+            }));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A kubelet that dies mid-call: its registration socket accepts the plugin's Register call and
+/// closes the connection without answering; later its Allocate call is dropped after the plugin
+/// created the tenant but before the answer. The plugin says so, retries registration until a
+/// kubelet answers, and removes the unanswered allocation's tenant (directory, policy, ledger,
+/// device-ledger entry, CDI spec); then it still registers after a restart and allocates.
+#[test]
+fn kubelet_going_away_mid_call() {
+    use std::io::Read;
+    let scene = Scene::new("gone", &[("SIMGPU_MEMORY", "16GiB")]);
+    let kubelet = scene.dir.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+
+    // A kubelet socket that reads the start of each call and hangs up.
+    let listener = std::os::unix::net::UnixListener::bind(kubelet.join("kubelet.sock")).unwrap();
+    let dropped = std::thread::spawn(move || {
+        let mut calls = 0;
+        while calls < 2 {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            // The HTTP/2 preface and the call's frames.
+            let n = conn.read(&mut buf).unwrap_or(0);
+            if n > 0 {
+                calls += 1;
+            }
+            drop(conn);
+        }
+        calls
+    });
+    // No PodResources: the sweep never removes a tenant, so only Allocate's own undo can.
+    let plugin = start_plugin(
+        &scene,
+        &kubelet,
+        &scene.dir.join("no-pod-resources.sock"),
+        &["--allocate-answer-delay-ms", "5000"],
+    );
+    assert_eq!(dropped.join().unwrap(), 2);
+    std::fs::remove_file(kubelet.join("kubelet.sock")).unwrap();
+    let mut registrations = serve_kubelet(&kubelet);
+    let reg = rt.block_on(next_registration(&mut registrations));
+    assert_eq!(reg.endpoint, "gpuslice.sock");
+    let devices = rt.block_on(first_device_list(&kubelet));
+    let uuid = devices[0].id.split("::").next().unwrap().to_string();
+    let ids: Vec<String> = (0..3).map(|i| format!("{uuid}::{i}")).collect();
+    let tenant = format!("k8s-{uuid}-0");
+    let before = node_files(&scene);
+    assert!(before.is_empty(), "{before:?}");
+
+    // Allocate, and the kubelet goes away once the tenant exists, before the answer.
+    let call = {
+        let kubelet = kubelet.clone();
+        let ids = ids.clone();
+        rt.spawn(async move {
+            plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }],
+                })
+                .await
+        })
+    };
+    let tenant_dir = scene.state.join(format!("tenants/{tenant}"));
+    wait_until("the tenant created", Duration::from_secs(60), || {
+        tenant_dir.join("slices").exists()
+    });
+    assert_eq!(device_share(&scene, &tenant), Some(30));
+    call.abort();
+    assert!(rt.block_on(call).unwrap_err().is_cancelled());
+    wait_until(
+        "the unanswered tenant removed",
+        Duration::from_secs(60),
+        || node_files(&scene) == before,
+    );
+    assert_eq!(device_share(&scene, &tenant), None);
+
+    // The kubelet restarts: registration again, and an Allocate that is answered keeps its tenant.
+    for e in std::fs::read_dir(&kubelet).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let mut registrations = serve_kubelet(&kubelet);
+    rt.block_on(next_registration(&mut registrations));
+    let resp = rt
+        .block_on(async {
+            plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }],
+                })
+                .await
+        })
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        resp.container_responses[0].cdi_devices[0].name,
+        format!("gpuslice.io/tenant={tenant}")
+    );
+    assert!(tenant_dir.join(format!("{tenant}.ledger")).exists());
+    assert!(scene
+        .cdi
+        .join(format!("gpuslice.io-tenant-{tenant}.json"))
+        .exists());
+    assert_eq!(device_share(&scene, &tenant), Some(30));
+
+    let stderr = plugin.stop();
+    assert!(
+        stderr.contains("the kubelet hung up during Register") && stderr.contains("retrying"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "the kubelet went away before the answer; tenant {tenant} removed"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the kubelet restarted"), "{stderr}");
 }
