@@ -86,22 +86,35 @@ async fn plugin_client(
     )
 }
 
-/// The plugin process, killed when the test ends however it ends.
-struct PluginProcess(Option<Child>);
+/// The plugin process, killed when the test ends however it ends; its standard error is collected
+/// as it comes.
+struct PluginProcess {
+    child: Option<Child>,
+    stderr: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
 
 impl PluginProcess {
+    /// What it has written to standard error so far.
+    fn stderr_so_far(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// Stops it and returns what it wrote to standard error.
     fn stop(mut self) -> String {
-        let mut child = self.0.take().expect("running");
+        let mut child = self.child.take().expect("running");
         let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        let _ = child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        self.stderr_so_far()
     }
 }
 
 impl Drop for PluginProcess {
     fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
+        if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -129,7 +142,23 @@ fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path, extra: &[&str]) ->
         .stderr(Stdio::piped())
         .spawn()
         .expect("gpuslice device-plugin starts");
-    PluginProcess(Some(child))
+    let mut child = child;
+    let pipe = child.stderr.take().unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let collected = stderr.clone();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut s = collected.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    PluginProcess {
+        child: Some(child),
+        stderr,
+        reader: Some(reader),
+    }
 }
 
 /// The workload as root in a private mount namespace with an Allocate response's mounts and env
@@ -491,22 +520,11 @@ fn kubelet_going_away_mid_call() {
         .unwrap();
     let _guard = rt.enter();
 
-    // A kubelet socket that reads the start of each call and hangs up.
+    // A kubelet socket that reads the start of each connection and hangs up, until the plugin has
+    // said that a Register call was cut (the gRPC channel reconnects by itself, so a cut connection
+    // is not always a failed call).
     let listener = std::os::unix::net::UnixListener::bind(kubelet.join("kubelet.sock")).unwrap();
-    let dropped = std::thread::spawn(move || {
-        let mut calls = 0;
-        while calls < 2 {
-            let (mut conn, _) = listener.accept().unwrap();
-            let mut buf = [0u8; 4096];
-            // The HTTP/2 preface and the call's frames.
-            let n = conn.read(&mut buf).unwrap_or(0);
-            if n > 0 {
-                calls += 1;
-            }
-            drop(conn);
-        }
-        calls
-    });
+    listener.set_nonblocking(true).unwrap();
     // No PodResources: the sweep never removes a tenant, so only Allocate's own undo can.
     let plugin = start_plugin(
         &scene,
@@ -514,7 +532,23 @@ fn kubelet_going_away_mid_call() {
         &scene.dir.join("no-pod-resources.sock"),
         &["--allocate-answer-delay-ms", "5000"],
     );
-    assert_eq!(dropped.join().unwrap(), 2);
+    let mut hung_up = 0;
+    wait_until("a Register call cut", Duration::from_secs(60), || {
+        while let Ok((mut conn, _)) = listener.accept() {
+            conn.set_nonblocking(false).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // The HTTP/2 preface and the call's frames, then the connection dropped.
+            let mut buf = [0u8; 4096];
+            if conn.read(&mut buf).unwrap_or(0) > 0 {
+                hung_up += 1;
+            }
+        }
+        plugin
+            .stderr_so_far()
+            .contains("the kubelet hung up during Register")
+    });
+    assert!(hung_up > 0);
+    drop(listener);
     std::fs::remove_file(kubelet.join("kubelet.sock")).unwrap();
     let mut registrations = serve_kubelet(&kubelet);
     let reg = rt.block_on(next_registration(&mut registrations));
@@ -582,6 +616,7 @@ fn kubelet_going_away_mid_call() {
     assert_eq!(device_share(&scene, &tenant), Some(30));
 
     let stderr = plugin.stop();
+
     assert!(
         stderr.contains("the kubelet hung up during Register") && stderr.contains("retrying"),
         "{stderr}"
