@@ -241,5 +241,24 @@ fn podman_runs_a_client_within_its_tenant_quota() {
         std::fs::read(scene.state.join("tenants/t1/policy.toml")).unwrap(),
         policy_before
     );
+
+    // A spec with the groups (cdiVersion 0.7.0): podman 4.3's CDI library refuses it, and with it
+    // every CDI device of the directory (docs/KUBERNETES.md). Checked last: it spoils the directory.
+    let version = run(std::process::Command::new(&pm.podman).arg("--version"));
+    if version.stdout.trim() == "podman version 4.3.1" {
+        scene
+            .gpuslice(&["tenant", "create", "t2", "--memory", "1GiB"])
+            .assert_success();
+        assert_eq!(scene.spec("t2")["cdiVersion"], "0.7.0");
+        let mut args = vec!["--device", "gpuslice.io/tenant=t2"];
+        args.extend(devices);
+        let r = pm.run(&scene, &args, &["--chunk", "64"]);
+        r.assert_failure();
+        assert!(
+            r.stderr.contains("unresolvable CDI devices"),
+            "{}",
+            r.report()
+        );
+    }
     assert_eq!(Path::new("/etc/cdi").exists(), etc_cdi_before);
 }
