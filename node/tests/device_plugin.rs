@@ -341,6 +341,34 @@ fn device_plugin_against_a_kubelet_stand_in() {
                 == 0
     );
 
+    // All or nothing: the first container's slices are fine, the second's are not; the first
+    // container's tenant is removed again.
+    let err = rt
+        .block_on(async {
+            plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![
+                        dp::ContainerAllocateRequest {
+                            devices_ids: vec![id(0, 5), id(0, 6)],
+                        },
+                        dp::ContainerAllocateRequest {
+                            devices_ids: vec![id(0, 7), id(1, 7)],
+                        },
+                    ],
+                })
+                .await
+        })
+        .unwrap_err();
+    assert!(err.message().contains("more than one GPU"), "{err:?}");
+    let left: Vec<_> = std::fs::read_dir(scene.state.join("tenants"))
+        .unwrap()
+        .chain(std::fs::read_dir(&scene.cdi).into_iter().flatten())
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(device_share(&scene, &format!("k8s-{}-5", uuids[0])), None);
+
     // Allocate 3 of 10 slices of GPU 0: a tenant with 3/10 of its memory and share 30.
     let resp = rt
         .block_on(async {
@@ -478,6 +506,11 @@ fn device_plugin_against_a_kubelet_stand_in() {
     );
     assert!(stderr.contains("the kubelet restarted"), "{stderr}");
     assert!(stderr.contains("removed (its pod is gone)"), "{stderr}");
+    // The all-or-nothing Allocate had created the first container's tenant before it took it back.
+    assert!(
+        stderr.contains(&format!("tenant k8s-{}-5 removed", uuids[0])),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("PodResources: ") && stderr.contains("no tenant removed this time"),
         "{stderr}"
