@@ -383,6 +383,12 @@ impl DevicePlugin for Service {
             .collect();
         tokio::spawn(async move {
             let _g = plugin.lock.lock().await;
+            if answer.is_closed() {
+                eprintln!(
+                    "gpuslice device-plugin: Allocate {requests:?}: the kubelet went away before it started; no tenant created"
+                );
+                return;
+            }
             let outcome = allocate_all(&plugin, &requests).await;
             let created = match &outcome {
                 Ok((_, created)) => created.clone(),
