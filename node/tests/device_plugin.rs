@@ -563,7 +563,7 @@ fn kubelet_going_away_mid_call() {
         &scene,
         &kubelet,
         &scene.dir.join("no-pod-resources.sock"),
-        &["--allocate-answer-delay-ms", "5000"],
+        &["--allocate-answer-delay-ms", "15000"],
     );
     let mut hung_up = 0;
     wait_until("a Register call cut", Duration::from_secs(60), || {
