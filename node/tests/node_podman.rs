@@ -89,9 +89,8 @@ impl Podman {
         for d in ["storage", "run", "tmp", "empty"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
-        // No rlimits in the container's spec: runc sets them with prlimit, which needs
-        // CAP_SYS_RESOURCE to raise a limit, and podman's defaults (nofile 1048576) are above what a
-        // machine without it allows.
+        // No rlimits in the container's spec: runc sets them with prlimit, and podman's defaults
+        // (nofile, nproc) fail there on a machine whose root lacks CAP_SYS_RESOURCE.
         std::fs::write(
             dir.join("containers.conf"),
             format!(
