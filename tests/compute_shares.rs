@@ -603,7 +603,7 @@ fn compute_shares_on_simgpu() {
 /// first barrier waits for it) until the last one finished; process start-up is not part of it (it
 /// has its own benchmark) — or what was still running at the deadline.
 fn collectives_run(scene: &Scene, gpuslice: bool, deadline: Duration) -> Result<Duration, String> {
-    const ITERS: &str = "60";
+    const ITERS: &str = "300";
     let client = compile(&MULTIGPU);
     let t0 = Instant::now();
     let mut children = Vec::new();
@@ -642,7 +642,7 @@ fn collectives_run(scene: &Scene, gpuslice: bool, deadline: Duration) -> Result<
     let (mut started, mut ended) = (0, 0);
     for (name, child) in children {
         let r = finish(child, &name);
-        if !r.status.success() || r.get("iterations") != "60" {
+        if !r.status.success() || r.get("iterations") != ITERS {
             report.push(format!("{name}: {}", r.report()));
             continue;
         }
