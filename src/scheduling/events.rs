@@ -12,6 +12,9 @@ use gpuslice_api::{CUerror, CUresult};
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
+/// A drain of short kernels hands over when at most this much of our work is left in flight.
+const HANDOVER_LEAD_NS: u64 = 200_000;
+
 /// How often an empty event pair is recorded to re-measure the per-launch event overhead.
 const CALIBRATION_NS: u64 = 250_000_000;
 
@@ -317,6 +320,15 @@ impl Sched {
             }
             let now = now_ns();
             if now >= deadline {
+                break;
+            }
+            // Short kernels: the last HANDOVER_LEAD_NS of our work runs while the next owner wakes
+            // up and submits (its work queues behind ours in the device's order).
+            let per_launch = self.launch_ns.load(Relaxed);
+            if per_launch <= HANDOVER_LEAD_NS
+                && (self.inflight.lock().len() as u64).saturating_mul(per_launch)
+                    <= HANDOVER_LEAD_NS
+            {
                 break;
             }
             // Polled, with a heartbeat, so waiters can tell a long drain from a stopped owner.
