@@ -347,7 +347,7 @@ fn parse(path: &Path, text: &str) -> Result<Policy, String> {
         match (e.table.as_str(), e.key.as_str()) {
             ("", "name") => {
                 let v = e.value.as_text();
-                super::check_tenant(&v).map_err(|m| format!("{at}: name = {v:?}: {m}"))?;
+                super::readers::check_tenant(&v).map_err(|m| format!("{at}: name = {v:?}: {m}"))?;
                 name = Some(v);
             }
             ("", "memory") => memory = Some(int(u64::MAX)?),
