@@ -6,7 +6,7 @@
 use super::quota_file::FileSettings;
 use super::table::{self, Source, Spec, DEVICES_TABLE};
 use super::{
-    effect, paths, policy, Config, LogLevel, PerDevice, Priority, Setting, DEFAULT_LEDGER_DIR,
+    effect, paths, policy, Config, LogLevel, PerDevice, Setting, DEFAULT_LEDGER_DIR,
     DEFAULT_TENANT, MAX_ALIAS_INDEX,
 };
 use std::collections::BTreeMap;
@@ -25,62 +25,80 @@ pub(super) struct Found {
     pub label: String,
 }
 
-/// The configuration being built: the settings' fields as their readers leave them, and what the
-/// readers reported.
+/// A setting's first set tier of sources (all of one kind), and the environment for a reader that
+/// looks at a companion variable.
+pub(super) struct Tier<'a> {
+    pub found: &'a [Found],
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Tier<'_> {
+    pub fn first(&self) -> Option<&Found> {
+        self.found.first()
+    }
+}
+
+/// The configuration being built: `cfg` holds the settings as their readers leave them (and what
+/// they reported); the fields below hold what the defaults are derived from in [`finish`].
 pub(super) struct Builder {
     pub file: FileSettings,
-    pub memory: PerDevice<u64>,
-    pub compute_share: PerDevice<u8>,
-    pub compute_limit: PerDevice<u8>,
-    pub priority: Setting<Priority>,
+    pub cfg: Config,
+    /// A tenant named explicitly.
     pub tenant: Option<String>,
     /// A ledger named explicitly (checked by its reader).
     pub ledger: Option<PathBuf>,
     pub ledger_dir: Option<PathBuf>,
-    pub ledger_group: Option<String>,
-    pub context_reserve: Option<u64>,
-    pub log_level: LogLevel,
     pub device_dir: Option<PathBuf>,
-    pub notes: Vec<String>,
-    pub errors: Vec<String>,
     /// Errors that concern every device.
     pub poison_all: Vec<String>,
-    pub effects: BTreeMap<String, &'static str>,
 }
 
 impl Builder {
     fn new() -> Builder {
         Builder {
             file: FileSettings::default(),
-            memory: PerDevice::default(),
-            compute_share: PerDevice::default(),
-            compute_limit: PerDevice::default(),
-            priority: Setting::Unset,
+            cfg: Config {
+                tenant: DEFAULT_TENANT.to_string(),
+                ledger_path: PathBuf::new(),
+                ledger_dir: None,
+                ledger_group: None,
+                quota_file: None,
+                memory: PerDevice::default(),
+                log_level: LogLevel::Warn,
+                context_reserve: None,
+                compute_share: PerDevice::default(),
+                compute_limit: PerDevice::default(),
+                priority: Setting::Unset,
+                device_dir: PathBuf::from(DEFAULT_DEVICE_DIR),
+                notes: Vec::new(),
+                warnings: Vec::new(),
+                errors: Vec::new(),
+                effects: BTreeMap::new(),
+                policy: None,
+            },
             tenant: None,
             ledger: None,
             ledger_dir: None,
-            ledger_group: None,
-            context_reserve: None,
-            log_level: LogLevel::Warn,
             device_dir: None,
-            notes: Vec::new(),
-            errors: Vec::new(),
             poison_all: Vec::new(),
-            effects: BTreeMap::new(),
         }
+    }
+
+    /// An info line for the log (how an alias was read, what was ignored).
+    pub fn note(&mut self, line: String) {
+        self.cfg.notes.push(line);
     }
 
     /// An error that concerns every device (tenant, ledger, quota file, context reserve).
     pub fn fail_all(&mut self, msg: String) {
-        self.effects.insert(msg.clone(), effect::EVERYTHING);
-        self.errors.push(msg.clone());
+        self.fail(msg.clone(), effect::EVERYTHING);
         self.poison_all.push(msg);
     }
 
     /// An error whose effect is `effect` (it poisons nothing by itself).
     pub fn fail(&mut self, msg: String, effect: &'static str) {
-        self.effects.insert(msg.clone(), effect);
-        self.errors.push(msg);
+        self.cfg.effects.insert(msg.clone(), effect);
+        self.cfg.errors.push(msg);
     }
 }
 
@@ -145,7 +163,7 @@ fn apply(
     read: super::readers::Read,
 ) {
     let tiers = tiers(spec, env, &b.file);
-    let Some(taken) = tiers.iter().position(|tier| read(b, env, tier)) else {
+    let Some(taken) = tiers.iter().position(|found| read(b, &Tier { found, env })) else {
         return;
     };
     let ignored: Vec<String> = tiers[taken + 1..]
@@ -159,7 +177,7 @@ fn apply(
             names
         });
     if let (false, Some(winner)) = (ignored.is_empty(), tiers[taken][0].source.variable()) {
-        b.notes.push(format!(
+        b.note(format!(
             "{} is set: ignoring {}",
             winner.replace("_<i>", "_*"),
             ignored.join(", ")
@@ -263,45 +281,29 @@ pub(super) fn quoted(var: &str, value: &str) -> String {
 /// What depends on several settings (the default ledger, the device-ledger directory), the errors
 /// collected per device, and the node policy over all of it.
 fn finish(b: Builder, env: &dyn Fn(&str) -> Option<String>, policy_file: &Path) -> Config {
-    let tenant = b.tenant.unwrap_or_else(|| DEFAULT_TENANT.to_string());
+    let mut cfg = b.cfg;
+    cfg.tenant = b.tenant.unwrap_or(cfg.tenant);
+    cfg.quota_file = b.file.path;
     let ledger_dir_set = b.ledger_dir.is_some();
     let ledger_dir = b
         .ledger_dir
         .unwrap_or_else(|| PathBuf::from(DEFAULT_LEDGER_DIR));
     let default_ledger = paths::first_candidate(
         &ledger_dir,
-        b.ledger_group.as_deref(),
+        cfg.ledger_group.as_deref(),
         crate::slotfile::sys::geteuid(),
     )
-    .join(format!("{tenant}.ledger"));
-    let ledger_path = b.ledger.unwrap_or_else(|| default_ledger.clone());
+    .join(format!("{}.ledger", cfg.tenant));
+    cfg.ledger_path = b.ledger.unwrap_or_else(|| default_ledger.clone());
     // A node-created tenant joins the node's device ledgers, whatever its environment says.
-    let device_dir = match policy::locate(env, policy_file) {
+    cfg.device_dir = match policy::locate(env, policy_file) {
         Some((path, fixed)) => policy::device_dir_for(&path, fixed),
         None => b
             .device_dir
             .or_else(|| ledger_dir_set.then(|| ledger_dir.join("devices")))
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_DEVICE_DIR)),
+            .unwrap_or(cfg.device_dir),
     };
-    let mut cfg = Config {
-        tenant,
-        ledger_dir: (ledger_path == default_ledger).then_some(ledger_dir),
-        ledger_path,
-        ledger_group: b.ledger_group,
-        quota_file: b.file.path,
-        memory: b.memory,
-        log_level: b.log_level,
-        context_reserve: b.context_reserve,
-        compute_share: b.compute_share,
-        compute_limit: b.compute_limit,
-        priority: b.priority,
-        device_dir,
-        notes: b.notes,
-        warnings: Vec::new(),
-        errors: b.errors,
-        effects: b.effects,
-        policy: None,
-    };
+    cfg.ledger_dir = (cfg.ledger_path == default_ledger).then_some(ledger_dir);
     // Collect the per-value errors too, so the caller can log every one of them once.
     for map in [&cfg.compute_share, &cfg.compute_limit] {
         collect_errors(map, &mut cfg.errors, &mut cfg.effects, effect::COMPUTE);

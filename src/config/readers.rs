@@ -4,7 +4,7 @@
 //! value and its source (`Found::label`). An alias that is read leaves an info note saying how.
 //! Returning `false` declines the tier: the loader hands the next one.
 
-use super::load::{Builder, Found};
+use super::load::{Builder, Found, Tier};
 use super::per_device::{describe, per_device};
 use super::table::Source;
 use super::{effect, format_bytes, parse_percent, parse_size, LogLevel, PerDevice, Priority};
@@ -12,12 +12,7 @@ use super::{Setting, Units};
 use std::path::PathBuf;
 
 /// A setting's reader.
-pub(super) type Read = fn(&mut Builder, &dyn Fn(&str) -> Option<String>, &[Found]) -> bool;
-
-/// The kind of source a tier comes from.
-fn kind(tier: &[Found]) -> Option<Source> {
-    tier.first().map(|f| f.source)
-}
+pub(super) type Read = fn(&mut Builder, &Tier) -> bool;
 
 /// A per-device list in gpuslice's syntax, from `found`.
 fn list<T: Clone>(found: &Found, parse: impl Fn(&str) -> Result<T, String>) -> PerDevice<T> {
@@ -26,19 +21,18 @@ fn list<T: Clone>(found: &Found, parse: impl Fn(&str) -> Result<T, String>) -> P
 
 /// Memory limit: `GPUSLICE_MEMORY_LIMIT` > HAMi's (`CUDA_DEVICE_MEMORY_LIMIT`, `_<i>`: lower-case
 /// k/m/g are KiB/MiB/GiB) > MPS's (MB/GB are MiB/GiB) > the file's `memory_limit` and `[devices]`.
-pub(super) fn memory_limit(
-    b: &mut Builder,
-    _: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    b.memory = match kind(tier) {
-        Some(Source::Hami(_)) => {
+pub(super) fn memory_limit(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(first) = tier.first() else {
+        return false;
+    };
+    b.cfg.memory = match first.source {
+        Source::Hami(_) => {
             let mut out = PerDevice::default();
-            for f in tier {
+            for f in tier.found {
                 match f.index {
                     None => {
                         out = list(f, |s| parse_size(s, Units::Hami));
-                        b.notes.push(format!(
+                        b.note(format!(
                             "{} read as the memory limit {} (HAMi alias of GPUSLICE_MEMORY_LIMIT; lower-case k/m/g mean KiB/MiB/GiB)",
                             f.label,
                             describe(&out)
@@ -48,7 +42,7 @@ pub(super) fn memory_limit(
                         let r = parse_size(&f.value, Units::Hami)
                             .map_err(|e| format!("{}: {e}", f.label));
                         if let Ok(n) = &r {
-                            b.notes.push(format!(
+                            b.note(format!(
                                 "{} read as the memory limit {} for device {i} (HAMi alias; lower-case k/m/g mean KiB/MiB/GiB)",
                                 f.label,
                                 format_bytes(*n)
@@ -60,56 +54,52 @@ pub(super) fn memory_limit(
             }
             out
         }
-        Some(Source::Mps(_)) => {
-            let out = list(&tier[0], |s| parse_size(s, Units::Mps));
-            b.notes.push(format!(
+        Source::Mps(_) => {
+            let out = list(first, |s| parse_size(s, Units::Mps));
+            b.note(format!(
                 "{} read as the memory limit {} (MPS alias of GPUSLICE_MEMORY_LIMIT; MPS's MB/GB mean MiB/GiB)",
-                tier[0].label,
+                first.label,
                 describe(&out)
             ));
             out
         }
         // The quota file's `memory_limit` and `[devices]`, merged when the file was read.
-        Some(Source::File(_)) => b.file.memory.clone(),
-        Some(Source::Env(_)) => list(&tier[0], |s| parse_size(s, Units::Gpuslice)),
-        None => return false,
+        Source::File(_) => b.file.memory.clone(),
+        Source::Env(_) => list(first, |s| parse_size(s, Units::Gpuslice)),
     };
     true
 }
 
 /// Compute share: `GPUSLICE_COMPUTE_SHARE` > the file's `compute_share`.
-pub(super) fn compute_share(
-    b: &mut Builder,
-    _: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    let Some(f) = tier.first() else { return false };
-    b.compute_share = list(f, parse_percent);
+pub(super) fn compute_share(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
+    b.cfg.compute_share = list(f, parse_percent);
     true
 }
 
 /// Compute cap: `GPUSLICE_COMPUTE_LIMIT` > HAMi's `CUDA_DEVICE_SM_LIMIT[_<i>]` (0 means none;
 /// `GPU_CORE_UTILIZATION_POLICY=disable` ignores them) > MPS's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` >
 /// the file's `compute_limit`.
-pub(super) fn compute_cap(
-    b: &mut Builder,
-    env: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    b.compute_limit = match kind(tier) {
-        Some(Source::Hami(_)) => {
-            if !hami_core_policy_applies(b, env) {
+pub(super) fn compute_cap(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(first) = tier.first() else {
+        return false;
+    };
+    b.cfg.compute_limit = match first.source {
+        Source::Hami(_) => {
+            if !hami_core_policy_applies(b, tier.env) {
                 return false;
             }
             let mut out = PerDevice::default();
-            for f in tier {
+            for f in tier.found {
                 let what = match f.index {
                     Some(i) => format!("device {i}"),
                     None => "every device".to_string(),
                 };
                 // HAMi treats 0 (and 100) as "no limit".
                 if f.value.trim() == "0" {
-                    b.notes.push(format!(
+                    b.note(format!(
                         "{} read as no compute cap for {what} (HAMi alias; 0 means unlimited)",
                         f.label
                     ));
@@ -117,7 +107,7 @@ pub(super) fn compute_cap(
                 }
                 let r = parse_percent(&f.value).map_err(|e| format!("{}: {e}", f.label));
                 if let Ok(p) = &r {
-                    b.notes.push(format!(
+                    b.note(format!(
                         "{} read as a compute cap of {p}% for {what} (HAMi alias of GPUSLICE_COMPUTE_LIMIT)",
                         f.label
                     ));
@@ -131,11 +121,11 @@ pub(super) fn compute_cap(
             }
             out
         }
-        Some(Source::Mps(_)) => {
-            let f = &tier[0];
+        Source::Mps(_) => {
+            let f = first;
             let r = parse_percent(&f.value).map_err(|e| format!("{}: {e}", f.label));
             if let Ok(p) = &r {
-                b.notes.push(format!(
+                b.note(format!(
                     "{} read as a compute cap of {p}% for every device (MPS alias of GPUSLICE_COMPUTE_LIMIT)",
                     f.label
                 ));
@@ -145,8 +135,7 @@ pub(super) fn compute_cap(
                 ..PerDevice::default()
             }
         }
-        Some(Source::Env(_) | Source::File(_)) => list(&tier[0], parse_percent),
-        None => return false,
+        Source::Env(_) | Source::File(_) => list(first, parse_percent),
     };
     true
 }
@@ -163,18 +152,16 @@ fn hami_core_policy_applies(b: &mut Builder, env: &dyn Fn(&str) -> Option<String
         "force" | "default" | "" => (true, " read as: CUDA_DEVICE_SM_LIMIT* is a compute cap enforced whenever the tenant runs (HAMi's force)"),
         _ => (true, ": unknown value read as default (expected default, force or disable)"),
     };
-    b.notes.push(format!("{src}{how}"));
+    b.note(format!("{src}{how}"));
     applies
 }
 
 /// Priority: `GPUSLICE_PRIORITY` > HAMi's `CUDA_TASK_PRIORITY` (0 high, 1 normal) > the file's
 /// `priority`.
-pub(super) fn priority(
-    b: &mut Builder,
-    _: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    let Some(f) = tier.first() else { return false };
+pub(super) fn priority(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
     let (src, value) = match f.source {
         Source::Hami(_) => {
             let ours = match f.value.trim() {
@@ -184,7 +171,7 @@ pub(super) fn priority(
                 _ => "(invalid)",
             };
             if ours != "(invalid)" {
-                b.notes.push(format!(
+                b.note(format!(
                     "{} read as priority {ours} (HAMi alias of GPUSLICE_PRIORITY; 0 is high, 1 normal)",
                     f.label
                 ));
@@ -193,7 +180,7 @@ pub(super) fn priority(
         }
         _ => (f.label.clone(), f.value.trim()),
     };
-    b.priority = match value {
+    b.cfg.priority = match value {
         "high" => Setting::Value(Priority::High),
         "normal" => Setting::Value(Priority::Normal),
         _ => Setting::Invalid(format!("{src}: unknown priority (expected high or normal)")),
@@ -202,8 +189,10 @@ pub(super) fn priority(
 }
 
 /// Tenant: `GPUSLICE_TENANT` > the file's `tenant`.
-pub(super) fn tenant(b: &mut Builder, _: &dyn Fn(&str) -> Option<String>, tier: &[Found]) -> bool {
-    let Some(f) = tier.first() else { return false };
+pub(super) fn tenant(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
     match check_tenant(&f.value) {
         Ok(()) => b.tenant = Some(f.value.clone()),
         Err(e) => b.fail_all(format!("{}: {e}", f.label)),
@@ -227,15 +216,13 @@ pub(super) fn check_tenant(t: &str) -> Result<(), String> {
 /// Ledger: `GPUSLICE_LEDGER` > HAMi's `CUDA_DEVICE_MEMORY_SHARED_CACHE` (where HAMi keeps its shared
 /// region) > the file's `ledger`, which belongs to the file's tenant: a tenant named in the
 /// environment uses its own default ledger.
-pub(super) fn ledger(
-    b: &mut Builder,
-    env: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    let Some(f) = tier.first() else { return false };
+pub(super) fn ledger(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
     match f.source {
-        Source::File(_) if env("GPUSLICE_TENANT").is_some() => return false,
-        Source::Hami(_) => b.notes.push(format!(
+        Source::File(_) if (tier.env)("GPUSLICE_TENANT").is_some() => return false,
+        Source::Hami(_) => b.note(format!(
             "{} read as the ledger path (HAMi alias of GPUSLICE_LEDGER)",
             f.label
         )),
@@ -254,12 +241,10 @@ pub(super) fn ledger(
 }
 
 /// Ledger directory: `GPUSLICE_LEDGER_DIR`.
-pub(super) fn ledger_dir(
-    b: &mut Builder,
-    _: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    let Some(f) = tier.first() else { return false };
+pub(super) fn ledger_dir(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
     if f.value.starts_with('/') {
         b.ledger_dir = Some(PathBuf::from(&f.value));
     } else {
@@ -272,25 +257,21 @@ pub(super) fn ledger_dir(
 }
 
 /// Ledger group: `GPUSLICE_LEDGER_GROUP` > the file's `ledger_group`; empty means none.
-pub(super) fn ledger_group(
-    b: &mut Builder,
-    _: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    let Some(f) = tier.first() else { return false };
-    b.ledger_group = Some(f.value.clone()).filter(|g| !g.trim().is_empty());
+pub(super) fn ledger_group(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
+    b.cfg.ledger_group = Some(f.value.clone()).filter(|g| !g.trim().is_empty());
     true
 }
 
 /// Context reserve: `GPUSLICE_CONTEXT_RESERVE`, a size.
-pub(super) fn context_reserve(
-    b: &mut Builder,
-    _: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    let Some(f) = tier.first() else { return false };
+pub(super) fn context_reserve(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
     match parse_size(&f.value, Units::Gpuslice) {
-        Ok(n) => b.context_reserve = Some(n),
+        Ok(n) => b.cfg.context_reserve = Some(n),
         Err(e) => b.fail_all(format!("{}: {e}", f.label)),
     }
     true
@@ -298,12 +279,10 @@ pub(super) fn context_reserve(
 
 /// Log level: `GPUSLICE_LOG` (empty: the default, warn) > HAMi's `LIBCUDA_LOG_LEVEL` (0 errors only,
 /// 1 and 2 warnings, 3 info, 4 debug).
-pub(super) fn log_level(
-    b: &mut Builder,
-    _: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    let Some(f) = tier.first() else { return false };
+pub(super) fn log_level(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
     let v = f.value.trim();
     if let Source::Hami(_) = f.source {
         let (ours, name) = match v {
@@ -317,14 +296,14 @@ pub(super) fn log_level(
                 return true;
             }
         };
-        b.notes.push(format!(
+        b.note(format!(
             "{} read as log level {name} (HAMi alias of GPUSLICE_LOG)",
             f.label
         ));
-        b.log_level = ours;
+        b.cfg.log_level = ours;
     } else if !v.is_empty() {
         match LogLevel::parse(v) {
-            Some(level) => b.log_level = level,
+            Some(level) => b.cfg.log_level = level,
             None => b.fail(
                 format!(
                     "{}: unknown log level (expected off, error, warn, info, debug, trace)",
@@ -338,12 +317,10 @@ pub(super) fn log_level(
 }
 
 /// Device-ledger directory: `GPUSLICE_DEVICE_DIR` (empty: the default; a node policy's wins).
-pub(super) fn device_dir(
-    b: &mut Builder,
-    _: &dyn Fn(&str) -> Option<String>,
-    tier: &[Found],
-) -> bool {
-    let Some(f) = tier.first() else { return false };
+pub(super) fn device_dir(b: &mut Builder, tier: &Tier) -> bool {
+    let Some(f) = tier.first() else {
+        return false;
+    };
     b.device_dir = Some(PathBuf::from(&f.value)).filter(|_| !f.value.is_empty());
     true
 }
