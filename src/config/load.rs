@@ -6,8 +6,8 @@
 use super::quota_file::FileSettings;
 use super::table::{self, Source, Spec, DEVICES_TABLE};
 use super::{
-    effect, paths, policy, Config, LogLevel, PerDevice, Setting, DEFAULT_LEDGER_DIR,
-    DEFAULT_TENANT, MAX_ALIAS_INDEX,
+    effect, paths, policy, Config, PerDevice, Setting, DEFAULT_LEDGER_DIR, DEFAULT_TENANT,
+    MAX_ALIAS_INDEX,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,22 +59,8 @@ impl Builder {
             file: FileSettings::default(),
             cfg: Config {
                 tenant: DEFAULT_TENANT.to_string(),
-                ledger_path: PathBuf::new(),
-                ledger_dir: None,
-                ledger_group: None,
-                quota_file: None,
-                memory: PerDevice::default(),
-                log_level: LogLevel::Warn,
-                context_reserve: None,
-                compute_share: PerDevice::default(),
-                compute_limit: PerDevice::default(),
-                priority: Setting::Unset,
                 device_dir: PathBuf::from(DEFAULT_DEVICE_DIR),
-                notes: Vec::new(),
-                warnings: Vec::new(),
-                errors: Vec::new(),
-                effects: BTreeMap::new(),
-                policy: None,
+                ..Config::default()
             },
             tenant: None,
             ledger: None,
@@ -323,7 +309,7 @@ fn finish(b: Builder, env: &dyn Fn(&str) -> Option<String>, policy_file: &Path) 
         cfg.compute_share.poison_with(&msg);
         cfg.compute_limit.poison_with(&msg);
     }
-    policy::apply(&mut cfg, env, policy_file);
+    super::policy_apply::apply(&mut cfg, env, policy_file);
     cfg.errors.dedup();
     cfg
 }

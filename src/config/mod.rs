@@ -33,6 +33,7 @@ mod load;
 pub mod paths;
 mod per_device;
 pub mod policy;
+mod policy_apply;
 mod quota_file;
 mod readers;
 pub mod size;
@@ -74,9 +75,10 @@ pub enum Limit {
 }
 
 /// A non-memory per-device or global setting.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Setting<T> {
     Value(T),
+    #[default]
     Unset,
     /// Wrong configuration (message); the caller applies its strictest behaviour.
     Invalid(String),
@@ -92,8 +94,8 @@ pub enum Priority {
 /// `GPUSLICE_LOG` levels: the logger's own type (one type, one parser: [`crate::log::Level`]).
 pub use crate::log::Level as LogLevel;
 
-/// The parsed configuration of this process.
-#[derive(Clone, Debug)]
+/// The parsed configuration of this process ([`load`]; `Default` is the loader's starting point).
+#[derive(Clone, Debug, Default)]
 pub struct Config {
     /// Tenant name (names the default ledger).
     pub tenant: String,
