@@ -80,8 +80,12 @@ impl Tenant {
     }
 
     /// The tenant's ledger, joined (or created) on first use.
+    #[inline]
     pub fn ledger(&self) -> Result<&Ledger, &str> {
-        crate::process::get().ledger()
+        match self.ledger.get() {
+            Some(joined) => joined.as_ref().map_err(String::as_str),
+            None => crate::process::get().ledger(),
+        }
     }
 
     /// The ledger if this process has joined it, or if it exists (never created from here).

@@ -103,14 +103,17 @@ pub fn load() -> Config {
                 .then(|| (k, v.to_string_lossy().into_owned()))
         })
         .collect();
-    let mut cfg = load_from(
+    let mut cfg = load_probing(
         &|name| {
             relevant
                 .iter()
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         },
+        // The 64 names of an indexed alias are probed only when a variable has their prefix.
+        &|prefix| relevant.iter().any(|(k, _)| k.starts_with(prefix)),
         Path::new(super::DEFAULT_QUOTA_FILE),
+        Path::new(policy::POLICY_FILE),
     );
     cfg.place_default_ledger();
     cfg
@@ -129,40 +132,51 @@ pub fn load_with_policy(
     default_quota_file: &Path,
     policy_file: &Path,
 ) -> Config {
+    load_probing(env, &|_| true, default_quota_file, policy_file)
+}
+
+/// [`load_with_policy`], with `maybe_prefixed(prefix)` false when no variable starts with `prefix`.
+fn load_probing(
+    env: &dyn Fn(&str) -> Option<String>,
+    maybe_prefixed: &dyn Fn(&str) -> bool,
+    default_quota_file: &Path,
+    policy_file: &Path,
+) -> Config {
     let mut b = Builder::new();
     b.file = b.read_quota_file(env, default_quota_file);
     for spec in table::SETTINGS {
         if let Some(read) = spec.read() {
-            apply(&mut b, env, spec, read);
+            let found = found(spec, env, maybe_prefixed, &b.file);
+            apply(&mut b, env, &found, read);
         }
     }
     finish(b, env, policy_file)
 }
 
-/// Hands `spec`'s first set tier of sources to `read`; a tier the reader declines (a HAMi cap that
+/// Hands the first tier of a setting's sources `found` set to `read`; a tier the reader declines (a HAMi cap that
 /// `GPU_CORE_UTILIZATION_POLICY=disable` switches off, a file's ledger that belongs to another
 /// tenant) gives way to the next. Variables of lower tiers that are set too are noted as ignored.
 fn apply(
     b: &mut Builder,
     env: &dyn Fn(&str) -> Option<String>,
-    spec: &Spec,
+    found: &[Found],
     read: super::readers::Read,
 ) {
-    let tiers = tiers(spec, env, &b.file);
-    let Some(taken) = tiers.iter().position(|found| read(b, &Tier { found, env })) else {
+    let same_kind = |a: &Found, b: &Found| {
+        std::mem::discriminant(&a.source) == std::mem::discriminant(&b.source)
+    };
+    let mut tiers = found.chunk_by(same_kind);
+    let Some(taken) = tiers.find(|found| read(b, &Tier { found, env })) else {
         return;
     };
-    let ignored: Vec<String> = tiers[taken + 1..]
-        .iter()
-        .flatten()
-        .filter_map(|f| f.source.variable().map(|v| v.replace("_<i>", "_*")))
-        .fold(Vec::new(), |mut names, v| {
-            if !names.contains(&v) {
-                names.push(v);
-            }
-            names
-        });
-    if let (false, Some(winner)) = (ignored.is_empty(), tiers[taken][0].source.variable()) {
+    let mut ignored: Vec<String> = Vec::new();
+    for v in tiers.flatten().filter_map(|f| f.source.variable()) {
+        let v = v.replace("_<i>", "_*");
+        if !ignored.contains(&v) {
+            ignored.push(v);
+        }
+    }
+    if let (false, Some(winner)) = (ignored.is_empty(), taken[0].source.variable()) {
         b.note(format!(
             "{} is set: ignoring {}",
             winner.replace("_<i>", "_*"),
@@ -171,28 +185,20 @@ fn apply(
     }
 }
 
-/// `spec`'s sources that are set, grouped in tiers (gpuslice's, HAMi's, MPS's, the file's), in
-/// precedence order; tiers with nothing set are left out.
-fn tiers(
+/// `spec`'s sources that are set, in precedence order (a tier is a run of one kind: gpuslice's,
+/// HAMi's, MPS's, the file's). Nothing is allocated when none is set, as for most settings.
+fn found(
     spec: &Spec,
     env: &dyn Fn(&str) -> Option<String>,
+    maybe_prefixed: &dyn Fn(&str) -> bool,
     file: &FileSettings,
-) -> Vec<Vec<Found>> {
-    let mut out: Vec<Vec<Found>> = Vec::new();
-    let mut last_kind = None;
+) -> Vec<Found> {
+    let mut out = Vec::new();
     for &source in spec.sources {
-        let kind = std::mem::discriminant(&source);
-        if last_kind != Some(kind) {
-            out.push(Vec::new());
-            last_kind = Some(kind);
-        }
-        let Some(tier) = out.last_mut() else {
-            continue;
-        };
         match source {
             Source::File(DEVICES_TABLE) => {
                 if let Some(path) = file.path.as_ref().filter(|_| file.has_devices_table) {
-                    tier.push(Found {
+                    out.push(Found {
                         source,
                         index: None,
                         value: String::new(),
@@ -202,7 +208,7 @@ fn tiers(
             }
             Source::File(key) => {
                 if let Some((value, label)) = file.top.get(key) {
-                    tier.push(Found {
+                    out.push(Found {
                         source,
                         index: None,
                         value: value.clone(),
@@ -213,10 +219,11 @@ fn tiers(
             _ => {
                 let var = source.variable().unwrap_or_default();
                 match var.strip_suffix("<i>") {
+                    Some(prefix) if !maybe_prefixed(prefix) => {}
                     Some(prefix) => {
                         for (i, value) in indexed_variables(env, prefix) {
                             let label = format!("{prefix}{i}={value:?}");
-                            tier.push(Found {
+                            out.push(Found {
                                 source,
                                 index: Some(i),
                                 value,
@@ -226,7 +233,7 @@ fn tiers(
                     }
                     None => {
                         if let Some(value) = env(var) {
-                            tier.push(Found {
+                            out.push(Found {
                                 source,
                                 index: None,
                                 label: quoted(var, &value),
@@ -238,7 +245,6 @@ fn tiers(
             }
         }
     }
-    out.retain(|tier| !tier.is_empty());
     out
 }
 
@@ -282,8 +288,9 @@ fn finish(b: Builder, env: &dyn Fn(&str) -> Option<String>, policy_file: &Path) 
     .join(format!("{}.ledger", cfg.tenant));
     cfg.ledger_path = b.ledger.unwrap_or_else(|| default_ledger.clone());
     // A node-created tenant joins the node's device ledgers, whatever its environment says.
-    cfg.device_dir = match policy::locate(env, policy_file) {
-        Some((path, fixed)) => policy::device_dir_for(&path, fixed),
+    let policy = policy::locate(env, policy_file);
+    cfg.device_dir = match &policy {
+        Some((path, fixed)) => policy::device_dir_for(path, *fixed),
         None => b
             .device_dir
             .or_else(|| ledger_dir_set.then(|| ledger_dir.join("devices")))
@@ -309,7 +316,7 @@ fn finish(b: Builder, env: &dyn Fn(&str) -> Option<String>, policy_file: &Path) 
         cfg.compute_share.poison_with(&msg);
         cfg.compute_limit.poison_with(&msg);
     }
-    super::policy_apply::apply(&mut cfg, env, policy_file);
+    super::policy_apply::apply(&mut cfg, env, policy);
     cfg.errors.dedup();
     cfg
 }

@@ -2,15 +2,20 @@
 //! and the process's own settings can only lower it. The policy itself (format, location, the node's
 //! layout): `policy.rs`.
 
-use super::policy::{locate, read};
+use super::policy::read;
 use super::{Config, PerDevice, Priority, Setting, DEFAULT_CONTEXT_RESERVE};
-use std::path::Path;
+use std::path::PathBuf;
 
 /// Makes the policy (if any) authoritative in `cfg`: tenant, ledger and device directory from it;
 /// compute settings from it, lowered (never raised) by the process's own; the memory ceiling is
 /// kept in `cfg.policy` ([`Config::memory_ceiling`]). A bad policy refuses everything.
-pub(super) fn apply(cfg: &mut Config, env: &dyn Fn(&str) -> Option<String>, policy_file: &Path) {
-    let Some((path, fixed)) = locate(env, policy_file) else {
+/// `located`: where the policy is ([`super::policy::locate`]), if there is one.
+pub(super) fn apply(
+    cfg: &mut Config,
+    env: &dyn Fn(&str) -> Option<String>,
+    located: Option<(PathBuf, bool)>,
+) {
+    let Some((path, fixed)) = located else {
         return;
     };
     let p = match read(&path, fixed) {
