@@ -104,8 +104,45 @@ pub const DEVICES_TABLE: &str = "[devices]";
 
 use Source::{Env, File, Hami, Mps};
 
-/// Every setting, in the order the docs list them.
+/// Every setting, in the order the docs list them (who the tenant is, then what it gets); the quota
+/// file's keys are listed in this order too.
 pub const SETTINGS: &[Spec] = &[
+    Spec {
+        name: "tenant",
+        sources: &[Env("GPUSLICE_TENANT"), File("tenant")],
+        scope: Scope::Process,
+        reader: Reader::Config,
+        value: "a name, `A-Za-z0-9._-`, at most 64",
+        read: Some(readers::tenant),
+    },
+    Spec {
+        name: "ledger",
+        sources: &[
+            Env("GPUSLICE_LEDGER"),
+            Hami("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
+            File("ledger"),
+        ],
+        scope: Scope::Process,
+        reader: Reader::Config,
+        value: "an absolute file path",
+        read: Some(readers::ledger),
+    },
+    Spec {
+        name: "ledger directory",
+        sources: &[Env("GPUSLICE_LEDGER_DIR")],
+        scope: Scope::Process,
+        reader: Reader::Config,
+        value: "an absolute directory",
+        read: Some(readers::ledger_dir),
+    },
+    Spec {
+        name: "ledger group",
+        sources: &[Env("GPUSLICE_LEDGER_GROUP"), File("ledger_group")],
+        scope: Scope::Tenant,
+        reader: Reader::Config,
+        value: "a group name or gid",
+        read: Some(readers::ledger_group),
+    },
     Spec {
         name: "memory limit",
         sources: &[
@@ -162,42 +199,6 @@ pub const SETTINGS: &[Spec] = &[
         reader: Reader::Config,
         value: "`high` or `normal` (HAMi: 0 or 1)",
         read: Some(readers::priority),
-    },
-    Spec {
-        name: "tenant",
-        sources: &[Env("GPUSLICE_TENANT"), File("tenant")],
-        scope: Scope::Process,
-        reader: Reader::Config,
-        value: "a name, `A-Za-z0-9._-`, at most 64",
-        read: Some(readers::tenant),
-    },
-    Spec {
-        name: "ledger",
-        sources: &[
-            Env("GPUSLICE_LEDGER"),
-            Hami("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
-            File("ledger"),
-        ],
-        scope: Scope::Process,
-        reader: Reader::Config,
-        value: "an absolute file path",
-        read: Some(readers::ledger),
-    },
-    Spec {
-        name: "ledger directory",
-        sources: &[Env("GPUSLICE_LEDGER_DIR")],
-        scope: Scope::Process,
-        reader: Reader::Config,
-        value: "an absolute directory",
-        read: Some(readers::ledger_dir),
-    },
-    Spec {
-        name: "ledger group",
-        sources: &[Env("GPUSLICE_LEDGER_GROUP"), File("ledger_group")],
-        scope: Scope::Tenant,
-        reader: Reader::Config,
-        value: "a group name or gid",
-        read: Some(readers::ledger_group),
     },
     Spec {
         name: "quota file",
