@@ -864,3 +864,80 @@ fn status_shows_allocations_and_overhead_per_process() {
     );
     finish(holder, "holder").assert_success();
 }
+
+/// [`client`] run as pid 1 of a PID namespace of its own (a container's): a real driver, and simgpu,
+/// list it in NVML under its host PID, so it never finds its own `getpid()` there.
+fn client_in_pid_namespace(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
+    let mut inner = vec!["--pid", "--fork", "--kill-child"];
+    let program = compile(&CLIENT);
+    inner.push(program.to_str().unwrap());
+    inner.extend_from_slice(args);
+    tenant_command(
+        PathBuf::from("unshare"),
+        sim,
+        Deploy::Preload,
+        dir,
+        tenant,
+        &inner,
+    )
+}
+
+/// Programs in their own PID namespaces cannot find themselves in NVML's process lists (simgpu
+/// lists host PIDs, as a real driver does); their contexts are measured from the device's used
+/// memory under the device's measurement lock. Three first contexts created at once are each
+/// charged what simgpu spent on them, and the rest of the quota is usable.
+#[test]
+fn contexts_in_their_own_pid_namespaces_are_charged_what_they_cost() {
+    const N: usize = 3;
+    let dir = scratch("pid-namespace");
+    let sim = sim("overhead-pidns");
+    // Started together: their first contexts are created at the same time.
+    let mut holders: Vec<_> = (0..N)
+        .map(|_| sim.spawn(&mut client_in_pid_namespace(&sim, &dir, "ns", &["hold"])))
+        .collect();
+    for h in &mut holders {
+        let kv = wait_for_key(h, "ready");
+        assert_eq!(kv["pid"], "1", "the client is its namespace's init: {kv:?}");
+    }
+    let stat = sim.stat();
+    let Json::Arr(procs) = stat.at("processes") else {
+        panic!("simgpu-stat: no processes in {stat}")
+    };
+    assert_eq!(procs.len(), N, "{stat}");
+    for p in procs {
+        assert_ne!(p.u64("pid"), 1, "simgpu lists host PIDs: {stat}");
+        assert_eq!(p.u64("used.0"), SIM_CONTEXT, "{stat}");
+    }
+    // Each process published its context's cost as its driver overhead.
+    let snapshot = gpuslice::ledger::Ledger::open_readonly(&dir.join("ns.ledger"))
+        .expect("the tenant's ledger")
+        .snapshot();
+    let overheads: Vec<u64> = snapshot
+        .processes
+        .iter()
+        .map(|p| p.overhead.iter().map(|(_, b)| b).sum())
+        .collect();
+    assert_eq!(overheads.len(), N, "{snapshot:?}");
+    for o in &overheads {
+        assert!(
+            near(*o, SIM_CONTEXT),
+            "each context charged its {SIM_CONTEXT} bytes: {overheads:?}"
+        );
+    }
+    // The rest of the quota is usable, and never more than it.
+    let mut filled = 0;
+    for h in &mut holders {
+        h.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        let kv = wait_for_key(h, "fill_bytes");
+        filled += kv["fill_bytes"].parse::<u64>().unwrap();
+    }
+    let want = QUOTA - N as u64 * SIM_CONTEXT;
+    assert!(
+        filled <= want && filled + N as u64 * GRANULE >= want,
+        "{filled} allocated by {N} processes, want {want} (each context charged 300 MiB)"
+    );
+    assert!(group_peak(&sim.stat(), "ns") <= QUOTA);
+    for h in holders {
+        finish(h, "holder").assert_success();
+    }
+}
