@@ -890,8 +890,9 @@ fn client_in_pid_namespace(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -
 fn contexts_in_their_own_pid_namespaces_are_charged_what_they_cost() {
     const N: usize = 3;
     let dir = scratch("pid-namespace");
-    let sim = sim("overhead-pidns");
-    // Started together: their first contexts are created at the same time.
+    // Each context takes 100 ms to create: started together, their creations overlap unless the
+    // measurement lock serialises them (each would then see the others' contexts appear).
+    let sim = sim("overhead-pidns").env("SIMGPU_CONTEXT_CREATE_US", "100000");
     let mut holders: Vec<_> = (0..N)
         .map(|_| sim.spawn(&mut client_in_pid_namespace(&sim, &dir, "ns", &["hold"])))
         .collect();
@@ -938,6 +939,80 @@ fn contexts_in_their_own_pid_namespaces_are_charged_what_they_cost() {
     );
     assert!(group_peak(&sim.stat(), "ns") <= QUOTA);
     for h in holders {
-        finish(h, "holder").assert_success();
+        let run = finish(h, "holder");
+        run.assert_success();
+        assert!(
+            !run.stderr.contains("stayed locked"),
+            "measured under the lock\n{}",
+            run.report()
+        );
     }
+}
+
+/// Whether another process holds the `flock` lock on `path` (a measurement lock).
+fn locked_by_another(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor this function owns; LOCK_NB never blocks.
+    let taken = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    // Closing `file` drops the lock if it was taken.
+    !taken
+}
+
+/// A process killed while it holds a device's measurement lock (in the middle of creating its
+/// context, which simgpu makes last a minute) does not hold up the next process's measurement: the
+/// lock dies with its holder, and the next context is measured under it and charged what it cost.
+#[test]
+fn a_process_killed_while_measuring_does_not_hold_up_the_others() {
+    let dir = scratch("killed-measurer");
+    let sim = sim("overhead-killed");
+    let mut victim = client(&sim, Deploy::Preload, &dir, "k", &["hold"]);
+    let mut victim = sim.spawn(victim.env("SIMGPU_CONTEXT_CREATE_US", "60000000"));
+    // Wait until it holds the lock of device 0 (it does for the minute its context takes).
+    let devices = dir.join("devices");
+    let waiting = std::time::Instant::now();
+    let lock = loop {
+        let found = std::fs::read_dir(&devices).ok().and_then(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "measure") && locked_by_another(p))
+        });
+        if let Some(lock) = found {
+            break lock;
+        }
+        assert!(
+            victim.try_wait().unwrap().is_none(),
+            "the victim ended before it measured"
+        );
+        assert!(
+            waiting.elapsed() < std::time::Duration::from_secs(50),
+            "no measurement lock held in {} while the victim created its context",
+            devices.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    assert!(!locked_by_another(&lock), "the lock died with its holder");
+
+    let mut next = sim.spawn(&mut client(&sim, Deploy::Preload, &dir, "k", &["hold"]));
+    wait_for_key(&mut next, "ready");
+    next.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let kv = wait_for_key(&mut next, "fill_bytes");
+    let fill: u64 = kv["fill_bytes"].parse().unwrap();
+    let run = finish(next, "next");
+    run.assert_success();
+    assert!(
+        !run.stderr.contains("stayed locked") && !run.stderr.contains("without the device lock"),
+        "measured under the lock\n{}",
+        run.report()
+    );
+    assert!(
+        fill <= QUOTA - SIM_CONTEXT && fill + GRANULE >= QUOTA - SIM_CONTEXT,
+        "{fill} allocated: the context charged its {SIM_CONTEXT} bytes\n{}",
+        run.report()
+    );
 }
