@@ -1016,3 +1016,43 @@ fn a_process_killed_while_measuring_does_not_hold_up_the_others() {
         run.report()
     );
 }
+
+/// Measured from the device's used memory (a PID namespace of its own), a context created while
+/// another process frees 1 GiB would appear to give memory back: a new object cannot, so the figure
+/// is not believed and the context is charged the estimate (`GPUSLICE_CONTEXT_RESERVE`'s default),
+/// never less than it cost: the quota does not loosen.
+#[test]
+fn a_context_measured_while_another_process_frees_is_not_charged_less_than_it_cost() {
+    let dir = scratch("disturbed");
+    let sim = sim("overhead-disturbed");
+    // Another tenant holds its context and fills its quota.
+    let mut other = sim.spawn(&mut client(&sim, Deploy::Preload, &dir, "other", &["hold"]));
+    wait_for_key(&mut other, "ready");
+    other.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    wait_for_key(&mut other, "fill_bytes");
+    // This one's context takes 3 s to create; the other exits (freeing 1 GiB) meanwhile.
+    let mut cmd = client_in_pid_namespace(&sim, &dir, "ns", &["hold"]);
+    let mut measured = sim.spawn(cmd.env("SIMGPU_CONTEXT_CREATE_US", "3000000"));
+    let devices = dir.join("devices");
+    while !std::fs::read_dir(&devices).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.path().extension().is_some_and(|x| x == "measure") && locked_by_another(&e.path())
+        })
+    }) {
+        assert!(measured.try_wait().unwrap().is_none(), "the client ended");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    finish(other, "other").assert_success();
+    wait_for_key(&mut measured, "ready");
+    measured.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let fill: u64 = wait_for_key(&mut measured, "fill_bytes")["fill_bytes"]
+        .parse()
+        .unwrap();
+    let run = finish(measured, "measured");
+    run.assert_success();
+    assert!(
+        fill + SIM_CONTEXT <= QUOTA,
+        "{fill} allocated beside a {SIM_CONTEXT}-byte context under a {QUOTA}-byte quota\n{}",
+        run.report()
+    );
+}

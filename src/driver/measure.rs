@@ -96,7 +96,7 @@ fn pid_is_the_drivers() -> bool {
     let answer = std::fs::read_link("/proc/self").map_or(true, |seen| {
         seen.to_str()
             .and_then(|s| s.parse::<u32>().ok())
-            .map_or(false, |pid| pid == me)
+            .is_some_and(|pid| pid == me)
     });
     KNOWN.store(u64::from(me) << 1 | u64::from(answer), Ordering::Relaxed);
     answer
