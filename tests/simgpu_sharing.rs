@@ -105,3 +105,30 @@ fn launches_are_asynchronous() {
     assert_eq!(stat.u64("devices.0.kernels"), 100, "stat: {stat}");
     assert!(stat.u64("devices.0.busy_ns") >= 100_000_000, "stat: {stat}");
 }
+
+const EVENT_TIMELINE: CBuild = CBuild {
+    name: "event-timeline",
+    source: "event_timeline.c",
+    include: "cu13",
+    link_cuda: true,
+};
+
+/// Events are stamped on the device timeline, not when simgpu's stream worker (a host thread, late
+/// on a loaded machine) gets to them: two back-to-back kernels between three events measure exactly
+/// their durations. The shim charges compute time from such intervals.
+#[test]
+fn events_measure_the_device_timeline() {
+    let sim = Sim::new("event-timeline");
+    let run = sim.run(compile(&EVENT_TIMELINE), &["20000"]);
+    run.assert_success();
+    let kernel = run.get_u64("kernel_ns") as i64;
+    for key in ["first_ns", "second_ns"] {
+        let got = run.get_u64(key) as i64;
+        // f32 milliseconds carry ~2 ns of rounding at 20 ms.
+        assert!(
+            (got - kernel).abs() <= 100,
+            "{key}: {got} ns between events around one {kernel} ns kernel\n{}",
+            run.report()
+        );
+    }
+}

@@ -341,6 +341,10 @@ pub(crate) struct DevicePluginArgs {
     /// Seconds between PodResources and health checks (a gone pod's tenant goes after two).
     #[arg(long, value_name = "S", default_value_t = 5)]
     sweep_seconds: u64,
+    /// Hold each Allocate answer back this long after its tenants are created (tests only: lets a
+    /// test's kubelet go away mid-call).
+    #[arg(long, value_name = "MS", default_value_t = 0, hide = true)]
+    allocate_answer_delay_ms: u64,
 }
 
 pub(crate) fn device_plugin(a: DevicePluginArgs) -> Result<i32, String> {
@@ -352,6 +356,7 @@ pub(crate) fn device_plugin(a: DevicePluginArgs) -> Result<i32, String> {
         resource: a.resource,
         pod_resources_socket: Some(a.pod_resources_socket),
         sweep_interval: std::time::Duration::from_secs(a.sweep_seconds.max(1)),
+        answer_delay: std::time::Duration::from_millis(a.allocate_answer_delay_ms),
     })?;
     Ok(0)
 }

@@ -48,6 +48,9 @@ pub struct Config {
     pub pod_resources_socket: Option<PathBuf>,
     /// How often tenants are checked against PodResources (and health against NVML).
     pub sweep_interval: Duration,
+    /// Time an Allocate answer is held back after its tenants are created (zero in service): lets
+    /// a test make the kubelet go away between the two.
+    pub answer_delay: Duration,
 }
 
 /// `<uuid>::<i>`
@@ -182,7 +185,12 @@ impl Plugin {
             .collect()
     }
 
-    fn allocate_one(&self, ids: &[String]) -> Result<dp::ContainerAllocateResponse, String> {
+    /// Allocates one container's slices; also returns the tenant's name when this call created it
+    /// (not when it is the same container's tenant again).
+    fn allocate_one(
+        &self,
+        ids: &[String],
+    ) -> Result<(dp::ContainerAllocateResponse, Option<String>), String> {
         if ids.is_empty() {
             return Err("no slice requested".into());
         }
@@ -214,7 +222,7 @@ impl Plugin {
         if layout.tenant_dir(&name).exists() {
             if read_slices(layout, &name) == wanted {
                 // The same container again (a restart): the same tenant.
-                return Ok(self.response(&name, &uuid));
+                return Ok((self.response(&name, &uuid), None));
             }
             tenant::delete(&self.cfg.node, &name, false)
                 .map_err(|e| format!("replacing stale tenant {name}: {e}"))?;
@@ -239,7 +247,7 @@ impl Plugin {
             let _ = tenant::delete(&self.cfg.node, &name, true);
             return Err(e);
         }
-        Ok(self.response(&name, &uuid))
+        Ok((self.response(&name, &uuid), Some(name)))
     }
 
     fn response(&self, name: &str, uuid: &str) -> dp::ContainerAllocateResponse {
@@ -358,29 +366,57 @@ impl DevicePlugin for Service {
         }))
     }
 
+    /// All of a request's containers or none: the work runs in a task of its own, so a kubelet
+    /// that goes away mid-call (its call, and so this future, dropped) cannot stop it half-way; the
+    /// tenants it created are removed again when a container fails or nobody is left to answer.
     async fn allocate(
         &self,
         request: GrpcRequest<dp::AllocateRequest>,
     ) -> Result<Response<dp::AllocateResponse>, Status> {
-        let _g = self.0.lock.lock().await;
-        let mut container_responses = Vec::new();
-        for r in request.into_inner().container_requests {
-            let plugin = self.0.clone();
-            let ids = r.devices_ids.clone();
-            let one = tokio::task::spawn_blocking(move || plugin.allocate_one(&ids))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-            match one {
-                Ok(resp) => container_responses.push(resp),
-                Err(e) => {
-                    eprintln!("gpuslice device-plugin: Allocate {:?}: {e}", r.devices_ids);
-                    return Err(Status::failed_precondition(e));
+        let (mut answer, answered) = tokio::sync::oneshot::channel();
+        let plugin = self.0.clone();
+        let requests: Vec<Vec<String>> = request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|r| r.devices_ids)
+            .collect();
+        tokio::spawn(async move {
+            let _g = plugin.lock.lock().await;
+            if answer.is_closed() {
+                eprintln!(
+                    "gpuslice device-plugin: Allocate {requests:?}: the kubelet went away before it started; no tenant created"
+                );
+                return;
+            }
+            let outcome = allocate_all(&plugin, &requests).await;
+            let created = match &outcome {
+                Ok((_, created)) => created.clone(),
+                Err(_) => Vec::new(),
+            };
+            if !created.is_empty() && !plugin.cfg.answer_delay.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(plugin.cfg.answer_delay) => {}
+                    _ = answer.closed() => {}
                 }
             }
+            let reply = outcome.map(|(responses, _)| responses);
+            if answer.send(reply).is_err() && !created.is_empty() {
+                let removed = remove_tenants(&plugin, &created).await;
+                eprintln!(
+                    "gpuslice device-plugin: Allocate {requests:?}: the kubelet went away before the answer; {removed}"
+                );
+            }
+        });
+        match answered.await {
+            Ok(Ok(container_responses)) => Ok(Response::new(dp::AllocateResponse {
+                container_responses,
+            })),
+            Ok(Err(e)) => Err(Status::failed_precondition(e)),
+            Err(_) => Err(Status::internal(
+                "the allocation task ended without an answer",
+            )),
         }
-        Ok(Response::new(dp::AllocateResponse {
-            container_responses,
-        }))
     }
 
     async fn pre_start_container(
@@ -389,6 +425,58 @@ impl DevicePlugin for Service {
     ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
         Ok(Response::new(dp::PreStartContainerResponse {}))
     }
+}
+
+/// Allocates every container of a request, or none: on a failure the tenants already created for
+/// it are removed again. Returns the answers and the tenants created.
+async fn allocate_all(
+    plugin: &Arc<Plugin>,
+    requests: &[Vec<String>],
+) -> Result<(Vec<dp::ContainerAllocateResponse>, Vec<String>), String> {
+    let mut responses = Vec::new();
+    let mut created = Vec::new();
+    for ids in requests {
+        let one = {
+            let plugin = plugin.clone();
+            let ids = ids.clone();
+            tokio::task::spawn_blocking(move || plugin.allocate_one(&ids))
+                .await
+                .unwrap_or_else(|e| Err(format!("allocation task failed: {e}")))
+        };
+        match one {
+            Ok((resp, new)) => {
+                responses.push(resp);
+                created.extend(new);
+            }
+            Err(e) => {
+                let removed = remove_tenants(plugin, &created).await;
+                eprintln!("gpuslice device-plugin: Allocate {ids:?}: {e}; {removed}");
+                return Err(e);
+            }
+        }
+    }
+    Ok((responses, created))
+}
+
+/// Removes tenants an unanswered or failed Allocate created; says what it did.
+async fn remove_tenants(plugin: &Arc<Plugin>, names: &[String]) -> String {
+    if names.is_empty() {
+        return "no tenant created".into();
+    }
+    let plugin = plugin.clone();
+    let names = names.to_vec();
+    tokio::task::spawn_blocking(move || {
+        names
+            .iter()
+            .map(|name| match tenant::delete(&plugin.cfg.node, name, false) {
+                Ok(()) => format!("tenant {name} removed"),
+                Err(e) => format!("tenant {name} NOT removed: {e}"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+    .await
+    .unwrap_or_else(|e| format!("removing tenants failed: {e}"))
 }
 
 async fn register(cfg: &Config) -> Result<(), String> {
@@ -405,7 +493,15 @@ async fn register(cfg: &Config) -> Result<(), String> {
             }),
         })
         .await
-        .map_err(|s| format!("{}: Register refused: {}", path.display(), s.message()))?;
+        .map_err(|s| match s.code() {
+            // No answer: the connection ended under the call (a kubelet stopping or restarting).
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => format!(
+                "{}: the kubelet hung up during Register ({})",
+                path.display(),
+                s.message()
+            ),
+            _ => format!("{}: Register refused: {}", path.display(), s.message()),
+        })?;
     Ok(())
 }
 

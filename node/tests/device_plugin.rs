@@ -86,29 +86,42 @@ async fn plugin_client(
     )
 }
 
-/// The plugin process, killed when the test ends however it ends.
-struct PluginProcess(Option<Child>);
+/// The plugin process, killed when the test ends however it ends; its standard error is collected
+/// as it comes.
+struct PluginProcess {
+    child: Option<Child>,
+    stderr: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
 
 impl PluginProcess {
+    /// What it has written to standard error so far.
+    fn stderr_so_far(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// Stops it and returns what it wrote to standard error.
     fn stop(mut self) -> String {
-        let mut child = self.0.take().expect("running");
+        let mut child = self.child.take().expect("running");
         let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        let _ = child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        self.stderr_so_far()
     }
 }
 
 impl Drop for PluginProcess {
     fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
+        if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 }
 
-fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path) -> PluginProcess {
+fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path, extra: &[&str]) -> PluginProcess {
     let child = scene
         .command(gpuslice_bin())
         .arg("device-plugin")
@@ -123,12 +136,29 @@ fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path) -> PluginProcess {
         .arg("--pod-resources-socket")
         .arg(podres)
         .args(["--sweep-seconds", "1"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("gpuslice device-plugin starts");
-    PluginProcess(Some(child))
+    let mut child = child;
+    let pipe = child.stderr.take().unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let collected = stderr.clone();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut s = collected.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    PluginProcess {
+        child: Some(child),
+        stderr,
+        reader: Some(reader),
+    }
 }
 
 /// The workload as root in a private mount namespace with an Allocate response's mounts and env
@@ -223,7 +253,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     let pod_server = serve_pods(&pods);
 
     // The plugin starts before the kubelet listens: it retries until it can register.
-    let plugin = start_plugin(&scene, &kubelet, &podres_sock);
+    let plugin = start_plugin(&scene, &kubelet, &podres_sock, &[]);
     std::thread::sleep(Duration::from_millis(1500));
     let mut registrations = serve_kubelet(&kubelet);
     let reg = rt.block_on(next_registration(&mut registrations));
@@ -310,6 +340,34 @@ fn device_plugin_against_a_kubelet_stand_in() {
                 .count()
                 == 0
     );
+
+    // All or nothing: the first container's slices are fine, the second's are not; the first
+    // container's tenant is removed again.
+    let err = rt
+        .block_on(async {
+            plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![
+                        dp::ContainerAllocateRequest {
+                            devices_ids: vec![id(0, 5), id(0, 6)],
+                        },
+                        dp::ContainerAllocateRequest {
+                            devices_ids: vec![id(0, 7), id(1, 7)],
+                        },
+                    ],
+                })
+                .await
+        })
+        .unwrap_err();
+    assert!(err.message().contains("more than one GPU"), "{err:?}");
+    let left: Vec<_> = std::fs::read_dir(scene.state.join("tenants"))
+        .unwrap()
+        .chain(std::fs::read_dir(&scene.cdi).into_iter().flatten())
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(device_share(&scene, &format!("k8s-{}-5", uuids[0])), None);
 
     // Allocate 3 of 10 slices of GPU 0: a tenant with 3/10 of its memory and share 30.
     let resp = rt
@@ -448,8 +506,159 @@ fn device_plugin_against_a_kubelet_stand_in() {
     );
     assert!(stderr.contains("the kubelet restarted"), "{stderr}");
     assert!(stderr.contains("removed (its pod is gone)"), "{stderr}");
+    // The all-or-nothing Allocate had created the first container's tenant before it took it back.
+    assert!(
+        stderr.contains(&format!("tenant k8s-{}-5 removed", uuids[0])),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("PodResources: ") && stderr.contains("no tenant removed this time"),
         "{stderr}"
     );
+}
+
+/// Files under the tenants and CDI directories (a half-created tenant would leave one).
+fn node_files(scene: &Scene) -> Vec<String> {
+    let mut out = Vec::new();
+    for dir in [scene.state.join("tenants"), scene.cdi.clone()] {
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            out.extend(entries.filter_map(|e| e.ok()).map(|e| {
+                e.path()
+                    .strip_prefix(&scene.dir)
+                    .unwrap()
+                    .display()
+                    .to_string()
+            }));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A kubelet that dies mid-call: its registration socket accepts the plugin's Register call and
+/// closes the connection without answering; later its Allocate call is dropped after the plugin
+/// created the tenant but before the answer. The plugin says so, retries registration until a
+/// kubelet answers, and removes the unanswered allocation's tenant (directory, policy, ledger,
+/// device-ledger entry, CDI spec); then it still registers after a restart and allocates.
+#[test]
+fn kubelet_going_away_mid_call() {
+    use std::io::Read;
+    let scene = Scene::new("gone", &[("SIMGPU_MEMORY", "16GiB")]);
+    let kubelet = scene.dir.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+
+    // A kubelet socket that reads the start of each connection and hangs up, until the plugin has
+    // said that a Register call was cut (the gRPC channel reconnects by itself, so a cut connection
+    // is not always a failed call).
+    let listener = std::os::unix::net::UnixListener::bind(kubelet.join("kubelet.sock")).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    // No PodResources: the sweep never removes a tenant, so only Allocate's own undo can.
+    let plugin = start_plugin(
+        &scene,
+        &kubelet,
+        &scene.dir.join("no-pod-resources.sock"),
+        &["--allocate-answer-delay-ms", "15000"],
+    );
+    let mut hung_up = 0;
+    wait_until("a Register call cut", Duration::from_secs(60), || {
+        while let Ok((mut conn, _)) = listener.accept() {
+            conn.set_nonblocking(false).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // The HTTP/2 preface and the call's frames, then the connection dropped.
+            let mut buf = [0u8; 4096];
+            if conn.read(&mut buf).unwrap_or(0) > 0 {
+                hung_up += 1;
+            }
+        }
+        plugin
+            .stderr_so_far()
+            .contains("the kubelet hung up during Register")
+    });
+    assert!(hung_up > 0);
+    drop(listener);
+    std::fs::remove_file(kubelet.join("kubelet.sock")).unwrap();
+    let mut registrations = serve_kubelet(&kubelet);
+    let reg = rt.block_on(next_registration(&mut registrations));
+    assert_eq!(reg.endpoint, "gpuslice.sock");
+    let devices = rt.block_on(first_device_list(&kubelet));
+    let uuid = devices[0].id.split("::").next().unwrap().to_string();
+    let ids: Vec<String> = (0..3).map(|i| format!("{uuid}::{i}")).collect();
+    let tenant = format!("k8s-{uuid}-0");
+    let before = node_files(&scene);
+    assert!(before.is_empty(), "{before:?}");
+
+    // Allocate, and the kubelet goes away once the tenant exists, before the answer.
+    let call = {
+        let kubelet = kubelet.clone();
+        let ids = ids.clone();
+        rt.spawn(async move {
+            plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }],
+                })
+                .await
+        })
+    };
+    let tenant_dir = scene.state.join(format!("tenants/{tenant}"));
+    wait_until("the tenant created", Duration::from_secs(60), || {
+        tenant_dir.join("slices").exists()
+    });
+    assert_eq!(device_share(&scene, &tenant), Some(30));
+    call.abort();
+    assert!(rt.block_on(call).unwrap_err().is_cancelled());
+    wait_until(
+        "the unanswered tenant removed",
+        Duration::from_secs(60),
+        || node_files(&scene) == before,
+    );
+    assert_eq!(device_share(&scene, &tenant), None);
+
+    // The kubelet restarts: registration again, and an Allocate that is answered keeps its tenant.
+    for e in std::fs::read_dir(&kubelet).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let mut registrations = serve_kubelet(&kubelet);
+    rt.block_on(next_registration(&mut registrations));
+    let resp = rt
+        .block_on(async {
+            plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }],
+                })
+                .await
+        })
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        resp.container_responses[0].cdi_devices[0].name,
+        format!("gpuslice.io/tenant={tenant}")
+    );
+    assert!(tenant_dir.join(format!("{tenant}.ledger")).exists());
+    assert!(scene
+        .cdi
+        .join(format!("gpuslice.io-tenant-{tenant}.json"))
+        .exists());
+    assert_eq!(device_share(&scene, &tenant), Some(30));
+
+    let stderr = plugin.stop();
+
+    assert!(
+        stderr.contains("the kubelet hung up during Register") && stderr.contains("retrying"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "the kubelet went away before the answer; tenant {tenant} removed"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the kubelet restarted"), "{stderr}");
 }

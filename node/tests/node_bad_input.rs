@@ -125,7 +125,9 @@ fn bad_input_leaves_nothing_behind() {
 }
 
 /// A state directory on a full, then a read-only, filesystem (private tmpfs mounts in a mount
-/// namespace of their own).
+/// namespace of their own), each at several stages of `tenant create`: a clear error naming the
+/// path, and the filesystem afterwards as before (but for the node's empty skeleton: `<state>`,
+/// `tenants/` and `devices/`, which holds no tenant).
 #[test]
 fn full_or_read_only_state_directory() {
     let scene = Scene::new("fs", &[("SIMGPU_MEMORY", "16GiB")]);
@@ -133,35 +135,100 @@ fn full_or_read_only_state_directory() {
     scene.gpuslice(&["tenant", "list"]).assert_success();
     let mnt = scene.dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
+    // `case NAME`: what the tmpfs holds before and after one `tenant create`, and its exit status.
     let script = format!(
         "set -u\n\
-         mount -t tmpfs -o size=48k gpuslice-full '{m}'\n\
-         \"$0\" tenant create t1 --memory 1GiB --state-dir '{m}/state' --cdi-dir '{m}/cdi' --library \"$1\"\n\
-         echo full_rc=$?\n\
-         ls -A '{m}/state/tenants' | sed 's/^/full_left=/'\n\
-         umount '{m}'\n\
-         mount -t tmpfs -o size=16m gpuslice-ro '{m}'\n\
-         mkdir -p '{m}/state'\n\
-         mount -o remount,ro '{m}'\n\
-         \"$0\" tenant create t1 --memory 1GiB --state-dir '{m}/state' --cdi-dir '{m}/cdi' --library \"$1\"\n\
-         echo ro_rc=$?\n\
-         ls -A '{m}/state' | sed 's/^/ro_left=/'\n",
+         m='{m}'\n\
+         create() {{ \"$GPUSLICE\" tenant create \"$1\" --memory 1GiB --state-dir \"$2\" --cdi-dir \"$3\" --library \"$LIBRARY\"; }}\n\
+         listing() {{ find \"$m\" -mindepth 1 \\( -path \"$m/state\" -o -path \"$m/state/tenants\" \
+                      -o -path \"$m/state/devices\" \\) -o \\( -type d -printf '%p|' \\) -o -printf '%p %s|' ; }}\n\
+         case_() {{ name=$1; shift; before=$(listing); \"$@\"; echo \"${{name}}_rc=$?\"; \
+                    [ \"$before\" = \"$(listing)\" ] && echo \"${{name}}_unchanged=yes\" || echo \"${{name}}_unchanged=no: $before => $(listing)\"; }}\n\
+         # 1. Too small for anything but the first files.\n\
+         mount -t tmpfs -o size=48k gpuslice-full \"$m\"\n\
+         case_ tiny create t1 \"$m/state\" \"$m/cdi\"\n\
+         umount \"$m\"\n\
+         # 2. Room for the tenant's policy and ledger (19 pages), not the device ledger (5 more).\n\
+         mount -t tmpfs -o size=80k gpuslice-full \"$m\"\n\
+         case_ device create t1 \"$m/state\" \"$m/cdi\"\n\
+         umount \"$m\"\n\
+         # 3. The state is fine, the CDI directory is full: the published tenant is taken back.\n\
+         mount -t tmpfs -o size=4k gpuslice-full \"$m\"\n\
+         head -c 4096 /dev/zero > \"$m/filler\"\n\
+         case_ cdi create t1 \"$STATE\" \"$m\"\n\
+         umount \"$m\"\n\
+         # 4. Read-only, empty.\n\
+         mount -t tmpfs -o size=16m gpuslice-ro \"$m\"\n\
+         mkdir -p \"$m/state\"\n\
+         mount -o remount,ro \"$m\"\n\
+         case_ ro create t1 \"$m/state\" \"$m/cdi\"\n\
+         umount \"$m\"\n\
+         # 5. Read-only, holding a tenant already.\n\
+         mount -t tmpfs -o size=16m gpuslice-ro \"$m\"\n\
+         create t0 \"$m/state\" \"$m/cdi\" >/dev/null && echo t0_created=yes\n\
+         mount -o remount,ro \"$m\"\n\
+         case_ rotenant create t1 \"$m/state\" \"$m/cdi\"\n\
+         umount \"$m\"\n",
         m = mnt.display()
     );
     let mut cmd = scene.command("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .arg(gpuslice_bin())
-        .arg(library());
+        .env("GPUSLICE", gpuslice_bin())
+        .env("LIBRARY", library())
+        .env("STATE", &scene.state);
     let r = run(&mut cmd);
     r.assert_success();
-    assert_eq!(r.get("full_rc"), "2", "{}", r.report());
-    assert!(
-        r.stderr.to_lowercase().contains("no space left") && r.stderr.contains("not created"),
-        "{}",
-        r.report()
-    );
-    assert!(!r.stdout.contains("full_left="), "{}", r.report());
-    assert_eq!(r.get("ro_rc"), "2", "{}", r.report());
-    assert!(r.stderr.contains("Read-only file system"), "{}", r.report());
-    assert!(!r.stdout.contains("ro_left="), "{}", r.report());
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    // Each failing create prints one `gpuslice: ...` line, in the order of the cases.
+    let errors: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("gpuslice: "))
+        .collect();
+    assert_eq!(errors.len(), 5, "{}", r.report());
+    let m = mnt.display().to_string();
+    let expect: [(&str, &str, &[&str]); 5] = [
+        (
+            "tiny",
+            "no space left",
+            &["tenant \"t1\" not created", "/state/tenants/"],
+        ),
+        (
+            "device",
+            "no space left",
+            &["tenant \"t1\" not created", "/state/devices/GPU-"],
+        ),
+        (
+            "cdi",
+            "No space left on device",
+            &["tenant \"t1\" not created", &m],
+        ),
+        (
+            "ro",
+            "Read-only file system",
+            &[&format!("{m}/state/tenants")],
+        ),
+        ("rotenant", "Read-only file system", &[&m]),
+    ];
+    for (i, (case, why, names)) in expect.iter().enumerate() {
+        assert_eq!(r.get(&format!("{case}_rc")), "2", "{case}: {}", r.report());
+        assert_eq!(
+            r.get(&format!("{case}_unchanged")),
+            "yes",
+            "{case}: {}",
+            r.report()
+        );
+        // Nothing here is in /dev/shm: a hint pointing there would send the reader astray.
+        assert!(
+            errors[i].contains(why)
+                && names.iter().all(|n| errors[i].contains(n))
+                && !errors[i].contains("/dev/shm"),
+            "{case}: want {why:?} and {names:?} in {:?}",
+            errors[i]
+        );
+    }
+    assert_eq!(r.get("t0_created"), "yes", "{}", r.report());
+    // The full CDI directory's case: nothing of t1 in the (roomy) state directory either.
+    assert!(!scene.state.join("tenants/t1").exists());
+    assert_eq!(device_tenants(&scene), Vec::<String>::new());
 }

@@ -114,9 +114,13 @@ pub fn slice_for(t: &TenantView) -> u64 {
 }
 
 /// A tenant (re)becoming active starts at the smallest virtual time of the active ones, so idle time
-/// is not banked.
-pub fn activate(tenants: &mut [TenantView], i: usize, now: u64) {
-    if now.saturating_sub(tenants[i].last_active_ns) > ACTIVE_GAP_NS {
+/// is not banked. `wanted_since`: when it started waiting for the device; waiting is wanting, so
+/// only a gap before that is idle time (a tenant kept waiting by a long slice keeps its credit).
+pub fn activate(tenants: &mut [TenantView], i: usize, wanted_since: u64, now: u64) {
+    let idle = wanted_since
+        .min(now)
+        .saturating_sub(tenants[i].last_active_ns);
+    if idle > ACTIVE_GAP_NS {
         let floor = tenants
             .iter()
             .enumerate()
@@ -144,8 +148,15 @@ pub fn choose(tenants: &mut [TenantView], waiters: &[Waiter], now: u64) -> Choic
     for w in waiters {
         if w.tenant < tenants.len() && !seen[w.tenant % 64] {
             seen[w.tenant % 64] = true;
+            // The tenant has wanted the device since its longest-waiting slot started waiting.
+            let since = waiters
+                .iter()
+                .filter(|v| v.tenant == w.tenant)
+                .map(|v| v.since)
+                .min()
+                .unwrap_or(now);
             refill(&mut tenants[w.tenant], now);
-            activate(tenants, w.tenant, now);
+            activate(tenants, w.tenant, since, now);
         }
     }
     let best = waiters
@@ -275,8 +286,15 @@ mod tests {
         ts[0].vtime = 1_000_000;
         ts[0].last_active_ns = 10 * ACTIVE_GAP_NS;
         ts[1].last_active_ns = 1;
-        activate(&mut ts, 1, 10 * ACTIVE_GAP_NS + 1);
+        activate(&mut ts, 1, 10 * ACTIVE_GAP_NS, 10 * ACTIVE_GAP_NS + 1);
         assert_eq!(ts[1].vtime, 1_000_000);
+        // One that has been waiting all along (kept out by a long slice) keeps its credit.
+        let mut ts = vec![tenant(50), tenant(50)];
+        ts[0].vtime = 1_000_000;
+        ts[0].last_active_ns = 10 * ACTIVE_GAP_NS;
+        ts[1].last_active_ns = 1;
+        activate(&mut ts, 1, 1 + ACTIVE_GAP_NS / 2, 10 * ACTIVE_GAP_NS + 1);
+        assert_eq!(ts[1].vtime, 0);
     }
 
     #[test]

@@ -202,8 +202,12 @@ impl Sched {
             let grant = h.grant_ns.load(Acquire).min(now);
             let end = grant.saturating_add(h.slice_ns.load(Acquire).min(SLICE_NS));
             let high = self.high.load(Relaxed);
+            // Not quiet while a thread of ours waits at the gate: it was granted the device and is
+            // about to launch (on a loaded machine it may take a while to be scheduled; handing
+            // the device back to ourselves meanwhile would only leave it idle).
             let quiet = now.saturating_sub(self.last_submit_ns.load(Acquire).max(grant)) > IDLE_NS
-                && self.launching.load(SeqCst) == 0;
+                && self.launching.load(SeqCst) == 0
+                && self.waiting.load(SeqCst) == 0;
             let idle = quiet && self.completed();
             let preempted = !high && h.preempt.load(Acquire) != 0 && {
                 let real = self

@@ -160,8 +160,9 @@ impl fmt::Display for Error {
             }
             Error::NoSpace { path, needed } => write!(
                 f,
-                "ledger {}: no space left on the filesystem to create it ({needed} bytes needed; is /dev/shm full?)",
-                path.display()
+                "ledger {}: no space left on the filesystem to create it ({needed} bytes needed; is the filesystem of {} full?)",
+                path.display(),
+                path.parent().unwrap_or(Path::new("/")).display()
             ),
             Error::Symlink { path } => write!(
                 f,

@@ -5,7 +5,8 @@
  *   rank DEVICE TAG PARTICIPANTS ITERS US
  *       one rank of a collective on DEVICE (its primary context): ITERS times, a `spin` kernel of US
  *       then a `barrier` kernel (tag TAG, PARTICIPANTS ranks), then cuStreamSynchronize; like a
- *       tensor-parallel server doing compute then an NCCL all-reduce. Prints ready=1 first.
+ *       tensor-parallel server doing compute then an NCCL all-reduce. Prints ready=1 first, then
+ *       iterations=, wall_ns= (its loop) and start_ns=/end_ns= (CLOCK_REALTIME around the loop).
  *   teardown reset|destroy|release
  *       a stream and an event (recorded after a queued kernel) in a context, then the context is
  *       destroyed (cuDevicePrimaryCtxReset / cuCtxDestroy / the last cuDevicePrimaryCtxRelease);
@@ -88,7 +89,9 @@ static int mode_rank(int device, uint64_t tag, uint64_t participants, long iters
         launch_barrier(s, tag, participants);
         CHECK(cuStreamSynchronize(s));
     }
-    printf("iterations=%ld\nwall_ns=%llu\n", iters, (unsigned long long)(now_ns() - t0));
+    uint64_t t1 = now_ns();
+    printf("iterations=%ld\nwall_ns=%llu\nstart_ns=%llu\nend_ns=%llu\n", iters,
+           (unsigned long long)(t1 - t0), (unsigned long long)t0, (unsigned long long)t1);
     return 0;
 }
 

@@ -12,7 +12,7 @@
 //!   has waited longest. Preempted kernels queue again behind those waiting, so contexts take turns.
 //!   A context with nothing running and nothing queued gives the device up at once, unless a kernel
 //!   of it just ended with more work queued on its stream: on a GPU that work is in the device's
-//!   queue already, so the context keeps the device for it (up to 1 ms, within its slice) and the
+//!   queue already, so the context keeps the device for it (up to 5 ms, within its slice) and the
 //!   next kernel counts as started when the previous one ended. `SIMGPU_TIMESLICE_US=0` turns
 //!   preemption off.
 //! - **Concurrent kernels within a context.** Up to `SIMGPU_CONCURRENT_KERNELS` (default 4) kernels
@@ -28,6 +28,11 @@
 //!   its tag, across processes and devices, have started; then it completes. Started means "got on
 //!   the device at least once": a preempted barrier kernel still counts as arrived. Rounds: the n-th
 //!   barrier kernel of each participant meets the n-th of the others.
+//! - **The device does not wait for host threads.** A kernel comes with the time it entered the
+//!   device's queue on a GPU (`ready_ns`: its stream's previous work ended, or it was launched);
+//!   a kernel that finds the device idle, or held for it, starts then, not when the host thread that
+//!   hands it over gets to run. Its end (`KernelRun::end_ns`) is where its stream's next op stands on
+//!   the device timeline.
 //! - **A kernel runs whatever its process does.** Any process that steps a device's schedule
 //!   finishes every kernel that is over by then, at its exact end time, starts queued kernels on
 //!   behalf of their (possibly stopped) processes, and preempts at slice end. Kernels of processes
@@ -61,6 +66,8 @@ pub struct KernelRun {
     pub preempted: u32,
     /// Realtime ns from queueing to first start.
     pub queued_ns: u64,
+    /// Realtime ns at which it ended on the device (its stream's next work can start then).
+    pub end_ns: u64,
 }
 
 /// A DONE entry its launching thread did not free (its process died) is reused after this.
@@ -72,11 +79,11 @@ const REAP_SPACING_NS: u64 = 100_000_000;
 /// Longest sleep without looking at the schedule.
 const POLL_NS: u64 = 20_000_000;
 /// How long a context whose kernel ended with more work queued on its stream keeps the device for
-/// that work (the time its stream takes to hand the next kernel over). That kernel is then taken to
-/// have started when the previous one ended, so the hand-over costs no device time.
-const HOLD_NS: u64 = 1_000_000;
-/// The end of a timed kernel is waited for by spinning over its last stretch.
-const SPIN_NS: u64 = 60_000;
+/// that work (the time its stream's host worker takes to hand the next kernel over, longer on a
+/// loaded machine). That kernel is then taken to have started when the previous one ended (or when
+/// it was ready, if later), so the hand-over costs no device time, as on a GPU where the kernel was
+/// in the device's queue already.
+const HOLD_NS: u64 = 5_000_000;
 
 /// The right to run on a device, as one kernel of this process's own context that runs until the
 /// turn is dropped (or is given a duration). Used by tools and tests without a CUDA driver. Like any
@@ -169,13 +176,25 @@ impl Shared {
     /// Runs one kernel of `context` on `device` to its end: queues it, waits for the device, holds
     /// it for the kernel's work (see the module docs). Returns at once for a nonexistent device.
     ///
+    /// `ready_ns`: realtime ns at which the kernel entered the device's queue on a GPU — when its
+    /// stream's previous work ended on the device, or when it was launched if later (0: now). The
+    /// host thread that calls this may get there later (a loaded machine); the device does not wait
+    /// for it: a kernel that finds the device idle, or held for it, starts when it was ready.
+    ///
     /// `followed`: more work is already queued behind this kernel on its stream. On a GPU that work
     /// is in the device's queue already, so the context is not idle between the two kernels; here
     /// the next kernel is handed over only once this one returns, so the context keeps the device
-    /// for up to 1 ms (`HOLD_NS`) after this kernel ends (unless its time slice is over and
+    /// for up to 5 ms (`HOLD_NS`) after this kernel ends (unless its time slice is over and
     /// another context waits).
-    pub fn run_kernel(&self, device: u32, context: u64, work: Work, followed: bool) -> KernelRun {
-        let Some((index, id)) = self.enqueue(device, context, work, followed) else {
+    pub fn run_kernel(
+        &self,
+        device: u32,
+        context: u64,
+        work: Work,
+        followed: bool,
+        ready_ns: u64,
+    ) -> KernelRun {
+        let Some((index, id)) = self.enqueue(device, context, work, followed, ready_ns) else {
             return KernelRun::default();
         };
         let mut run = KernelRun::default();
@@ -200,6 +219,7 @@ impl Shared {
             context,
             Work::Timed(Duration::from_nanos(UNTIL_ENDED)),
             false,
+            0,
         ) else {
             return DeviceTurn {
                 shared: self,
@@ -220,13 +240,14 @@ impl Shared {
         }
     }
 
-    /// Queues a kernel entry; `None` for a nonexistent device.
+    /// Queues a kernel entry, ready since `ready_ns` (0: now); `None` for a nonexistent device.
     fn enqueue(
         &self,
         device: u32,
         context: u64,
         work: Work,
         followed: bool,
+        ready_ns: u64,
     ) -> Option<(usize, u64)> {
         let dev = self.device(device)?;
         let ex = &dev.exec;
@@ -263,7 +284,12 @@ impl Shared {
                 e.barrier.store(barrier, Relaxed);
                 e.barrier_round.store(0, Relaxed);
                 e.done_ns.store(0, Relaxed);
-                e.queued_ns.store(now, Relaxed);
+                let ready = if ready_ns == 0 {
+                    now
+                } else {
+                    ready_ns.min(now)
+                };
+                e.queued_ns.store(ready, Relaxed);
                 e.first_ns.store(0, Relaxed);
                 e.preempted.store(0, Relaxed);
                 e.state.store(ENTRY_WAITING, Release);
@@ -298,6 +324,7 @@ impl Shared {
                     r.preempted = e.preempted.load(Relaxed);
                     let first = e.first_ns.load(Relaxed);
                     r.queued_ns = first.saturating_sub(e.queued_ns.load(Relaxed));
+                    r.end_ns = e.done_ns.load(Relaxed);
                 }
                 if e.id.load(Acquire) == id {
                     let _ = e
@@ -318,18 +345,10 @@ impl Shared {
                 .min(self.next_event(ex, now))
                 .min(now + POLL_NS);
             if deadline > now {
-                let sleep = deadline - now;
-                if own_end == Some(deadline) && sleep > SPIN_NS {
-                    sys::futex_wait(&ex.epoch, epoch, Duration::from_nanos(sleep - SPIN_NS));
-                } else if own_end != Some(deadline) {
-                    sys::futex_wait(&ex.epoch, epoch, Duration::from_nanos(sleep));
-                }
-                // The last stretch of a running kernel: spin to its end, unless the schedule changes.
-                if own_end == Some(deadline) {
-                    while sys::realtime_ns() < deadline && ex.epoch.load(Acquire) == epoch {
-                        std::hint::spin_loop();
-                    }
-                }
+                // A late wake-up costs nothing on the device timeline: a kernel ends at its exact
+                // end time whoever steps the schedule, and what its stream runs next is taken to
+                // have been ready then. So nobody spins to be on time.
+                sys::futex_wait(&ex.epoch, epoch, Duration::from_nanos(deadline - now));
             }
             let g = lock_exec(ex);
             let changed = self.step(d, sys::realtime_ns());
@@ -441,6 +460,9 @@ impl Shared {
                 ex.switches.fetch_add(1, AcqRel);
                 ex.hold_until_ns.store(0, Relaxed);
                 ex.hold_from_ns.store(0, Relaxed);
+                ex.idle_since_ns.store(now, Relaxed);
+                ex.idle_context.store(0, Relaxed);
+                ex.idle_hold_until_ns.store(0, Relaxed);
                 active = 0;
                 changed = true;
             }
@@ -451,10 +473,18 @@ impl Shared {
                 && waiting(&|c| c == active).is_none()
                 && now >= ex.hold_until_ns.load(Relaxed)
             {
+                // Idle since its last kernel ended (`end_busy` stored when); for other contexts,
+                // since its hold ran out.
+                ex.idle_context.store(active, Relaxed);
+                ex.idle_hold_until_ns
+                    .store(ex.hold_until_ns.load(Relaxed).min(now), Relaxed);
                 active = 0;
                 changed = true;
             }
-            // 4. An idle device goes to the longest-waiting kernel's context.
+            // 4. An idle device goes to the longest-waiting kernel's context. Its kernels start
+            //    when they were ready, but not before the device became idle: the device did not
+            //    wait for their host threads to come round.
+            let mut floor = now;
             if active == 0 {
                 ex.hold_until_ns.store(0, Relaxed);
                 ex.hold_from_ns.store(0, Relaxed);
@@ -462,7 +492,15 @@ impl Shared {
                     active = entries[i].context.load(Relaxed);
                     ex.active_owner
                         .store(entries[i].owner.load(Relaxed), Relaxed);
-                    ex.slice_start_ns.store(now, Relaxed);
+                    let since = ex.idle_since_ns.load(Relaxed);
+                    floor = if active == ex.idle_context.load(Relaxed) {
+                        since
+                    } else {
+                        since.max(ex.idle_hold_until_ns.load(Relaxed))
+                    }
+                    .min(now);
+                    let from = floor.max(entries[i].queued_ns.load(Relaxed)).min(now);
+                    ex.slice_start_ns.store(from, Relaxed);
                     ex.slice_used_ns.store(0, Relaxed);
                     changed = true;
                 }
@@ -475,16 +513,21 @@ impl Shared {
                 };
                 let e = &entries[i];
                 // The kernel that follows a held context's last one on an idle device starts when
-                // that one ended: on a GPU it was queued already, and the device was not idle.
+                // that one ended (or when it was ready, if later): on a GPU it was queued already,
+                // and the device was not idle.
                 let held_from = ex.hold_from_ns.swap(0, Relaxed);
-                let start = if ex.running.load(Relaxed) == 0
-                    && held_from != 0
-                    && now < ex.hold_until_ns.load(Relaxed)
-                {
-                    held_from.min(now)
-                } else {
-                    now
-                };
+                let idle = ex.running.load(Relaxed) == 0;
+                if idle && held_from != 0 && now < ex.hold_until_ns.load(Relaxed) {
+                    floor = held_from.min(now);
+                }
+                // The hold was for this kernel: it is over once the kernel runs (the kernel sets
+                // a new one when it ends, if more work follows it).
+                ex.hold_until_ns.store(0, Relaxed);
+                let mut start = floor.max(e.queued_ns.load(Relaxed)).min(now);
+                if !idle {
+                    // Within the busy interval that is going on.
+                    start = start.max(ex.busy_since_ns.load(Relaxed));
+                }
                 e.segment_ns.store(start, Relaxed);
                 if e.first_ns.load(Relaxed) == 0 {
                     e.first_ns.store(start, Relaxed);
@@ -570,6 +613,7 @@ impl Shared {
     /// the serving context's process and group.
     fn end_busy(&self, dev: &Device, d: usize, end: u64) {
         let busy = end.saturating_sub(dev.exec.busy_since_ns.load(Relaxed));
+        dev.exec.idle_since_ns.store(end, Relaxed);
         dev.exec.slice_used_ns.fetch_add(busy, Relaxed);
         let total = dev.busy_ns.fetch_add(busy, AcqRel) + busy;
         record(&dev.history, end, total);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// "SIMGPU" + layout generation; published last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPUst");
 /// Bumped whenever this layout changes.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 pub const MAX_DEVICES: usize = crate::config::MAX_DEVICES as usize;
 pub const MAX_PROCESSES: usize = 256;
 pub const MAX_GROUPS: usize = 64;
@@ -139,6 +139,14 @@ pub struct Exec {
     pub hold_from_ns: AtomicU64,
     /// Time-slice context switches (a running context made to yield to a waiting one).
     pub switches: AtomicU64,
+    /// Realtime ns since which no context has held the device (valid while `active_context` is 0):
+    /// a kernel that entered the device's queue since then starts when it entered, not when its
+    /// waiter got to run (see `Shared::step`).
+    pub idle_since_ns: AtomicU64,
+    /// The context that gave the device up last (0: preempted), and until when it held the device
+    /// after its last kernel (0: no hold): other contexts' kernels could not start before then.
+    pub idle_context: AtomicU64,
+    pub idle_hold_until_ns: AtomicU64,
     pub entries: [Entry; TURNS],
 }
 

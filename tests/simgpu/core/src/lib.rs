@@ -16,6 +16,8 @@ pub use shared::{
     snapshot, DeviceSnapshot, DeviceTurn, GroupUsage, KernelRun, ProcessUsage, Shared, Snapshot,
     Work, UTILIZATION_WINDOW_NS,
 };
+/// The clock of the device timeline (and of every time in the shared state).
+pub use sys::realtime_ns;
 
 use std::io::Write as _;
 use std::sync::OnceLock;

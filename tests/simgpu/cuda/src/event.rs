@@ -1,4 +1,6 @@
-//! Events: a record is an op on a stream that timestamps the event when the stream reaches it.
+//! Events: a record is an op on a stream that timestamps the event with the op's time on the device
+//! timeline (`stream::device_time`): when the stream's previous work ended on the device, or when the
+//! record was submitted if later — as a GPU stamps it, whenever simgpu's host worker gets to it.
 
 use crate::graph::Capture;
 use crate::stream::{self, lock, Dep, Stream};
@@ -11,14 +13,14 @@ use gpuslice_api::{CUerror, CUresult};
 use std::collections::BTreeMap;
 use std::ffi::c_uint;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
 
-/// The latest record of an event: the op's position on its stream, and its time once reached.
+/// The latest record of an event: the op's position on its stream, and its time (realtime ns on the
+/// device timeline) once reached.
 #[derive(Clone)]
 struct Record {
     stream: Arc<Stream>,
     seq: u64,
-    time: Arc<OnceLock<Instant>>,
+    time: Arc<OnceLock<u64>>,
 }
 
 pub struct Event {
@@ -90,7 +92,7 @@ fn record(h: CUevent, hs: CUstream, per_thread: bool, flags: u32) -> CUresult {
         &s,
         Vec::new(),
         Box::new(move || {
-            let _ = t.set(Instant::now());
+            let _ = t.set(stream::device_time());
         }),
     )?;
     *lock(&e.record) = Some(Record {
@@ -150,11 +152,7 @@ fn elapsed(ms: Option<&mut f32>, start: CUevent, end: CUevent) -> CUresult {
     let (Some(ta), Some(tb)) = (ra.time.get(), rb.time.get()) else {
         return Err(CUerror::NOT_READY);
     };
-    *ms = if tb >= ta {
-        tb.duration_since(*ta).as_secs_f64() * 1e3
-    } else {
-        -(ta.duration_since(*tb).as_secs_f64() * 1e3)
-    } as f32;
+    *ms = ((*tb as i128 - *ta as i128) as f64 / 1e6) as f32;
     Ok(())
 }
 

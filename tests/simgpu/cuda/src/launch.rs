@@ -54,7 +54,14 @@ impl Kernel {
         match simgpu_core::shared() {
             Ok(shared) => {
                 let followed = stream::more_queued();
-                let run = shared.run_kernel(self.device, self.context, self.work, followed);
+                let run = shared.run_kernel(
+                    self.device,
+                    self.context,
+                    self.work,
+                    followed,
+                    stream::device_time(),
+                );
+                stream::advance_device_time(run.end_ns);
                 if run.preempted > 0 {
                     simgpu_core::trace(format_args!(
                         "kernel {} preempted {} times",

@@ -23,6 +23,33 @@ use std::thread::ThreadId;
 thread_local! {
     /// On a stream worker, while it runs an op: whether a kernel of the stream is queued behind it.
     static MORE_QUEUED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// On a stream worker, while it runs an op: the op's time on the device timeline (see
+    /// [`device_time`]).
+    static DEVICE_TIME: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The device timeline: on a GPU, an op of a stream is processed by the device when the stream's
+/// previous work has ended on the device (and the work it waits for on other streams), or when it
+/// was submitted if later — not when some host thread gets round to it. simgpu's stream workers are
+/// host threads, late on a loaded machine; each op therefore carries its time on the device
+/// timeline: events are stamped with it (`cuEventRecord` measures device time, as on a GPU),
+/// kernels enter the device's queue at it (simgpu-core starts them then if the device was idle or
+/// held for them), and the op's end on the timeline is what the next op waits for. On a worker, while
+/// it runs an op: realtime ns (the shared state's clock) at which the op is processed; 0 elsewhere.
+pub(crate) fn device_time() -> u64 {
+    DEVICE_TIME.with(|t| t.get())
+}
+
+/// The op running on this worker has done device work that ended at `end_ns` (a kernel): what
+/// follows it on the stream is processed from then on.
+pub(crate) fn advance_device_time(end_ns: u64) {
+    DEVICE_TIME.with(|t| t.set(t.get().max(end_ns)));
+}
+
+/// The op running on this worker ran host code (a host function, a callback): the stream was
+/// blocked until it returned, now.
+pub(crate) fn host_work_done() {
+    advance_device_time(simgpu_core::realtime_ns());
 }
 
 /// Whether the op running on this (stream worker) thread has a kernel queued behind it on its
@@ -38,6 +65,9 @@ pub(crate) fn set_more_queued(more: bool) {
 
 /// Ops a stream may hold before `enqueue` blocks, like the real driver's launch queue.
 const MAX_PENDING: u64 = 1024;
+/// Ops whose end on the device timeline a stream remembers (for dependencies on them); an older op
+/// ended before anything that waits for it now was submitted.
+const TIMELINE_OPS: usize = 1024;
 /// The priority range reported for streams (`cuCtxGetStreamPriorityRange`): lower is higher priority.
 pub const PRIORITY_LEAST: i32 = 0;
 pub const PRIORITY_GREATEST: i32 = -5;
@@ -69,6 +99,8 @@ pub(crate) struct Dep {
 
 struct Job {
     deps: Vec<Dep>,
+    /// Realtime ns at which it was submitted.
+    submitted_ns: u64,
     op: Op,
     /// The op runs kernels (a launch, a graph with kernel nodes).
     kernel: bool,
@@ -81,6 +113,9 @@ struct State {
     enqueued: u64,
     /// Ops finished so far.
     completed: u64,
+    /// Where ops ended on the device timeline: op `seq` at `[seq % TIMELINE_OPS]` (empty until the
+    /// first op).
+    ended_ns: Vec<u64>,
     worker: bool,
     /// Destroyed: the worker drains the queue and exits.
     closed: bool,
@@ -167,18 +202,34 @@ impl Stream {
     pub(crate) fn reached(&self, seq: u64) -> bool {
         lock(&self.state).completed >= seq
     }
-    /// Blocks until the stream's first `seq` ops are done.
-    pub(crate) fn wait_for(&self, seq: u64) {
+    /// Blocks until the stream's first `seq` ops are done; returns when the last of them ended on
+    /// the device timeline (0 if long ago, or `seq` is 0).
+    pub(crate) fn wait_for(&self, seq: u64) -> u64 {
         let mut s = lock(&self.state);
         while s.completed < seq {
             s = self.cond.wait(s).unwrap_or_else(|e| e.into_inner());
         }
+        if seq == 0 || s.completed - seq >= TIMELINE_OPS as u64 {
+            return 0;
+        }
+        s.ended_ns
+            .get(seq as usize % TIMELINE_OPS)
+            .copied()
+            .unwrap_or(0)
     }
     fn wait_for_room(&self) {
         let mut s = lock(&self.state);
         while s.enqueued - s.completed >= MAX_PENDING && !s.closed {
             s = self.cond.wait(s).unwrap_or_else(|e| e.into_inner());
         }
+    }
+    /// Where the stream's last finished op ended on the device timeline.
+    fn previous_end(&self) -> u64 {
+        let s = lock(&self.state);
+        s.ended_ns
+            .get(s.completed as usize % TIMELINE_OPS)
+            .copied()
+            .unwrap_or(0)
     }
     fn close(&self) {
         lock(&self.state).closed = true;
@@ -228,13 +279,24 @@ impl Stream {
                     s = self.cond.wait(s).unwrap_or_else(|e| e.into_inner());
                 }
             };
+            let mut ready = job.submitted_ns.max(self.previous_end());
             for d in &job.deps {
-                d.stream.wait_for(d.seq);
+                ready = ready.max(d.stream.wait_for(d.seq));
             }
+            DEVICE_TIME.with(|t| t.set(ready));
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job.op)).is_err() {
                 simgpu_core::trace(format_args!("stream {}: an op panicked", self.id));
             }
-            lock(&self.state).completed += 1;
+            let ended = DEVICE_TIME.with(|t| t.replace(0));
+            {
+                let mut s = lock(&self.state);
+                s.completed += 1;
+                if s.ended_ns.is_empty() {
+                    s.ended_ns = vec![0; TIMELINE_OPS];
+                }
+                let i = s.completed as usize % TIMELINE_OPS;
+                s.ended_ns[i] = ended;
+            }
             self.cond.notify_all();
         }
     }
@@ -409,7 +471,12 @@ fn submit_job(
     }
     deps.extend(implicit_deps(stream, &mut inner));
     deps.retain(|d| !Arc::ptr_eq(&d.stream, stream));
-    stream.push(Job { deps, op, kernel })
+    stream.push(Job {
+        deps,
+        submitted_ns: simgpu_core::realtime_ns(),
+        op,
+        kernel,
+    })
 }
 
 /// Runs `op` on the stream in order after prior work (legacy default stream semantics included).
@@ -559,7 +626,8 @@ pub(crate) fn host_fn_op(
     Arc::new(move || {
         let d = &data;
         // SAFETY: the client registered `f` to be called with `user_data` on the stream, as here.
-        unsafe { f(d.0) }
+        unsafe { f(d.0) };
+        host_work_done();
     })
 }
 
@@ -593,7 +661,8 @@ fn add_callback(
         Arc::new(move || {
             let (d, h) = (&data, &handle);
             // SAFETY: the client registered `cb` to be called with its stream, a status and `user_data`.
-            unsafe { cb(h.0, 0, d.0) }
+            unsafe { cb(h.0, 0, d.0) };
+            host_work_done();
         }),
     )
 }

@@ -1,0 +1,263 @@
+//! `podman run --device gpuslice.io/tenant=t1`: the CDI spec `gpuslice tenant create` wrote, used by a
+//! real container runtime (podman and runc, installed by scripts/test), runs a simgpu client limited
+//! to the tenant's quota.
+//!
+//! Hermetic: podman runs in a mount namespace of its own in which a tmpfs covers /run (so /var/run/cdi
+//! is the scene's CDI directory bound there, and nothing of the machine's /run is seen or written),
+//! with its storage, run and temporary directories in the scene, a private containers.conf
+//! (CONTAINERS_CONF), no network and no image: the container's root is a directory holding the
+//! client and the libraries it links (`--rootfs`). Podman 4.3 (Debian 12) reads CDI specs only from
+//! /etc/cdi and /var/run/cdi (`cdi_spec_dirs` in containers.conf came with later versions; it is set
+//! too, for them). simgpu stands in for the GPU as NVIDIA's CDI device would: a second spec
+//! (`simgpu.test/gpu=all`) mounts its libraries and its state file.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use support::*;
+
+/// `name` on PATH, or None.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Copies `file` and every library `ldd` says it loads into `rootfs`, each at its host path.
+fn copy_with_libraries(rootfs: &Path, file: &Path, to: &str) {
+    let place = |from: &Path, to: &Path| {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+    };
+    place(file, &rootfs.join(to.trim_start_matches('/')));
+    let r = run(std::process::Command::new("ldd").arg(file));
+    r.assert_success();
+    for line in r.stdout.lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
+        let path = match line.split_once("=>") {
+            Some((_, right)) => right.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            place(Path::new(p), &rootfs.join(p.trim_start_matches('/')));
+        }
+    }
+}
+
+/// The node's "GPU": a CDI spec mounting simgpu's driver libraries and its state.
+fn write_simgpu_spec(scene: &Scene) {
+    let lib = |name: &str| {
+        std::fs::canonicalize(simgpu_lib_dir().join(name))
+            .unwrap()
+            .display()
+            .to_string()
+    };
+    let mount = |host: String, container: &str, mode: &str| {
+        serde_json::json!({"hostPath": host, "containerPath": container,
+                           "options": [mode, "nosuid", "nodev", "bind"]})
+    };
+    let spec = serde_json::json!({
+        "cdiVersion": "0.3.0",
+        "kind": "simgpu.test/gpu",
+        "devices": [{"name": "all", "containerEdits": {
+            "env": ["SIMGPU_STATE=/var/lib/simgpu/state", "LD_LIBRARY_PATH=/opt/simgpu"],
+            "mounts": [
+                mount(lib("libcuda.so.1"), "/opt/simgpu/libcuda.so.1", "ro"),
+                mount(lib("libnvidia-ml.so.1"), "/opt/simgpu/libnvidia-ml.so.1", "ro"),
+                mount(scene.simgpu_state.display().to_string(), "/var/lib/simgpu/state", "rw"),
+            ]}}]
+    });
+    std::fs::write(
+        scene.cdi.join("simgpu.test-gpu.json"),
+        serde_json::to_string_pretty(&spec).unwrap(),
+    )
+    .unwrap();
+}
+
+struct Podman {
+    podman: PathBuf,
+    dir: PathBuf,
+    rootfs: PathBuf,
+    cdi: PathBuf,
+}
+
+impl Podman {
+    fn new(scene: &Scene, podman: PathBuf, runtime: &Path) -> Podman {
+        let dir = scene.dir.join("podman");
+        for d in ["storage", "run", "tmp", "empty"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        // No rlimits in the container's spec: runc sets them with prlimit, and podman's defaults
+        // (nofile, nproc) fail there on a machine whose root lacks CAP_SYS_RESOURCE.
+        std::fs::write(
+            dir.join("containers.conf"),
+            format!(
+                "[containers]\nnetns = \"none\"\ndefault_ulimits = []\n\
+                 [engine]\ncdi_spec_dirs = [\"{cdi}\"]\nruntime = \"{rt}\"\n\
+                 cgroup_manager = \"cgroupfs\"\nevents_logger = \"none\"\n\
+                 [engine.runtimes]\n{rt} = [\"{path}\"]\n",
+                cdi = scene.cdi.display(),
+                rt = runtime.file_name().unwrap().to_string_lossy(),
+                path = runtime.display()
+            ),
+        )
+        .unwrap();
+        let rootfs = dir.join("rootfs");
+        for d in ["proc", "sys", "dev", "tmp", "run", "etc"] {
+            std::fs::create_dir_all(rootfs.join(d)).unwrap();
+        }
+        copy_with_libraries(&rootfs, &workload_bin(), "/bin/gpuslice-workload");
+        // What the library needs (its dependencies are the client's: libc, libgcc_s).
+        copy_with_libraries(&rootfs, &library(), "/tmp/libgpuslice-deps.so");
+        std::fs::remove_file(rootfs.join("tmp/libgpuslice-deps.so")).unwrap();
+        Podman {
+            podman,
+            dir,
+            rootfs,
+            cdi: scene.cdi.clone(),
+        }
+    }
+
+    /// `podman run --rm ARGS --rootfs <rootfs> /bin/gpuslice-workload WORKLOAD` in its own mount
+    /// namespace.
+    fn run(&self, scene: &Scene, args: &[&str], workload: &[&str]) -> Run {
+        let script = "set -e\n\
+            mount -t tmpfs -o mode=0755 gpuslice-podman /run\n\
+            [ -L /var/run ] || mount -t tmpfs -o mode=0755 gpuslice-podman /var/run\n\
+            mkdir -p /var/run/cdi\n\
+            mount --bind \"$CDI\" /var/run/cdi\n\
+            if [ -d /etc/cdi ]; then mount --bind \"$EMPTY\" /etc/cdi; fi\n\
+            exec \"$PODMAN\" --root \"$DIR/storage\" --runroot \"$DIR/run\" --tmpdir \"$DIR/tmp\" \
+                 --storage-driver vfs \"$@\"\n";
+        let mut cmd = scene.command("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c", script])
+            .arg("podman")
+            .args(["run", "--rm", "--network", "none"])
+            .args(args)
+            .arg("--rootfs")
+            .arg(&self.rootfs)
+            .arg("/bin/gpuslice-workload")
+            .args(workload)
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .env("CDI", &self.cdi)
+            .env("EMPTY", self.dir.join("empty"))
+            .env("DIR", &self.dir)
+            .env("PODMAN", &self.podman)
+            // Nothing of simgpu or gpuslice reaches the container but what the specs give it.
+            .env_remove("LD_LIBRARY_PATH");
+        run(&mut cmd)
+    }
+}
+
+#[test]
+fn podman_runs_a_client_within_its_tenant_quota() {
+    let (Some(podman), Some(runtime)) = (
+        on_path("podman"),
+        on_path("runc").or_else(|| on_path("crun")),
+    ) else {
+        panic!("podman and runc (or crun) are needed: scripts/test installs them (apt-get install podman runc)");
+    };
+    let etc_cdi_before = Path::new("/etc/cdi").exists();
+    let scene = Scene::new("podman", &[("SIMGPU_MEMORY", "16GiB")]);
+    // simgpu's state, made by a first client on the host.
+    scene.gpuslice(&["tenant", "list"]).assert_success();
+    // Podman 4.3's CDI library predates cdiVersion 0.7.0 (additionalGids): the groups are given with
+    // --group-add instead.
+    let r = scene.gpuslice(&[
+        "tenant",
+        "create",
+        "t1",
+        "--memory",
+        "2GiB",
+        "--cdi-without-groups",
+    ]);
+    r.assert_success();
+    write_simgpu_spec(&scene);
+    let gid = std::os::unix::fs::MetadataExt::gid(
+        &std::fs::metadata(scene.state.join("tenants/t1")).unwrap(),
+    )
+    .to_string();
+    let policy_before = std::fs::read(scene.state.join("tenants/t1/policy.toml")).unwrap();
+    let pm = Podman::new(&scene, podman, &runtime);
+    let devices = [
+        "--device",
+        "gpuslice.io/tenant=t1",
+        "--device",
+        "simgpu.test/gpu=all",
+    ];
+
+    // Uid 1001 with the tenant's and the device group; its environment asks for far more.
+    let mut args = devices.to_vec();
+    args.extend(["--user", "1001:1001", "--group-add", &gid, "--group-add"]);
+    args.extend(["61000", "-e", "GPUSLICE_MEMORY_LIMIT=100GiB"]);
+    let r = pm.run(&scene, &args, &["--chunk", "2"]);
+    r.assert_success();
+    assert_eq!(r.get_u64("total"), 2 * GIB, "{}", r.report());
+    // Everything the context left is allocatable, and nothing more.
+    let free = r.get_u64("free");
+    assert!(free > 0 && free < 2 * GIB, "{}", r.report());
+    assert_eq!(r.get_u64("allocated"), free, "{}", r.report());
+    assert_eq!(
+        r.get("outcome"),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "{}",
+        r.report()
+    );
+    // The library came in through the spec's /etc/ld.so.preload (no LD_PRELOAD is given).
+    assert!(
+        r.stderr.contains("tenant t1: cuMemAlloc of 2 MiB") && r.stderr.contains("refused"),
+        "{}",
+        r.report()
+    );
+    assert!(
+        r.stderr.contains("100 GiB") && r.stderr.contains("ignored"),
+        "{}",
+        r.report()
+    );
+
+    // Without the groups the uid cannot reach its tenant: refused, never unlimited.
+    let mut args = devices.to_vec();
+    args.extend(["--user", "1001:1001"]);
+    let r = pm.run(&scene, &args, &["--chunk", "2"]);
+    assert!(
+        r.stderr
+            .contains("/run/gpuslice/tenant/policy.toml: Permission denied")
+            && r.stdout.contains("CUDA_ERROR_OUT_OF_MEMORY")
+            && !r.stdout.contains("allocated="),
+        "{}",
+        r.report()
+    );
+
+    // Root in the container gets the same quota; the read-only policy is unchanged.
+    let r = pm.run(&scene, &devices, &["--chunk", "64"]);
+    r.assert_success();
+    assert_eq!(r.get_u64("total"), 2 * GIB, "{}", r.report());
+    assert_eq!(r.get("outcome"), "CUDA_ERROR_OUT_OF_MEMORY");
+    assert!(r.get_u64("allocated") <= free, "{}", r.report());
+    assert_eq!(
+        std::fs::read(scene.state.join("tenants/t1/policy.toml")).unwrap(),
+        policy_before
+    );
+
+    // A spec with the groups (cdiVersion 0.7.0): podman 4.3's CDI library refuses it, and with it
+    // every CDI device of the directory (docs/KUBERNETES.md). Checked last: it spoils the directory.
+    let version = run(std::process::Command::new(&pm.podman).arg("--version"));
+    if version.stdout.trim() == "podman version 4.3.1" {
+        scene
+            .gpuslice(&["tenant", "create", "t2", "--memory", "1GiB"])
+            .assert_success();
+        assert_eq!(scene.spec("t2")["cdiVersion"], "0.7.0");
+        let mut args = vec!["--device", "gpuslice.io/tenant=t2"];
+        args.extend(devices);
+        let r = pm.run(&scene, &args, &["--chunk", "64"]);
+        r.assert_failure();
+        assert!(
+            r.stderr.contains("unresolvable CDI devices"),
+            "{}",
+            r.report()
+        );
+    }
+    assert_eq!(Path::new("/etc/cdi").exists(), etc_cdi_before);
+}
