@@ -25,7 +25,7 @@ use std::time::Duration;
 
 #[path = "exec.rs"]
 mod exec;
-pub use exec::{DeviceTurn, KernelRun, Work};
+pub use exec::{DeviceTurn, KernelRun, Submission, Work};
 
 /// Least spacing between sweeps triggered by failed reservations.
 const SWEEP_SPACING_NS: u64 = 10_000_000;
