@@ -72,6 +72,32 @@ pub struct Submission {
     pub ready_ns: u64,
 }
 
+impl Submission {
+    /// A kernel of `context` on `device`, ready now, nothing queued behind it.
+    pub fn now(device: u32, context: u64, work: Work) -> Submission {
+        Submission {
+            device,
+            context,
+            work,
+            followed: false,
+            ready_ns: 0,
+        }
+    }
+
+    /// With more work queued behind it on its stream.
+    pub fn followed(self) -> Submission {
+        Submission {
+            followed: true,
+            ..self
+        }
+    }
+
+    /// Ready since `ready_ns` on the device timeline.
+    pub fn ready_at(self, ready_ns: u64) -> Submission {
+        Submission { ready_ns, ..self }
+    }
+}
+
 /// What happened to a kernel (for traces and tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelRun {
@@ -220,13 +246,11 @@ impl Shared {
             }
             c.1
         };
-        let Some((index, id)) = self.enqueue(&Submission {
+        let Some((index, id)) = self.enqueue(&Submission::now(
             device,
             context,
-            work: Work::Timed(Duration::from_nanos(UNTIL_ENDED)),
-            followed: false,
-            ready_ns: 0,
-        }) else {
+            Work::Timed(Duration::from_nanos(UNTIL_ENDED)),
+        )) else {
             return DeviceTurn {
                 shared: self,
                 device: usize::MAX,
