@@ -155,7 +155,7 @@ pub fn role() -> Role {
 }
 
 /// True when this (preloaded) library found a gpuslice drop-in as its CUDA driver: the drop-in
-/// enforces, so this library must count nothing (`accounting::mode()` is then transparent).
+/// enforces, so this library must count and gate nothing (`process::Process::deferring`).
 pub fn deferring() -> bool {
     DEFERRING.load(Ordering::Acquire)
 }

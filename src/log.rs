@@ -6,11 +6,12 @@ use std::io::Write as _;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A log level; also the configuration's `GPUSLICE_LOG` value (`config::LogLevel` is this type).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum Level {
     Off = 0,
     Error = 1,
+    #[default]
     Warn = 2,
     Info = 3,
     Debug = 4,

@@ -119,3 +119,44 @@ fn settings_that_refuse_nothing_say_what_happens() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Aliases are read from the real environment as from the loader's tests: HAMi's per-device
+/// `CUDA_DEVICE_MEMORY_LIMIT_<i>` (probed only when a variable has that prefix) limits device 0, and
+/// a `GPUSLICE_*` variable that is set wins over its alias, with a line saying which was ignored.
+#[test]
+fn aliases_from_the_real_environment() {
+    let sim = Sim::new("aliases");
+    let dir = private_dir("aliases");
+    for (extra, limited) in [
+        (None, true),
+        (Some(("GPUSLICE_MEMORY_LIMIT", "1GiB")), false),
+    ] {
+        let mut cmd = sim.command(compile(&ROBUST));
+        cmd.env("LD_PRELOAD", shim())
+            .env("GPUSLICE_LEDGER", dir.join(format!("{limited}.ledger")))
+            .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+            .env("GPUSLICE_CONTEXT_RESERVE", "0")
+            .env("GPUSLICE_LOG", "info")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "64m")
+            .arg("cmd");
+        if let Some((var, value)) = extra {
+            cmd.env(var, value);
+        }
+        let run = feed(sim.spawn(&mut cmd), "alloc 32\nalloc 48\nexit\n", "aliases");
+        let allocs: Vec<&str> = run
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("alloc="))
+            .collect();
+        // 2 = CUDA_ERROR_OUT_OF_MEMORY: 32 + 48 MiB is over the alias's 64 MiB.
+        let want = if limited { ["0", "2"] } else { ["0", "0"] };
+        assert_eq!(allocs, want, "{}", run.report());
+        let note = if limited {
+            "CUDA_DEVICE_MEMORY_LIMIT_0=\"64m\" read as the memory limit 64 MiB for device 0"
+        } else {
+            "GPUSLICE_MEMORY_LIMIT is set: ignoring CUDA_DEVICE_MEMORY_LIMIT_*"
+        };
+        assert!(run.stderr.contains(note), "{}", run.report());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

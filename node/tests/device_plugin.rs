@@ -232,11 +232,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     let kubelet = scene.dir.join("kubelet");
     std::fs::create_dir_all(&kubelet).unwrap();
     let podres_sock = scene.dir.join("pod-resources.sock");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = kubelet_runtime();
     let _guard = rt.enter();
     let pods = PodResources::default();
     let serve_pods = |pods: &PodResources| {
@@ -546,11 +542,7 @@ fn kubelet_going_away_mid_call() {
     let scene = Scene::new("gone", &[("SIMGPU_MEMORY", "16GiB")]);
     let kubelet = scene.dir.join("kubelet");
     std::fs::create_dir_all(&kubelet).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = kubelet_runtime();
     let _guard = rt.enter();
 
     // A kubelet socket that reads the start of each connection and hangs up, until the plugin has
@@ -661,4 +653,13 @@ fn kubelet_going_away_mid_call() {
         "{stderr}"
     );
     assert!(stderr.contains("the kubelet restarted"), "{stderr}");
+}
+
+/// The runtime the kubelet stand-in's gRPC servers and clients run on.
+fn kubelet_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }

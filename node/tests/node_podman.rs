@@ -83,6 +83,34 @@ struct Podman {
     cdi: PathBuf,
 }
 
+/// The cgroup the test's containers are made under (runc needs one), removed when the test ends:
+/// podman's default parent (`libpod_parent`) would stay on the machine.
+fn cgroup_parent() -> String {
+    format!("/gpuslice-test-podman-{}", std::process::id())
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let name = cgroup_parent();
+        let name = name.trim_start_matches('/');
+        let root = Path::new("/sys/fs/cgroup");
+        remove_cgroup(&root.join(name));
+        for controller in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            remove_cgroup(&controller.path().join(name));
+        }
+    }
+}
+
+/// Removes an empty cgroup and the empty cgroups under it (podman leaves `conmon`'s).
+fn remove_cgroup(dir: &Path) {
+    for child in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if child.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup(&child.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
 impl Podman {
     fn new(scene: &Scene, podman: PathBuf, runtime: &Path) -> Podman {
         let dir = scene.dir.join("podman");
@@ -134,7 +162,8 @@ impl Podman {
         let mut cmd = scene.command("unshare");
         cmd.args(["--mount", "--propagation", "private", "sh", "-c", script])
             .arg("podman")
-            .args(["run", "--rm", "--network", "none"])
+            .args(["run", "--rm", "--network", "none", "--cgroup-parent"])
+            .arg(cgroup_parent())
             .args(args)
             .arg("--rootfs")
             .arg(&self.rootfs)

@@ -13,7 +13,8 @@
 use gpuslice::config::policy::{Kubernetes, Layout, Policy};
 use gpuslice::ledger::{Ledger, UNLIMITED};
 use gpuslice::scheduling::device::{tenant_name, DeviceLedger, HISTORY_LEN};
-use gpuslice::scheduling::MAX_TENANTS;
+use gpuslice::scheduling::shm::SLOT_ACTIVE;
+use gpuslice::scheduling::{Holder, PriorityClass, MAX_TENANTS};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -316,14 +317,14 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
             .load(Acquire)
             .saturating_sub(h.sample_ns[o].load(Acquire))
     });
-    let owner = (h.owner.load(Acquire) as usize)
-        .checked_sub(1)
+    let owner = Holder::from_word(h.owner.load(Acquire))
+        .slot()
         .and_then(|slot| lay.slots.get(slot))
         .map(|slot| slot.tenant.load(Acquire) as usize);
     let mut waiting = [0u32; MAX_TENANTS];
     for s in lay.slots.iter() {
         let t = s.tenant.load(Acquire) as usize;
-        if s.state.load(Acquire) != 0 && s.wants.load(Acquire) > 0 && t < MAX_TENANTS {
+        if s.state.load(Acquire) == SLOT_ACTIVE && s.wants.load(Acquire) > 0 && t < MAX_TENANTS {
             waiting[t] = waiting[t].saturating_add(1);
         }
     }
@@ -344,7 +345,8 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
                 tenant: tenant_name(&l, t),
                 share: e.share.load(Acquire).min(100),
                 cap: e.cap.load(Acquire).min(100),
-                high_priority: e.priority.load(Acquire) == 1,
+                high_priority: PriorityClass::from_word(e.priority.load(Acquire))
+                    == PriorityClass::High,
                 busy_ns: e.charged_ns.load(Acquire),
                 wait_ns: e.wait_ns.load(Acquire),
                 recent_share,

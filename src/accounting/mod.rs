@@ -12,10 +12,9 @@
 //! and their mappings), [`pools`] (stream-ordered pools), [`contexts`] (contexts, primary contexts),
 //! [`overhead`] (driver memory measured around contexts, modules and limits), [`views`] (what the
 //! program and `gpuslice status` are shown). The driver is reached through `crate::driver`, never
-//! through the hooks.
+//! through the hooks; the configuration and the tenant's ledger come from the process runtime
+//! (`crate::process`), which scheduling reads too.
 
-use crate::config;
-use crate::log;
 use std::sync::OnceLock;
 
 pub mod contexts;
@@ -41,32 +40,16 @@ pub enum Mode {
 
 static MODE: OnceLock<Mode> = OnceLock::new();
 
-/// The process's mode, decided once (configuration, quota file, ledger).
+/// The process's mode, decided once from the process runtime (`crate::process`: configuration,
+/// quota file, ledger, a drop-in below).
 pub fn mode() -> &'static Mode {
     MODE.get_or_init(|| {
-        let config = config::load();
-        log::set_level(config.log_level);
-        for note in &config.notes {
-            log::info(format_args!("{note}"));
+        let process = crate::process::get();
+        if process.quotas_apply() {
+            Mode::Enforcing(Box::new(Tenant::new(process)))
+        } else {
+            Mode::Transparent
         }
-        for warning in &config.warnings {
-            log::warn(format_args!("{warning}"));
-        }
-        for line in config.error_lines() {
-            log::error(format_args!("{line}"));
-        }
-        if !config.is_configured() && !config.ledger_path.exists() {
-            return Mode::Transparent;
-        }
-        // Preloaded over a gpuslice drop-in libcuda: the drop-in enforces; counting here too would
-        // charge everything twice. Finding the driver decides it, so find it now.
-        if crate::driver::role() == crate::driver::Role::Preload {
-            crate::driver::library_handle(crate::driver::Library::Cuda);
-            if crate::driver::deferring() {
-                return Mode::Transparent;
-            }
-        }
-        Mode::Enforcing(Box::new(Tenant::new(config)))
     })
 }
 

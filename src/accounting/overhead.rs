@@ -66,6 +66,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(2);
 static WARNED_IMPOSSIBLE: AtomicBool = AtomicBool::new(false);
 static WARNED_LOCK: AtomicBool = AtomicBool::new(false);
 static WARNED_UNCHARGED: AtomicBool = AtomicBool::new(false);
+static WARNED_DISTURBED: AtomicBool = AtomicBool::new(false);
 
 fn warn_once(flag: &AtomicBool, args: std::fmt::Arguments<'_>) {
     if !flag.swap(true, Ordering::Relaxed) {
@@ -263,6 +264,19 @@ impl Tenant {
         drop(lock);
         let delta = match (explicit, self.spent(device, &before, &after)) {
             (Some(bytes), _) => i128::from(bytes) - i128::from(current),
+            // A new object (a context, a module) cannot have given memory back: the figures moved
+            // with another process's frees (the device figure), and are not believed.
+            (None, Some(delta)) if delta < 0 && current == 0 && floor.is_none() => {
+                warn_once(
+                    &WARNED_DISTURBED,
+                    format_args!(
+                        "{what} on {} measured {delta} bytes (memory freed by another process \
+                         meanwhile): charged the estimate of {fallback} bytes instead",
+                        device.uuid
+                    ),
+                );
+                i128::from(fallback)
+            }
             (None, Some(delta)) => delta,
             (None, None) => i128::from(fallback),
         };

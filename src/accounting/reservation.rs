@@ -178,6 +178,7 @@ impl Tenant {
 impl Tenant {
     /// With a node policy, the ledger's usage (this reservation included) must stay within the
     /// policy's ceiling whatever the ledger's own limit says: the ledger is writable by the tenant.
+    #[inline]
     fn within_policy(
         &self,
         device: &Device,

@@ -4,8 +4,9 @@
 use super::records::Records;
 use crate::config::{self, Config, Limit};
 use crate::driver::calls as driver;
-use crate::ledger::{Ledger, LedgerOptions};
+use crate::ledger::Ledger;
 use crate::log;
+use crate::process::Process;
 use gpuslice_api::types::{CUcontext, CUdevice};
 use gpuslice_api::CUerror;
 use parking_lot::{Mutex, ReentrantMutex};
@@ -22,9 +23,10 @@ pub struct Device {
 }
 
 pub struct Tenant {
-    pub config: Config,
-    /// Opened on first use, when the process's devices are known (a creator records their limits).
-    pub(super) ledger: OnceLock<Result<Ledger, String>>,
+    pub config: &'static Config,
+    /// The process runtime's: opened on first use, when the process's devices are known (a creator
+    /// records their limits).
+    pub(super) ledger: &'static OnceLock<Result<Ledger, String>>,
     /// Devices by ordinal, resolved once each.
     devices: [OnceLock<Device>; MAX_ORDINALS],
     /// The process sees exactly one device (then every allocation is on it): `Some(true)`.
@@ -53,13 +55,14 @@ thread_local! {
 }
 
 impl Tenant {
-    pub(super) fn new(config: Config) -> Tenant {
+    pub(super) fn new(process: &'static Process) -> Tenant {
+        let config = &process.config;
         let context_reserve = config
             .context_reserve
             .unwrap_or(config::DEFAULT_CONTEXT_RESERVE);
         Tenant {
             config,
-            ledger: OnceLock::new(),
+            ledger: process.ledger_cell(),
             devices: [const { OnceLock::new() }; MAX_ORDINALS],
             single_device: OnceLock::new(),
             records: Mutex::new(Records::default()),
@@ -77,20 +80,12 @@ impl Tenant {
     }
 
     /// The tenant's ledger, joined (or created) on first use.
+    #[inline]
     pub fn ledger(&self) -> Result<&Ledger, &str> {
-        self.ledger
-            .get_or_init(|| {
-                let visible = driver::visible_devices();
-                let options = LedgerOptions::from_config(&self.config, &visible);
-                Ledger::open(&self.config.ledger_path, &options).map_err(|e| {
-                    log::error(format_args!(
-                        "{e}; every allocation is refused until this is fixed"
-                    ));
-                    e.to_string()
-                })
-            })
-            .as_ref()
-            .map_err(String::as_str)
+        match self.ledger.get() {
+            Some(joined) => joined.as_ref().map_err(String::as_str),
+            None => crate::process::get().ledger(),
+        }
     }
 
     /// The ledger if this process has joined it, or if it exists (never created from here).

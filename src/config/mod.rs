@@ -28,20 +28,23 @@
 //! attributed to a device (a syntax error in the quota file, a bad key, a bad ledger path or tenant,
 //! a bad context reserve) makes every device's memory limit invalid.
 
-mod aliases;
 mod file;
+mod load;
 pub mod paths;
 mod per_device;
 pub mod policy;
+mod policy_apply;
 mod quota_file;
+mod readers;
 pub mod size;
 pub mod table;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+pub use load::{load, load_from, load_with_policy, DEFAULT_DEVICE_DIR};
+use per_device::per_device;
 pub use per_device::{canonical_uuid, uuid_bytes, PerDevice};
-use per_device::{describe, per_device};
 pub use size::{format_bytes, parse_percent, parse_size, Units};
 
 /// Bytes charged per CUDA context when `GPUSLICE_CONTEXT_RESERVE` is not set and what the driver spent
@@ -72,9 +75,10 @@ pub enum Limit {
 }
 
 /// A non-memory per-device or global setting.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Setting<T> {
     Value(T),
+    #[default]
     Unset,
     /// Wrong configuration (message); the caller applies its strictest behaviour.
     Invalid(String),
@@ -90,8 +94,8 @@ pub enum Priority {
 /// `GPUSLICE_LOG` levels: the logger's own type (one type, one parser: [`crate::log::Level`]).
 pub use crate::log::Level as LogLevel;
 
-/// The parsed configuration of this process.
-#[derive(Clone, Debug)]
+/// The parsed configuration of this process ([`load`]; `Default` is the loader's starting point).
+#[derive(Clone, Debug, Default)]
 pub struct Config {
     /// Tenant name (names the default ledger).
     pub tenant: String,
@@ -116,6 +120,9 @@ pub struct Config {
     /// Compute cap, percent.
     pub compute_limit: PerDevice<u8>,
     pub priority: Setting<Priority>,
+    /// Directory of the device ledgers (compute shares): the node policy's, else
+    /// `GPUSLICE_DEVICE_DIR`, else `devices/` in `GPUSLICE_LEDGER_DIR`, else [`DEFAULT_DEVICE_DIR`].
+    pub device_dir: PathBuf,
     /// Info-level lines (how aliases were read) for the caller to log.
     pub notes: Vec<String>,
     /// Warn-level lines: settings ignored because a node policy forbids them (`policy.rs`).
@@ -238,261 +245,6 @@ fn to_limit(s: Setting<u64>) -> Limit {
         Setting::Value(b) => Limit::Bytes(b),
         Setting::Unset => Limit::Unlimited,
         Setting::Invalid(e) => Limit::Invalid(e),
-    }
-}
-
-/// Reads the configuration from the real environment and `/etc/gpuslice/quota.toml`.
-pub fn load() -> Config {
-    // One pass over the environment: the aliases are probed under many names (`..._LIMIT_<i>`), and
-    // each getenv would scan the whole environment again. A handful of variables at most: a linear
-    // search beats hashing 130 probes.
-    let relevant: Vec<(String, String)> = std::env::vars_os()
-        .filter_map(|(k, v)| {
-            let k = k.into_string().ok()?;
-            (k.starts_with("GPUSLICE_")
-                || k.starts_with("CUDA_")
-                || k == "GPU_CORE_UTILIZATION_POLICY"
-                || k == "LIBCUDA_LOG_LEVEL")
-                .then(|| (k, v.to_string_lossy().into_owned()))
-        })
-        .collect();
-    let mut cfg = load_from(
-        &|name| {
-            relevant
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        },
-        Path::new(DEFAULT_QUOTA_FILE),
-    );
-    cfg.place_default_ledger();
-    cfg
-}
-
-/// Reads the configuration from `env` and the quota file (`GPUSLICE_QUOTA_FILE`, or
-/// `default_quota_file` when that exists).
-pub fn load_from(env: &dyn Fn(&str) -> Option<String>, default_quota_file: &Path) -> Config {
-    load_with_policy(env, default_quota_file, Path::new(policy::POLICY_FILE))
-}
-
-/// [`load_from`] with the node policy looked for at `policy_file` (tests) instead of
-/// [`policy::POLICY_FILE`].
-pub fn load_with_policy(
-    env: &dyn Fn(&str) -> Option<String>,
-    default_quota_file: &Path,
-    policy_file: &Path,
-) -> Config {
-    let mut b = Builder {
-        notes: Vec::new(),
-        errors: Vec::new(),
-        poison_all: Vec::new(),
-        effects: BTreeMap::new(),
-    };
-    let file = b.read_quota_file(env, default_quota_file);
-    let fv = |key: &str| file.top.get(key).cloned();
-
-    // Memory: GPUSLICE_MEMORY_LIMIT > HAMi > MPS > file.
-    let memory = b
-        .memory_from_env(env)
-        .unwrap_or_else(|| file.memory.clone());
-
-    let compute_share = match env("GPUSLICE_COMPUTE_SHARE") {
-        Some(v) => per_device(&quoted("GPUSLICE_COMPUTE_SHARE", &v), &v, parse_percent),
-        None => match fv("compute_share") {
-            Some((v, src)) => per_device(&src, &v, parse_percent),
-            None => PerDevice::default(),
-        },
-    };
-    let compute_limit = b.compute_limit(env, fv("compute_limit"));
-
-    let priority = match env("GPUSLICE_PRIORITY")
-        .map(|v| (quoted("GPUSLICE_PRIORITY", &v), v))
-        .or_else(|| b.hami_priority(env))
-        .or_else(|| fv("priority").map(|(v, src)| (src, v)))
-    {
-        None => Setting::Unset,
-        Some((src, v)) => match v.trim() {
-            "high" => Setting::Value(Priority::High),
-            "normal" => Setting::Value(Priority::Normal),
-            _ => Setting::Invalid(format!("{src}: unknown priority (expected high or normal)")),
-        },
-    };
-
-    let log_level = match env("GPUSLICE_LOG").or_else(|| b.hami_log_level(env)) {
-        None => LogLevel::Warn,
-        Some(v) if v.trim().is_empty() => LogLevel::Warn,
-        Some(v) => LogLevel::parse(&v).unwrap_or_else(|| {
-            let msg = format!(
-                "{}: unknown log level (expected off, error, warn, info, debug, trace)",
-                quoted("GPUSLICE_LOG", &v)
-            );
-            b.effects.insert(msg.clone(), effect::LOG);
-            b.errors.push(msg);
-            LogLevel::Warn
-        }),
-    };
-
-    let context_reserve = match env("GPUSLICE_CONTEXT_RESERVE") {
-        None => None,
-        Some(v) => match parse_size(&v, Units::Gpuslice) {
-            Ok(n) => Some(n),
-            Err(e) => {
-                b.fail_all(format!("{}: {e}", quoted("GPUSLICE_CONTEXT_RESERVE", &v)));
-                None
-            }
-        },
-    };
-
-    let tenant = match env("GPUSLICE_TENANT")
-        .map(|v| (quoted("GPUSLICE_TENANT", &v), v))
-        .or_else(|| fv("tenant").map(|(v, src)| (src, v)))
-    {
-        None => DEFAULT_TENANT.to_string(),
-        Some((src, v)) => match check_tenant(&v) {
-            Ok(()) => v,
-            Err(e) => {
-                b.fail_all(format!("{src}: {e}"));
-                DEFAULT_TENANT.to_string()
-            }
-        },
-    };
-
-    let ledger_dir = match env("GPUSLICE_LEDGER_DIR") {
-        None => PathBuf::from(DEFAULT_LEDGER_DIR),
-        Some(d) if d.starts_with('/') => PathBuf::from(d),
-        Some(d) => {
-            b.fail_all(format!(
-                "{}: not an absolute directory (expected e.g. /dev/shm/gpuslice)",
-                quoted("GPUSLICE_LEDGER_DIR", &d)
-            ));
-            PathBuf::from(DEFAULT_LEDGER_DIR)
-        }
-    };
-    let ledger_group = env("GPUSLICE_LEDGER_GROUP")
-        .or_else(|| fv("ledger_group").map(|(v, _)| v))
-        .filter(|g| !g.trim().is_empty());
-    let default_ledger = paths::first_candidate(
-        &ledger_dir,
-        ledger_group.as_deref(),
-        crate::slotfile::sys::geteuid(),
-    )
-    .join(format!("{tenant}.ledger"));
-    // The file's `ledger` belongs to the file's tenant: a tenant named in the environment uses its
-    // own default ledger unless GPUSLICE_LEDGER names one.
-    let tenant_from_env = env("GPUSLICE_TENANT").is_some();
-    let ledger_path = match env("GPUSLICE_LEDGER")
-        .map(|v| (quoted("GPUSLICE_LEDGER", &v), v))
-        .or_else(|| b.hami_ledger(env))
-        .or_else(|| {
-            fv("ledger")
-                .filter(|_| !tenant_from_env)
-                .map(|(v, src)| (src, v))
-        }) {
-        None => default_ledger.clone(),
-        Some((src, v)) => {
-            let p = PathBuf::from(&v);
-            if v.is_empty() || !p.is_absolute() || v.ends_with('/') {
-                b.fail_all(format!(
-                    "{src}: not an absolute file path (expected e.g. /dev/shm/gpuslice/team-a.ledger)"
-                ));
-                default_ledger.clone()
-            } else {
-                p
-            }
-        }
-    };
-
-    let ledger_dir = (ledger_path == default_ledger).then_some(ledger_dir);
-
-    let mut cfg = Config {
-        tenant,
-        ledger_path,
-        ledger_dir,
-        ledger_group,
-        quota_file: file.path,
-        memory,
-        log_level,
-        context_reserve,
-        compute_share,
-        compute_limit,
-        priority,
-        notes: b.notes,
-        warnings: Vec::new(),
-        errors: b.errors,
-        effects: b.effects,
-        policy: None,
-    };
-    // Collect the per-value errors too, so the caller can log every one of them once.
-    for map in [&cfg.compute_share, &cfg.compute_limit] {
-        collect_errors(map, &mut cfg.errors, &mut cfg.effects, effect::COMPUTE);
-    }
-    collect_errors(
-        &cfg.memory,
-        &mut cfg.errors,
-        &mut cfg.effects,
-        effect::MEMORY,
-    );
-    if let Setting::Invalid(e) = &cfg.priority {
-        cfg.errors.push(e.clone());
-        cfg.effects.entry(e.clone()).or_insert(effect::PRIORITY);
-    }
-    for msg in b.poison_all {
-        cfg.memory.poison_with(&msg);
-        cfg.compute_share.poison_with(&msg);
-        cfg.compute_limit.poison_with(&msg);
-    }
-    policy::apply(&mut cfg, env, policy_file);
-    cfg.errors.dedup();
-    cfg
-}
-
-fn collect_errors<T>(
-    map: &PerDevice<T>,
-    errors: &mut Vec<String>,
-    effects: &mut BTreeMap<String, &'static str>,
-    effect: &'static str,
-) {
-    let all = map.all.iter();
-    let values = all.chain(map.by_index.values()).chain(map.by_uuid.values());
-    let found = values.filter_map(|r| r.as_ref().err()).chain(&map.poison);
-    for e in found {
-        if !errors.contains(e) {
-            errors.push(e.clone());
-        }
-        effects.entry(e.clone()).or_insert(effect);
-    }
-}
-
-fn quoted(var: &str, value: &str) -> String {
-    format!("{var}={value:?}")
-}
-
-fn check_tenant(t: &str) -> Result<(), String> {
-    let ok = !t.is_empty()
-        && t.len() <= 64
-        && !t.starts_with('.')
-        && t.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err("bad tenant name (expected 1 to 64 of A-Z a-z 0-9 . _ -, not starting with .)".into())
-    }
-}
-
-struct Builder {
-    notes: Vec<String>,
-    errors: Vec<String>,
-    /// Errors that concern every device.
-    poison_all: Vec<String>,
-    effects: BTreeMap<String, &'static str>,
-}
-
-impl Builder {
-    fn fail_all(&mut self, msg: String) {
-        self.effects.insert(msg.clone(), effect::EVERYTHING);
-        self.errors.push(msg.clone());
-        self.poison_all.push(msg);
     }
 }
 

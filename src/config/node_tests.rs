@@ -2,6 +2,7 @@
 
 use super::*;
 use std::collections::HashMap;
+use std::path::Path;
 
 const GIB: u64 = 1 << 30;
 const UUID_A: &str = "GPU-1b2c3d4e-0000-1111-2222-333344445555";

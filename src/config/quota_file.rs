@@ -1,6 +1,7 @@
 //! Reading the quota file (`GPUSLICE_QUOTA_FILE`, default `/etc/gpuslice/quota.toml`).
 
-use super::{file, parse_size, per_device, quoted, Builder, PerDevice, Units, MAX_QUOTA_FILE};
+use super::load::{quoted, Builder};
+use super::{file, parse_size, per_device, table, PerDevice, Units, MAX_QUOTA_FILE};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -9,7 +10,10 @@ pub(super) struct FileSettings {
     pub(super) path: Option<PathBuf>,
     /// Top-level keys: value text and its `file:line` source label.
     pub(super) top: BTreeMap<String, (String, String)>,
+    /// `memory_limit` and the `[devices]` table together (the table wins per device).
     pub(super) memory: PerDevice<u64>,
+    /// The file has a `[devices]` table with at least one entry.
+    pub(super) has_devices_table: bool,
 }
 
 impl Builder {
@@ -65,14 +69,11 @@ impl Builder {
             let value = e.value.as_text();
             let src = format!("{}:{}: {}={value:?}", path.display(), e.line, e.key);
             match (e.table.as_str(), e.key.as_str()) {
-                (
-                    "",
-                    "tenant" | "ledger" | "ledger_group" | "memory_limit" | "compute_share"
-                    | "compute_limit" | "priority",
-                ) => {
+                ("", key) if table::file_keys().any(|k| k == key) => {
                     out.top.insert(e.key.clone(), (value, src));
                 }
                 ("devices", key) => {
+                    out.has_devices_table = true;
                     let item = format!("{key}={value}");
                     let one = per_device(&src, &item, |v| parse_size(v, Units::Gpuslice));
                     if let Some(p) = one.poison {
@@ -82,9 +83,10 @@ impl Builder {
                     out.memory.by_uuid.extend(one.by_uuid);
                 }
                 ("", key) => self.fail_all(format!(
-                    "{}:{}: unknown key \"{key}\" (expected tenant, ledger, ledger_group, memory_limit, compute_share, compute_limit, priority or a [devices] table)",
+                    "{}:{}: unknown key \"{key}\" (expected {} or a [devices] table)",
                     path.display(),
-                    e.line
+                    e.line,
+                    table::file_keys().collect::<Vec<_>>().join(", ")
                 )),
                 (table, _) => self.fail_all(format!(
                     "{}:{}: unknown table [{table}] (expected [devices])",

@@ -3,8 +3,14 @@
 //! (docs/CONFIGURATION.md, checked by a test) and `gpuslice doctor`'s "settings" report are derived
 //! from it; a test checks that the loader reacts to every variable listed here.
 //!
-//! A new setting is one row here (plus its parser in `mod.rs`); the docs test then says what to
-//! paste into docs/CONFIGURATION.md.
+//! The loader (`load.rs`) walks this table: for each row it finds the first tier of sources that is
+//! set (`GPUSLICE_*`, then HAMi's, then MPS's variables, then the quota file's keys) and hands what
+//! it found to the row's reader (`readers.rs`), which parses it into the setting's field of
+//! [`crate::config::Config`]; lower tiers that are set too are reported as ignored. A new setting is
+//! one row here, its reader and its field; the docs test then says what to paste into
+//! docs/CONFIGURATION.md.
+
+use super::readers::{self, Read};
 
 /// Where a value can come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,8 +62,6 @@ pub enum Reader {
     Config,
     /// The node policy loader (`config::policy`).
     Policy,
-    /// The compute scheduler (`scheduling::device_dir`).
-    Scheduling,
     /// The driver finder (`driver`).
     Driver,
 }
@@ -72,12 +76,73 @@ pub struct Spec {
     pub reader: Reader,
     /// What it holds, for the docs table.
     pub value: &'static str,
+    /// How `config::load` stores what it found (`None`: read by another part, see `reader`, or
+    /// read before the others, like the quota file that is itself a source).
+    read: Option<Read>,
 }
+
+impl Spec {
+    /// The loader's reader for this setting.
+    pub(super) fn read(&self) -> Option<Read> {
+        self.read
+    }
+}
+
+/// The quota file's top-level keys, in the table's order.
+pub fn file_keys() -> impl Iterator<Item = &'static str> {
+    SETTINGS
+        .iter()
+        .flat_map(|s| s.sources)
+        .filter_map(|src| match *src {
+            Source::File(k) if k != DEVICES_TABLE => Some(k),
+            _ => None,
+        })
+}
+
+/// The quota file's per-device table, written as a source.
+pub const DEVICES_TABLE: &str = "[devices]";
 
 use Source::{Env, File, Hami, Mps};
 
-/// Every setting, in the order the docs list them.
+/// Every setting, in the order the docs list them (who the tenant is, then what it gets); the quota
+/// file's keys are listed in this order too.
 pub const SETTINGS: &[Spec] = &[
+    Spec {
+        name: "tenant",
+        sources: &[Env("GPUSLICE_TENANT"), File("tenant")],
+        scope: Scope::Process,
+        reader: Reader::Config,
+        value: "a name, `A-Za-z0-9._-`, at most 64",
+        read: Some(readers::tenant),
+    },
+    Spec {
+        name: "ledger",
+        sources: &[
+            Env("GPUSLICE_LEDGER"),
+            Hami("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
+            File("ledger"),
+        ],
+        scope: Scope::Process,
+        reader: Reader::Config,
+        value: "an absolute file path",
+        read: Some(readers::ledger),
+    },
+    Spec {
+        name: "ledger directory",
+        sources: &[Env("GPUSLICE_LEDGER_DIR")],
+        scope: Scope::Process,
+        reader: Reader::Config,
+        value: "an absolute directory",
+        read: Some(readers::ledger_dir),
+    },
+    Spec {
+        name: "ledger group",
+        sources: &[Env("GPUSLICE_LEDGER_GROUP"), File("ledger_group")],
+        scope: Scope::Tenant,
+        reader: Reader::Config,
+        value: "a group name or gid",
+        read: Some(readers::ledger_group),
+    },
     Spec {
         name: "memory limit",
         sources: &[
@@ -86,11 +151,12 @@ pub const SETTINGS: &[Spec] = &[
             Hami("CUDA_DEVICE_MEMORY_LIMIT_<i>"),
             Mps("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
             File("memory_limit"),
-            File("[devices]"),
+            File(DEVICES_TABLE),
         ],
         scope: Scope::PerDevice,
         reader: Reader::Config,
         value: "a size, or a per-device list",
+        read: Some(readers::memory_limit),
     },
     Spec {
         name: "compute share",
@@ -98,6 +164,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::PerDevice,
         reader: Reader::Config,
         value: "percent 1..100",
+        read: Some(readers::compute_share),
     },
     Spec {
         name: "compute cap",
@@ -111,6 +178,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::PerDevice,
         reader: Reader::Config,
         value: "percent 1..100",
+        read: Some(readers::compute_cap),
     },
     Spec {
         name: "HAMi compute-cap policy",
@@ -118,6 +186,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::Process,
         reader: Reader::Config,
         value: "`default`, `force`, `disable` (ignores `CUDA_DEVICE_SM_LIMIT*`)",
+        read: None,
     },
     Spec {
         name: "priority",
@@ -129,38 +198,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::Tenant,
         reader: Reader::Config,
         value: "`high` or `normal` (HAMi: 0 or 1)",
-    },
-    Spec {
-        name: "tenant",
-        sources: &[Env("GPUSLICE_TENANT"), File("tenant")],
-        scope: Scope::Process,
-        reader: Reader::Config,
-        value: "a name, `A-Za-z0-9._-`, at most 64",
-    },
-    Spec {
-        name: "ledger",
-        sources: &[
-            Env("GPUSLICE_LEDGER"),
-            Hami("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
-            File("ledger"),
-        ],
-        scope: Scope::Process,
-        reader: Reader::Config,
-        value: "an absolute file path",
-    },
-    Spec {
-        name: "ledger directory",
-        sources: &[Env("GPUSLICE_LEDGER_DIR")],
-        scope: Scope::Process,
-        reader: Reader::Config,
-        value: "an absolute directory",
-    },
-    Spec {
-        name: "ledger group",
-        sources: &[Env("GPUSLICE_LEDGER_GROUP"), File("ledger_group")],
-        scope: Scope::Tenant,
-        reader: Reader::Config,
-        value: "a group name or gid",
+        read: Some(readers::priority),
     },
     Spec {
         name: "quota file",
@@ -168,6 +206,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::Process,
         reader: Reader::Config,
         value: "a path (default `/etc/gpuslice/quota.toml` when it exists)",
+        read: None,
     },
     Spec {
         name: "context reserve",
@@ -175,6 +214,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::Process,
         reader: Reader::Config,
         value: "a size",
+        read: Some(readers::context_reserve),
     },
     Spec {
         name: "log level",
@@ -182,6 +222,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::Process,
         reader: Reader::Config,
         value: "`off` .. `trace` (HAMi: 0 .. 4)",
+        read: Some(readers::log_level),
     },
     Spec {
         name: "node policy",
@@ -189,13 +230,15 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::Process,
         reader: Reader::Policy,
         value: "a path (when `/run/gpuslice/tenant/policy.toml` does not exist)",
+        read: None,
     },
     Spec {
         name: "device ledger directory",
         sources: &[Env("GPUSLICE_DEVICE_DIR")],
         scope: Scope::Process,
-        reader: Reader::Scheduling,
-        value: "a directory (default `<ledger dir>/devices`)",
+        reader: Reader::Config,
+        value: "a directory (default `<ledger dir>/devices`; a node policy's wins)",
+        read: Some(readers::device_dir),
     },
     Spec {
         name: "real driver",
@@ -203,6 +246,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::Process,
         reader: Reader::Driver,
         value: "a path",
+        read: None,
     },
     Spec {
         name: "real NVML",
@@ -210,6 +254,7 @@ pub const SETTINGS: &[Spec] = &[
         scope: Scope::Process,
         reader: Reader::Driver,
         value: "a path",
+        read: None,
     },
 ];
 

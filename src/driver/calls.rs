@@ -96,26 +96,25 @@ pub fn capturing(stream: CUstream, per_thread: bool) -> bool {
 
 /// What a memory pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
 pub fn pool_reserved(pool: usize) -> Option<u64> {
-    let mut value: u64 = 0;
-    // SAFETY: the attribute is a cuuint64_t written to `value`.
-    let r = unsafe {
-        real::cuMemPoolGetAttribute(
-            pool as CUmemoryPool,
-            gpuslice_api::types::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as c_int,
-            (&mut value as *mut u64).cast(),
-        )
-    };
-    r.ok().map(|()| value)
+    pool_attribute(
+        pool,
+        gpuslice_api::types::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+    )
 }
 
 /// What a memory pool has handed out (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
 pub fn pool_used(pool: usize) -> Option<u64> {
+    pool_attribute(pool, gpuslice_api::types::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+}
+
+/// A memory pool's attribute that is a `cuuint64_t` (the reserved and used sizes).
+fn pool_attribute(pool: usize, attribute: u32) -> Option<u64> {
     let mut value: u64 = 0;
     // SAFETY: the attribute is a cuuint64_t written to `value`.
     let r = unsafe {
         real::cuMemPoolGetAttribute(
             pool as CUmemoryPool,
-            gpuslice_api::types::CU_MEMPOOL_ATTR_USED_MEM_CURRENT as c_int,
+            attribute as c_int,
             (&mut value as *mut u64).cast(),
         )
     };

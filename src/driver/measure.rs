@@ -7,6 +7,7 @@ use super::calls::{nvml::real as nvml, real as cuda};
 use gpuslice_api::nvml::{nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t};
 use gpuslice_api::NvmlError;
 use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// This process's line in NVML's process list.
@@ -14,10 +15,9 @@ use std::sync::{Mutex, OnceLock};
 pub enum ProcessFigure {
     /// Listed, with this much used device memory.
     Listed(u64),
-    /// The list was read and this process is not in it: it holds nothing on the device, or it
-    /// cannot identify itself (another PID namespace).
+    /// The list was read and this process is not in it: it holds nothing on the device.
     NotListed,
-    /// NVML is not there, or failed.
+    /// NVML is not there, or failed, or cannot name this process (another PID namespace).
     Unavailable,
 }
 
@@ -78,8 +78,35 @@ pub fn device_used(uuid: &str) -> Option<u64> {
     (total > 0).then(|| (total as u64).saturating_sub(free as u64))
 }
 
+/// Whether NVML can list this process under `getpid()`. NVML reports every process by its PID in
+/// the initial PID namespace (the driver's); a process in a child PID namespace is listed under
+/// another PID, and a PID of its own namespace found in the list is another process's.
+/// `/proc/self` names the process as `/proc`'s PID namespace sees it: another number than
+/// `getpid()`, a child namespace. (A container that mounts its own `/proc` reads its own PID there:
+/// see docs/MEMORY.md.) One `readlink` per process (a forked child may be in a new namespace).
+fn pid_is_the_drivers() -> bool {
+    // getpid << 1 | answer; 0: not read yet.
+    static KNOWN: AtomicU64 = AtomicU64::new(0);
+    let me = std::process::id();
+    let known = KNOWN.load(Ordering::Relaxed);
+    if known != 0 && known >> 1 == u64::from(me) {
+        return known & 1 == 1;
+    }
+    // Without `/proc`: as the PID reads.
+    let answer = std::fs::read_link("/proc/self").map_or(true, |seen| {
+        seen.to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+            .is_some_and(|pid| pid == me)
+    });
+    KNOWN.store(u64::from(me) << 1 | u64::from(answer), Ordering::Relaxed);
+    answer
+}
+
 /// This process's used memory on the device, from NVML's list of compute processes.
 pub fn process_used(uuid: &str) -> ProcessFigure {
+    if !pid_is_the_drivers() {
+        return ProcessFigure::Unavailable;
+    }
     let Some(device) = nvml_device(uuid) else {
         return ProcessFigure::Unavailable;
     };

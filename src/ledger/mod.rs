@@ -15,6 +15,10 @@
 //!   fails (at most every 200 ms per process).
 //! * Anything wrong with an existing file is a [`LedgerError`]; the caller must then deny
 //!   allocations (fail closed). Nothing read from the mapping is used as an index.
+//!
+//! Why this file is long (about 700 lines): it is the tenant ledger's whole API (open, reserve,
+//! release, reclaim, limits, views), each a short method over the layout in `shm.rs`; the protocol
+//! they share (the slot file) is `crate::slotfile`'s.
 
 mod shm;
 

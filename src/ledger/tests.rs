@@ -1,3 +1,6 @@
+//! The ledger's tests, through its API and real files (one file: they share the fixtures at the
+//! top; about 650 lines).
+
 use super::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::atomic::AtomicUsize;

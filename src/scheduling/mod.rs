@@ -4,8 +4,9 @@
 //! * [`arbiter`]: the pure logic (virtual time, token bucket, choice of the next owner), unit-tested.
 //! * [`device`]: the shared file (layout and encodings in `shm.rs`), its arbitration lock, tenants,
 //!   slots, liveness. Every word read from it is untrusted.
-//! * The process's side: [`runtime`] (configuration and identity loaded once, one participation per
-//!   device the process launches on, fork and exit handling), `gate` (a launch waits for its device's
+//! * The process's side: [`runtime`] (the devices the process may take part on, one participation
+//!   per device it launches on, its fork and exit steps; configuration and identity come from the
+//!   process runtime, `crate::process`), `gate` (a launch waits for its device's
 //!   ownership), `owner` (the scheduler thread that ends slices and hands the device over), `events`
 //!   (device time measured with events, the charge). `cu`: the driver calls, through the driver layer.
 
@@ -26,25 +27,13 @@ use gpuslice_api::CUresult;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
-/// Default directory of the device ledgers.
-pub const DEFAULT_DEVICE_DIR: &str = "/dev/shm/gpuslice/devices";
+pub use crate::config::DEFAULT_DEVICE_DIR;
 
-/// The directory of the device ledgers: the node policy's (`config::policy`), else `GPUSLICE_DEVICE_DIR`, else `devices/` in
-/// `GPUSLICE_LEDGER_DIR`, else the default.
+/// The directory of the device ledgers, from the configuration (`config::Config::device_dir`: the
+/// node policy's, else `GPUSLICE_DEVICE_DIR`, else `devices/` in `GPUSLICE_LEDGER_DIR`, else the
+/// default). For tools: the library reads it from the process runtime.
 pub fn device_dir() -> PathBuf {
-    // A node-created tenant joins the node's device ledgers, whatever its environment says.
-    if let Some(dir) = crate::config::policy::device_dir() {
-        return dir;
-    }
-    std::env::var_os("GPUSLICE_DEVICE_DIR")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("GPUSLICE_LEDGER_DIR")
-                .filter(|v| v.as_encoded_bytes().first() == Some(&b'/'))
-                .map(|d| PathBuf::from(d).join("devices"))
-        })
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_DEVICE_DIR))
+    crate::config::load().device_dir
 }
 
 /// Whether a launch may go straight to the driver: nothing this process launches on is contended

@@ -1,17 +1,18 @@
-//! The process's side of compute sharing, decided once: its configuration and identity, and for each
-//! device it launches on, its participation there ([`Sched`]: a slot in that device's ledger and a
-//! scheduler thread). Nothing runs in a process that takes part nowhere. A forked child starts afresh;
+//! The process's side of compute sharing, decided once: the devices it may take part on, its identity,
+//! and for each device it launches on, its participation there ([`Sched`]: a slot in that device's
+//! ledger and a scheduler thread). The configuration, the deferral to a drop-in and the tenant's
+//! identity come from the process runtime (`crate::process`), which also runs this module's fork
+//! and exit steps. Nothing runs in a process that takes part nowhere. A forked child starts afresh;
 //! at exit the scheduler threads hand their devices back and stop before the driver is torn down.
 
 use super::cu;
 use super::device::{self, now_ns, DeviceLedger};
 use super::gate::Sched;
-use super::{arbiter, device_dir, TenantId};
+use super::{arbiter, TenantId};
 use crate::config::{self, Priority, Setting};
 use crate::log;
 use gpuslice_api::types::{CUcontext, CUstream};
 use parking_lot::Mutex;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
@@ -36,8 +37,7 @@ static STOPPED: AtomicBool = AtomicBool::new(false);
 
 /// What the process decided once.
 struct Runtime {
-    cfg: config::Config,
-    dir: PathBuf,
+    cfg: &'static config::Config,
     /// Devices the process sees (capped at [`MAX_DEVICES`]).
     visible: usize,
     /// The tenant's identity and label (from its memory ledger), on first join.
@@ -53,24 +53,22 @@ fn runtime() -> Option<&'static Runtime> {
 
 impl Runtime {
     fn load() -> Option<Runtime> {
+        let process = crate::process::get();
         // Preloaded over a gpuslice drop-in libcuda: the drop-in gates every launch; gating here too
-        // would gate each launch twice. Finding the driver decides it, so find it now.
-        if crate::driver::role() == crate::driver::Role::Preload {
-            crate::driver::library_handle(crate::driver::Library::Cuda);
-            if crate::driver::deferring() {
-                return None;
-            }
+        // would gate each launch twice.
+        if process.deferring() {
+            return None;
         }
-        let cfg = config::load();
-        let dir = device_dir();
+        let cfg = &process.config;
+        let dir = &cfg.device_dir;
         let visible = (cu::device_count() as usize).min(MAX_DEVICES);
         let mut any = false;
         for (ordinal, state) in DEVICES.iter().enumerate().take(visible) {
             // Configured for this device, or another tenant's ledger is there: decided at its first
             // launch. Otherwise it never takes part (no thread, no file).
             let candidate = cu::device_uuid(ordinal as u32).is_some_and(|uuid| {
-                settings(&cfg, ordinal as u32, &uuid).configured
-                    || device::path_for(&dir, &uuid).exists()
+                settings(cfg, ordinal as u32, &uuid).configured
+                    || device::path_for(dir, &uuid).exists()
             });
             if candidate {
                 any = true;
@@ -80,7 +78,6 @@ impl Runtime {
         }
         any.then_some(Runtime {
             cfg,
-            dir,
             visible,
             identity: OnceLock::new(),
         })
@@ -90,10 +87,7 @@ impl Runtime {
     /// (nothing configured, or the ledger refused) is a tenant of its own.
     fn identity(&self) -> &(TenantId, String) {
         self.identity.get_or_init(|| {
-            let id = crate::accounting::tenant()
-                .and_then(|t| t.ledger().ok())
-                .and_then(|l| l.id());
-            let id = id.unwrap_or_else(|| {
+            let id = crate::process::get().tenant_id().unwrap_or_else(|| {
                 log::info(format_args!(
                     "compute: no memory ledger with an identity; this process is a tenant of its own"
                 ));
@@ -154,7 +148,8 @@ fn join(rt: &'static Runtime, ordinal: usize) -> Option<&'static Sched> {
     if let Some(s) = s {
         s.refresh(now_ns());
         s.start_thread();
-        register_handlers();
+        crate::process::on_exit(at_exit);
+        crate::process::on_fork_child(in_forked_child);
     }
     update_pass();
     s
@@ -162,8 +157,8 @@ fn join(rt: &'static Runtime, ordinal: usize) -> Option<&'static Sched> {
 
 fn try_join(rt: &Runtime, ordinal: u32) -> Option<&'static Sched> {
     let uuid = cu::device_uuid(ordinal)?;
-    let set = settings(&rt.cfg, ordinal, &uuid);
-    let path = device::path_for(&rt.dir, &uuid);
+    let set = settings(rt.cfg, ordinal, &uuid);
+    let path = device::path_for(&rt.cfg.device_dir, &uuid);
     if !set.configured && !path.exists() {
         return None;
     }
@@ -237,19 +232,8 @@ fn each_sched(mut f: impl FnMut(&'static Sched)) {
     }
 }
 
-fn register_handlers() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: registers plain `extern "C"` functions with no arguments.
-        unsafe {
-            libc::atexit(at_exit);
-            libc::pthread_atfork(None, None, Some(in_forked_child));
-        }
-    });
-}
-
-/// At exit, before the driver's own teardown (registered after the driver was loaded, so run before
-/// its destructors): every scheduler thread hands its device over without waiting for queued work,
+/// At exit, before the driver's own teardown (the process runtime's exit handler is registered after
+/// the driver was loaded, so it runs before the driver's destructors): every scheduler thread hands its device over without waiting for queued work,
 /// and stops; launches from then on pass through.
 extern "C" fn at_exit() {
     STOPPED.store(true, Release);

@@ -25,6 +25,10 @@
 //!   size with `fstat` ([`Writable::check_size`]) and repair before touching the mapping.
 //!
 //! Every atomic a layout uses comes from [`atomic`], the one facade to swap for a model checker.
+//!
+//! Why this file is long (about 800 lines): create, join, claim and reclaim are one protocol whose
+//! orderings depend on each other, so they are read and reviewed together; the system calls
+//! (`sys.rs`), the SIGBUS containment (`fault.rs`) and the tests are apart.
 
 mod fault;
 pub mod sys;

@@ -198,3 +198,21 @@ impl Drop for Scene {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// What simgpu spends on a context (SIMGPU_CONTEXT_MEMORY's default).
+pub const SIM_CONTEXT: u64 = 300 * MIB;
+/// The driver reserves device memory in 2 MiB pages: a measured charge is exact to one of them.
+pub const GRANULE: u64 = 2 * MIB;
+
+/// A program in its own PID namespace (where NVML's process lists, which carry host PIDs, never
+/// show its own PID) filled `quota` in 2 MiB chunks: its context was charged what simgpu spent on
+/// it, one granule at most apart, not a fixed reservation.
+pub fn assert_context_charged_as_spent(r: &Run, quota: u64) {
+    let allocated = r.get_u64("allocated");
+    assert!(
+        allocated <= quota - SIM_CONTEXT && allocated + GRANULE >= quota - SIM_CONTEXT,
+        "allocated {allocated} of {quota}: the context must be charged simgpu's {SIM_CONTEXT} \
+         bytes, one granule at most apart\n{}",
+        r.report()
+    );
+}

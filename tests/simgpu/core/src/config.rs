@@ -17,6 +17,10 @@ pub struct Config {
     pub state_path: PathBuf,
     /// `SIMGPU_CONTEXT_MEMORY`: device memory each context costs; default 300 MiB.
     pub context_memory: u64,
+    /// `SIMGPU_CONTEXT_CREATE_US`: how long creating a context (or a primary context's first
+    /// activation) takes before its memory is reserved, as a real driver takes a noticeable time to
+    /// set a context up; default 0, at most 600 s.
+    pub context_create_us: u64,
     /// `SIMGPU_CONCURRENT_KERNELS`: kernels of one context a device runs at once (from different
     /// streams); default 4. Kernels of different contexts never run at once.
     pub concurrent_kernels: u32,
@@ -48,6 +52,7 @@ impl Default for Config {
             driver_version: 12080,
             state_path: PathBuf::from("/dev/shm/simgpu-state"),
             context_memory: 300 << 20,
+            context_create_us: 0,
             concurrent_kernels: 4,
             timeslice_ns: 2_000_000,
             trace: None,
@@ -115,6 +120,13 @@ impl Config {
         get("SIMGPU_CONTEXT_MEMORY", &|v| {
             parse_size(v).map(|n| ctx.set(n))
         });
+        let create = std::cell::Cell::new(c.context_create_us);
+        get("SIMGPU_CONTEXT_CREATE_US", &|v| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|n| *n <= 600_000_000)
+                .map(|n| create.set(n))
+        });
         let conc = std::cell::Cell::new(c.concurrent_kernels);
         get("SIMGPU_CONCURRENT_KERNELS", &|v| {
             v.parse()
@@ -166,6 +178,7 @@ impl Config {
         c.driver_version = driver.get();
         c.state_path = state.into_inner();
         c.context_memory = ctx.get();
+        c.context_create_us = create.get();
         c.concurrent_kernels = conc.get();
         c.timeslice_ns = slice.get();
         c.trace = trace.into_inner();

@@ -59,6 +59,45 @@ pub enum Work {
     Barrier { tag: u64, participants: u32 },
 }
 
+/// A kernel handed to a device (see [`Shared::run_kernel`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Submission {
+    pub device: u32,
+    /// simgpu's tag of the context it runs in.
+    pub context: u64,
+    pub work: Work,
+    /// More work is already queued behind it on its stream.
+    pub followed: bool,
+    /// When it entered the device's queue on the device timeline (0: now).
+    pub ready_ns: u64,
+}
+
+impl Submission {
+    /// A kernel of `context` on `device`, ready now, nothing queued behind it.
+    pub fn now(device: u32, context: u64, work: Work) -> Submission {
+        Submission {
+            device,
+            context,
+            work,
+            followed: false,
+            ready_ns: 0,
+        }
+    }
+
+    /// With more work queued behind it on its stream.
+    pub fn followed(self) -> Submission {
+        Submission {
+            followed: true,
+            ..self
+        }
+    }
+
+    /// Ready since `ready_ns` on the device timeline.
+    pub fn ready_at(self, ready_ns: u64) -> Submission {
+        Submission { ready_ns, ..self }
+    }
+}
+
 /// What happened to a kernel (for traces and tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelRun {
@@ -186,19 +225,12 @@ impl Shared {
     /// the next kernel is handed over only once this one returns, so the context keeps the device
     /// for up to 5 ms (`HOLD_NS`) after this kernel ends (unless its time slice is over and
     /// another context waits).
-    pub fn run_kernel(
-        &self,
-        device: u32,
-        context: u64,
-        work: Work,
-        followed: bool,
-        ready_ns: u64,
-    ) -> KernelRun {
-        let Some((index, id)) = self.enqueue(device, context, work, followed, ready_ns) else {
+    pub fn run_kernel(&self, k: &Submission) -> KernelRun {
+        let Some((index, id)) = self.enqueue(k) else {
             return KernelRun::default();
         };
         let mut run = KernelRun::default();
-        self.wait_entry(device as usize, index, id, Some(&mut run), |_| false);
+        self.wait_entry(k.device as usize, index, id, Some(&mut run), |_| false);
         run
     }
 
@@ -214,13 +246,11 @@ impl Shared {
             }
             c.1
         };
-        let Some((index, id)) = self.enqueue(
+        let Some((index, id)) = self.enqueue(&Submission::now(
             device,
             context,
             Work::Timed(Duration::from_nanos(UNTIL_ENDED)),
-            false,
-            0,
-        ) else {
+        )) else {
             return DeviceTurn {
                 shared: self,
                 device: usize::MAX,
@@ -240,15 +270,15 @@ impl Shared {
         }
     }
 
-    /// Queues a kernel entry, ready since `ready_ns` (0: now); `None` for a nonexistent device.
-    fn enqueue(
-        &self,
-        device: u32,
-        context: u64,
-        work: Work,
-        followed: bool,
-        ready_ns: u64,
-    ) -> Option<(usize, u64)> {
+    /// Queues a kernel entry; `None` for a nonexistent device.
+    fn enqueue(&self, k: &Submission) -> Option<(usize, u64)> {
+        let &Submission {
+            device,
+            context,
+            work,
+            followed,
+            ready_ns,
+        } = k;
         let dev = self.device(device)?;
         let ex = &dev.exec;
         let owner = self.owner_word();

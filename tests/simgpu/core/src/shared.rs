@@ -25,7 +25,7 @@ use std::time::Duration;
 
 #[path = "exec.rs"]
 mod exec;
-pub use exec::{DeviceTurn, KernelRun, Work};
+pub use exec::{DeviceTurn, KernelRun, Submission, Work};
 
 /// Least spacing between sweeps triggered by failed reservations.
 const SWEEP_SPACING_NS: u64 = 10_000_000;
@@ -298,7 +298,7 @@ impl Shared {
             }
             let r = self.registration.load(Acquire);
             if (r >> 32) as u32 != pid {
-                let slot = match self.register_slot(pid) {
+                let slot = match self.register_slot() {
                     Ok(s) => s as u32,
                     Err(e) => {
                         eprintln!("simgpu: {e}");
@@ -312,7 +312,7 @@ impl Shared {
         }
     }
 
-    fn register_slot(&self, pid: u32) -> Result<usize, String> {
+    fn register_slot(&self) -> Result<usize, String> {
         let registry = reopen(&self.file, &self.path)?;
         sys::lock_wait(registry.as_raw_fd(), REGISTRY_LOCK).map_err(|e| err(&self.path, e))?;
         self.sweep_locked();
@@ -330,7 +330,8 @@ impl Shared {
             }
             s.state.store(SLOT_CLAIMING, Release);
             s.generation.fetch_add(1, AcqRel);
-            s.pid.store(pid, Relaxed);
+            // What NVML lists: the PID in the initial PID namespace, as a real driver reports it.
+            s.pid.store(sys::host_pid(), Relaxed);
             s.group.store(group, Relaxed);
             for u in &s.usage {
                 for a in [&u.used, &u.peak, &u.busy_ns, &u.kernels] {

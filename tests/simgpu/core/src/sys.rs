@@ -170,6 +170,26 @@ pub fn install_fork_handler() {
     });
 }
 
+/// This process's PID as the PID namespace of the mounted `/proc` sees it: the first entry of
+/// `NSpid` in `/proc/self/status` (the last is `getpid()`). A real driver lives in the kernel and
+/// reports every process by its PID in the initial PID namespace, so a program in a container
+/// with its own PID namespace never finds its `getpid()` in NVML's process lists; simgpu takes the
+/// PID namespace of `/proc` as the initial one (a container that mounts its own `/proc` is seen as
+/// the host). Without `/proc`: `getpid()`.
+pub fn host_pid() -> u32 {
+    let own = std::process::id();
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().next())
+                .and_then(|first| first.parse().ok())
+        })
+        .unwrap_or(own)
+}
+
 /// Realtime clock in ns (shared by all processes, comparable to NVML's CPU timestamps).
 pub fn realtime_ns() -> u64 {
     std::time::SystemTime::now()

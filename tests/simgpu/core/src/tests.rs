@@ -235,7 +235,11 @@ fn kernels_of_different_contexts_never_overlap() {
             std::thread::spawn(move || {
                 let ctx = s.new_context_tag();
                 for _ in 0..50 {
-                    s.run_kernel(0, ctx, Work::Timed(Duration::from_micros(300)), false, 0);
+                    s.run_kernel(&Submission::now(
+                        0,
+                        ctx,
+                        Work::Timed(Duration::from_micros(300)),
+                    ));
                 }
             })
         })
@@ -297,7 +301,11 @@ fn devices_are_arbitrated_independently() {
     let held = s.acquire_device(0);
     // Another context's kernel on device 1 runs while device 0 is held (no time-slicing here).
     let other = s.new_context_tag();
-    let run = s.run_kernel(1, other, Work::Timed(Duration::from_millis(5)), false, 0);
+    let run = s.run_kernel(&Submission::now(
+        1,
+        other,
+        Work::Timed(Duration::from_millis(5)),
+    ));
     assert_eq!(run.preempted, 0);
     assert_eq!(s.device_kernels(1), 1);
     assert_eq!(s.device_kernels(0), 0);
@@ -324,7 +332,11 @@ fn a_long_kernel_yields_to_another_context_after_a_time_slice() {
         let s2 = s.clone();
         std::thread::spawn(move || {
             let ctx = s2.new_context_tag();
-            let run = s2.run_kernel(0, ctx, Work::Timed(Duration::from_millis(1)), false, 0);
+            let run = s2.run_kernel(&Submission::now(
+                0,
+                ctx,
+                Work::Timed(Duration::from_millis(1)),
+            ));
             let _ = tx.send(run);
         });
         if slice_us == 0 {
@@ -365,16 +377,14 @@ fn barriers_across_devices_meet_thanks_to_time_slicing() {
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
                 let ctx = s.new_context_tag();
-                let run = s.run_kernel(
+                let run = s.run_kernel(&Submission::now(
                     device,
                     ctx,
                     Work::Barrier {
                         tag,
                         participants: 2,
                     },
-                    false,
-                    0,
-                );
+                ));
                 let _ = tx.send(run);
             });
             rx
@@ -441,22 +451,21 @@ fn barrier_rounds_meet_in_order() {
                 let ctx = s.new_context_tag();
                 for i in 0..20 {
                     s.run_kernel(
-                        r % 2,
-                        ctx,
-                        Work::Timed(Duration::from_micros(100 * (r as u64 + 1))),
-                        true,
-                        0,
+                        &Submission::now(
+                            r % 2,
+                            ctx,
+                            Work::Timed(Duration::from_micros(100 * (r as u64 + 1))),
+                        )
+                        .followed(),
                     );
-                    s.run_kernel(
+                    s.run_kernel(&Submission::now(
                         r % 2,
                         ctx,
                         Work::Barrier {
                             tag: 7,
                             participants: 3,
                         },
-                        false,
-                        0,
-                    );
+                    ));
                     let _ = i;
                 }
             })
@@ -701,7 +710,9 @@ fn contexts_with_queued_work_share_the_device_by_time_slices() {
                 let mut n = 0u64;
                 while Instant::now() < stop {
                     // `true`: the next kernel is queued behind this one, as with a full stream.
-                    s.run_kernel(0, ctx, Work::Timed(Duration::from_micros(us)), true, 0);
+                    s.run_kernel(
+                        &Submission::now(0, ctx, Work::Timed(Duration::from_micros(us))).followed(),
+                    );
                     n += 1;
                 }
                 n * us
@@ -728,21 +739,24 @@ fn a_kernel_starts_when_it_was_ready_not_when_its_host_thread_arrives() {
     let s = t.open(&cfg(1 << 30));
     let ctx = s.new_context_tag();
     let ready = sys::realtime_ns() - 20_000_000;
-    let run = s.run_kernel(0, ctx, Work::Timed(Duration::from_millis(5)), false, ready);
+    let run = s.run_kernel(
+        &Submission::now(0, ctx, Work::Timed(Duration::from_millis(5))).ready_at(ready),
+    );
     assert_eq!(run.end_ns, ready + 5_000_000, "{run:?}");
     assert_eq!(s.device_busy_ns(0), 5_000_000);
 
     // Context A runs 10 ms; B's kernel was ready before A's ended but its thread arrives 30 ms later.
     let a = s.new_context_tag();
-    let a_run = s.run_kernel(0, a, Work::Timed(Duration::from_millis(10)), false, 0);
+    let a_run = s.run_kernel(&Submission::now(
+        0,
+        a,
+        Work::Timed(Duration::from_millis(10)),
+    ));
     let b = s.new_context_tag();
     std::thread::sleep(Duration::from_millis(30));
     let b_run = s.run_kernel(
-        0,
-        b,
-        Work::Timed(Duration::from_millis(2)),
-        false,
-        a_run.end_ns - 1_000_000,
+        &Submission::now(0, b, Work::Timed(Duration::from_millis(2)))
+            .ready_at(a_run.end_ns - 1_000_000),
     );
     assert_eq!(
         b_run.end_ns,

@@ -136,6 +136,10 @@ fn shared() -> Result<&'static simgpu_core::Shared, CUerror> {
 
 /// Charges the context's own device memory; OUT_OF_MEMORY when the device is full.
 fn activate(ctx: &Context) -> CUresult {
+    let setup = simgpu_core::config().context_create_us;
+    if setup > 0 {
+        std::thread::sleep(std::time::Duration::from_micros(setup));
+    }
     if !shared()?.try_reserve(ctx.device, simgpu_core::config().context_memory) {
         return Err(CUerror::OUT_OF_MEMORY);
     }

@@ -22,7 +22,7 @@ use crate::stream::{self, Stream};
 use gpuslice_api::launch_types::*;
 use gpuslice_api::types::{CUfunction, CUstream};
 use gpuslice_api::{CUerror, CUresult};
-use simgpu_core::Work;
+use simgpu_core::{Submission, Work};
 use std::ffi::{c_uint, c_void};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,13 +54,13 @@ impl Kernel {
         match simgpu_core::shared() {
             Ok(shared) => {
                 let followed = stream::more_queued();
-                let run = shared.run_kernel(
-                    self.device,
-                    self.context,
-                    self.work,
+                let run = shared.run_kernel(&Submission {
+                    device: self.device,
+                    context: self.context,
+                    work: self.work,
                     followed,
-                    stream::device_time(),
-                );
+                    ready_ns: stream::device_time(),
+                });
                 stream::advance_device_time(run.end_ns);
                 if run.preempted > 0 {
                     simgpu_core::trace(format_args!(
