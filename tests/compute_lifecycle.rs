@@ -70,6 +70,17 @@ impl Scene {
     }
 }
 
+impl Scene {
+    /// The part of the device's busy time that went to `group` over the next `window`.
+    fn part_of_busy(&self, group: &str, window: Duration) -> f64 {
+        let device = |sim: &Sim| sim.stat().u64("devices.0.busy_ns");
+        let (g0, d0) = (self.busy(group), device(&self.sim));
+        std::thread::sleep(window);
+        let (g1, d1) = (self.busy(group), device(&self.sim));
+        g1.saturating_sub(g0) as f64 / d1.saturating_sub(d0).max(1) as f64
+    }
+}
+
 impl Drop for Scene {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -160,13 +171,14 @@ fn teardown_scenario(failures: &mut Vec<String>) {
         &share,
         &[s("spin"), s(start), s(MS), kernels],
     );
-    // The teardowns happen at MS / 2: the other tenant's part of the device from half a second
-    // after them. A third of it is its share; a tenant the scheduler forgot (waiting on an owner
-    // whose context is gone) would get nothing.
+    // The teardowns happen at MS / 2: the other tenant's part of the device's busy time from half a
+    // second after them. A third of it is its share; a tenant the scheduler forgot (waiting on an
+    // owner whose context is gone) would get nothing. A part of the busy time, not of the wall time:
+    // a busy machine feeds the device less, not one tenant less than the others.
     std::thread::sleep(
         (t0 + Duration::from_millis(MS / 2 + 500)).saturating_duration_since(Instant::now()),
     );
-    let other_rate = scene.busy_over("other", Duration::from_millis(1_000));
+    let other_rate = scene.part_of_busy("other", Duration::from_millis(1_000));
     let deadline = t0 + Duration::from_millis(MS + 10_000);
     let d = expect_success(destroyer, "destroyer (cuCtxDestroy)", deadline, failures);
     let r = expect_success(
@@ -177,7 +189,7 @@ fn teardown_scenario(failures: &mut Vec<String>) {
     );
     let o = expect_success(other, "the other tenant", deadline, failures);
     println!(
-        "lifecycle: teardown: other tenant kept the device {:.1}% busy after the teardowns; \
+        "lifecycle: teardown: other tenant had {:.1}% of the device's busy time after the teardowns; \
          launches after: destroyer {:?}, resetter {:?}; other launched {:?}",
         other_rate * 100.0,
         d.as_ref().map(|r| r.get_u64("launches_after")),
@@ -193,10 +205,10 @@ fn teardown_scenario(failures: &mut Vec<String>) {
             }
         }
     }
-    if other_rate < 0.10 {
+    if other_rate < 0.15 {
         failures.push(format!(
-            "teardown: the other tenant kept the device only {:.1}% busy after the teardowns \
-             (share 33%; bound 10%)",
+            "teardown: the other tenant had only {:.1}% of the device's busy time after the \
+             teardowns (share 33%; bound 15%)",
             other_rate * 100.0
         ));
     }
@@ -230,8 +242,9 @@ fn quit_scenario(how: &str, failures: &mut Vec<String>) {
         t0 + Duration::from_millis(QUITTER_MS + 10_000),
         failures,
     );
-    // From a second after it left: the device is the other tenant's alone. It keeps a device at
-    // least 95% busy alone on an idle machine; half of that only a tenant left waiting misses.
+    // From a second after it left: the device is the other tenant's alone. A tenant left waiting at
+    // the gate (for an owner that is gone) would run nothing; alone on an idle machine it keeps the
+    // device >= 95% busy. The bound is far below that: a busy machine feeds the device less.
     std::thread::sleep(
         (t0 + Duration::from_millis(QUITTER_MS + 1_000)).saturating_duration_since(Instant::now()),
     );
@@ -249,71 +262,69 @@ fn quit_scenario(how: &str, failures: &mut Vec<String>) {
         rate * 100.0,
         o.as_ref().map(|r| r.get_u64("launches")),
     );
-    if rate < 0.5 {
+    if rate < 0.05 {
         failures.push(format!(
             "quit ({how}): the other tenant kept the device only {:.1}% busy after the quitter left \
-             (alone it keeps it >= 95% busy; bound 50%)",
+             (alone it keeps it >= 95% busy on an idle machine; bound 5%)",
             rate * 100.0
         ));
     }
 }
 
-/// How busy one normal tenant of 50 us kernels keeps the device, alone or beside a high-priority
-/// tenant that joined the device and then launches nothing (`idle_high`).
-fn normal_tenant_busy(idle_high: bool) -> f64 {
+/// How busy one normal tenant of 50 us kernels keeps the device beside a high-priority tenant that
+/// worked briefly at the start and then launches nothing, and (the control) alone: two simulated
+/// machines side by side at the same time, so that a busy host slows both alike.
+fn idle_high_pair() -> (f64, f64) {
     const MS: u64 = 3_000;
-    let scene = Scene::new(if idle_high {
-        "idle-high"
-    } else {
-        "idle-control"
-    });
+    let beside = Scene::new("idle-high");
+    let alone = Scene::new("idle-control");
     let start = start_in(700);
     let t0 = Instant::now() + Duration::from_millis(700);
-    let high = idle_high.then(|| {
-        scene.client(
-            "high",
-            true,
-            &[("GPUSLICE_PRIORITY", "high")],
-            &[s("idle"), s(start), s(MS)],
-        )
-    });
-    let normal = scene.client(
-        "normal",
+    let high = beside.client(
+        "high",
         true,
-        &[("GPUSLICE_COMPUTE_SHARE", "50")],
-        &[s("spin"), s(start), s(MS), s(50)],
+        &[("GPUSLICE_PRIORITY", "high")],
+        &[s("idle"), s(start), s(MS)],
     );
+    let normal_args = [s("spin"), s(start), s(MS), s(50)];
+    let share = [("GPUSLICE_COMPUTE_SHARE", "50")];
+    let normal = beside.client("normal", true, &share, &normal_args);
+    let control = alone.client("normal", true, &share, &normal_args);
     // From 1 s on: the high-priority tenant's few kernels at the start are long past.
     std::thread::sleep(
         (t0 + Duration::from_millis(1_000)).saturating_duration_since(Instant::now()),
     );
-    let rate = scene.busy_over("normal", Duration::from_millis(1_500));
+    let (a0, b0, w0) = (beside.busy("normal"), alone.busy("normal"), Instant::now());
+    std::thread::sleep(Duration::from_millis(1_500));
+    let (a1, b1, w1) = (beside.busy("normal"), alone.busy("normal"), Instant::now());
+    let wall = (w1 - w0).as_nanos() as f64;
     let deadline = t0 + Duration::from_millis(MS + 10_000);
     let mut failures = Vec::new();
     expect_success(normal, "normal tenant", deadline, &mut failures);
-    if let Some(h) = high {
-        expect_success(h, "idle high-priority tenant", deadline, &mut failures);
-    }
+    expect_success(control, "normal tenant alone", deadline, &mut failures);
+    expect_success(high, "idle high-priority tenant", deadline, &mut failures);
     assert!(failures.is_empty(), "{failures:?}");
-    rate
+    (
+        a1.saturating_sub(a0) as f64 / wall,
+        b1.saturating_sub(b0) as f64 / wall,
+    )
 }
 
 /// An idle high-priority tenant costs a normal tenant nothing: measured against a control (the normal
-/// tenant alone) in the same test; once more when the machine may have been busy.
+/// tenant alone, at the same time); up to three attempts, as a busy host disturbs one run more than
+/// the other. (A normal tenant held to one launch in flight, what an *active* high-priority tenant
+/// costs, keeps the device about half as busy as alone.)
 fn idle_high_scenario(failures: &mut Vec<String>) {
     let mut last = String::new();
-    for attempt in 0..2 {
-        let control = normal_tenant_busy(false);
-        let beside = normal_tenant_busy(true);
+    for attempt in 0..3 {
+        let (beside, control) = idle_high_pair();
         println!(
             "lifecycle: idle high-priority tenant: the normal tenant keeps the device {:.1}% busy \
-             beside it, {:.1}% alone (attempt {})",
+             beside it, {:.1}% alone at the same time (attempt {})",
             beside * 100.0,
             control * 100.0,
             attempt + 1
         );
-        // A normal tenant held to one launch in flight (what an *active* high-priority tenant
-        // costs) leaves the device idle between its 50 us kernels; 80% of the control is far above.
         if beside >= 0.8 * control {
             return;
         }
