@@ -12,9 +12,6 @@ use gpuslice_api::{CUerror, CUresult};
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
-/// A drain of short kernels hands over when at most this much of our work is left in flight.
-const HANDOVER_LEAD_NS: u64 = 200_000;
-
 /// How often an empty event pair is recorded to re-measure the per-launch event overhead.
 const CALIBRATION_NS: u64 = 250_000_000;
 
@@ -40,6 +37,10 @@ pub(super) struct Tracked {
     calibration: bool,
     /// `end` is also the next launch's `start`: not recycled with this one.
     end_shared: bool,
+    /// Host time from recording a start event of our own to the launch (0 when chained). On an idle
+    /// stream the device stamps that event at once and the kernel only when it is launched: a
+    /// thread preempted in between would be charged its wait as device time.
+    start_gap_ns: u64,
 }
 
 /// What a query of one of our events says.
@@ -71,16 +72,21 @@ impl Sched {
     ) -> CUresult {
         let high = self.high.load(Relaxed);
         let mut starts: [Option<Pending>; 4] = Default::default();
+        // When each start event of our own was recorded (0: chained, or none).
+        let mut recorded_at = [0u64; 4];
         if !high {
-            for (start, &s) in starts.iter_mut().zip(streams) {
-                *start = self
-                    .chain(s, ctx)
-                    .or_else(|| self.record(s, ctx, per_thread));
+            for ((start, at), &s) in starts.iter_mut().zip(&mut recorded_at).zip(streams) {
+                *start = self.chain(s, ctx);
+                if start.is_none() {
+                    *start = self.record(s, ctx, per_thread);
+                    *at = now_ns();
+                }
             }
         }
+        let launched_at = now_ns();
         let r = launch();
         let mut starts = starts.into_iter();
-        for &s in streams.iter().take(4) {
+        for (&s, at) in streams.iter().take(4).zip(recorded_at) {
             let start = starts.next().flatten();
             if start.is_none() && !high {
                 continue;
@@ -92,6 +98,11 @@ impl Sched {
                     stream: s as usize,
                     calibration: false,
                     end_shared: false,
+                    start_gap_ns: if at == 0 {
+                        0
+                    } else {
+                        launched_at.saturating_sub(at)
+                    },
                 }),
                 None => {
                     if let Some(start) = start {
@@ -206,6 +217,7 @@ impl Sched {
                 stream: stream as usize,
                 calibration: true,
                 end_shared: false,
+                start_gap_ns: 0,
             }),
             None => self.free_events.lock().push(start),
         }
@@ -255,7 +267,9 @@ impl Sched {
                     };
                     self.event_overhead_ns.store(new, Relaxed);
                 } else {
-                    let ns = ns.saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
+                    let ns = ns
+                        .saturating_sub(t.start_gap_ns)
+                        .saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
                     // Work that outlived our ownership is charged at our next charge, in full.
                     if self.owned.load(SeqCst) == 0 {
                         self.carried_ns.fetch_add(ns, AcqRel);
@@ -320,15 +334,6 @@ impl Sched {
             }
             let now = now_ns();
             if now >= deadline {
-                break;
-            }
-            // Short kernels: the last HANDOVER_LEAD_NS of our work runs while the next owner wakes
-            // up and submits (its work queues behind ours in the device's order).
-            let per_launch = self.launch_ns.load(Relaxed);
-            if per_launch <= HANDOVER_LEAD_NS
-                && (self.inflight.lock().len() as u64).saturating_mul(per_launch)
-                    <= HANDOVER_LEAD_NS
-            {
                 break;
             }
             // Polled, with a heartbeat, so waiters can tell a long drain from a stopped owner.
