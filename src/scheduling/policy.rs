@@ -241,9 +241,13 @@ impl Overlay {
 
     /// What the policy says about tenant `id`.
     pub fn lookup(&self, id: TenantId) -> Lookup {
+        // A writer that never finishes (a fork child of a process forked mid-reload) must not
+        // hang readers: after enough tries the last read is used as it is.
+        let mut tries = 0u32;
         loop {
+            tries += 1;
             let s = self.seq.load(Acquire);
-            if s % 2 == 1 {
+            if s % 2 == 1 && tries < 100_000 {
                 std::hint::spin_loop();
                 continue;
             }
@@ -261,7 +265,7 @@ impl Overlay {
                     }),
             };
             std::sync::atomic::fence(Acquire);
-            if self.seq.load(Relaxed) == s {
+            if self.seq.load(Relaxed) == s || tries >= 100_000 {
                 return found;
             }
         }
