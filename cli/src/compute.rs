@@ -154,8 +154,9 @@ pub(crate) fn rows(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Compu
                 device: uuid.clone(),
                 tenant: tenant_name(&l, t),
                 id: short_id(l.tenant_id(t)),
-                share: e.share.load(Acquire),
-                cap: e.cap.load(Acquire),
+                // What the arbitration obeys (the node's compute policy for the tenants it lists).
+                share: l.view(t).share,
+                cap: l.view(t).cap,
                 priority: if l.is_high(t) { "high" } else { "normal" },
                 achieved_percent,
                 waited_s: (e.wait_ns.load(Acquire) / 1_000_000) as f64 / 1000.0,

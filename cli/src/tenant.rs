@@ -310,7 +310,11 @@ pub(crate) fn guard_set(
         Some("normal") => p.priority = Priority::Normal,
         _ => {}
     }
-    gpuslice_node::policy::write(&path, &p)
+    gpuslice_node::policy::write(&path, &p)?;
+    // The GPUs' compute policies follow (the library re-reads them within a sweep, 100 ms).
+    gpuslice_node::tenant::publish_compute_policies(&gpuslice_node::policy::Layout::of_policy(
+        &path,
+    ))
 }
 
 /// `gpuslice device-plugin`.

@@ -223,6 +223,52 @@ fn remove_from_device(layout: &Layout, uuid: &str, name: &str) {
     drop(g);
 }
 
+/// Writes every GPU's compute policy (`<devices>/<GPU-UUID>.policy`, root 0644, atomically) from
+/// the tenants' policies: for each node tenant of the GPU, its identity (its memory ledger's id),
+/// share, cap and class. The preloaded library obeys it over the device ledger's words, which every
+/// tenant of the GPU can write (docs/SECURITY.md). A tenant whose policy or ledger cannot be read
+/// is left out (it is then scheduled with share 1).
+pub fn publish_compute_policies(layout: &Layout) -> Result<(), String> {
+    use gpuslice::scheduling::policy::{self as compute, Record};
+    let mut tenants = Vec::new();
+    for name in layout.tenant_names().unwrap_or_default() {
+        let Ok(p) = Policy::read(&layout.policy_path(&name)) else {
+            continue;
+        };
+        let Some(id) = Ledger::open_readonly(&layout.ledger_path(&name))
+            .ok()
+            .and_then(|l| l.id())
+        else {
+            continue;
+        };
+        tenants.push((p, TenantId(id)));
+    }
+    let dir = layout.devices_dir();
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    for uuid in entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".dev").map(str::to_string))
+    {
+        let records: Vec<Record> = tenants
+            .iter()
+            .filter(|(p, _)| p.gpus.is_empty() || p.gpus.contains(&uuid))
+            .map(|(p, id)| Record {
+                id: *id,
+                share: u32::from(p.share),
+                cap: u32::from(p.limit) % 100,
+                high: p.priority == Priority::High,
+                label: p.name.clone(),
+            })
+            .collect();
+        let path = compute::path_for_ledger(&layout.device_ledger(&uuid));
+        crate::files::write_atomically(&path, compute::render(&records).as_bytes(), 0o644)?;
+    }
+    Ok(())
+}
+
 /// The tenant's group: the group of its directory.
 pub fn tenant_gid(layout: &Layout, name: &str) -> Option<u32> {
     std::fs::metadata(layout.tenant_dir(name))
@@ -352,6 +398,7 @@ pub fn create(node: &Node, req: &Request, gpus: &[Gpu]) -> Result<Tenant, String
                 format!("publishing {}: {e}", dir.display())
             }
         })?;
+        publish_compute_policies(layout)?;
         if let Some(cdi_dir) = &node.cdi_dir {
             cdi::write_preload(&layout.state)?;
             let s = cdi::tenant_spec(node, &policy, gid);
@@ -371,6 +418,7 @@ pub fn create(node: &Node, req: &Request, gpus: &[Gpu]) -> Result<Tenant, String
         for uuid in &added_devices {
             remove_from_device(layout, uuid, &req.name);
         }
+        let _ = publish_compute_policies(layout);
         return Err(format!("tenant {:?} not created: {e}", req.name));
     }
     Ok(Tenant {
@@ -485,5 +533,6 @@ pub fn delete(node: &Node, name: &str, force: bool) -> Result<(), String> {
             Err(e) => return Err(format!("removing {}: {e}", spec.display())),
         }
     }
-    std::fs::remove_dir_all(&dir).map_err(io("removing", &dir))
+    std::fs::remove_dir_all(&dir).map_err(io("removing", &dir))?;
+    publish_compute_policies(layout)
 }

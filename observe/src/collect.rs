@@ -14,7 +14,7 @@ use gpuslice::config::policy::{Kubernetes, Layout, Policy};
 use gpuslice::ledger::{Ledger, UNLIMITED};
 use gpuslice::scheduling::device::{tenant_name, DeviceLedger, HISTORY_LEN};
 use gpuslice::scheduling::shm::SLOT_ACTIVE;
-use gpuslice::scheduling::{Holder, PriorityClass, MAX_TENANTS};
+use gpuslice::scheduling::{Holder, MAX_TENANTS};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -341,12 +341,13 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
                 }
                 _ => None,
             };
+            // What the arbitration obeys: the node's compute policy for the tenants it lists.
+            let v = l.view(t);
             ComputeTenant {
                 tenant: tenant_name(&l, t),
-                share: e.share.load(Acquire).min(100),
-                cap: e.cap.load(Acquire).min(100),
-                high_priority: PriorityClass::from_word(e.priority.load(Acquire))
-                    == PriorityClass::High,
+                share: v.share.min(100),
+                cap: v.cap.min(100),
+                high_priority: v.high,
                 busy_ns: e.charged_ns.load(Acquire),
                 wait_ns: e.wait_ns.load(Acquire),
                 recent_share,

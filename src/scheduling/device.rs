@@ -2,6 +2,7 @@
 //! fork guard, truncation containment), the arbitration lock, tenants and process slots, liveness.
 
 use super::arbiter::{self, TenantView, Waiter};
+use super::policy::{Lookup, Overlay};
 
 pub use super::lock::LockGuard;
 use super::shm::*;
@@ -103,6 +104,9 @@ pub struct DeviceLedger {
     own: parking_lot::Mutex<Own>,
     /// Truncations repaired so far (logged once each).
     repairs: AtomicUsize,
+    /// The node's compute policy of this GPU (root's file beside the ledger), if any: it overrides
+    /// the ledger's share, cap and class words of the tenants it lists.
+    policy: Overlay,
 }
 
 impl DeviceLedger {
@@ -143,6 +147,7 @@ impl DeviceLedger {
             forks_at_open: sys::forks_seen(),
             own: parking_lot::Mutex::new(Own::default()),
             repairs: AtomicUsize::new(0),
+            policy: Overlay::new(path),
         }
     }
 
@@ -260,6 +265,8 @@ impl DeviceLedger {
     /// process had in it (its slot, its tenant) is put back, so arbitration resumes within one
     /// sweep. A fork child does not sweep (it gave up the descriptor the locks are tested on).
     pub fn sweep(&self, me: Option<usize>) {
+        // The node's policy, re-read when root replaced it (`gpuslice set`): a `stat` otherwise.
+        self.policy.reload();
         if !self.writable() || self.forked() {
             return;
         }
@@ -434,11 +441,11 @@ impl DeviceLedger {
     pub fn view(&self, i: usize) -> TenantView {
         let t = &self.layout().tenants[i % MAX_TENANTS];
         let now = now_ns();
-        let cap = t.cap.load(Acquire);
+        let (share, cap, high) = self.settings(t);
         TenantView {
-            share: t.share.load(Acquire).clamp(1, arbiter::MAX_SHARE),
-            cap: if cap >= 100 { 0 } else { cap },
-            high: PriorityClass::from_word(t.priority.load(Acquire)) == PriorityClass::High,
+            share,
+            cap,
+            high,
             vtime: t.vtime.load(Acquire),
             tokens: t
                 .tokens
@@ -451,9 +458,27 @@ impl DeviceLedger {
 
     /// Whether tenant `i` is of the high-priority class.
     pub fn is_high(&self, i: usize) -> bool {
-        self.layout().tenants.get(i).is_some_and(|t| {
-            PriorityClass::from_word(t.priority.load(Acquire)) == PriorityClass::High
-        })
+        self.layout()
+            .tenants
+            .get(i)
+            .is_some_and(|t| self.settings(t).2)
+    }
+
+    /// A tenant entry's share, cap and class: the node's policy for a tenant it lists; share 1 and
+    /// the normal class for one it does not list (the ledger's words are anybody's to write); the
+    /// ledger's words, bounded, when there is no policy.
+    fn settings(&self, t: &TenantEntry) -> (u32, u32, bool) {
+        let cap = t.cap.load(Acquire);
+        let cap = if cap >= 100 { 0 } else { cap };
+        match self.policy.lookup(TenantId::load(&t.id)) {
+            Lookup::Listed { share, cap, high } => (share, cap, high),
+            Lookup::Unlisted => (1, cap, false),
+            Lookup::NoPolicy => (
+                t.share.load(Acquire).clamp(1, arbiter::MAX_SHARE),
+                cap,
+                PriorityClass::from_word(t.priority.load(Acquire)) == PriorityClass::High,
+            ),
+        }
     }
 
     pub(super) fn store_view(&self, i: usize, v: &TenantView) {

@@ -17,6 +17,7 @@ mod events;
 mod gate;
 mod lock;
 mod owner;
+pub mod policy;
 pub mod runtime;
 pub mod shm;
 
