@@ -82,6 +82,7 @@ fn cuda13() -> Vec<Layout> {
             kernelParams, extra, kern, ctx,
         }
         CUDA_GRAPH_INSTANTIATE_PARAMS { flags, hUploadStream, hErrNode_out, result_out }
+        CUDA_MEM_ALLOC_NODE_PARAMS { poolProps, accessDescs, accessDescCount, bytesize, dptr }
     }
 }
 
