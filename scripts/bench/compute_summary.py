@@ -7,7 +7,7 @@ import sys
 from collections import defaultdict
 
 # A figure is a number with its unit; bare numbers in a line are part of its text ("p99", "2 GPUs").
-NUMBER = re.compile(r"(-?\d+(?:\.\d+)?) ?(%|us|ms|x)\b")
+NUMBER = re.compile(r"(-?\d+(?:\.\d+)?) ?(%|us\b|ms\b|x\b)")
 
 
 def figures(line):
