@@ -13,7 +13,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const CLIENT: CBuild = CBuild {
     name: "compute-client",
@@ -23,11 +23,6 @@ const CLIENT: CBuild = CBuild {
 };
 
 const RUN_MS: u64 = 1200;
-
-fn start_in(ms: u64) -> u64 {
-    (SystemTime::now().duration_since(UNIX_EPOCH).unwrap() + Duration::from_millis(ms)).as_nanos()
-        as u64
-}
 
 /// CLOCK_MONOTONIC now, in ns (the clock the ledger's stamps use).
 fn monotonic_ns() -> u64 {

@@ -10,9 +10,8 @@ mod common;
 
 use common::libgpuslice as shim;
 use common::*;
-use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const CLIENT: CBuild = CBuild {
     name: "compute-client",
@@ -21,24 +20,7 @@ const CLIENT: CBuild = CBuild {
     link_cuda: true,
 };
 
-/// One simulated machine with a private ledger and device-ledger directory.
-struct Scene {
-    sim: Sim,
-    dir: PathBuf,
-}
-
 impl Scene {
-    fn new(tag: &str) -> Scene {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("lifecycle-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scene {
-            sim: Sim::new(&format!("lifecycle-{tag}")),
-            dir,
-        }
-    }
-
     /// A client of tenant `tenant` (its own memory ledger), judged as simgpu group `tenant`;
     /// `gpuslice` false: the same client without the shim (a control).
     fn client(&self, tenant: &str, gpuslice: bool, env: &[(&str, &str)], args: &[String]) -> Child {
@@ -52,13 +34,6 @@ impl Scene {
                 .envs(env.iter().copied());
         }
         self.sim.spawn(&mut cmd)
-    }
-
-    fn busy(&self, group: &str) -> u64 {
-        self.sim
-            .stat()
-            .find("groups", "name", &Json::Str(group.into()))
-            .map_or(0, |g| g.u64("busy_ns.0"))
     }
 
     /// The fraction of the wall time `group` kept the device busy over the next `window`.
@@ -79,22 +54,6 @@ impl Scene {
         let (g1, d1) = (self.busy(group), device(&self.sim));
         g1.saturating_sub(g0) as f64 / d1.saturating_sub(d0).max(1) as f64
     }
-}
-
-impl Drop for Scene {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// CLOCK_REALTIME ns `ms` from now (clients start together, after their setup).
-fn start_in(ms: u64) -> u64 {
-    (SystemTime::now().duration_since(UNIX_EPOCH).unwrap() + Duration::from_millis(ms)).as_nanos()
-        as u64
-}
-
-fn s(x: impl ToString) -> String {
-    x.to_string()
 }
 
 /// Waits for a client at most until `deadline`: a client still running then is killed and reported
@@ -142,7 +101,7 @@ fn expect_success(
 /// getting the device.
 fn teardown_scenario(failures: &mut Vec<String>) {
     const MS: u64 = 4_000;
-    let scene = Scene::new("teardown");
+    let scene = Scene::new("lifecycle", "teardown");
     let start = start_in(700);
     let t0 = Instant::now() + Duration::from_millis(700);
     let share = [("GPUSLICE_COMPUTE_SHARE", "33")];
@@ -219,7 +178,7 @@ fn teardown_scenario(failures: &mut Vec<String>) {
 fn quit_scenario(how: &str, failures: &mut Vec<String>) {
     const QUITTER_MS: u64 = 1_500;
     const OTHER_MS: u64 = 4_500;
-    let scene = Scene::new(&format!("quit-{how}"));
+    let scene = Scene::new("lifecycle", &format!("quit-{how}"));
     let start = start_in(700);
     let t0 = Instant::now() + Duration::from_millis(700);
     let share = [("GPUSLICE_COMPUTE_SHARE", "50")];
@@ -276,8 +235,8 @@ fn quit_scenario(how: &str, failures: &mut Vec<String>) {
 /// machines side by side at the same time, so that a busy host slows both alike.
 fn idle_high_pair() -> (f64, f64) {
     const MS: u64 = 3_000;
-    let beside = Scene::new("idle-high");
-    let alone = Scene::new("idle-control");
+    let beside = Scene::new("lifecycle", "idle-high");
+    let alone = Scene::new("lifecycle", "idle-control");
     let start = start_in(700);
     let t0 = Instant::now() + Duration::from_millis(700);
     let high = beside.client(

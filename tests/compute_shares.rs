@@ -13,9 +13,8 @@ mod common;
 
 use common::libgpuslice as shim;
 use common::*;
-use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const CLIENT: CBuild = CBuild {
     name: "compute-client",
@@ -31,32 +30,11 @@ const MULTIGPU: CBuild = CBuild {
     link_cuda: true,
 };
 
-/// One scenario: a simulated machine and a private ledger/device directory.
-struct Scene {
-    sim: Sim,
-    dir: PathBuf,
-}
-
 impl Scene {
     fn two_gpus(tag: &str) -> Scene {
-        let mut scene = Scene::new(tag);
+        let mut scene = Scene::new("compute", tag);
         scene.sim = Sim::new(&format!("compute-{tag}")).env("SIMGPU_DEVICES", "2");
         scene
-    }
-
-    fn new(tag: &str) -> Scene {
-        let tag: String = tag
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect();
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("compute-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scene {
-            sim: Sim::new(&format!("compute-{tag}")),
-            dir,
-        }
     }
 
     /// A client process of `tenant` (its own memory ledger) with `env` (compute settings), judged as
@@ -87,35 +65,9 @@ impl Scene {
         self.sim.spawn(&mut self.client(tenant, env, args))
     }
 
-    fn busy(&self, tenant: &str) -> u64 {
-        self.busy_on(tenant, 0)
-    }
-
-    fn busy_on(&self, tenant: &str, device: usize) -> u64 {
-        let stat = self.sim.stat();
-        stat.find("groups", "name", &Json::Str(tenant.into()))
-            .map_or(0, |g| g.u64(&format!("busy_ns.{device}")))
-    }
-
     fn device_busy(&self) -> u64 {
         self.sim.stat().u64("devices.0.busy_ns")
     }
-}
-
-impl Drop for Scene {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// CLOCK_REALTIME ns `ms` from now (clients start together, after their setup).
-fn start_in(ms: u64) -> u64 {
-    (SystemTime::now().duration_since(UNIX_EPOCH).unwrap() + Duration::from_millis(ms)).as_nanos()
-        as u64
-}
-
-fn s(x: impl ToString) -> String {
-    x.to_string()
 }
 
 /// A tenant of a share scenario: name, share, client arguments after START_NS.
@@ -129,7 +81,7 @@ struct T<'a> {
 /// The control: `clients` (spin arguments `MS US [DEPTH]` without the start) run without gpuslice for
 /// 1.5 s; the fraction of that time the device was busy. Below 95%, the machine could not feed it.
 fn control(tag: &str, clients: &[Vec<String>]) -> f64 {
-    let scene = Scene::new(&format!("{tag}-control"));
+    let scene = Scene::new("compute", &format!("{tag}-control"));
     let start = start_in(500);
     let t0 = Instant::now() + Duration::from_millis(500);
     let children: Vec<Child> = clients
@@ -191,7 +143,7 @@ fn spin_args(ms: u64, us: u64) -> Vec<String> {
 
 /// Runs tenants for their duration; returns (name, target %, measured % of the busy time).
 fn shares(tag: &str, tenants: &[T], env: &[(&str, &str)]) -> Vec<(String, f64, f64)> {
-    let scene = Scene::new(tag);
+    let scene = Scene::new("compute", tag);
     let start = start_in(700);
     let mut children = Vec::new();
     for t in tenants {
@@ -438,7 +390,7 @@ fn compute_shares_on_simgpu() {
             &[spin_args(MS, 200)],
             &mut failures,
             || {
-                let scene = Scene::new("conserving");
+                let scene = Scene::new("compute", "conserving");
                 let start = start_in(700);
                 let t0 = Instant::now() + Duration::from_millis(700);
                 let a = scene.spawn(
@@ -491,7 +443,7 @@ fn compute_shares_on_simgpu() {
     // (alone, an uncapped tenant keeps the device ~100% busy), the precise figure is the
     // benchmark's (docs/BENCHMARKS.md, "Compute shares").
     if wanted("cap") {
-        let scene = Scene::new("cap");
+        let scene = Scene::new("compute", "cap");
         let start = start_in(700);
         let run_ms = 6000;
         let c = scene.spawn(
@@ -699,7 +651,7 @@ fn collectives_scenario() -> Vec<String> {
 fn priority_scenario() -> Vec<String> {
     let mut failures = Vec::new();
     let alone = {
-        let scene = Scene::new("prio-alone");
+        let scene = Scene::new("compute", "prio-alone");
         let c = scene.spawn(
             "h",
             &[("GPUSLICE_PRIORITY", "high")],
@@ -717,7 +669,7 @@ fn priority_scenario() -> Vec<String> {
         r.assert_success();
         r.get_u64("p99_us")
     };
-    let scene = Scene::new("prio");
+    let scene = Scene::new("compute", "prio");
     let start = start_in(700);
     let h = scene.spawn(
         "h",
@@ -753,7 +705,7 @@ fn priority_scenario() -> Vec<String> {
 }
 
 fn stop_scenario(name: &str, sig: i32) -> Vec<String> {
-    let scene = Scene::new(name);
+    let scene = Scene::new("compute", name);
     let mut a = scene.spawn(
         "a",
         &[("GPUSLICE_COMPUTE_SHARE", "50")],
@@ -797,7 +749,7 @@ fn stop_scenario(name: &str, sig: i32) -> Vec<String> {
 }
 
 fn continue_scenario() -> Vec<String> {
-    let scene = Scene::new("continue");
+    let scene = Scene::new("compute", "continue");
     let start = start_in(700);
     let t0 = Instant::now() + Duration::from_millis(700);
     let args = [s("spin"), s(start), s(4500), s(200)];
@@ -832,7 +784,7 @@ fn continue_scenario() -> Vec<String> {
 }
 
 fn live_scenario() -> Vec<String> {
-    let scene = Scene::new("live");
+    let scene = Scene::new("compute", "live");
     let start = start_in(700);
     let t0 = Instant::now() + Duration::from_millis(700);
     let a = scene.spawn(

@@ -62,24 +62,7 @@ fn garbage(len: usize, mut seed: u64) -> Vec<u8> {
         .collect()
 }
 
-struct Scene {
-    sim: Sim,
-    dir: PathBuf,
-}
-
 impl Scene {
-    fn new(tag: &str) -> Scene {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("hostile-dev-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scene {
-            sim: Sim::new(&format!("hostile-dev-{tag}")),
-            dir,
-        }
-    }
-
-    /// Two processes of tenant `a` (cap 20%) spinning 200 us kernels for `RUN_MS` from `start`.
     fn spawn(&self, start: u64) -> Vec<std::process::Child> {
         (0..2)
             .map(|_| {
@@ -135,12 +118,6 @@ impl Scene {
     }
 }
 
-impl Drop for Scene {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// Polls the device's busy fraction in 250 ms windows until the cap works again (or `limit`);
 /// returns how long that took.
 fn time_to_cap(sim: &Sim, limit: Duration) -> Option<Duration> {
@@ -167,7 +144,7 @@ fn damaged_while_two_processes_launch(damage: Damage) -> String {
         Damage::TruncatedToHalf => ("truncated to half", "half"),
         Damage::Overwritten => ("overwritten with garbage", "garbage"),
     };
-    let scene = Scene::new(tag);
+    let scene = Scene::new("hostile-dev", tag);
     let start = now_ns() + 1_000_000_000;
     let children = scene.spawn(start);
     // Scheduled before the damage (otherwise the test shows nothing).

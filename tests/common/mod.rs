@@ -703,6 +703,64 @@ pub fn group<'a>(stat: &'a Json, name: &str) -> &'a Json {
         .unwrap_or_else(|| panic!("simgpu-stat has no group `{name}`:\n{stat}"))
 }
 
+/// One scenario: a simulated machine and a private directory for its ledgers and device ledgers
+/// (`<dir>/devices`), removed when the scenario ends. Test files add their own methods.
+pub struct Scene {
+    pub sim: Sim,
+    pub dir: PathBuf,
+}
+
+impl Scene {
+    /// `prefix` names the test file's scenarios, `tag` this one (any text; made into a file name).
+    pub fn new(prefix: &str, tag: &str) -> Scene {
+        let tag: String = tag
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{prefix}-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scene {
+            sim: Sim::new(&format!("{prefix}-{tag}")),
+            dir,
+        }
+    }
+
+    /// Busy ns of simgpu group `group` on device 0.
+    pub fn busy(&self, group: &str) -> u64 {
+        self.busy_on(group, 0)
+    }
+
+    /// Busy ns of simgpu group `group` on `device`.
+    pub fn busy_on(&self, group: &str, device: usize) -> u64 {
+        self.sim
+            .stat()
+            .find("groups", "name", &Json::Str(group.into()))
+            .map_or(0, |g| g.u64(&format!("busy_ns.{device}")))
+    }
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// CLOCK_REALTIME ns `ms` from now (clients started together begin then, after their setup).
+pub fn start_in(ms: u64) -> u64 {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + std::time::Duration::from_millis(ms))
+    .as_nanos() as u64
+}
+
+/// A client argument.
+pub fn s(x: impl ToString) -> String {
+    x.to_string()
+}
+
 #[cfg(test)]
 mod json_tests {
     use super::Json;

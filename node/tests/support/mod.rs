@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 mod common;
 #[allow(unused_imports)] // each test file uses a different part
 pub use common::{
-    gpuslice_bin, require, root, run_command as run, simgpu_lib_dir, target_dir, venv_python, Run,
-    GIB, MIB,
+    gpuslice_bin, require, root, run_command as run, simgpu_lib_dir, start_in, target_dir,
+    venv_python, Run, GIB, MIB,
 };
 
 pub fn workload_bin() -> PathBuf {
@@ -46,15 +46,6 @@ pub fn compute_client(dir: &Path) -> PathBuf {
         .args(["-lcuda", "-ldl"]));
     r.assert_success();
     out
-}
-
-/// CLOCK_REALTIME nanoseconds `ms` from now: a start both clients wait for.
-pub fn start_in(ms: u64) -> u64 {
-    (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        + std::time::Duration::from_millis(ms))
-    .as_nanos() as u64
 }
 
 /// One node: a private directory (0755, so other uids can reach the state dir) holding the state
