@@ -66,9 +66,9 @@ fn two_uids_share_a_gpu_under_node_policies() {
     r.assert_success();
     assert_context_charged_as_spent(&r, 3 * GIB);
     assert!(
-        r.stderr
-            .contains("GPUSLICE_TENANT, GPUSLICE_LEDGER, GPUSLICE_DEVICE_DIR ignored")
-            && r.stderr.contains("memory limit 100 GiB ignored")
+        r.stderr.contains(
+            "GPUSLICE_TENANT, GPUSLICE_LEDGER, GPUSLICE_LEDGER_DIR, GPUSLICE_DEVICE_DIR ignored"
+        ) && r.stderr.contains("memory limit 100 GiB ignored")
             && r.stderr
                 .contains("GPUSLICE_CONTEXT_RESERVE below the default ignored"),
         "{}",

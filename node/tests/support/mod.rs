@@ -76,6 +76,12 @@ impl Scene {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         env.push(("SIMGPU_STATE".into(), simgpu_state.display().to_string()));
+        // The node's programs never read or leave anything in the machine's default ledger
+        // directory (a stale ledger there must not change any outcome).
+        env.push((
+            "GPUSLICE_LEDGER_DIR".into(),
+            dir.join("default-ledgers").display().to_string(),
+        ));
         env.push((
             "LD_LIBRARY_PATH".into(),
             simgpu_lib_dir().display().to_string(),
