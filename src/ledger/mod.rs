@@ -400,6 +400,22 @@ impl Ledger {
         self.layout().id()
     }
 
+    /// Publishes that this tenant's work on device `device` (a key common to every process of the
+    /// machine) has waited without completing since `since` (CLOCK_MONOTONIC ns), seen at `now`.
+    /// A ledger read from a private copy publishes nothing.
+    pub fn publish_stall(&self, device: u64, since: u64, now: u64) {
+        if let Map::Shared(_) = &self.map {
+            if !self.damaged(false) {
+                self.layout().publish_stall(device, since, now);
+            }
+        }
+    }
+
+    /// The tenant's last published wait: (device key, since, last seen); untrusted words.
+    pub fn stall(&self) -> (u64, u64, u64) {
+        self.layout().stall()
+    }
+
     /// Our process slot, if we hold one.
     pub fn slot(&self) -> Option<usize> {
         match self.slot.load(Ordering::Acquire) {

@@ -59,7 +59,12 @@ pub struct Header {
     /// The tenant's identity: 128 random bits drawn when the ledger is created (0 in ledgers made
     /// before it existed). Compute shares tell tenants apart by it; the name is only a label.
     pub id: [AtomicU64; 2],
-    pub _reserved: [AtomicU64; 11],
+    /// Work of this tenant that waits without completing on one device (a collective whose peer
+    /// ranks wait at other devices' gates): the device's key, when the wait began and when it was
+    /// last seen (CLOCK_MONOTONIC ns). Compute scheduling lets the tenant's ranks on other devices
+    /// through their gates for one round (docs/COMPUTE.md). Zero in ledgers made before it: no wait.
+    pub stall: [AtomicU64; 3],
+    pub _reserved: [AtomicU64; 8],
 }
 
 #[repr(C)]
@@ -240,6 +245,24 @@ impl Layout {
         let [a, b] = [0, 1].map(|i| self.header.id[i].load(Ordering::Acquire));
         let id = (u128::from(a) << 64) | u128::from(b);
         (id != 0).then_some(id)
+    }
+
+    /// Publishes that this tenant's work on device `device` has waited since `since` (seen `now`).
+    pub fn publish_stall(&self, device: u64, since: u64, now: u64) {
+        let s = &self.header.stall;
+        s[0].store(device, Ordering::Release);
+        s[1].store(since, Ordering::Release);
+        s[2].store(now, Ordering::Release);
+    }
+
+    /// The last published wait: (device, since, last seen). Untrusted words.
+    pub fn stall(&self) -> (u64, u64, u64) {
+        let s = &self.header.stall;
+        (
+            s[0].load(Ordering::Acquire),
+            s[1].load(Ordering::Acquire),
+            s[2].load(Ordering::Acquire),
+        )
     }
 
     pub fn creator_pid(&self) -> u32 {

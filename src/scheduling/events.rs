@@ -338,6 +338,9 @@ impl Sched {
             }
             // Polled, with a heartbeat, so waiters can tell a long drain from a stopped owner.
             h.owner_beat_ns.store(now, Release);
+            // A drain that waits for a collective's peer rank, stopped at another device's gate:
+            // published, so the peer passes its gate for the round (`Sched::peer_pass`).
+            self.watch_stall(now);
             std::thread::sleep(Duration::from_micros(20));
         }
         self.last_completion_ns.store(0, Release);

@@ -15,6 +15,22 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 /// Longest a waiter sleeps before checking the owner's liveness again.
 const WAITER_POLL_NS: u64 = 2_000_000;
+/// A published wait of the tenant on another device counts while it was seen within this.
+const PEER_FRESH_NS: u64 = 1_000_000;
+/// Waiters of a tenant whose work waited on another device within this interval look every
+/// `PEER_POLL_NS` (instead of `WAITER_POLL_NS`), so a pass is not missed.
+const PEER_RECENT_NS: u64 = 1_000_000_000;
+const PEER_POLL_NS: u64 = 200_000;
+/// Launches that pass the gate for one wait of the tenant on another device.
+const MAX_PASSES: u32 = 8;
+
+/// A 64-bit FNV-1a hash (device keys: the same in every process).
+pub(super) fn key_of(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    }) | 1
+}
+
 /// An owner whose heartbeat is older than this (and past its slice plus grace) is revoked.
 pub(super) const BEAT_STALE_NS: u64 = 20_000_000;
 
@@ -62,6 +78,18 @@ pub struct Sched {
     pub(super) event_overhead_ns: AtomicU64,
     pub(super) last_calibration_ns: AtomicU64,
     pub(super) free_events: Mutex<Vec<Pending>>,
+    /// A key for this device common to every process of the machine (a hash of the ledger's path).
+    pub(super) device_key: u64,
+    /// When our work here began to wait without completing (0: it does not), published in the
+    /// tenant's memory ledger while it lasts (`watch_stall`).
+    pub(super) stall_since: AtomicU64,
+    /// The tenant's wait on another device that our launches passed the gate for, when the first
+    /// of them passed, and how many did (`peer_pass`).
+    pub(super) pass_episode: AtomicU64,
+    pub(super) pass_from: AtomicU64,
+    pub(super) passes: AtomicU32,
+    /// When a wait of the tenant on another device was last seen: waiters then look more often.
+    pub(super) peer_seen_ns: AtomicU64,
     /// Exit: the scheduler thread hands over and stops; it sets `done` when it has.
     pub(super) stop: AtomicBool,
     pub(super) done: AtomicBool,
@@ -76,6 +104,7 @@ impl Sched {
         id: TenantId,
         high: bool,
     ) -> Sched {
+        let device_key = key_of(ledger.path().as_os_str().as_encoded_bytes());
         Sched {
             ledger,
             ordinal,
@@ -101,6 +130,12 @@ impl Sched {
             event_overhead_ns: AtomicU64::new(0),
             last_calibration_ns: AtomicU64::new(0),
             free_events: Mutex::new(Vec::new()),
+            device_key,
+            stall_since: AtomicU64::new(0),
+            pass_episode: AtomicU64::new(0),
+            pass_from: AtomicU64::new(0),
+            passes: AtomicU32::new(0),
+            peer_seen_ns: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             done: AtomicBool::new(false),
         }
@@ -167,6 +202,11 @@ impl Sched {
                 }
                 return r;
             }
+            if self.peer_pass() {
+                let r = self.launch_tracked(streams, ctx, per_thread, launch);
+                self.last_submit_ns.store(now_ns(), Release);
+                return r;
+            }
             if waited_from == 0 {
                 waited_from = now_ns();
             }
@@ -184,7 +224,7 @@ impl Sched {
         }
         self.publish_waiting();
         loop {
-            if !self.contended() || runtime::stopped() {
+            if !self.contended() || runtime::stopped() || self.peer_pass_due() {
                 break;
             }
             // Our words zeroed or scribbled (a truncation repaired with zeros, another program):
@@ -245,10 +285,75 @@ impl Sched {
                 self.revoke(o, e);
                 continue;
             }
-            futex_wait(&h.epoch, e, WAITER_POLL_NS);
+            futex_wait(&h.epoch, e, self.waiter_poll_ns());
         }
         self.waiting.fetch_sub(1, SeqCst);
         self.publish_waiting();
+    }
+
+    /// A waiter looks again at least this often: more often while the tenant's work waits on
+    /// another device (a pass may be due).
+    fn waiter_poll_ns(&self) -> u64 {
+        let seen = self.peer_seen_ns.load(Relaxed);
+        if seen != 0 && now_ns().saturating_sub(seen) < PEER_RECENT_NS {
+            PEER_POLL_NS
+        } else {
+            WAITER_POLL_NS
+        }
+    }
+
+    /// The tenant's published wait on another device, if it is current: its start (the episode).
+    fn peer_stall(&self, now: u64) -> Option<u64> {
+        let ledger = runtime::tenant_ledger()?;
+        let (device, since, seen) = ledger.stall();
+        if device == self.device_key || since == 0 || seen > now || now - seen > PEER_FRESH_NS {
+            return None;
+        }
+        self.peer_seen_ns.store(now, Relaxed);
+        Some(since)
+    }
+
+    /// Whether a launch of ours would pass the gate now (see [`Sched::peer_pass`]), without
+    /// counting it.
+    fn peer_pass_due(&self) -> bool {
+        let now = now_ns();
+        let Some(episode) = self.peer_stall(now) else {
+            return false;
+        };
+        if self.beside_high.load(Relaxed) || self.ledger.view(self.tenant()).cap != 0 {
+            return false;
+        }
+        if self.pass_episode.load(Acquire) != episode {
+            return true;
+        }
+        self.completed();
+        self.passes.load(Acquire) < MAX_PASSES
+            && self.progress_ns.load(Acquire) < self.pass_from.load(Acquire)
+    }
+
+    /// Lets a launch through the gate without ownership when our tenant's work on another device
+    /// waits without completing (published in the tenant's memory ledger by the process whose work
+    /// it is): that work may be a collective waiting for this very launch (its peer rank here),
+    /// and without it the other device's owner would only drain or stall, and then hand over
+    /// with the collective half launched, whose kernel then spins in every gap of the next owner's
+    /// work (the hardware time-slices it). One round per wait: launches pass until one of them
+    /// has completed (the round went through), at most [`MAX_PASSES`]. Not beside an active
+    /// high-priority tenant (its latency) or for a capped tenant (its cap). What passes runs in
+    /// another tenant's ownership and is charged to ours when it completes, like work left
+    /// running at a hand-over.
+    fn peer_pass(&self) -> bool {
+        if !self.peer_pass_due() {
+            return false;
+        }
+        let Some(episode) = self.peer_stall(now_ns()) else {
+            return false;
+        };
+        if self.pass_episode.swap(episode, AcqRel) != episode {
+            self.pass_from.store(now_ns(), Release);
+            self.passes.store(0, Release);
+        }
+        self.passes.fetch_add(1, AcqRel);
+        true
     }
 
     /// Writes our slot's `wants` and `wait_since` from this process's own count. Two threads

@@ -3,7 +3,7 @@
 //! the device over; it re-reads the ledger (contention, priorities, caps), repairs our own entries when
 //! the file was damaged, and stops at exit after handing the device back.
 
-use super::arbiter::{IDLE_NS, SLICE_NS};
+use super::arbiter::{IDLE_NS, SLICE_GRID_NS, SLICE_NS};
 use super::cu::RelaxedCapture;
 use super::device::{futex_wait, futex_wake, now_ns};
 use super::gate::Sched;
@@ -21,9 +21,24 @@ const OWNER_POLL_NS: u64 = 250_000;
 /// An owner whose work completed nothing for this long (or three launches' time, if longer) while it
 /// submits nothing and others wait is stuck on something outside the process: it hands over.
 const STALL_NS: u64 = 1_000_000;
+/// A stalled owner whose tenant comes first in the period's order (see `yields_when_stalled`) keeps
+/// its device this many stall times.
+const STALL_KEEP: u64 = 4;
 /// A high-priority tenant that wanted the device within this interval is active: normal tenants
 /// beside it keep one launch in flight. One that is merely present costs them nothing.
 const HIGH_ACTIVE_NS: u64 = 200_000_000;
+
+/// Why an ownership ended (the debug log says it).
+#[derive(Clone, Copy, Debug)]
+enum Why {
+    SliceOver,
+    Idle,
+    /// Quiet, with work that completes nothing: it waits for something outside the process.
+    Stalled,
+    Preempted,
+    Uncontended,
+    Exit,
+}
 
 impl Sched {
     pub(super) fn start_thread(&'static self) {
@@ -51,7 +66,8 @@ impl Sched {
     /// With `drain` false (a high-priority tenant preempts us, or the process exits) the device is
     /// handed over as soon as we stop submitting: what we have in flight runs before the new owner's
     /// work in the device's order anyway, and it is charged to us when it completes.
-    fn release(&self, drain: bool) {
+    fn release(&self, drain: bool, why: Why) {
+        let asked = now_ns();
         let epoch = self.owned.load(SeqCst);
         self.stopping.store(true, SeqCst);
         while self.launching.load(SeqCst) != 0 && !runtime::stopped() {
@@ -64,10 +80,19 @@ impl Sched {
         let g = self.ledger.lock(self.slot);
         if h.owner.load(Acquire) == self.me().word() && h.epoch.load(Acquire) == epoch {
             let now = now_ns();
-            let charge = self.take_charge(now, h.grant_ns.load(Acquire));
+            let grant = h.grant_ns.load(Acquire);
+            let charge = self.take_charge(now, grant);
             g.charge(self.tenant(), charge, now);
             let c = g.hand_over(now);
-            log::debug(format_args!("compute: released after {charge} ns -> {c:?}"));
+            // Time stamps on CLOCK_MONOTONIC, common to every process: the hand-overs of several
+            // devices can be laid side by side (docs/BENCHMARKS.md, "Collectives").
+            log::debug(format_args!(
+                "compute: device {} released ({why:?}) at {} us, held {} us, drained {} us, charged {charge} ns -> {c:?}",
+                self.ordinal,
+                asked / 1000,
+                asked.saturating_sub(grant) / 1000,
+                now.saturating_sub(asked) / 1000
+            ));
         }
         drop(g);
         futex_wake(&h.epoch);
@@ -158,7 +183,7 @@ impl Sched {
         let _relaxed = RelaxedCapture::enter();
         self.owner_loop();
         if self.owned.load(SeqCst) != 0 {
-            self.release(false);
+            self.release(false, Why::Exit);
         }
         let slot = &self.ledger.layout().slots[self.slot];
         slot.wants.store(0, Release);
@@ -189,7 +214,14 @@ impl Sched {
                     self.owned.store(e, SeqCst);
                     continue;
                 }
-                futex_wait(&h.epoch, e, REFRESH_NS / 2);
+                // Work of ours still on the device (left running at a hand-over, or passed to
+                // complete a collective): watched, so a wait of it is published.
+                let timeout = if self.watch_stall(now) || !self.inflight.lock().is_empty() {
+                    OWNER_POLL_NS
+                } else {
+                    REFRESH_NS / 2
+                };
+                futex_wait(&h.epoch, e, timeout);
                 continue;
             }
             if h.owner.load(Acquire) != self.me().word() || h.epoch.load(Acquire) != owned {
@@ -221,7 +253,14 @@ impl Sched {
                 real
             };
             if idle || preempted || !self.contended() {
-                self.release(!preempted);
+                let why = if preempted {
+                    Why::Preempted
+                } else if idle {
+                    Why::Idle
+                } else {
+                    Why::Uncontended
+                };
+                self.release(!preempted, why);
                 continue;
             }
             // Submitting nothing, not waiting to submit, and our work makes no progress (nothing
@@ -234,20 +273,22 @@ impl Sched {
                     .max(grant)
                     .max(self.last_submit_ns.load(Acquire)),
             );
-            let stalled = since_progress > STALL_NS.max(3 * self.launch_ns.load(Relaxed));
+            let stall_ns = self.stall_ns();
+            let stalled = self.watch_stall(now);
             if quiet
                 && stalled
+                && since_progress > stall_ns
                 && self.flow_waiting.load(SeqCst) == 0
-                && !self.ledger.waiters(Some(self.slot)).is_empty()
+                && self.yields_when_stalled(now, since_progress, stall_ns)
             {
-                self.release(false);
+                self.release(false, Why::Stalled);
                 continue;
             }
             if now >= end {
                 if self.renew(high, now, grant) {
                     continue;
                 }
-                self.release(true);
+                self.release(true, Why::SliceOver);
                 continue;
             }
             let wait = (end - now).clamp(20_000, OWNER_POLL_NS);
@@ -257,6 +298,68 @@ impl Sched {
                 futex_wait(&h.preempt, 0, wait);
             }
         }
+    }
+
+    /// How long our work may complete nothing before it counts as waiting for something outside
+    /// this process: `STALL_NS`, or three launches' time if longer.
+    pub(super) fn stall_ns(&self) -> u64 {
+        STALL_NS.max(3 * self.launch_ns.load(Relaxed))
+    }
+
+    /// Whether our work on this device waits without completing (work in flight, nothing of it
+    /// completed and nothing submitted for the stall time); while it does, it is published in the
+    /// tenant's memory ledger, where the tenant's processes on other devices find it: their
+    /// launches then pass their gates for one round (`Sched::peer_pass`), since what ours waits
+    /// for may be their part of a collective.
+    pub(super) fn watch_stall(&self, now: u64) -> bool {
+        let done = self.completed();
+        let last = self
+            .progress_ns
+            .load(Acquire)
+            .max(self.last_submit_ns.load(Acquire));
+        if done || now.saturating_sub(last) <= self.stall_ns() {
+            self.stall_since.store(0, Relaxed);
+            return false;
+        }
+        let since = match self.stall_since.load(Relaxed) {
+            0 => {
+                let s = last.max(1);
+                self.stall_since.store(s, Relaxed);
+                s
+            }
+            s => s,
+        };
+        if let Some(ledger) = runtime::tenant_ledger() {
+            ledger.publish_stall(self.device_key, since, now);
+        }
+        true
+    }
+
+    /// Whether an owner whose work has waited `since_progress` without completing yields now. Only
+    /// when someone waits. Two tenants whose programs span two devices can each own one device with
+    /// work that waits for their ranks at the other device's gate (a collective): if both yielded
+    /// they would only swap devices and wait again. So the tenant that comes first in this slice
+    /// period's order keeps its device for `STALL_KEEP` stall times longer, and the other one yields:
+    /// the first then owns both devices and its collective completes. The order is a hash of the
+    /// tenants' identities and the slice grid period, the same in every device ledger, and changes
+    /// every period, so no tenant is always the one that yields.
+    fn yields_when_stalled(&self, now: u64, since_progress: u64, stall_ns: u64) -> bool {
+        let waiters = self.ledger.waiters(Some(self.slot));
+        if waiters.is_empty() {
+            return false;
+        }
+        if since_progress > stall_ns.saturating_mul(STALL_KEEP) {
+            return true;
+        }
+        let l = self.ledger.layout();
+        let period = now / SLICE_GRID_NS;
+        let mine = stall_order(self.id, period);
+        waiters.iter().any(|w| {
+            l.tenants
+                .get(w.tenant)
+                .map(|t| TenantId::load(&t.id))
+                .is_some_and(|id| id != self.id && stall_order(id, period) < mine)
+        })
     }
 
     /// At the end of a slice with nobody (of our class, for a high-priority owner) waiting: charge
@@ -276,4 +379,15 @@ impl Sched {
         g.charge(self.tenant(), charge, now);
         g.renew(self.tenant(), now)
     }
+}
+
+/// A tenant's place in the order of slice grid period `period` (smaller comes first): the same in
+/// every process and device ledger.
+fn stall_order(id: TenantId, period: u64) -> u64 {
+    let [a, b] = id.words();
+    // splitmix64 of the identity mixed with the period.
+    let mut z = a ^ b.rotate_left(17) ^ period.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

@@ -102,6 +102,16 @@ impl Runtime {
     }
 }
 
+/// The tenant's memory ledger, when the process has one (compute scheduling publishes there what
+/// the tenant's processes on other devices must know: `Sched::watch_stall`).
+pub(super) fn tenant_ledger() -> Option<&'static crate::ledger::Ledger> {
+    let process = crate::process::get();
+    if !process.quotas_apply() {
+        return None;
+    }
+    process.ledger().ok()
+}
+
 /// A participating device's scheduler and the launch's context, for a launch on `stream`; `None` when
 /// the launch passes straight through.
 pub(super) fn participation(stream: CUstream) -> Option<(&'static Sched, CUcontext)> {
