@@ -113,22 +113,6 @@ pub fn slice_for(t: &TenantView) -> u64 {
     }
 }
 
-/// Slices end on a common clock: at multiples of this on `CLOCK_MONOTONIC`, which every process of
-/// the machine reads alike. Independent devices then hand over at the same instants, so a tenant
-/// whose programs span several devices (a collective's ranks) is switched on all of them at once.
-pub const SLICE_GRID_NS: u64 = SLICE_NS / 2;
-
-/// The slice granted at `now` to a tenant entitled to `slice_ns`: it ends on the slice grid, at the
-/// first grid point at least `SLICE_NS / 2` away (so between `SLICE_NS / 2` and `SLICE_NS`), or
-/// earlier when `slice_ns` (a capped tenant's tokens) is shorter.
-pub fn aligned_slice(now: u64, slice_ns: u64) -> u64 {
-    let earliest = now.saturating_add(SLICE_NS / 2);
-    let end = earliest
-        .div_ceil(SLICE_GRID_NS)
-        .saturating_mul(SLICE_GRID_NS);
-    end.saturating_sub(now).clamp(1, SLICE_NS).min(slice_ns)
-}
-
 /// A tenant (re)becoming active starts at the smallest virtual time of the active ones, so idle time
 /// is not banked. `wanted_since`: when it started waiting for the device; waiting is wanting, so
 /// only a gap before that is idle time (a tenant kept waiting by a long slice keeps its credit).

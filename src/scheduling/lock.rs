@@ -103,8 +103,7 @@ impl LockGuard<'_> {
             Choice::Grant { slot, slice_ns } => {
                 h.grant_ns.store(now, Release);
                 h.owner_beat_ns.store(now, Release);
-                h.slice_ns
-                    .store(arbiter::aligned_slice(now, slice_ns), Release);
+                h.slice_ns.store(slice_ns, Release);
                 h.owner.store(Holder::of(slot).word(), Release);
                 let t = l.slots[slot].tenant.load(Acquire) as usize;
                 if t < MAX_TENANTS && views[t].high {
@@ -135,8 +134,7 @@ impl LockGuard<'_> {
             return false;
         }
         h.grant_ns.store(now, Release);
-        h.slice_ns
-            .store(arbiter::aligned_slice(now, arbiter::slice_for(&v)), Release);
+        h.slice_ns.store(arbiter::slice_for(&v), Release);
         true
     }
 

@@ -3,7 +3,7 @@
 //! the device over; it re-reads the ledger (contention, priorities, caps), repairs our own entries when
 //! the file was damaged, and stops at exit after handing the device back.
 
-use super::arbiter::{IDLE_NS, SLICE_GRID_NS, SLICE_NS};
+use super::arbiter::{IDLE_NS, SLICE_NS};
 use super::cu::RelaxedCapture;
 use super::device::{futex_wait, futex_wake, now_ns};
 use super::gate::Sched;
@@ -21,9 +21,6 @@ const OWNER_POLL_NS: u64 = 250_000;
 /// An owner whose work completed nothing for this long (or three launches' time, if longer) while it
 /// submits nothing and others wait is stuck on something outside the process: it hands over.
 const STALL_NS: u64 = 1_000_000;
-/// A stalled owner whose tenant comes first in the period's order (see `yields_when_stalled`) keeps
-/// its device this many stall times.
-const STALL_KEEP: u64 = 4;
 /// A high-priority tenant that wanted the device within this interval is active: normal tenants
 /// beside it keep one launch in flight. One that is merely present costs them nothing.
 const HIGH_ACTIVE_NS: u64 = 200_000_000;
@@ -216,10 +213,11 @@ impl Sched {
                 }
                 // Work of ours still on the device (left running at a hand-over, or passed to
                 // complete a collective): watched, so a wait of it is published.
-                let timeout = if self.watch_stall(now) || !self.inflight.lock().is_empty() {
-                    OWNER_POLL_NS
-                } else {
+                let timeout = if self.inflight.lock().is_empty() {
                     REFRESH_NS / 2
+                } else {
+                    self.watch_stall(now);
+                    OWNER_POLL_NS
                 };
                 futex_wait(&h.epoch, e, timeout);
                 continue;
@@ -273,13 +271,13 @@ impl Sched {
                     .max(grant)
                     .max(self.last_submit_ns.load(Acquire)),
             );
-            let stall_ns = self.stall_ns();
-            let stalled = self.watch_stall(now);
-            if quiet
-                && stalled
-                && since_progress > stall_ns
+            // Only a quiet owner can be stalled (watched at most every `OWNER_POLL_NS`); the wait
+            // is published for the tenant's ranks on other devices (`watch_stall`).
+            let stalled = quiet && self.watch_stall(now);
+            if stalled
+                && since_progress > self.stall_ns()
                 && self.flow_waiting.load(SeqCst) == 0
-                && self.yields_when_stalled(now, since_progress, stall_ns)
+                && !self.ledger.waiters(Some(self.slot)).is_empty()
             {
                 self.release(false, Why::Stalled);
                 continue;
@@ -335,33 +333,6 @@ impl Sched {
         true
     }
 
-    /// Whether an owner whose work has waited `since_progress` without completing yields now. Only
-    /// when someone waits. Two tenants whose programs span two devices can each own one device with
-    /// work that waits for their ranks at the other device's gate (a collective): if both yielded
-    /// they would only swap devices and wait again. So the tenant that comes first in this slice
-    /// period's order keeps its device for `STALL_KEEP` stall times longer, and the other one yields:
-    /// the first then owns both devices and its collective completes. The order is a hash of the
-    /// tenants' identities and the slice grid period, the same in every device ledger, and changes
-    /// every period, so no tenant is always the one that yields.
-    fn yields_when_stalled(&self, now: u64, since_progress: u64, stall_ns: u64) -> bool {
-        let waiters = self.ledger.waiters(Some(self.slot));
-        if waiters.is_empty() {
-            return false;
-        }
-        if since_progress > stall_ns.saturating_mul(STALL_KEEP) {
-            return true;
-        }
-        let l = self.ledger.layout();
-        let period = now / SLICE_GRID_NS;
-        let mine = stall_order(self.id, period);
-        waiters.iter().any(|w| {
-            l.tenants
-                .get(w.tenant)
-                .map(|t| TenantId::load(&t.id))
-                .is_some_and(|id| id != self.id && stall_order(id, period) < mine)
-        })
-    }
-
     /// At the end of a slice with nobody (of our class, for a high-priority owner) waiting: charge
     /// what the slice used and start another. False when we must hand over instead.
     fn renew(&self, high: bool, now: u64, grant: u64) -> bool {
@@ -379,15 +350,4 @@ impl Sched {
         g.charge(self.tenant(), charge, now);
         g.renew(self.tenant(), now)
     }
-}
-
-/// A tenant's place in the order of slice grid period `period` (smaller comes first): the same in
-/// every process and device ledger.
-fn stall_order(id: TenantId, period: u64) -> u64 {
-    let [a, b] = id.words();
-    // splitmix64 of the identity mixed with the period.
-    let mut z = a ^ b.rotate_left(17) ^ period.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
