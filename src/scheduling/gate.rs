@@ -294,12 +294,18 @@ impl Sched {
     /// A waiter looks again at least this often: more often while the tenant's work waits on
     /// another device (a pass may be due).
     fn waiter_poll_ns(&self) -> u64 {
-        let seen = self.peer_seen_ns.load(Relaxed);
-        if seen != 0 && now_ns().saturating_sub(seen) < PEER_RECENT_NS {
+        if self.peer_recent(now_ns()) {
             PEER_POLL_NS
         } else {
             WAITER_POLL_NS
         }
+    }
+
+    /// Whether a wait of our tenant's work on another device was seen within `PEER_RECENT_NS`:
+    /// the tenant's programs span devices and wait for each other (collectives).
+    pub(super) fn peer_recent(&self, now: u64) -> bool {
+        let seen = self.peer_seen_ns.load(Relaxed);
+        seen != 0 && now.saturating_sub(seen) < PEER_RECENT_NS
     }
 
     /// The tenant's published wait on another device, if it is current: its start (the episode).
