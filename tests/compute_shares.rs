@@ -523,10 +523,12 @@ fn compute_shares_on_simgpu() {
 
     // Two tenants x two GPUs, each rank looping compute then a barrier with its peer rank on the
     // other GPU (like tensor-parallel servers doing an NCCL all-reduce): nobody hangs, and the whole
-    // takes at most 2.5 x the time it takes without gpuslice. The goal is 1.5 x; on this 2-core
-    // machine the ratio runs 1.1-1.7 x with the load (docs/BENCHMARKS.md, "Compute shares"), so the
-    // test holds what a broken hand-over misses by far (ranks that wait out a whole slice or drain
-    // limit at every barrier take 10 x and more) and the figure is the benchmark's.
+    // takes at most 2 x the time it takes without gpuslice. The goal is 1.5 x; on this 2-core
+    // machine the ratio runs 1.0-1.35 x, quiet or beside a CPU hog (docs/BENCHMARKS.md, "Compute
+    // shares"), so the test keeps a margin for a busier neighbour and the figure is the
+    // benchmark's. Without a tenant's ranks passing their gates for a waiting collective
+    // (`Sched::peer_pass`) it ran 1.3-1.9 x, and up to 2.7 x beside the hog; ranks that wait out a
+    // whole slice or drain limit at every barrier take 10 x and more.
     if wanted("collectives") {
         judged(
             "collectives",
@@ -625,7 +627,7 @@ fn collectives_scenario() -> Vec<String> {
         Ok(w) => w,
         Err(e) => return vec![format!("collectives without gpuslice: {e}")],
     };
-    let limit = bare.mul_f64(2.5);
+    let limit = bare.mul_f64(2.0);
     match with {
         Ok(w) => {
             println!(
@@ -636,7 +638,7 @@ fn collectives_scenario() -> Vec<String> {
             );
             if w > limit {
                 vec![format!(
-                    "collectives: {:.0} ms with gpuslice > 2.5 x {:.0} ms without",
+                    "collectives: {:.0} ms with gpuslice > 2 x {:.0} ms without",
                     w.as_secs_f64() * 1e3,
                     bare.as_secs_f64() * 1e3
                 )]

@@ -391,6 +391,22 @@ fn snapshot_and_readonly() {
 }
 
 #[test]
+fn a_published_wait_is_seen_by_every_process_of_the_tenant() {
+    let _serial = crate::slotfile::serial_test();
+    let path = ledger_path("stall");
+    let a = Ledger::open(&path, &limited(GIB)).unwrap();
+    let b = Ledger::open(&path, &limited(GIB)).unwrap();
+    assert_eq!(b.stall(), (0, 0, 0), "a new ledger publishes no wait");
+    a.publish_stall(7, 100, 250);
+    assert_eq!(b.stall(), (7, 100, 250));
+    // A read-only view sees it and publishes nothing.
+    let r = Ledger::open_readonly(&path).unwrap();
+    assert_eq!(r.stall(), (7, 100, 250));
+    r.publish_stall(9, 1, 2);
+    assert_eq!(a.stall(), (7, 100, 250));
+}
+
+#[test]
 fn group_shared_ledger() {
     let _serial = crate::slotfile::serial_test();
     let path = ledger_path("group");
