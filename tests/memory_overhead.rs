@@ -1034,12 +1034,21 @@ fn a_context_measured_while_another_process_frees_is_not_charged_less_than_it_co
     let mut cmd = client_in_pid_namespace(&sim, &dir, "ns", &["hold"]);
     let mut measured = sim.spawn(cmd.env("SIMGPU_CONTEXT_CREATE_US", "3000000"));
     let devices = dir.join("devices");
+    let waiting = std::time::Instant::now();
     while !std::fs::read_dir(&devices).is_ok_and(|entries| {
         entries.flatten().any(|e| {
             e.path().extension().is_some_and(|x| x == "measure") && locked_by_another(&e.path())
         })
     }) {
         assert!(measured.try_wait().unwrap().is_none(), "the client ended");
+        if waiting.elapsed() > std::time::Duration::from_secs(60) {
+            measured.kill().unwrap();
+            panic!(
+                "no measurement lock held in {} while the client created its context\n{}",
+                devices.display(),
+                finish(measured, "measured").report()
+            );
+        }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     finish(other, "other").assert_success();
