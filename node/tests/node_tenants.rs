@@ -291,7 +291,10 @@ fn tenants_of_one_gpu_measure_under_one_lock() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    let gpus: Vec<&str> = names.iter().filter_map(|n| n.strip_suffix(".dev")).collect();
+    let gpus: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_suffix(".dev"))
+        .collect();
     assert!(!gpus.is_empty(), "no device ledger in {names:?}");
     let locks: Vec<std::path::PathBuf> = gpus
         .iter()
@@ -302,7 +305,10 @@ fn tenants_of_one_gpu_measure_under_one_lock() {
         let meta = std::fs::symlink_metadata(lock)
             .unwrap_or_else(|e| panic!("{}: {e} (in {names:?})", lock.display()));
         assert!(
-            meta.is_file() && meta.uid() == 0 && meta.gid() == 61000 && meta.mode() & 0o7777 == 0o640,
+            meta.is_file()
+                && meta.uid() == 0
+                && meta.gid() == 61000
+                && meta.mode() & 0o7777 == 0o640,
             "{}: uid {} gid {} mode {:o}",
             lock.display(),
             meta.uid(),
@@ -350,7 +356,8 @@ fn tenants_of_one_gpu_measure_under_one_lock() {
             run.report()
         );
         assert!(
-            !run.stderr.contains("stayed locked") && !run.stderr.contains("without the device lock"),
+            !run.stderr.contains("stayed locked")
+                && !run.stderr.contains("without the device lock"),
             "{name} measured under the lock\n{}",
             run.report()
         );
@@ -385,7 +392,12 @@ fn the_command_line_sees_the_device_not_a_default_ledger() {
         "the GPU's own size in the refusal\n{}",
         r.report()
     );
-    assert_eq!(watch.opens(), 0, "the command line opened {}", ledger.display());
+    assert_eq!(
+        watch.opens(),
+        0,
+        "the command line opened {}",
+        ledger.display()
+    );
     assert!(
         std::fs::read(&ledger).unwrap() == before,
         "{} changed",
@@ -403,13 +415,22 @@ impl OpenWatch {
         let name = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
         // SAFETY: inotify_init1 takes flags only.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
         // SAFETY: fd is a new descriptor this function owns.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
         use std::os::fd::AsRawFd;
         // SAFETY: a valid inotify descriptor and a NUL-terminated path.
         let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), name.as_ptr(), libc::IN_OPEN) };
-        assert!(wd >= 0, "inotify_add_watch {}: {}", path.display(), std::io::Error::last_os_error());
+        assert!(
+            wd >= 0,
+            "inotify_add_watch {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
         OpenWatch(fd)
     }
 
