@@ -21,6 +21,9 @@ pub struct Device {
     pub uuid: String,
     /// Ledger index, or why allocations on this device are refused.
     pub slot: Result<usize, String>,
+    /// The node policy's ceiling for this device (`None` without a policy), worked out once: the
+    /// configuration is fixed for the process's life, and every reservation compares against it.
+    pub ceiling: Option<u64>,
 }
 
 pub struct Tenant {
@@ -138,10 +141,12 @@ impl Tenant {
                 "device {ordinal} ({uuid}): {why}; allocations there are refused"
             ));
         }
+        let ceiling = self.config.memory_ceiling(ordinal as u32, &uuid);
         Ok(cell.get_or_init(|| Device {
             ordinal,
             uuid,
             slot,
+            ceiling,
         }))
     }
 
