@@ -296,6 +296,8 @@ pub fn publish_compute_policies(layout: &Layout) -> Result<(), String> {
             .collect();
         let path = compute::path_for_ledger(&layout.device_ledger(&uuid));
         crate::files::write_atomically(&path, compute::render(&records).as_bytes(), 0o644)?;
+        // A GPU set up before the node made measurement locks gets its own at the next change.
+        measure_lock(layout, &uuid)?;
     }
     Ok(())
 }
