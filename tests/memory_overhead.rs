@@ -738,6 +738,128 @@ fn nvml_process_views_show_only_the_tenants_processes() {
     }
 }
 
+/// NVML as NVIDIA's nvidia-ml-py shows it to a tenant: memory (v1, v2), the process list, and the
+/// per-process utilisation, its count asked first with a NULL buffer as NVML's protocol has it.
+const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvmlDeviceGetHandleByIndex(0)\n\
+    m = nv.nvmlDeviceGetMemoryInfo(h)\nm2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)\n\
+    print(f'total={m.total}\\nused={m.used}\\nfree={m.free}')\n\
+    print(f'total2={m2.total}\\nreserved2={m2.reserved}\\nused2={m2.used}\\nfree2={m2.free}')\n\
+    print('procs=' + ','.join(f'{p.pid}:{p.usedGpuMemory}' for p in nv.nvmlDeviceGetComputeRunningProcesses(h)))\n\
+    fn = nv._nvmlGetFunctionPointer('nvmlDeviceGetProcessUtilization')\nn = ctypes.c_uint(0)\n\
+    rc = fn(h, None, ctypes.byref(n), ctypes.c_ulonglong(0))\n\
+    print(f'util_query_rc={rc}\\nutil_query_count={n.value}')\n\
+    try:\n    samples = nv.nvmlDeviceGetProcessUtilization(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
+    print('util=' + ','.join(str(s.pid) for s in samples))\n";
+
+/// What NVML shows a tenant, through [`NVML_VIEW`].
+fn nvml_view(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str) -> Run {
+    let run = sim.run_cmd(&mut tenant_command(
+        venv_python(),
+        sim,
+        deploy,
+        dir,
+        tenant,
+        &["-c", NVML_VIEW],
+    ));
+    run.assert_success();
+    run
+}
+
+/// NVML shows a tenant its quota and its own processes only, also before any of its processes has
+/// charged anything (a monitoring tool started first: no ledger yet), and even the number of
+/// utilisation samples it is told to make room for counts its own processes only.
+fn nvml_never_shows_another_tenant(deploy: Deploy) {
+    let dir = scratch("nvml-fresh");
+    let sim = sim("overhead-nvml-fresh");
+    // A neighbour tenant on the GPU with memory and a kernel run (a utilisation sample).
+    let mut neighbour = sim.spawn(&mut client_of(
+        &LINKED_CU12,
+        &sim,
+        deploy,
+        &dir,
+        "neighbour",
+        &["hold", "64", "500"],
+    ));
+    wait_for_key(&mut neighbour, "pid");
+    let ledger = dir.join("fresh.ledger");
+    let fresh = nvml_view(&sim, deploy, &dir, "fresh");
+    let report = fresh.report();
+    for (key, want) in [
+        ("total", QUOTA),
+        ("used", 0),
+        ("free", QUOTA),
+        ("total2", QUOTA),
+        ("reserved2", 0),
+        ("used2", 0),
+        ("free2", QUOTA),
+    ] {
+        assert_eq!(
+            fresh.get_u64(key),
+            want,
+            "{deploy:?}: {key} of a tenant with nothing charged\n{report}"
+        );
+    }
+    assert_eq!(fresh.get("procs"), "", "{deploy:?}: process list\n{report}");
+    assert_eq!(fresh.get("util"), "", "{deploy:?}: samples\n{report}");
+    // NVML_ERROR_NOT_FOUND: no sample of the tenant's processes, as a driver with none answers.
+    assert_eq!(
+        (
+            fresh.get_u64("util_query_rc"),
+            fresh.get_u64("util_query_count")
+        ),
+        (6, 0),
+        "{deploy:?}: the sample count\n{report}"
+    );
+    assert!(
+        !ledger.exists(),
+        "{deploy:?}: asking NVML created the tenant's ledger"
+    );
+
+    // A tenant with a process of its own is told of exactly one sample.
+    let mut mine = sim.spawn(&mut client_of(
+        &LINKED_CU12,
+        &sim,
+        deploy,
+        &dir,
+        "mine",
+        &["hold", "64", "500"],
+    ));
+    let my_pid = wait_for_key(&mut mine, "pid")["pid"].clone();
+    let view = nvml_view(&sim, deploy, &dir, "mine");
+    let report = view.report();
+    assert_eq!(
+        (
+            view.get_u64("util_query_rc"),
+            view.get_u64("util_query_count")
+        ),
+        (7, 1),
+        "{deploy:?}: the count query (NVML_ERROR_INSUFFICIENT_SIZE, room for one sample)\n{report}"
+    );
+    assert_eq!(view.get("util"), my_pid, "{deploy:?}: samples\n{report}");
+    let procs = view.get("procs");
+    assert!(
+        procs.starts_with(&format!("{my_pid}:")) && !procs.contains(','),
+        "{deploy:?}: process list\n{report}"
+    );
+    finish(mine, "mine").assert_success();
+    finish(neighbour, "neighbour").assert_success();
+}
+
+#[test]
+fn nvml_never_shows_another_tenant_preloaded() {
+    nvml_never_shows_another_tenant(Deploy::Preload);
+}
+
+#[test]
+fn nvml_never_shows_another_tenant_dropin() {
+    nvml_never_shows_another_tenant(Deploy::Dropin);
+}
+
+#[test]
+fn nvml_never_shows_another_tenant_mixed() {
+    nvml_never_shows_another_tenant(Deploy::Mixed);
+}
+
 /// Memory the shim sees no call for (a graph's memory node, allocated when the graph is launched) is
 /// charged by reconciliation before the program is next told how much memory it has.
 #[test]
