@@ -860,6 +860,45 @@ fn nvml_never_shows_another_tenant_mixed() {
     nvml_never_shows_another_tenant(Deploy::Mixed);
 }
 
+/// A card fuller than the quotas promise (a neighbour holds more than the rest of the card leaves
+/// the tenant's quota): NVML shows the tenant only what it can get as free, and what the card holds
+/// back as `_v2`'s reserved and, as NVIDIA documents for the v1 struct, inside v1's used: total =
+/// used + free (v1) = reserved + used + free (v2).
+#[test]
+fn nvml_views_of_an_overcommitted_card_add_up() {
+    let dir = scratch("nvml-overcommit");
+    let sim = Sim::new("overhead-nvml-overcommit").env("SIMGPU_MEMORY", "2GiB");
+    let mut cmd = client_of(
+        &LINKED_CU12,
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "neighbour",
+        &["hold", "1200", "500"],
+    );
+    let mut neighbour = sim.spawn(cmd.env("GPUSLICE_MEMORY_LIMIT", "2GiB"));
+    let pid = wait_for_key(&mut neighbour, "pid")["pid"].clone();
+    let card_free = 2 * GIB - process_used(&sim.stat(), &pid);
+    assert!(card_free < QUOTA, "the card has {card_free} free");
+    for deploy in [Deploy::Preload, Deploy::Dropin, Deploy::Mixed] {
+        let view = nvml_view(&sim, deploy, &dir, "views");
+        let report = view.report();
+        let reserved = QUOTA - card_free;
+        for (key, want) in [
+            ("total", QUOTA),
+            ("free", card_free),
+            ("used", reserved),
+            ("total2", QUOTA),
+            ("reserved2", reserved),
+            ("used2", 0),
+            ("free2", card_free),
+        ] {
+            assert_eq!(view.get_u64(key), want, "{deploy:?}: {key}\n{report}");
+        }
+    }
+    finish(neighbour, "neighbour").assert_success();
+}
+
 /// Memory the shim sees no call for (a graph's memory node, allocated when the graph is launched) is
 /// charged by reconciliation before the program is next told how much memory it has.
 #[test]

@@ -1,7 +1,9 @@
 //! NVML shows the tenant's quota, so `nvidia-smi` and monitoring agents in the container report the
 //! quota as the card: total = quota, used = the tenant's usage (allocations and driver overhead as
-//! charged), free = the rest (`_v2`: `reserved` 0, so total = reserved + used + free); the process
-//! lists and per-process utilisation show the tenant's own processes only, each with its charge.
+//! charged), free = the rest (`_v2`: `reserved` 0, so total = reserved + used + free; on a card
+//! fuller than the quotas promise, free is what the card has, and the difference is `_v2`'s
+//! `reserved` and part of v1's `used`); the process lists and per-process utilisation show the
+//! tenant's own processes only, each with its charge.
 
 use super::{hooks, Out};
 use crate::accounting::tenant;
@@ -40,8 +42,11 @@ impl MemoryFigures for nvmlMemory_t {
     fn figures(&self) -> (u64, u64, u64) {
         (self.total, self.used, self.free)
     }
-    fn set_figures(&mut self, total: u64, used: u64, free: u64) {
-        (self.total, self.used, self.free) = (total, used, free);
+    fn set_figures(&mut self, total: u64, _used: u64, free: u64) {
+        // The v1 struct has no `reserved`: NVIDIA documents its `used` as reserved + allocated, so
+        // that total = used + free (what the card holds back when it is fuller than the quotas
+        // promise is in it; otherwise it is the tenant's usage).
+        (self.total, self.used, self.free) = (total, total.saturating_sub(free), free);
     }
 }
 impl MemoryFigures for nvmlMemory_v2_t {
