@@ -54,7 +54,6 @@ fn compute_part(
                 .env("GPUSLICE_COMPUTE_SHARE", share.to_string())
                 .env("GPUSLICE_TENANT", name)
                 .env("GPUSLICE_LEDGER", scratch.join(format!("{name}.ledger")))
-                .env("GPUSLICE_DEVICE_DIR", scratch.join("devices"))
                 .env("LD_PRELOAD", library)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -144,7 +143,14 @@ pub(crate) fn demo(args: DemoArgs) -> Result<i32, String> {
     let scratch = Scratch::create()?;
     let scratch = scratch.path();
 
-    let mut env: Vec<(String, String)> = Vec::new();
+    // Device ledgers and measurement locks too: nothing goes to the machine's defaults.
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "GPUSLICE_DEVICE_DIR".into(),
+            scratch.join("devices").display().to_string(),
+        ),
+        ("GPUSLICE_LEDGER_DIR".into(), scratch.display().to_string()),
+    ];
     let device = if real_driver_present(&workload) {
         "the NVIDIA GPU".to_string()
     } else {
