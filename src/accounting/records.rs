@@ -159,6 +159,9 @@ pub(super) struct Records {
     pub mappings: BTreeMap<u64, (u64, u64)>,
     /// Memory pool -> what it is charged and what is outstanding from it.
     pub pools: KeyMap<usize, PoolCharge>,
+    /// Memory pool -> where it allocates: a device ordinal, or `None` for a pool of host memory.
+    /// Recorded when the pool is created, or found among the devices' default and current pools.
+    pub pool_places: KeyMap<usize, Option<CUdevice>>,
     /// Block of a pool -> (pool, bytes): what is outstanding from each pool.
     pub pool_blocks: KeyMap<u64, (usize, u64)>,
     /// Created context -> its measured (or reserved) cost.

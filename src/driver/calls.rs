@@ -129,6 +129,20 @@ pub fn current_pool(ordinal: CUdevice) -> Option<usize> {
     r.ok().filter(|()| !pool.is_null()).map(|()| pool as usize)
 }
 
+/// The device whose default or current memory pool `pool` is (`None`: neither of any device's).
+pub fn pool_owner(pool: usize) -> Option<CUdevice> {
+    let mut count: c_int = 0;
+    // SAFETY: `count` is a valid out-parameter.
+    unsafe { real::cuDeviceGetCount(&mut count) }.ok()?;
+    (0..count).find(|&ordinal| {
+        let mut default: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `default` is a valid out-parameter.
+        let is_default = unsafe { real::cuDeviceGetDefaultMemPool(&mut default, ordinal) }.is_ok()
+            && default as usize == pool;
+        is_default || current_pool(ordinal) == Some(pool)
+    })
+}
+
 /// The devices this process sees, as (ordinal, UUID); empty before `cuInit`.
 pub fn visible_devices() -> Vec<(u32, String)> {
     let mut count: c_int = 0;

@@ -11,8 +11,8 @@ use super::{hooks, In, Out, Word};
 use crate::accounting::{tenant, Device, Tenant};
 use crate::driver::calls as driver;
 use gpuslice_api::types::{
-    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemoryPool,
-    CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
+    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
+    CUmemoryPool, CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
     CU_MEM_LOCATION_TYPE_DEVICE,
 };
 use gpuslice_api::{CUerror, CUresult};
@@ -76,6 +76,8 @@ hooks! {
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync_ptsz(dptr, stream));
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps)
+        => pool_create(Out::new(pool), In::new(props), || real::cuMemPoolCreate(pool, props));
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => settle_after(|| real::cuMemPoolTrimTo(pool, keep));
     fn cuMemPoolDestroy(pool: CUmemoryPool) => pool_destroy(pool as usize, || real::cuMemPoolDestroy(pool));
     fn cuStreamSynchronize(stream: CUstream) => settle_after(|| real::cuStreamSynchronize(stream));
@@ -208,6 +210,12 @@ fn alloc_from_pool(
     if dptr.is_null() {
         return call();
     }
+    // The memory is the pool's device's, whatever the current context's device.
+    let device = match t.pool_place(pool) {
+        Some(None) => return call(),
+        Some(Some(ordinal)) if ordinal != device.ordinal => t.device(ordinal).unwrap_or(device),
+        _ => device,
+    };
     let _serial = t.pool_serial();
     // The pool may grow by the whole request: reserve it before the driver is asked (a block the
     // pool reuses is given back right after). Near the quota, memory the pool holds for blocks
@@ -257,6 +265,18 @@ fn settle_after(call: impl FnOnce() -> CUresult) -> CUresult {
         if let Some(t) = tenant() {
             t.settle_pools();
         }
+    }
+    Ok(())
+}
+
+fn pool_create(
+    pool: Out<CUmemoryPool>,
+    props: In<CUmemPoolProps>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    call()?;
+    if let (Some(t), Some(pool), Some(props)) = (tenant(), pool.get(), props.get()) {
+        t.pool_created(pool as usize, props.location);
     }
     Ok(())
 }

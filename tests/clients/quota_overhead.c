@@ -17,6 +17,10 @@
  *                                           `captured`), launched; views
  *   second                                  alloc 256 MiB, then a context on device 1 too; ready=1,
  *                                           wait for EOF
+ *   peerpool                                primary contexts on devices 0 and 1, device 0's current;
+ *                                           64 MiB blocks from a pool created on device 1 until
+ *                                           refused (at most 32), then one from device 1's default
+ *                                           pool; cuMemGetInfo on each device
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -132,6 +136,40 @@ int main(int argc, char **argv) {
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&dev, 0));
     nvml_open();
+    if (strcmp(mode, "peerpool") == 0) {
+        /* NVIDIA: the pool "may be from a device different than that of the specified stream". */
+        CUdevice dev1;
+        CUcontext ctx0, ctx1;
+        CUmemoryPool pool, default1;
+        CUmemPoolProps props;
+        CUstream s;
+        CUdeviceptr blocks[32], extra;
+        size_t free0, total0, free1, total1;
+        int n = 0;
+        CHECK(cuDeviceGet(&dev1, 1));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx1, dev1));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx0, dev));
+        CHECK(cuCtxSetCurrent(ctx0));
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = dev1;
+        CHECK(cuMemPoolCreate(&pool, &props));
+        CHECK(cuDeviceGetDefaultMemPool(&default1, dev1));
+        CHECK(cuStreamCreate(&s, 0));
+        while (n < 32 && cuMemAllocFromPoolAsync(&blocks[n], 64 * MIB, pool, s) == CUDA_SUCCESS) n++;
+        printf("pid=%d\npool_blocks=%d\n", (int)getpid(), n);
+        printf("default_rc=%d\n", (int)cuMemAllocFromPoolAsync(&extra, 64 * MIB, default1, s));
+        CHECK(cuStreamSynchronize(s));
+        CHECK(cuMemGetInfo(&free0, &total0));
+        CHECK(cuCtxSetCurrent(ctx1));
+        CHECK(cuMemGetInfo(&free1, &total1));
+        printf("used0=%zu\nused1=%zu\nready=1\n", total0 - free0, total1 - free1);
+        fflush(stdout);
+        char line[64];
+        while (fgets(line, sizeof line, stdin)) {}
+        return 0;
+    }
     CHECK(cuCtxCreate(&ctx, 0, dev));
     printf("pid=%d\n", (int)getpid());
     if (strcmp(mode, "steps") == 0 && argc > 4) {
