@@ -347,6 +347,44 @@ fn a_pool_on_another_device_is_charged_to_that_device() {
     }
 }
 
+/// `cuMemCreate` sizes the driver must refuse as invalid (0, not a multiple of the granularity,
+/// `SIZE_MAX`) get the driver's own `CUDA_ERROR_INVALID_VALUE`, as without gpuslice, and no quota
+/// refusal line; a valid size over the quota gets `CUDA_ERROR_OUT_OF_MEMORY`.
+#[test]
+fn invalid_physical_sizes_get_the_drivers_answer() {
+    let dir = scratch("vmm-sizes");
+    let sim = sim("overhead-vmm-sizes");
+    let bare = sim.run_cmd(sim.command(compile(&CLIENT)).arg("vmmsizes"));
+    bare.assert_success();
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let run = sim.run_cmd(&mut client(&sim, deploy, &dir, "sizes", &["vmmsizes"]));
+        run.assert_success();
+        for (key, want) in [
+            ("unaligned_rc", "1"),
+            ("zero_rc", "1"),
+            ("size_max_rc", "1"),
+            ("over_quota_rc", "2"),
+            ("fits_rc", "0"),
+        ] {
+            assert_eq!(run.get(key), want, "{deploy:?}: {key}\n{}", run.report());
+        }
+        for key in ["unaligned_rc", "zero_rc", "size_max_rc"] {
+            assert_eq!(
+                run.get(key),
+                bare.get(key),
+                "{deploy:?}: {key} as without gpuslice"
+            );
+        }
+        let refusals = run.stderr.matches("refused").count();
+        assert_eq!(
+            refusals,
+            1,
+            "{deploy:?}: one refusal line, the over-quota one\n{}",
+            run.report()
+        );
+    }
+}
+
 #[test]
 fn modules_and_limits_are_charged_what_they_cost() {
     let dir = scratch("module-limits");

@@ -3,8 +3,8 @@
 
 use super::real_calls;
 use gpuslice_api::types::{
-    CUcontext, CUdevice, CUgraph, CUgraphNode, CUlibrary, CUmemoryPool, CUmodule, CUstream, CUuuid,
-    CUDA_MEM_ALLOC_NODE_PARAMS,
+    CUcontext, CUdevice, CUgraph, CUgraphNode, CUlibrary, CUmemAllocationProp, CUmemoryPool,
+    CUmodule, CUstream, CUuuid, CUDA_MEM_ALLOC_NODE_PARAMS,
 };
 use gpuslice_api::{CUerror, CUresult, NvmlReturn};
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -24,6 +24,8 @@ real_calls! {
     fn cuCtxPushCurrent_v2(ctx: CUcontext);
     fn cuCtxPopCurrent_v2(pctx: *mut CUcontext);
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64);
+    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: c_int);
+    fn cuMemRelease(handle: u64);
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize);
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
     fn cuDeviceGetAttribute(value: *mut c_int, attr: c_int, dev: CUdevice);
@@ -119,6 +121,15 @@ fn pool_attribute(pool: usize, attribute: u32) -> Option<u64> {
         )
     };
     r.ok().map(|()| value)
+}
+
+/// The minimum granularity of physical allocations with `prop`
+/// (`CU_MEM_ALLOC_GRANULARITY_MINIMUM`): `cuMemCreate` requires a multiple of it.
+pub fn allocation_granularity(prop: &CUmemAllocationProp) -> Option<u64> {
+    let mut granularity: usize = 0;
+    // SAFETY: valid out-parameter and property struct; option 0 is the minimum granularity.
+    let r = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
+    r.ok().map(|()| granularity as u64).filter(|g| *g > 0)
 }
 
 /// The memory pool `cuMemAllocAsync` uses on a device: its current pool.

@@ -296,20 +296,51 @@ fn mem_create(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let Some(t) = tenant() else { return call() };
-    let device = match prop.get() {
-        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => p.location.id,
+    let (device, granularity) = match prop.get() {
+        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => {
+            (p.location.id, driver::allocation_granularity(&p))
+        }
         // Host-located or invalid: not device memory (or the driver rejects it).
         _ => return call(),
     };
     let Ok(device) = t.device(device) else {
         return call();
     };
+    if bytes == 0 || granularity.is_some_and(|g| bytes % g != 0) {
+        // A size the documentation says the driver refuses (0, or not a multiple of the minimum
+        // granularity): the driver answers with its own error (INVALID_VALUE), not a quota
+        // refusal. Should a driver accept it anyway, it is charged afterwards, or released.
+        return mem_create_unaligned(t, device, handle, bytes, call);
+    }
     let reservation = t.reserve(device, bytes, "cuMemCreate")?;
     call()?;
     if let Some(h) = handle.get() {
         t.record_physical(h, reservation.commit());
     }
     Ok(())
+}
+
+#[cold]
+fn mem_create_unaligned(
+    t: &Tenant,
+    device: &Device,
+    handle: Out<u64>,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    call()?;
+    let Some(h) = handle.get() else { return Ok(()) };
+    match t.reserve(device, bytes, "cuMemCreate") {
+        Ok(reservation) => {
+            t.record_physical(h, reservation.commit());
+            Ok(())
+        }
+        Err(e) => {
+            // SAFETY: `h` is the handle the driver just created for this call.
+            let _ = unsafe { driver::real::cuMemRelease(h) };
+            Err(e)
+        }
+    }
 }
 
 fn mem_release(handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {

@@ -172,6 +172,24 @@ int main(int argc, char **argv) {
     }
     CHECK(cuCtxCreate(&ctx, 0, dev));
     printf("pid=%d\n", (int)getpid());
+    if (strcmp(mode, "vmmsizes") == 0) {
+        /* cuMemCreate's size must be a non-zero multiple of the minimum granularity (NVIDIA's
+         * documentation): the driver's own error for the invalid ones, the quota's for the last. */
+        CUmemAllocationProp prop;
+        CUmemGenericAllocationHandle h;
+        size_t g = 0;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = dev;
+        CHECK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        printf("unaligned_rc=%d\n", (int)cuMemCreate(&h, g + 1, &prop, 0));
+        printf("zero_rc=%d\n", (int)cuMemCreate(&h, 0, &prop, 0));
+        printf("size_max_rc=%d\n", (int)cuMemCreate(&h, (size_t)-1, &prop, 0));
+        printf("over_quota_rc=%d\n", (int)cuMemCreate(&h, 2048 * MIB, &prop, 0));
+        printf("fits_rc=%d\n", (int)cuMemCreate(&h, g, &prop, 0));
+        return 0;
+    }
     if (strcmp(mode, "steps") == 0 && argc > 4) {
         unsigned long long module_mib = strtoull(argv[2], 0, 10);
         unsigned long long heap_mib = strtoull(argv[3], 0, 10);
