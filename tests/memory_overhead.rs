@@ -348,8 +348,9 @@ fn a_pool_on_another_device_is_charged_to_that_device() {
 }
 
 /// `cuMemCreate` sizes the driver must refuse as invalid (0, not a multiple of the granularity,
-/// `SIZE_MAX`) get the driver's own `CUDA_ERROR_INVALID_VALUE`, as without gpuslice, and no quota
-/// refusal line; a valid size over the quota gets `CUDA_ERROR_OUT_OF_MEMORY`.
+/// `SIZE_MAX`) and `cuMemAllocPitch` arguments it must refuse (an element size not 4, 8 or 16, an
+/// empty extent) get the driver's own `CUDA_ERROR_INVALID_VALUE`, as without gpuslice, and no
+/// quota refusal line; a valid size over the quota gets `CUDA_ERROR_OUT_OF_MEMORY`.
 #[test]
 fn invalid_physical_sizes_get_the_drivers_answer() {
     let dir = scratch("vmm-sizes");
@@ -365,10 +366,18 @@ fn invalid_physical_sizes_get_the_drivers_answer() {
             ("size_max_rc", "1"),
             ("over_quota_rc", "2"),
             ("fits_rc", "0"),
+            ("pitch_element_rc", "1"),
+            ("pitch_empty_rc", "1"),
         ] {
             assert_eq!(run.get(key), want, "{deploy:?}: {key}\n{}", run.report());
         }
-        for key in ["unaligned_rc", "zero_rc", "size_max_rc"] {
+        for key in [
+            "unaligned_rc",
+            "zero_rc",
+            "size_max_rc",
+            "pitch_element_rc",
+            "pitch_empty_rc",
+        ] {
             assert_eq!(
                 run.get(key),
                 bare.get(key),

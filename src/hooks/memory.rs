@@ -50,11 +50,11 @@ hooks! {
     fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint)
         => alloc(Out::new(dptr), bytesize as u64, "cuMemAllocManaged", || real::cuMemAllocManaged(dptr, bytesize, flags));
     fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element: c_uint)
-        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64,
+        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64, element,
                        || real::cuMemAllocPitch_v2(dptr, pitch, width, height, element),
                        |p| real::cuMemFree_v2(p));
     fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, element: c_uint)
-        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64,
+        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64, element,
                        || real::cuMemAllocPitch(dptr, pitch, width, height, element),
                        |p| real::cuMemFree(p as c_uint));
     fn cuMemFree_v2(dptr: CUdeviceptr) => free(dptr, || real::cuMemFree_v2(dptr));
@@ -140,6 +140,7 @@ fn alloc_pitch<P: Word, Q: Word>(
     pitch: Out<Q>,
     width: u64,
     height: u64,
+    element: c_uint,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(u64) -> CUresult,
 ) -> CUresult {
@@ -148,6 +149,19 @@ fn alloc_pitch<P: Word, Q: Word>(
     };
     if dptr.is_null() || pitch.is_null() {
         return call();
+    }
+    if !matches!(element, 4 | 8 | 16) || width == 0 || height == 0 {
+        // Arguments the documentation says the driver refuses (an element size other than 4, 8
+        // or 16 bytes, an empty extent): its own error, not a quota refusal. Should a driver
+        // allocate anyway, the allocation is charged afterwards, or freed.
+        call()?;
+        let key = dptr.get().map_or(0, Word::to_u64);
+        let bytes = pitch.get().map_or(0, Word::to_u64).saturating_mul(height);
+        return t
+            .charged(device, bytes, "cuMemAllocPitch", || Ok(key))
+            .inspect_err(|_| {
+                let _ = free(key);
+            });
     }
     // Before the call the pitch is not known: charge the width rounded to the usual 512-byte pitch
     // alignment, then settle on pitch x height.

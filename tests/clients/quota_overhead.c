@@ -188,6 +188,11 @@ int main(int argc, char **argv) {
         printf("size_max_rc=%d\n", (int)cuMemCreate(&h, (size_t)-1, &prop, 0));
         printf("over_quota_rc=%d\n", (int)cuMemCreate(&h, 2048 * MIB, &prop, 0));
         printf("fits_rc=%d\n", (int)cuMemCreate(&h, g, &prop, 0));
+        /* cuMemAllocPitch: ElementSizeBytes "may be 4, 8 or 16 bytes". */
+        CUdeviceptr p;
+        size_t pitch;
+        printf("pitch_element_rc=%d\n", (int)cuMemAllocPitch(&p, &pitch, 4096, 4096, 3));
+        printf("pitch_empty_rc=%d\n", (int)cuMemAllocPitch(&p, &pitch, 0, 4096, 4));
         return 0;
     }
     if (strcmp(mode, "steps") == 0 && argc > 4) {
