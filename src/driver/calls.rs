@@ -166,6 +166,65 @@ pub fn visible_devices() -> Vec<(u32, String)> {
         .collect()
 }
 
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` (cuda.h): the current context's default streams.
+const STREAM_LEGACY: usize = 1;
+const STREAM_PER_THREAD: usize = 2;
+
+/// The calling thread's current context (null when there is none).
+pub fn current_context() -> CUcontext {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-parameter.
+    let _ = unsafe { real::cuCtxGetCurrent(&mut ctx) };
+    ctx
+}
+
+/// The context work on `stream` runs in, and that context's device ordinal.
+// The stream handle is opaque to us, only passed to the driver, which validates it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn stream_device(stream: CUstream) -> Option<(CUcontext, u32)> {
+    let current = current_context();
+    let ctx = match stream as usize {
+        0 | STREAM_LEGACY | STREAM_PER_THREAD => current,
+        _ => {
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            // SAFETY: valid out-parameter; the caller's stream handle, as the launch received it.
+            match unsafe { real::cuStreamGetCtx(stream, &mut ctx) } {
+                Ok(()) if !ctx.is_null() => ctx,
+                _ => current,
+            }
+        }
+    };
+    if ctx.is_null() {
+        return None;
+    }
+    let ordinal = in_context(ctx, || {
+        let mut dev: CUdevice = -1;
+        // SAFETY: valid out-parameter.
+        unsafe { real::cuCtxGetDevice(&mut dev) }
+            .ok()
+            .and_then(|()| u32::try_from(dev).ok())
+    })?;
+    Some((ctx, ordinal))
+}
+
+/// Runs `f` with `ctx` current on this thread (pushed and popped when it is not already current).
+// The context handle is opaque to us, only passed to the driver, which validates it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn in_context<R>(ctx: CUcontext, f: impl FnOnce() -> R) -> R {
+    if ctx == current_context() {
+        return f();
+    }
+    // SAFETY: a context handle the driver gave us; popped below.
+    let pushed = unsafe { real::cuCtxPushCurrent_v2(ctx) }.is_ok();
+    let r = f();
+    if pushed {
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-parameter; pops what we pushed.
+        let _ = unsafe { real::cuCtxPopCurrent_v2(&mut popped) };
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -61,17 +61,17 @@ hooks! {
     fn cuMemFree(dptr: c_uint) => free(dptr as u64, || real::cuMemFree(dptr));
 
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, false), || real::cuMemAllocAsync(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, None, || driver::capturing(stream, false), || real::cuMemAllocAsync(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, true), || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, None, || driver::capturing(stream, true), || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, false),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, Some(pool as usize), || driver::capturing(stream, false),
                            || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, true),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, Some(pool as usize), || driver::capturing(stream, true),
                            || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
@@ -202,13 +202,16 @@ static POOLS_USED: AtomicBool = AtomicBool::new(false);
 fn alloc_from_pool(
     dptr: Out<CUdeviceptr>,
     bytes: u64,
+    stream: CUstream,
     pool: Option<usize>,
     capturing: impl FnOnce() -> bool,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(CUdeviceptr) -> CUresult,
     sync: impl Fn() -> CUresult,
 ) -> CUresult {
-    let Ok(Some((t, device))) = on_current_device() else {
+    let Some(t) = tenant() else { return call() };
+    // No context: the driver answers (and reports its own error).
+    let Ok(device) = t.stream_device(stream) else {
         return call();
     };
     if capturing() {

@@ -136,6 +136,33 @@ int main(int argc, char **argv) {
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&dev, 0));
     nvml_open();
+    if (strcmp(mode, "peerstream") == 0) {
+        /* NVIDIA: cuMemAllocAsync allocates from "the current mempool of the provided stream's
+         * device"; here the stream is device 1's and the current context device 0's. */
+        CUdevice dev1;
+        CUcontext ctx0, ctx1;
+        CUstream s1;
+        CUdeviceptr blocks[64];
+        size_t free0, total0, free1, total1;
+        int n = 0;
+        CHECK(cuDeviceGet(&dev1, 1));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx1, dev1));
+        CHECK(cuCtxSetCurrent(ctx1));
+        CHECK(cuStreamCreate(&s1, 0));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx0, dev));
+        CHECK(cuCtxSetCurrent(ctx0));
+        while (n < 64 && cuMemAllocAsync(&blocks[n], 64 * MIB, s1) == CUDA_SUCCESS) n++;
+        CHECK(cuStreamSynchronize(s1));
+        CHECK(cuMemGetInfo(&free0, &total0));
+        CHECK(cuCtxSetCurrent(ctx1));
+        CHECK(cuMemGetInfo(&free1, &total1));
+        printf("pid=%d\nstream_blocks=%d\nused0=%zu\nused1=%zu\nready=1\n", (int)getpid(), n,
+               total0 - free0, total1 - free1);
+        fflush(stdout);
+        char line[64];
+        while (fgets(line, sizeof line, stdin)) {}
+        return 0;
+    }
     if (strcmp(mode, "peerpool") == 0) {
         /* NVIDIA: the pool "may be from a device different than that of the specified stream". */
         CUdevice dev1;
