@@ -40,7 +40,13 @@ fn main() {
         .warnings(true)
         .extra_warnings(true)
         .compile("gpuslice_interpose");
-    // rustc's version script exports only Rust items; this one adds the C interposers.
+    // The C interposers are named `gpuslice_interposed_*` in the object, which the rlib carries into
+    // every program that links gpuslice (the command line, the node tools): there a definition named
+    // `dlsym` would take over the program's own lookups. Only the preloaded library binds the libc
+    // names to them, and exports them (rustc's version script exports only Rust items).
+    for name in ["dlsym", "dlvsym", "dlopen"] {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,--defsym={name}=gpuslice_interposed_{name}");
+    }
     let exports = Path::new(&out_dir).join("c-exports.map");
     std::fs::write(&exports, "{ global: dlsym; dlvsym; dlopen; };\n").unwrap();
     println!(

@@ -18,6 +18,13 @@
  * the loader would search for with the caller's RPATH/RUNPATH (no '/') or expand relative to the
  * caller ('$'): glibc reads the caller from the return address, which must stay the caller's.
  *
+ * The interposers are named gpuslice_interposed_dlsym, _dlvsym and _dlopen here; only libgpuslice.so
+ * exports them as dlsym, dlvsym and dlopen (build.rs: --defsym, for the cdylib alone). This object
+ * also travels in the gpuslice rlib, which the command line and the node tools link: a definition
+ * named dlsym there would bind those programs' own dlsym calls (libloading's) to the interposer,
+ * and their NVML lookups to gpuslice's hooks. Those programs are not tenants: their lookups must
+ * reach the real driver.
+ *
  * glibc's own dlsym/dlvsym are found without calling dlsym (which would be ourselves): libc's dynamic
  * symbol table is read through its link_map. That lookup neither allocates nor takes a lock of ours: a
  * malloc interposer calls dlsym(RTLD_NEXT, "malloc") from inside its malloc, which can run inside the
@@ -161,7 +168,7 @@ static inline int may_hook(const char *name) {
   return name && name[0] == 'c' && name[1] == 'u' ? 1 : name && strncmp(name, "nvml", 4) == 0;
 }
 
-void *dlsym(void *handle, const char *name) {
+void *gpuslice_interposed_dlsym(void *handle, const char *name) {
   if (may_hook(name)) {
     int answered = 0;
     void *p = gpuslice_dlsym_hook(handle, name, NULL, &answered);
@@ -173,7 +180,7 @@ void *dlsym(void *handle, const char *name) {
   return f(handle, name);
 }
 
-void *dlvsym(void *handle, const char *name, const char *version) {
+void *gpuslice_interposed_dlvsym(void *handle, const char *name, const char *version) {
   if (may_hook(name)) {
     int answered = 0;
     void *p = gpuslice_dlsym_hook(handle, name, version, &answered);
@@ -270,7 +277,7 @@ static inline int caller_relative(const char *file) {
   return file == NULL || strchr(file, '/') == NULL || strchr(file, '$') != NULL;
 }
 
-void *dlopen(const char *file, int flags) {
+void *gpuslice_interposed_dlopen(const char *file, int flags) {
   dlopen_fn f = get_real_dlopen();
   if (!f) return NULL;
   if (!(flags & RTLD_DEEPBIND) || caller_relative(file)) return f(file, flags); /* tail call */
@@ -283,7 +290,7 @@ void *dlopen(const char *file, int flags) {
   return handle;
 }
 #else
-void *dlopen(const char *file, int flags) {
+void *gpuslice_interposed_dlopen(const char *file, int flags) {
   dlopen_fn f = get_real_dlopen();
   return f ? f(file, flags) : NULL;
 }

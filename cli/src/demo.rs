@@ -49,24 +49,46 @@ fn compute_part(
         .iter()
         .map(|(name, share)| {
             Command::new(workload)
-                .args(["--spin-us", SPIN_US, "--seconds", seconds])
+                .args(["--spin-us", SPIN_US, "--seconds", seconds, "--ready"])
                 .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .env("GPUSLICE_COMPUTE_SHARE", share.to_string())
                 .env("GPUSLICE_TENANT", name)
                 .env("GPUSLICE_LEDGER", scratch.join(format!("{name}.ledger")))
-                .env("GPUSLICE_DEVICE_DIR", scratch.join("devices"))
                 .env("LD_PRELOAD", library)
+                .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("cannot run {}: {e}", workload.display()))
         })
         .collect::<Result<_, _>>()?;
+    // Both set up (context, module, stream) before either launches: the shares are measured under
+    // contention, not skewed by one tenant starting sooner on a busy machine.
+    let mut children: Vec<_> = children
+        .into_iter()
+        .map(|mut child| {
+            let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+            let mut line = String::new();
+            while std::io::BufRead::read_line(&mut stdout, &mut line).is_ok_and(|n| n > 0)
+                && line.trim() != "ready"
+            {
+                line.clear();
+            }
+            (child, stdout)
+        })
+        .collect();
+    for (child, _) in &mut children {
+        if let Some(stdin) = child.stdin.as_mut() {
+            let _ = std::io::Write::write_all(stdin, b"go\n");
+        }
+    }
     let mut results = Vec::new();
     let mut ok = true;
-    for (child, (name, share)) in children.into_iter().zip(shares) {
+    for ((child, mut stdout), (name, share)) in children.into_iter().zip(shares) {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
         let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = rest;
         let kv: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
         let gpu_us = kv.get("gpu_us").and_then(|v| v.parse::<u64>().ok());
         if !out.status.success() || gpu_us.is_none() {
@@ -144,7 +166,14 @@ pub(crate) fn demo(args: DemoArgs) -> Result<i32, String> {
     let scratch = Scratch::create()?;
     let scratch = scratch.path();
 
-    let mut env: Vec<(String, String)> = Vec::new();
+    // Device ledgers and measurement locks too: nothing goes to the machine's defaults.
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "GPUSLICE_DEVICE_DIR".into(),
+            scratch.join("devices").display().to_string(),
+        ),
+        ("GPUSLICE_LEDGER_DIR".into(), scratch.display().to_string()),
+    ];
     let device = if real_driver_present(&workload) {
         "the NVIDIA GPU".to_string()
     } else {

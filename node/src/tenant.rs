@@ -7,7 +7,8 @@
 //!
 //! Ownership (docs/KUBERNETES.md, "Who can write what"): the tenant's directory is root:<its gid>
 //! 0750, its policy root 0644, its ledger root:<its gid> 0660; the device directory root:<device
-//! gid> 0750 and the device ledgers root:<device gid> 0660. A container gets the tenant's gid and
+//! gid> 0750, the device ledgers root:<device gid> 0660 and the GPUs' measurement locks
+//! root:<device gid> 0640. A container gets the tenant's gid and
 //! the device gid (CDI `additionalGids`), so any uid can run in it, and no tenant can open another's
 //! ledger or change any policy.
 
@@ -155,10 +156,40 @@ fn device_ledger(layout: &Layout, uuid: &str) -> Result<DeviceLedger, String> {
     Ok(l)
 }
 
-/// Adds (or resets) the tenant's entry in a device ledger.
-/// `id` is the tenant's identity (its memory ledger's): device ledgers know tenants by it.
+/// The GPU's measurement lock (`<devices>/<GPU-UUID>.measure`, root:DEVICE_GID 0640), created if
+/// missing. Every tenant's processes `flock` it around an operation whose driver memory they
+/// measure (docs/MEMORY.md), so that the tenants of the GPU measure one at a time; they cannot
+/// create files in the device directory, and need only read it.
+fn measure_lock(layout: &Layout, uuid: &str) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = layout.measure_lock(uuid);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(io("creating", &path))?;
+    let meta = file.metadata().map_err(io("reading", &path))?;
+    if meta.uid() != 0 || meta.gid() != DEVICE_GID {
+        std::os::unix::fs::fchown(&file, Some(0), Some(DEVICE_GID))
+            .map_err(io("chown of", &path))?;
+    }
+    if meta.mode() & 0o7777 != 0o640 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o640))
+            .map_err(io("chmod of", &path))?;
+    }
+    Ok(())
+}
+
+/// Adds (or resets) the tenant's entry in a device ledger, and makes sure the GPU has its
+/// measurement lock. `id` is the tenant's identity (its memory ledger's): device ledgers know
+/// tenants by it.
 fn add_to_device(layout: &Layout, uuid: &str, p: &Policy, id: TenantId) -> Result<(), String> {
     let l = device_ledger(layout, uuid)?;
+    measure_lock(layout, uuid)?;
     l.sweep(None);
     let slot = l
         .claim_slot(usize::MAX >> 1)
@@ -265,6 +296,8 @@ pub fn publish_compute_policies(layout: &Layout) -> Result<(), String> {
             .collect();
         let path = compute::path_for_ledger(&layout.device_ledger(&uuid));
         crate::files::write_atomically(&path, compute::render(&records).as_bytes(), 0o644)?;
+        // A GPU set up before the node made measurement locks gets its own at the next change.
+        measure_lock(layout, &uuid)?;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::io::Write;
 use std::path::Path;
 use support::*;
 
@@ -235,4 +236,225 @@ fn two_uids_share_a_gpu_under_node_policies() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["t2"], "{}", r.stdout);
+}
+
+/// Whether another process holds the `flock` lock on `path` (a GPU's measurement lock).
+fn locked_by_another(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor this function owns; LOCK_NB never blocks.
+    let taken = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    // Closing `file` drops the lock if it was taken.
+    !taken
+}
+
+/// `program args` of `tenant` as `uid` in its container, its stdin and output piped.
+fn spawn_in(
+    scene: &Scene,
+    tenant: &str,
+    uid: u32,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Child {
+    use std::process::Stdio;
+    let mut cmd = scene.in_container(tenant, uid, program, args);
+    cmd.envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {program:?} as {tenant}: {e}"))
+}
+
+/// The node's tenants of a GPU measure what the driver spends for them under one lock: the GPU's
+/// `<devices>/<GPU-UUID>.measure`, which `tenant create` makes (root:61000 0640: a tenant cannot
+/// create files in the device directory, and `flock` needs only read access). t1's first context
+/// takes a second to create, measured under that lock; t2's, started while t1 holds it and as slow,
+/// waits for it. Both run in PID namespaces of their own, so they measure from the device's used
+/// memory, where each would see the other's context appear if their measurements overlapped: each
+/// is charged what simgpu spent on its context, and the rest of its quota is usable.
+#[test]
+fn tenants_of_one_gpu_measure_under_one_lock() {
+    const QUOTA: u64 = 2 * GIB;
+    let scene = Scene::new("measure", &[("SIMGPU_MEMORY", "16GiB")]);
+    for t in ["t1", "t2"] {
+        scene
+            .gpuslice(&["tenant", "create", t, "--memory", "2GiB"])
+            .assert_success();
+    }
+    // One lock per GPU, made by the node for its tenants' groups.
+    let devices = scene.state.join("devices");
+    let names: Vec<String> = std::fs::read_dir(&devices)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let gpus: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_suffix(".dev"))
+        .collect();
+    assert!(!gpus.is_empty(), "no device ledger in {names:?}");
+    let locks: Vec<std::path::PathBuf> = gpus
+        .iter()
+        .map(|uuid| devices.join(format!("{uuid}.measure")))
+        .collect();
+    for lock in &locks {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(lock)
+            .unwrap_or_else(|e| panic!("{}: {e} (in {names:?})", lock.display()));
+        assert!(
+            meta.is_file()
+                && meta.uid() == 0
+                && meta.gid() == 61000
+                && meta.mode() & 0o7777 == 0o640,
+            "{}: uid {} gid {} mode {:o}",
+            lock.display(),
+            meta.uid(),
+            meta.gid(),
+            meta.mode()
+        );
+    }
+
+    let client = overhead_client(&scene.dir);
+    let slow = [("SIMGPU_CONTEXT_CREATE_US", "1000000")];
+    let mut first = spawn_in(&scene, "t1", 1001, &client, &["hold"], &slow);
+    // Wait until t1 holds its GPU's lock, measuring its context (a minute at most).
+    let waiting = std::time::Instant::now();
+    while !locks.iter().any(|l| locked_by_another(l)) {
+        if let Some(status) = first.try_wait().unwrap() {
+            panic!("t1's client ended ({status}) before it measured its context");
+        }
+        if waiting.elapsed() > std::time::Duration::from_secs(60) {
+            first.kill().unwrap();
+            let run = finish(first, "t1 holder");
+            panic!(
+                "t1's client never held a measurement lock in {} while creating its context\n{}",
+                devices.display(),
+                run.report()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let mut second = spawn_in(&scene, "t2", 1002, &client, &["hold"], &slow);
+    wait_for_key(&mut first, "ready");
+    wait_for_key(&mut second, "ready");
+
+    // Each context charged simgpu's cost: the rest of each quota is usable, and no more.
+    for (name, mut child) in [("t1", first), ("t2", second)] {
+        child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        let fill: u64 = wait_for_key(&mut child, "fill_bytes")["fill_bytes"]
+            .parse()
+            .unwrap();
+        let run = finish(child, name);
+        run.assert_success();
+        assert!(
+            fill <= QUOTA - SIM_CONTEXT && fill + GRANULE >= QUOTA - SIM_CONTEXT,
+            "{name}: {fill} allocated under a {QUOTA}-byte quota: its context must be charged \
+             simgpu's {SIM_CONTEXT} bytes, one granule at most apart\n{}",
+            run.report()
+        );
+        assert!(
+            !run.stderr.contains("stayed locked")
+                && !run.stderr.contains("without the device lock"),
+            "{name} measured under the lock\n{}",
+            run.report()
+        );
+    }
+}
+
+/// The command line is not a tenant: its NVML lookups reach the driver, never gpuslice's hooks
+/// (which the gpuslice library it is built with also holds). A stale default ledger of root's with
+/// a 1 GiB quota, in the default ledger directory, would make the hooked NVML report the GPU as
+/// 1 GiB: `tenant create` sees simgpu's 16 GiB, and never opens that ledger.
+#[test]
+fn the_command_line_sees_the_device_not_a_default_ledger() {
+    let scene = Scene::new("cli-nvml", &[("SIMGPU_MEMORY", "16GiB")]);
+    // A program of the default tenant under a 1 GiB quota leaves its ledger behind.
+    let r = run(scene
+        .command(workload_bin())
+        .args(["--chunk", "256", "--max", "256"])
+        .env("LD_PRELOAD", library())
+        .env("GPUSLICE_MEMORY_LIMIT", "1GiB"));
+    r.assert_success();
+    assert_eq!(r.get_u64("total"), GIB, "{}", r.report());
+    let ledger = scene.dir.join("default-ledgers/uid-0/default.ledger");
+    let before = std::fs::read(&ledger).unwrap_or_else(|e| panic!("{}: {e}", ledger.display()));
+
+    let watch = OpenWatch::new(&ledger);
+    let r = scene.gpuslice(&["tenant", "create", "t1", "--memory", "4GiB"]);
+    r.assert_success();
+    let r = scene.gpuslice(&["tenant", "create", "t2", "--memory", "17GiB"]);
+    r.assert_failure();
+    assert!(
+        r.stderr.contains("larger than GPU 0") && r.stderr.contains("(16 GiB)"),
+        "the GPU's own size in the refusal\n{}",
+        r.report()
+    );
+    assert_eq!(
+        watch.opens(),
+        0,
+        "the command line opened {}",
+        ledger.display()
+    );
+    assert!(
+        std::fs::read(&ledger).unwrap() == before,
+        "{} changed",
+        ledger.display()
+    );
+}
+
+/// Counts the opens of one file (inotify `IN_OPEN`) from its creation on.
+struct OpenWatch(std::os::fd::OwnedFd);
+
+impl OpenWatch {
+    fn new(path: &Path) -> OpenWatch {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: inotify_init1 takes flags only.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: fd is a new descriptor this function owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid inotify descriptor and a NUL-terminated path.
+        let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), name.as_ptr(), libc::IN_OPEN) };
+        assert!(
+            wd >= 0,
+            "inotify_add_watch {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+        OpenWatch(fd)
+    }
+
+    /// Opens seen so far.
+    fn opens(&self) -> usize {
+        use std::os::fd::AsRawFd;
+        let mut n = 0;
+        let mut buf = [0u8; 4096];
+        loop {
+            // SAFETY: reads into a buffer this function owns, of its length.
+            let got = unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if got <= 0 {
+                return n;
+            }
+            let mut at = 0;
+            while at + std::mem::size_of::<libc::inotify_event>() <= got as usize {
+                // SAFETY: the kernel wrote whole events; read_unaligned copes with the byte buffer.
+                let event: libc::inotify_event =
+                    unsafe { std::ptr::read_unaligned(buf.as_ptr().add(at).cast()) };
+                if event.mask & libc::IN_OPEN != 0 {
+                    n += 1;
+                }
+                at += std::mem::size_of::<libc::inotify_event>() + event.len as usize;
+            }
+        }
+    }
 }

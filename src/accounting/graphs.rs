@@ -154,7 +154,7 @@ impl Tenant {
         // by this very call).
         let mut held = Vec::with_capacity(plan.allocs.len());
         for a in &plan.allocs {
-            if !a.freed_in_graph && self.records.lock().allocations.get(a.ptr).is_some() {
+            if !a.freed_in_graph && self.allocations.lock().get(a.ptr).is_some() {
                 // Still held from an earlier launch (auto-free relaunch: freed and allocated again).
                 continue;
             }
@@ -171,10 +171,10 @@ impl Tenant {
                 continue;
             }
             let charge = reservation.commit();
-            self.records.lock().allocations.insert(a.ptr, charge);
+            self.allocations.lock().insert(a.ptr, charge);
         }
         for &ptr in &plan.frees_elsewhere {
-            let charge = self.records.lock().allocations.remove(ptr);
+            let charge = self.allocations.lock().remove(ptr);
             if let Some(charge) = charge {
                 self.release(charge);
             }

@@ -23,6 +23,7 @@ pub mod overhead;
 pub mod pools;
 pub mod records;
 pub mod reservation;
+mod spin;
 pub mod tenant;
 pub mod views;
 pub mod vmm;

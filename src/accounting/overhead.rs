@@ -3,7 +3,8 @@
 //! driver actually spent.
 //!
 //! Method (docs/MEMORY.md): around the operation, under a lock per device shared by every tenant of
-//! the GPU (a file in `GPUSLICE_DEVICE_DIR`), read this process's used memory from NVML (when it can
+//! the GPU (a file in the effective device directory, `Config::device_dir`: a node policy's wins
+//! over `GPUSLICE_DEVICE_DIR`), read this process's used memory from NVML (when it can
 //! find itself in the process list) and the device's used memory; what the driver spent is the
 //! change, less what this process charged for its own allocations meanwhile. The process figure is
 //! exact; the device figure also moves with other processes' allocations in the window (the error
@@ -19,6 +20,7 @@ use crate::log;
 use gpuslice_api::CUerror;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -74,29 +76,17 @@ fn warn_once(flag: &AtomicBool, args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// The per-device measurement lock: a `flock` on a file in the device directory, released when
-/// dropped (or when the process dies). A lock that cannot be had in [`LOCK_WAIT`] (a stopped
-/// holder) or a directory that cannot be used leaves the measurement unlocked (logged once).
+/// The per-device measurement lock: a `flock` on the GPU's lock file in the effective device
+/// directory (`config::paths::measure_lock`), released when dropped (or when the process dies). A
+/// lock that cannot be had in [`LOCK_WAIT`] (a stopped holder) or a file that cannot be opened
+/// leaves the measurement unlocked (logged once).
 struct MeasureLock(Option<OwnedFd>);
 
 impl MeasureLock {
-    /// The lock of device `uuid` in `dir`.
-    fn acquire(dir: &std::path::Path, uuid: &str) -> MeasureLock {
-        let path = dir.join(format!("{uuid}.measure"));
-        // Created writable for everyone (a tenant of another uid measures on the same GPU); a file
-        // another uid created is opened read-only, which is enough for flock.
-        let file = std::fs::create_dir_all(dir)
-            .and_then(|()| {
-                std::fs::OpenOptions::new()
-                    .mode(0o666)
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-            })
-            .or_else(|_| std::fs::File::open(&path));
-        let fd: OwnedFd = match file {
+    /// The lock of device `uuid` in the device directory `dir`.
+    fn acquire(dir: &Path, uuid: &str) -> MeasureLock {
+        let path = crate::config::paths::measure_lock(dir, uuid);
+        let fd: OwnedFd = match open_lock_file(dir, &path) {
             Ok(f) => f.into(),
             Err(e) => {
                 warn_once(
@@ -129,6 +119,32 @@ impl MeasureLock {
     }
 }
 
+/// Opens the lock file `path` in the device directory `dir`. An existing file is opened read-only,
+/// which is enough for `flock`: a node's device directory is root's and its lock files are made by
+/// `tenant create` (root, readable by the device group), and a tenant cannot create files there.
+/// A missing one is created, writable for everyone (a tenant of another uid measures on the same
+/// GPU), in a directory created as the device ledgers' is (sticky, world-writable). Never through
+/// a symbolic link: in a shared directory another user could plant one.
+fn open_lock_file(dir: &Path, path: &Path) -> std::io::Result<std::fs::File> {
+    let existing = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path);
+    match existing {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        other => return other,
+    }
+    crate::slotfile::make_shared_dir(dir)?;
+    std::fs::OpenOptions::new()
+        .mode(0o666)
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 impl Drop for MeasureLock {
     fn drop(&mut self) {
         if let Some(fd) = &self.0 {
@@ -145,19 +161,6 @@ fn lock_byte(fd: &OwnedFd, kind: libc::c_int) -> bool {
 }
 
 impl Tenant {
-    /// Where the measurement locks live: the device directory every tenant of a GPU shares
-    /// (`GPUSLICE_DEVICE_DIR`), else beside the tenant's ledger (the default ledgers share one).
-    fn measure_dir(&self) -> std::path::PathBuf {
-        match std::env::var_os("GPUSLICE_DEVICE_DIR").filter(|v| !v.is_empty()) {
-            Some(dir) => dir.into(),
-            None => self
-                .config
-                .ledger_path
-                .parent()
-                .map_or_else(|| "/dev/shm/gpuslice".into(), std::path::Path::to_path_buf),
-        }
-    }
-
     fn sample(&self, device: &Device) -> Sample {
         let charged = || match (&device.slot, self.ledger.get()) {
             (Ok(slot), Some(Ok(ledger))) => ledger.used_by_me(*slot),
@@ -257,7 +260,7 @@ impl Tenant {
                 },
             ));
         }
-        let lock = MeasureLock::acquire(&self.measure_dir(), &device.uuid);
+        let lock = MeasureLock::acquire(&self.config.device_dir, &device.uuid);
         let before = self.sample(device);
         let value = call()?;
         let after = self.sample(device);

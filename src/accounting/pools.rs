@@ -6,6 +6,7 @@ use super::{Charge, Tenant};
 use crate::driver::calls as driver;
 use crate::ledger::QuotaExceeded;
 use crate::log;
+use gpuslice_api::types::{CUdevice, CUmemLocation, CU_MEM_LOCATION_TYPE_DEVICE};
 use parking_lot::ReentrantMutexGuard;
 
 /// What a pool is charged.
@@ -24,6 +25,27 @@ pub(super) struct PoolCharge {
 impl Tenant {
     pub(super) fn has_pools(&self) -> bool {
         !self.records.lock().pools.is_empty()
+    }
+
+    /// Records where a pool just created allocates: the device of its properties' location, or
+    /// host memory (which no device quota counts).
+    pub fn pool_created(&self, pool: usize, location: CUmemLocation) {
+        let place = (location.type_ == CU_MEM_LOCATION_TYPE_DEVICE).then_some(location.id);
+        self.records.lock().pool_places.insert(pool, place);
+    }
+
+    /// Where `pool` allocates: `Some(Some(ordinal))` on a device, `Some(None)` in host memory,
+    /// `None` when unknown (a pool created before the shim was active and current to no device).
+    /// A pool may be on another device than the current context's: NVIDIA documents that
+    /// `cuMemAllocFromPoolAsync`'s pool "may be from a device different than that of the specified
+    /// stream", and the memory is that device's.
+    pub fn pool_place(&self, pool: usize) -> Option<Option<CUdevice>> {
+        if let Some(place) = self.records.lock().pool_places.get(&pool) {
+            return Some(*place);
+        }
+        let owner = driver::pool_owner(pool)?;
+        self.records.lock().pool_places.insert(pool, Some(owner));
+        Some(Some(owner))
     }
 
     /// Records a block just allocated from `pool` (its bytes count as outstanding until freed).
@@ -141,6 +163,7 @@ impl Tenant {
     pub fn forget_pool(&self, pool: usize) {
         let _serial = self.pool_serial();
         let mut r = self.records.lock();
+        r.pool_places.remove(&pool);
         let charge = r.pools.remove(&pool);
         r.pool_blocks.retain(|_, (p, _)| *p != pool);
         drop(r);

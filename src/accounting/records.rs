@@ -147,11 +147,10 @@ impl ChargeTable {
     }
 }
 
-/// Everything this process charged, by what returns it.
+/// Everything else this process charged, by what returns it (device pointers are in
+/// `Tenant::allocations`, behind a lock of their own: the allocation hot path).
 #[derive(Default)]
 pub(super) struct Records {
-    /// Device pointer -> charge (cuMemAlloc*, pitch, managed, stream-ordered without a pool).
-    pub allocations: ChargeTable,
     /// Array / mipmapped array handle -> charge.
     pub arrays: KeyMap<usize, Charge>,
     /// VMM generic allocation handle -> physical allocation.
@@ -160,6 +159,9 @@ pub(super) struct Records {
     pub mappings: BTreeMap<u64, (u64, u64)>,
     /// Memory pool -> what it is charged and what is outstanding from it.
     pub pools: KeyMap<usize, PoolCharge>,
+    /// Memory pool -> where it allocates: a device ordinal, or `None` for a pool of host memory.
+    /// Recorded when the pool is created, or found among the devices' default and current pools.
+    pub pool_places: KeyMap<usize, Option<CUdevice>>,
     /// Block of a pool -> (pool, bytes): what is outstanding from each pool.
     pub pool_blocks: KeyMap<u64, (usize, u64)>,
     /// Created context -> its measured (or reserved) cost.
@@ -181,7 +183,7 @@ impl Tenant {
         call: impl FnOnce() -> Result<u64, CUerror>,
     ) -> CUresult {
         let (key, charge) = self.charge_around(device, bytes, what, call)?;
-        self.records.lock().allocations.insert(key, charge);
+        self.allocations.lock().insert(key, charge);
         Ok(())
     }
 
@@ -192,25 +194,25 @@ impl Tenant {
         // address to another thread's allocation, whose new record must not be the one removed.
         // A pool block stops counting as outstanding before the driver frees it: what is counted
         // outstanding is never more than the pool really has handed out.
-        let (charge, block) = {
-            let mut r = self.records.lock();
-            let charge = r.allocations.remove(key);
-            let block = if charge.is_none() && !r.pool_blocks.is_empty() {
-                r.pool_blocks.remove(&key)
-            } else {
-                None
-            };
-            (charge, block)
+        let charge = self.allocations.lock().remove(key);
+        let block = match charge {
+            Some(_) => None,
+            None => {
+                let mut r = self.records.lock();
+                if r.pool_blocks.is_empty() {
+                    None
+                } else {
+                    r.pool_blocks.remove(&key)
+                }
+            }
         };
         if let Some((pool, bytes)) = block {
             self.pool_block_freed(pool, bytes);
         }
         if let Err(e) = call() {
-            let mut r = self.records.lock();
             if let Some(charge) = charge {
-                r.allocations.insert(key, charge);
+                self.allocations.lock().insert(key, charge);
             }
-            drop(r);
             if let Some((pool, bytes)) = block {
                 self.record_pool_block(pool, 0, key, bytes);
             }
@@ -225,11 +227,11 @@ impl Tenant {
     /// Adjusts the charge of a live allocation whose real size is known only after the call
     /// (pitch): grows it (fails when over quota) or shrinks it.
     pub fn recharge(&self, key: u64, device: &Device, bytes: u64, what: &str) -> CUresult {
-        let old = self.records.lock().allocations.get(key);
+        let old = self.allocations.lock().get(key);
         let Some(old) = old else { return Ok(()) };
         if bytes > old.bytes {
             let extra = self.reserve(device, bytes - old.bytes, what)?.commit();
-            self.records.lock().allocations.insert(
+            self.allocations.lock().insert(
                 key,
                 Charge {
                     device: old.device,
@@ -241,7 +243,7 @@ impl Tenant {
                 device: old.device,
                 bytes: old.bytes - bytes,
             });
-            self.records.lock().allocations.insert(
+            self.allocations.lock().insert(
                 key,
                 Charge {
                     device: old.device,

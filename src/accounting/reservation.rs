@@ -186,10 +186,7 @@ impl Tenant {
         slot: usize,
         bytes: u64,
     ) -> Result<(), QuotaExceeded> {
-        let Some(ceiling) = self
-            .config
-            .memory_ceiling(device.ordinal as u32, &device.uuid)
-        else {
+        let Some(ceiling) = device.ceiling else {
             return Ok(());
         };
         let used = ledger.used(slot);

@@ -1,13 +1,14 @@
 //! The tenant as this process sees it: its configuration, its ledger (joined on first use), and the
 //! devices by ordinal with their ledger slots.
 
-use super::records::Records;
+use super::records::{ChargeTable, Records};
+use super::spin::SpinMutex;
 use crate::config::{self, Config, Limit};
 use crate::driver::calls as driver;
 use crate::ledger::Ledger;
 use crate::log;
 use crate::process::Process;
-use gpuslice_api::types::{CUcontext, CUdevice};
+use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
 use gpuslice_api::CUerror;
 use parking_lot::{Mutex, ReentrantMutex};
 use std::cell::Cell;
@@ -20,6 +21,9 @@ pub struct Device {
     pub uuid: String,
     /// Ledger index, or why allocations on this device are refused.
     pub slot: Result<usize, String>,
+    /// The node policy's ceiling for this device (`None` without a policy), worked out once: the
+    /// configuration is fixed for the process's life, and every reservation compares against it.
+    pub ceiling: Option<u64>,
 }
 
 pub struct Tenant {
@@ -31,6 +35,8 @@ pub struct Tenant {
     devices: [OnceLock<Device>; MAX_ORDINALS],
     /// The process sees exactly one device (then every allocation is on it): `Some(true)`.
     single_device: OnceLock<bool>,
+    /// Device pointer -> charge (cuMemAlloc*, pitch, managed, stream-ordered without a pool).
+    pub(super) allocations: SpinMutex<ChargeTable>,
     pub(super) records: Mutex<Records>,
     /// Bytes charged per context when nothing can be measured, or always when
     /// `GPUSLICE_CONTEXT_RESERVE` is set ([`Tenant::context_reserve_is_explicit`]).
@@ -65,6 +71,7 @@ impl Tenant {
             ledger: process.ledger_cell(),
             devices: [const { OnceLock::new() }; MAX_ORDINALS],
             single_device: OnceLock::new(),
+            allocations: SpinMutex::new(ChargeTable::default()),
             records: Mutex::new(Records::default()),
             context_reserve,
             pools_serial: ReentrantMutex::new(()),
@@ -105,6 +112,19 @@ impl Tenant {
         self.device(current_ordinal()?)
     }
 
+    /// The device of `stream`'s context: stream-ordered allocation takes its memory from "the
+    /// current mempool of the provided stream's device" (NVIDIA's `cuMemAllocAsync`), which need
+    /// not be the current context's. The current context's device when the stream's cannot be told.
+    pub fn stream_device(&self, stream: CUstream) -> Result<&Device, CUerror> {
+        if self.sees_one_device() {
+            return self.device(0);
+        }
+        match driver::stream_device(stream) {
+            Some((_, ordinal)) => self.device(ordinal as CUdevice),
+            None => self.current_device(),
+        }
+    }
+
     fn sees_one_device(&self) -> bool {
         if let Some(one) = self.single_device.get() {
             return *one;
@@ -134,10 +154,12 @@ impl Tenant {
                 "device {ordinal} ({uuid}): {why}; allocations there are refused"
             ));
         }
+        let ceiling = self.config.memory_ceiling(ordinal as u32, &uuid);
         Ok(cell.get_or_init(|| Device {
             ordinal,
             uuid,
             slot,
+            ceiling,
         }))
     }
 

@@ -3,6 +3,7 @@
 //! and driver overhead separately.
 
 use super::{Device, Tenant};
+use crate::config::Limit;
 use crate::ledger::UNLIMITED;
 
 /// One of the tenant's processes as NVML's process lists show it.
@@ -49,7 +50,9 @@ impl Tenant {
 
     /// (used, limit) of the device with this UUID, when it has a limit.
     pub fn usage_by_uuid(&self, uuid: &str) -> Option<(u64, u64)> {
-        let ledger = self.existing_ledger()?;
+        let Some(ledger) = self.existing_ledger() else {
+            return self.limit_before_any_charge(uuid).map(|limit| (0, limit));
+        };
         let dev = ledger.device_index(uuid)?;
         let limit = self.effective_limit(ledger, dev, u32::MAX, uuid);
         (limit != UNLIMITED).then(|| (ledger.used(dev), limit))
@@ -57,7 +60,9 @@ impl Tenant {
 
     /// The tenant's live processes charged on the device with this UUID, when it has a limit.
     pub fn processes_by_uuid(&self, uuid: &str) -> Option<Vec<TenantProcess>> {
-        let ledger = self.existing_ledger()?;
+        let Some(ledger) = self.existing_ledger() else {
+            return self.limit_before_any_charge(uuid).map(|_| Vec::new());
+        };
         let dev = ledger.device_index(uuid)?;
         if ledger.limit(dev) == UNLIMITED {
             return None;
@@ -73,6 +78,22 @@ impl Tenant {
                     Some(TenantProcess { pid: p.pid, used })
                 })
                 .collect(),
+        )
+    }
+
+    /// The device's limit while the tenant has no ledger (nothing charged yet: the first charge
+    /// creates it; a process that only asks NVML never does, as it cannot tell which devices CUDA
+    /// will show): what the configuration gives the device by its UUID or for every device. `None`
+    /// when nothing is configured for it that way (a limit by CUDA ordinal alone cannot be matched
+    /// to an NVML handle), and the driver's answer stands.
+    fn limit_before_any_charge(&self, uuid: &str) -> Option<u64> {
+        let Limit::Bytes(limit) = self.config.memory_limit_for(u32::MAX, uuid) else {
+            return None;
+        };
+        Some(
+            self.config
+                .memory_ceiling(u32::MAX, uuid)
+                .map_or(limit, |c| c.min(limit)),
         )
     }
 

@@ -7,7 +7,7 @@
 //! number times U). The kernel is PTX (a `%globaltimer` loop), so it runs on a real GPU too; simgpu
 //! accepts any image and runs kernels named `spin*` for their first parameter in microseconds.
 //!
-//! usage: gpuslice-workload [--chunk MiB] [--max MiB] [--hold-ms MS] | --spin-us U --seconds S
+//! usage: gpuslice-workload [--chunk MiB] [--max MiB] [--hold-ms MS] | --spin-us U --seconds S [--ready]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -131,6 +131,9 @@ fn main() {
     let hold_ms = arg(&args, "--hold-ms", 0);
     let spin_us = arg(&args, "--spin-us", 0);
     let seconds = arg(&args, "--seconds", 3);
+    // Print `ready` once set up and wait for a line on stdin before launching: several tenants
+    // started by one command then contend from the same instant, however long each took to start.
+    let wait_for_go = args.iter().any(|a| a == "--ready");
     let d = load();
     // SAFETY: all calls below are driver entry points called with valid out-parameters, in the
     // documented order (init, context, then memory calls).
@@ -142,7 +145,7 @@ fn main() {
         check(&d, "cuDevicePrimaryCtxRetain", (d.retain)(&mut ctx, dev));
         check(&d, "cuCtxSetCurrent", (d.set_current)(ctx));
         if spin_us > 0 {
-            spin(&d, spin_us, seconds);
+            spin(&d, spin_us, seconds, wait_for_go);
             return;
         }
         let (mut free, mut total) = (0usize, 0usize);
@@ -180,7 +183,7 @@ fn main() {
 ///
 /// # Safety
 /// A context is current on this thread.
-unsafe fn spin(d: &Driver, us: u64, seconds: u64) {
+unsafe fn spin(d: &Driver, us: u64, seconds: u64, wait_for_go: bool) {
     // SAFETY: driver entry points with valid out-parameters; the kernel parameter outlives each launch
     // call (the driver copies parameters at launch).
     unsafe {
@@ -198,6 +201,13 @@ unsafe fn spin(d: &Driver, us: u64, seconds: u64) {
         );
         let mut stream = std::ptr::null_mut();
         check(d, "cuStreamCreate", (d.stream_create)(&mut stream, 0));
+        if wait_for_go {
+            use std::io::{BufRead, Write};
+            println!("ready");
+            let _ = std::io::stdout().flush();
+            let mut go = String::new();
+            let _ = std::io::stdin().lock().read_line(&mut go);
+        }
         let start = std::time::Instant::now();
         let mut launched = 0u64;
         let mut param = us;

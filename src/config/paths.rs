@@ -25,6 +25,13 @@ pub struct Owner {
     pub group: Option<u32>,
 }
 
+/// A GPU's measurement lock in the device directory `dir` (docs/MEMORY.md): the file every tenant of
+/// the GPU `flock`s around an operation whose driver memory it measures. A node's `tenant create`
+/// makes it (root, readable by the device group); elsewhere the first process to measure does.
+pub fn measure_lock(dir: &Path, uuid: &str) -> PathBuf {
+    dir.join(format!("{uuid}.measure"))
+}
+
 /// The first candidate directory: what the configuration reports before the filesystem is looked at.
 pub fn first_candidate(base: &Path, group: Option<&str>, uid: u32) -> PathBuf {
     base.join(candidate_name(group, uid, 0))

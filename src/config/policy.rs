@@ -229,6 +229,11 @@ impl Layout {
         self.devices_dir().join(format!("{uuid}.dev"))
     }
 
+    /// The GPU's measurement lock (`config::paths::measure_lock`), shared by its tenants.
+    pub fn measure_lock(&self, uuid: &str) -> PathBuf {
+        super::paths::measure_lock(&self.devices_dir(), uuid)
+    }
+
     /// The state directory of a policy at `<state>/tenants/<NAME>/policy.toml`.
     pub fn of_policy(path: &Path) -> Layout {
         Layout::new(

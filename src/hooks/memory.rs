@@ -11,8 +11,8 @@ use super::{hooks, In, Out, Word};
 use crate::accounting::{tenant, Device, Tenant};
 use crate::driver::calls as driver;
 use gpuslice_api::types::{
-    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemoryPool,
-    CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
+    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
+    CUmemoryPool, CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
     CU_MEM_LOCATION_TYPE_DEVICE,
 };
 use gpuslice_api::{CUerror, CUresult};
@@ -50,32 +50,34 @@ hooks! {
     fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint)
         => alloc(Out::new(dptr), bytesize as u64, "cuMemAllocManaged", || real::cuMemAllocManaged(dptr, bytesize, flags));
     fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element: c_uint)
-        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64,
+        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64, element,
                        || real::cuMemAllocPitch_v2(dptr, pitch, width, height, element),
                        |p| real::cuMemFree_v2(p));
     fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, element: c_uint)
-        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64,
+        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64, element,
                        || real::cuMemAllocPitch(dptr, pitch, width, height, element),
                        |p| real::cuMemFree(p as c_uint));
     fn cuMemFree_v2(dptr: CUdeviceptr) => free(dptr, || real::cuMemFree_v2(dptr));
     fn cuMemFree(dptr: c_uint) => free(dptr as u64, || real::cuMemFree(dptr));
 
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, false), || real::cuMemAllocAsync(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, None, || driver::capturing(stream, false), || real::cuMemAllocAsync(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, true), || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, None, || driver::capturing(stream, true), || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, false),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, Some(pool as usize), || driver::capturing(stream, false),
                            || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, true),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, Some(pool as usize), || driver::capturing(stream, true),
                            || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
     fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync_ptsz(dptr, stream));
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps)
+        => pool_create(Out::new(pool), In::new(props), || real::cuMemPoolCreate(pool, props));
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => settle_after(|| real::cuMemPoolTrimTo(pool, keep));
     fn cuMemPoolDestroy(pool: CUmemoryPool) => pool_destroy(pool as usize, || real::cuMemPoolDestroy(pool));
     fn cuStreamSynchronize(stream: CUstream) => settle_after(|| real::cuStreamSynchronize(stream));
@@ -138,6 +140,7 @@ fn alloc_pitch<P: Word, Q: Word>(
     pitch: Out<Q>,
     width: u64,
     height: u64,
+    element: c_uint,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(u64) -> CUresult,
 ) -> CUresult {
@@ -146,6 +149,19 @@ fn alloc_pitch<P: Word, Q: Word>(
     };
     if dptr.is_null() || pitch.is_null() {
         return call();
+    }
+    if !matches!(element, 4 | 8 | 16) || width == 0 || height == 0 {
+        // Arguments the documentation says the driver refuses (an element size other than 4, 8
+        // or 16 bytes, an empty extent): its own error, not a quota refusal. Should a driver
+        // allocate anyway, the allocation is charged afterwards, or freed.
+        call()?;
+        let key = dptr.get().map_or(0, Word::to_u64);
+        let bytes = pitch.get().map_or(0, Word::to_u64).saturating_mul(height);
+        return t
+            .charged(device, bytes, "cuMemAllocPitch", || Ok(key))
+            .inspect_err(|_| {
+                let _ = free(key);
+            });
     }
     // Before the call the pitch is not known: charge the width rounded to the usual 512-byte pitch
     // alignment, then settle on pitch x height.
@@ -186,13 +202,16 @@ static POOLS_USED: AtomicBool = AtomicBool::new(false);
 fn alloc_from_pool(
     dptr: Out<CUdeviceptr>,
     bytes: u64,
+    stream: CUstream,
     pool: Option<usize>,
     capturing: impl FnOnce() -> bool,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(CUdeviceptr) -> CUresult,
     sync: impl Fn() -> CUresult,
 ) -> CUresult {
-    let Ok(Some((t, device))) = on_current_device() else {
+    let Some(t) = tenant() else { return call() };
+    // No context: the driver answers (and reports its own error).
+    let Ok(device) = t.stream_device(stream) else {
         return call();
     };
     if capturing() {
@@ -208,6 +227,12 @@ fn alloc_from_pool(
     if dptr.is_null() {
         return call();
     }
+    // The memory is the pool's device's, whatever the current context's device.
+    let device = match t.pool_place(pool) {
+        Some(None) => return call(),
+        Some(Some(ordinal)) if ordinal != device.ordinal => t.device(ordinal).unwrap_or(device),
+        _ => device,
+    };
     let _serial = t.pool_serial();
     // The pool may grow by the whole request: reserve it before the driver is asked (a block the
     // pool reuses is given back right after). Near the quota, memory the pool holds for blocks
@@ -261,6 +286,18 @@ fn settle_after(call: impl FnOnce() -> CUresult) -> CUresult {
     Ok(())
 }
 
+fn pool_create(
+    pool: Out<CUmemoryPool>,
+    props: In<CUmemPoolProps>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    call()?;
+    if let (Some(t), Some(pool), Some(props)) = (tenant(), pool.get(), props.get()) {
+        t.pool_created(pool as usize, props.location);
+    }
+    Ok(())
+}
+
 fn pool_destroy(pool: usize, call: impl FnOnce() -> CUresult) -> CUresult {
     call()?;
     if let Some(t) = tenant() {
@@ -276,20 +313,51 @@ fn mem_create(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let Some(t) = tenant() else { return call() };
-    let device = match prop.get() {
-        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => p.location.id,
+    let (device, granularity) = match prop.get() {
+        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => {
+            (p.location.id, driver::allocation_granularity(&p))
+        }
         // Host-located or invalid: not device memory (or the driver rejects it).
         _ => return call(),
     };
     let Ok(device) = t.device(device) else {
         return call();
     };
+    if bytes == 0 || granularity.is_some_and(|g| bytes % g != 0) {
+        // A size the documentation says the driver refuses (0, or not a multiple of the minimum
+        // granularity): the driver answers with its own error (INVALID_VALUE), not a quota
+        // refusal. Should a driver accept it anyway, it is charged afterwards, or released.
+        return mem_create_unaligned(t, device, handle, bytes, call);
+    }
     let reservation = t.reserve(device, bytes, "cuMemCreate")?;
     call()?;
     if let Some(h) = handle.get() {
         t.record_physical(h, reservation.commit());
     }
     Ok(())
+}
+
+#[cold]
+fn mem_create_unaligned(
+    t: &Tenant,
+    device: &Device,
+    handle: Out<u64>,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    call()?;
+    let Some(h) = handle.get() else { return Ok(()) };
+    match t.reserve(device, bytes, "cuMemCreate") {
+        Ok(reservation) => {
+            t.record_physical(h, reservation.commit());
+            Ok(())
+        }
+        Err(e) => {
+            // SAFETY: `h` is the handle the driver just created for this call.
+            let _ = unsafe { driver::real::cuMemRelease(h) };
+            Err(e)
+        }
+    }
 }
 
 fn mem_release(handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {

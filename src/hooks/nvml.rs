@@ -1,7 +1,9 @@
 //! NVML shows the tenant's quota, so `nvidia-smi` and monitoring agents in the container report the
 //! quota as the card: total = quota, used = the tenant's usage (allocations and driver overhead as
-//! charged), free = the rest (`_v2`: `reserved` 0, so total = reserved + used + free); the process
-//! lists and per-process utilisation show the tenant's own processes only, each with its charge.
+//! charged), free = the rest (`_v2`: `reserved` 0, so total = reserved + used + free; on a card
+//! fuller than the quotas promise, free is what the card has, and the difference is `_v2`'s
+//! `reserved` and part of v1's `used`); the process lists and per-process utilisation show the
+//! tenant's own processes only, each with its charge.
 
 use super::{hooks, Out};
 use crate::accounting::tenant;
@@ -27,7 +29,8 @@ hooks! {
     fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
         => processes(device, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos));
     fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, since: c_ulonglong)
-        => process_utilization(device, samples, Out::new(count), || real::nvmlDeviceGetProcessUtilization(device, samples, count, since));
+        => process_utilization(device, samples, Out::new(count), || real::nvmlDeviceGetProcessUtilization(device, samples, count, since),
+                               |all, n| real::nvmlDeviceGetProcessUtilization(device, all, n, since));
 }
 
 /// Both NVML memory structs, seen as (total, used, free).
@@ -39,8 +42,11 @@ impl MemoryFigures for nvmlMemory_t {
     fn figures(&self) -> (u64, u64, u64) {
         (self.total, self.used, self.free)
     }
-    fn set_figures(&mut self, total: u64, used: u64, free: u64) {
-        (self.total, self.used, self.free) = (total, used, free);
+    fn set_figures(&mut self, total: u64, _used: u64, free: u64) {
+        // The v1 struct has no `reserved`: NVIDIA documents its `used` as reserved + allocated, so
+        // that total = used + free (what the card holds back when it is fuller than the quotas
+        // promise is in it; otherwise it is the tenant's usage).
+        (self.total, self.used, self.free) = (total, total.saturating_sub(free), free);
     }
 }
 impl MemoryFigures for nvmlMemory_v2_t {
@@ -145,31 +151,72 @@ fn processes<P: ProcessEntry>(
     Ok(())
 }
 
-/// The driver's samples, kept for the tenant's own processes only.
+/// The driver's samples, kept for the tenant's own processes only, in NVML's calling convention:
+/// `count` holds the room in `samples` (a NULL `samples` asks for the count); too little room is
+/// `INSUFFICIENT_SIZE` with the count needed, no sample of the tenant's processes `NOT_FOUND`. The
+/// driver's samples are read into a buffer of our own, so that neither the count asked for nor the
+/// count returned tells the tenant how many processes of other tenants the device runs.
 fn process_utilization(
     device: nvmlDevice_t,
     samples: *mut nvmlProcessUtilizationSample_t,
     count: Out<c_uint>,
     call: impl FnOnce() -> NvmlReturn,
+    read_all: impl Fn(*mut nvmlProcessUtilizationSample_t, *mut c_uint) -> NvmlReturn,
 ) -> NvmlReturn {
-    let result = call();
     let Some(list) = tenant_processes(device) else {
-        return result;
+        return call();
     };
-    result?;
-    let (Some(n), false) = (count.get(), samples.is_null()) else {
-        return Ok(());
+    let Some(room) = count.get() else {
+        return call();
     };
-    let mut kept = 0usize;
-    for i in 0..n as usize {
-        // SAFETY: the driver wrote `n` samples into the caller's buffer.
-        let sample = unsafe { samples.add(i).read_unaligned() };
-        if list.iter().any(|p| p.pid == sample.pid) {
-            // SAFETY: `kept` <= `i` < `n`: within the same buffer.
-            unsafe { samples.add(kept).write_unaligned(sample) };
-            kept += 1;
-        }
+    let all = all_samples(read_all)?;
+    let mine: Vec<_> = all
+        .into_iter()
+        .filter(|s| list.iter().any(|p| p.pid == s.pid))
+        .collect();
+    let needed = u32::try_from(mine.len()).unwrap_or(u32::MAX);
+    count.set(needed);
+    if mine.is_empty() {
+        return Err(NvmlError::NOT_FOUND);
     }
-    count.set(kept as c_uint);
+    if samples.is_null() || room < needed {
+        return Err(NvmlError::INSUFFICIENT_SIZE);
+    }
+    for (i, sample) in mine.into_iter().enumerate() {
+        // SAFETY: the caller gave room for `room` >= `needed` samples at `samples`.
+        unsafe { samples.add(i).write_unaligned(sample) };
+    }
     Ok(())
 }
+
+/// Every sample the driver has, asked with NVML's count protocol (the count may grow between the
+/// two calls: asked again a few times). No sample at all is the driver's `NOT_FOUND`.
+fn all_samples(
+    read: impl Fn(*mut nvmlProcessUtilizationSample_t, *mut c_uint) -> NvmlReturn,
+) -> Result<Vec<nvmlProcessUtilizationSample_t>, NvmlError> {
+    let mut n: c_uint = 0;
+    match read(std::ptr::null_mut(), &mut n) {
+        Err(e) if e == NvmlError::INSUFFICIENT_SIZE => {}
+        Ok(()) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    }
+    for _ in 0..4 {
+        // Room for processes that start between the calls.
+        let room = n.saturating_add(8).min(MAX_SAMPLES);
+        let mut buffer = vec![nvmlProcessUtilizationSample_t::default(); room as usize];
+        n = room;
+        match read(buffer.as_mut_ptr(), &mut n) {
+            Ok(()) => {
+                buffer.truncate((n as usize).min(buffer.len()));
+                return Ok(buffer);
+            }
+            Err(e) if e == NvmlError::INSUFFICIENT_SIZE && n > room && room < MAX_SAMPLES => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(NvmlError::INSUFFICIENT_SIZE)
+}
+
+/// More samples than any device holds processes (a bound on what a driver's count can make us
+/// allocate).
+const MAX_SAMPLES: c_uint = 4096;

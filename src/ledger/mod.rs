@@ -342,6 +342,7 @@ impl Ledger {
     /// Whether the shared file still holds what this process joined: a truncation (repaired with
     /// zeros) fails closed from then on. Checked with `fstat` on slow paths; the fault handler
     /// marks the mapping on the fast path.
+    #[inline]
     fn damaged(&self, check_size: bool) -> bool {
         let Map::Shared(w) = &self.map else {
             return false;
@@ -351,13 +352,20 @@ impl Ledger {
         } else {
             w.damaged()
         };
-        if bad && !self.warned_damage.swap(true, Ordering::Relaxed) {
+        if bad {
+            self.report_damage();
+        }
+        bad
+    }
+
+    #[cold]
+    fn report_damage(&self) {
+        if !self.warned_damage.swap(true, Ordering::Relaxed) {
             log::error(format_args!(
                 "ledger {}: the file was truncated or replaced while in use; allocations are refused until the ledger is recreated (remove it and restart the tenant's programs)",
                 self.path.display()
             ));
         }
-        bad
     }
 
     fn raw_fd(&self) -> RawFd {
@@ -617,11 +625,16 @@ impl Ledger {
         n
     }
 
+    #[inline]
     fn check_fork(&self) {
         // getpid() is a system call (glibc no longer caches it): compare it only after a fork.
-        if sys::forks_seen() == self.forks_seen.load(Ordering::Relaxed) {
-            return;
+        if sys::forks_seen() != self.forks_seen.load(Ordering::Relaxed) {
+            self.after_fork();
         }
+    }
+
+    #[cold]
+    fn after_fork(&self) {
         self.forks_seen.store(sys::forks_seen(), Ordering::Relaxed);
         if self.owner_pid.load(Ordering::Acquire) != sys::getpid() && self.slot().is_some() {
             if let Err(e) = self.reattach_after_fork() {

@@ -399,7 +399,11 @@ impl Layout {
                 .compare_exchange_weak(used, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    e.peak.fetch_max(new, Ordering::AcqRel);
+                    // Read first: a locked read-modify-write on every reservation costs more than
+                    // the rest of it, and the peak rarely moves.
+                    if new > e.peak.load(Ordering::Relaxed) {
+                        e.peak.fetch_max(new, Ordering::AcqRel);
+                    }
                     return Ok(new);
                 }
                 Err(now) => used = now,

@@ -199,7 +199,9 @@ fn concurrent_reservations_never_exceed_the_limit() {
                     if l.used(d) > LIMIT {
                         over.store(true, Ordering::Relaxed);
                     }
-                    if held.len() > 3 || (i % 3 == 0 && !held.is_empty()) {
+                    // Up to 8 held (up to 128 MiB): one thread alone reaches the limit, so the
+                    // peak below does not depend on the threads overlapping on a busy machine.
+                    if held.len() > 7 || (i % 3 == 0 && !held.is_empty()) {
                         l.release(d, held.remove(0));
                     }
                 }

@@ -12,7 +12,9 @@
  *                         (cuMemCreate + cuMemMap + cuMemSetAccess) until refused
  *   torch_async           backend:cudaMallocAsync: the device's default pool with a release threshold
  *                         of UINT64_MAX; blocks until refused; on refusal synchronise, trim to 0, retry
- *   tf                    TensorFlow without allow_growth: the free memory in one allocation
+ *   tf                    TensorFlow without allow_growth: the free memory less what it leaves the
+ *                         system (MinSystemMemory: 225 MiB when less than 2 GiB is free; 1536 MiB
+ *                         on a compute capability 8 device otherwise) in one allocation
  */
 #include <cuda.h>
 #include <stdint.h>
@@ -129,8 +131,9 @@ int main(int argc, char **argv) {
         mem_info("end", &free_b, &total_b);
     } else if (strcmp(mode, "tf") == 0) {
         mem_info("start", &free_b, &total_b);
+        size_t system = free_b < (2048 * MIB) ? 225 * MIB : 1536 * MIB;
         CUdeviceptr p;
-        printf("region_rc=%d\n", (int)cuMemAlloc(&p, free_b));
+        printf("region_rc=%d\n", (int)cuMemAlloc(&p, free_b > system ? free_b - system : free_b));
         mem_info("end", &free_b, &total_b);
     } else {
         printf("error=usage\n");

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 mod common;
 #[allow(unused_imports)] // each test file uses a different part
 pub use common::{
-    gpuslice_bin, require, root, run_command as run, simgpu_lib_dir, start_in, target_dir,
-    venv_python, Run, GIB, MIB,
+    finish, gpuslice_bin, require, root, run_command as run, simgpu_lib_dir, start_in, target_dir,
+    venv_python, wait_for_key, Run, GIB, MIB,
 };
 
 pub fn workload_bin() -> PathBuf {
@@ -39,6 +39,29 @@ pub fn compute_client(dir: &Path) -> PathBuf {
         .args(["-O1", "-Wall", "-Werror", "-I"])
         .arg(include)
         .arg(root().join("tests/clients/compute_client.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg("-L")
+        .arg(simgpu_lib_dir())
+        .args(["-lcuda", "-ldl"]));
+    r.assert_success();
+    out
+}
+
+/// tests/clients/quota_overhead.c (the driver-overhead client of the library's tests), built into
+/// `dir` (which other uids can reach) against NVIDIA's headers and simgpu's libcuda.
+pub fn overhead_client(dir: &Path) -> PathBuf {
+    let include = require(
+        root().join("target/nvidia/include/cu12"),
+        "NVIDIA's headers (scripts/fetch-nvidia.sh)",
+    );
+    let out = dir.join("quota_overhead");
+    let r = run(Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-I"])
+        .arg(include)
+        .arg("-I")
+        .arg(root().join("tests/clients"))
+        .arg(root().join("tests/clients/quota_overhead.c"))
         .arg("-o")
         .arg(&out)
         .arg("-L")
