@@ -175,7 +175,10 @@ mod tests {
 
     #[test]
     fn the_compute_list_is_the_tenants_charged_processes() {
-        assert_eq!(shown_processes(ProcessList::Compute, &MINE, &[10, 99]), MINE);
+        assert_eq!(
+            shown_processes(ProcessList::Compute, &MINE, &[10, 99]),
+            MINE
+        );
         assert_eq!(shown_processes(ProcessList::Compute, &[], &[10, 99]), []);
     }
 

@@ -184,7 +184,10 @@ mod tests {
         assert_eq!(offset_of!(nvmlPciInfo_t, busId), 36);
 
         assert_eq!(size_of::<nvmlProcessDetail_v1_t>(), 32);
-        assert_eq!(offset_of!(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory), 24);
+        assert_eq!(
+            offset_of!(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory),
+            24
+        );
         assert_eq!(size_of::<nvmlProcessDetailList_v1_t>(), 24);
         assert_eq!(offset_of!(nvmlProcessDetailList_v1_t, procArray), 16);
         // nvml.h's NVML_STRUCT_VERSION(ProcessDetailList, 1), as nvidia-ml-py spells it.

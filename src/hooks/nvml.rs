@@ -12,8 +12,9 @@ use crate::accounting::views::{shown_processes, ProcessList, TenantProcess};
 use crate::driver::calls::nvml::real as nvml_real;
 use gpuslice_api::nvml::{
     nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessDetailList_t, nvmlProcessDetailList_v1,
-    nvmlProcessDetail_v1_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlProcessUtilizationSample_t,
-    NVML_PROCESS_MODE_COMPUTE, NVML_PROCESS_MODE_GRAPHICS, NVML_PROCESS_MODE_MPS,
+    nvmlProcessDetail_v1_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+    nvmlProcessUtilizationSample_t, NVML_PROCESS_MODE_COMPUTE, NVML_PROCESS_MODE_GRAPHICS,
+    NVML_PROCESS_MODE_MPS,
 };
 use gpuslice_api::{NvmlError, NvmlReturn};
 use std::ffi::{c_char, c_uint, c_ulonglong};
