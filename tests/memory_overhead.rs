@@ -347,6 +347,97 @@ fn a_pool_on_another_device_is_charged_to_that_device() {
     }
 }
 
+/// `cuMemCreate` sizes the driver must refuse as invalid (0, not a multiple of the granularity,
+/// `SIZE_MAX`) and `cuMemAllocPitch` arguments it must refuse (an element size not 4, 8 or 16, an
+/// empty extent) get the driver's own `CUDA_ERROR_INVALID_VALUE`, as without gpuslice, and no
+/// quota refusal line; a valid size over the quota gets `CUDA_ERROR_OUT_OF_MEMORY`.
+#[test]
+fn invalid_physical_sizes_get_the_drivers_answer() {
+    let dir = scratch("vmm-sizes");
+    let sim = sim("overhead-vmm-sizes");
+    let bare = sim.run_cmd(sim.command(compile(&CLIENT)).arg("vmmsizes"));
+    bare.assert_success();
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let run = sim.run_cmd(&mut client(&sim, deploy, &dir, "sizes", &["vmmsizes"]));
+        run.assert_success();
+        for (key, want) in [
+            ("unaligned_rc", "1"),
+            ("zero_rc", "1"),
+            ("size_max_rc", "1"),
+            ("over_quota_rc", "2"),
+            ("fits_rc", "0"),
+            ("pitch_element_rc", "1"),
+            ("pitch_empty_rc", "1"),
+        ] {
+            assert_eq!(run.get(key), want, "{deploy:?}: {key}\n{}", run.report());
+        }
+        for key in [
+            "unaligned_rc",
+            "zero_rc",
+            "size_max_rc",
+            "pitch_element_rc",
+            "pitch_empty_rc",
+        ] {
+            assert_eq!(
+                run.get(key),
+                bare.get(key),
+                "{deploy:?}: {key} as without gpuslice"
+            );
+        }
+        let refusals = run.stderr.matches("refused").count();
+        assert_eq!(
+            refusals,
+            1,
+            "{deploy:?}: one refusal line, the over-quota one\n{}",
+            run.report()
+        );
+    }
+}
+
+/// `cuMemAllocAsync` on a stream of another device than the current context's (NVIDIA: the memory
+/// comes from "the current mempool of the provided stream's device"): charged to the stream's
+/// device, whose quota holds by simgpu's counters, and nothing to the current context's.
+#[test]
+fn a_stream_of_another_device_allocates_on_that_device() {
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("peer-stream");
+        let sim = sim("overhead-peer-stream").env("SIMGPU_DEVICES", "2");
+        let mut cmd = client(&sim, deploy, &dir, "peer", &["peerstream"]);
+        let mut holder = sim.spawn(cmd.env("GPUSLICE_MEMORY_LIMIT", "0=4GiB,1=1GiB"));
+        let kv = wait_for_key(&mut holder, "ready");
+        let report = format!("{deploy:?}: {kv:?}");
+        let stat = sim.stat();
+        let Json::Arr(procs) = stat.at("processes") else {
+            panic!("simgpu-stat: no processes in {stat}")
+        };
+        let process = procs
+            .iter()
+            .find(|p| p.u64("pid").to_string() == kv["pid"])
+            .unwrap_or_else(|| panic!("{report}: not in {stat}"));
+        let (on_device0, on_device1) = (process.u64("used.0"), process.u64("used.1"));
+        drop(holder.stdin.take());
+        finish(holder, "holder").assert_success();
+        assert!(
+            on_device1 <= QUOTA,
+            "{report}: simgpu holds {on_device1} on device 1, past its 1 GiB quota"
+        );
+        assert_eq!(
+            kv["stream_blocks"].parse::<u64>().unwrap(),
+            (QUOTA - SIM_CONTEXT) / (64 * MIB),
+            "{report}: blocks up to device 1's quota"
+        );
+        assert!(
+            near(on_device0, SIM_CONTEXT),
+            "{report}: simgpu holds {on_device0} on device 0, its context costs {SIM_CONTEXT}"
+        );
+        let used0: u64 = kv["used0"].parse().unwrap();
+        assert!(
+            near(used0, SIM_CONTEXT),
+            "{report}: device 0 is charged {used0}, its context costs {SIM_CONTEXT}"
+        );
+    }
+}
+
 #[test]
 fn modules_and_limits_are_charged_what_they_cost() {
     let dir = scratch("module-limits");

@@ -8,7 +8,7 @@ use crate::driver::calls as driver;
 use crate::ledger::Ledger;
 use crate::log;
 use crate::process::Process;
-use gpuslice_api::types::{CUcontext, CUdevice};
+use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
 use gpuslice_api::CUerror;
 use parking_lot::{Mutex, ReentrantMutex};
 use std::cell::Cell;
@@ -110,6 +110,19 @@ impl Tenant {
             return self.device(0);
         }
         self.device(current_ordinal()?)
+    }
+
+    /// The device of `stream`'s context: stream-ordered allocation takes its memory from "the
+    /// current mempool of the provided stream's device" (NVIDIA's `cuMemAllocAsync`), which need
+    /// not be the current context's. The current context's device when the stream's cannot be told.
+    pub fn stream_device(&self, stream: CUstream) -> Result<&Device, CUerror> {
+        if self.sees_one_device() {
+            return self.device(0);
+        }
+        match driver::stream_device(stream) {
+            Some((_, ordinal)) => self.device(ordinal as CUdevice),
+            None => self.current_device(),
+        }
     }
 
     fn sees_one_device(&self) -> bool {

@@ -3,8 +3,8 @@
 
 use super::real_calls;
 use gpuslice_api::types::{
-    CUcontext, CUdevice, CUgraph, CUgraphNode, CUlibrary, CUmemoryPool, CUmodule, CUstream, CUuuid,
-    CUDA_MEM_ALLOC_NODE_PARAMS,
+    CUcontext, CUdevice, CUgraph, CUgraphNode, CUlibrary, CUmemAllocationProp, CUmemoryPool,
+    CUmodule, CUstream, CUuuid, CUDA_MEM_ALLOC_NODE_PARAMS,
 };
 use gpuslice_api::{CUerror, CUresult, NvmlReturn};
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -24,6 +24,8 @@ real_calls! {
     fn cuCtxPushCurrent_v2(ctx: CUcontext);
     fn cuCtxPopCurrent_v2(pctx: *mut CUcontext);
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64);
+    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: c_int);
+    fn cuMemRelease(handle: u64);
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize);
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
     fn cuDeviceGetAttribute(value: *mut c_int, attr: c_int, dev: CUdevice);
@@ -121,6 +123,15 @@ fn pool_attribute(pool: usize, attribute: u32) -> Option<u64> {
     r.ok().map(|()| value)
 }
 
+/// The minimum granularity of physical allocations with `prop`
+/// (`CU_MEM_ALLOC_GRANULARITY_MINIMUM`): `cuMemCreate` requires a multiple of it.
+pub fn allocation_granularity(prop: &CUmemAllocationProp) -> Option<u64> {
+    let mut granularity: usize = 0;
+    // SAFETY: valid out-parameter and property struct; option 0 is the minimum granularity.
+    let r = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
+    r.ok().map(|()| granularity as u64).filter(|g| *g > 0)
+}
+
 /// The memory pool `cuMemAllocAsync` uses on a device: its current pool.
 pub fn current_pool(ordinal: CUdevice) -> Option<usize> {
     let mut pool: CUmemoryPool = std::ptr::null_mut();
@@ -153,6 +164,65 @@ pub fn visible_devices() -> Vec<(u32, String)> {
     (0..count)
         .filter_map(|i| device_uuid(i).ok().map(|u| (i as u32, u)))
         .collect()
+}
+
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` (cuda.h): the current context's default streams.
+const STREAM_LEGACY: usize = 1;
+const STREAM_PER_THREAD: usize = 2;
+
+/// The calling thread's current context (null when there is none).
+pub fn current_context() -> CUcontext {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-parameter.
+    let _ = unsafe { real::cuCtxGetCurrent(&mut ctx) };
+    ctx
+}
+
+/// The context work on `stream` runs in, and that context's device ordinal.
+// The stream handle is opaque to us, only passed to the driver, which validates it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn stream_device(stream: CUstream) -> Option<(CUcontext, u32)> {
+    let current = current_context();
+    let ctx = match stream as usize {
+        0 | STREAM_LEGACY | STREAM_PER_THREAD => current,
+        _ => {
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            // SAFETY: valid out-parameter; the caller's stream handle, as the launch received it.
+            match unsafe { real::cuStreamGetCtx(stream, &mut ctx) } {
+                Ok(()) if !ctx.is_null() => ctx,
+                _ => current,
+            }
+        }
+    };
+    if ctx.is_null() {
+        return None;
+    }
+    let ordinal = in_context(ctx, || {
+        let mut dev: CUdevice = -1;
+        // SAFETY: valid out-parameter.
+        unsafe { real::cuCtxGetDevice(&mut dev) }
+            .ok()
+            .and_then(|()| u32::try_from(dev).ok())
+    })?;
+    Some((ctx, ordinal))
+}
+
+/// Runs `f` with `ctx` current on this thread (pushed and popped when it is not already current).
+// The context handle is opaque to us, only passed to the driver, which validates it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn in_context<R>(ctx: CUcontext, f: impl FnOnce() -> R) -> R {
+    if ctx == current_context() {
+        return f();
+    }
+    // SAFETY: a context handle the driver gave us; popped below.
+    let pushed = unsafe { real::cuCtxPushCurrent_v2(ctx) }.is_ok();
+    let r = f();
+    if pushed {
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-parameter; pops what we pushed.
+        let _ = unsafe { real::cuCtxPopCurrent_v2(&mut popped) };
+    }
+    r
 }
 
 #[cfg(test)]

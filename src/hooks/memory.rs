@@ -50,28 +50,28 @@ hooks! {
     fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint)
         => alloc(Out::new(dptr), bytesize as u64, "cuMemAllocManaged", || real::cuMemAllocManaged(dptr, bytesize, flags));
     fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element: c_uint)
-        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64,
+        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64, element,
                        || real::cuMemAllocPitch_v2(dptr, pitch, width, height, element),
                        |p| real::cuMemFree_v2(p));
     fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, element: c_uint)
-        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64,
+        => alloc_pitch(Out::new(dptr), Out::new(pitch), width as u64, height as u64, element,
                        || real::cuMemAllocPitch(dptr, pitch, width, height, element),
                        |p| real::cuMemFree(p as c_uint));
     fn cuMemFree_v2(dptr: CUdeviceptr) => free(dptr, || real::cuMemFree_v2(dptr));
     fn cuMemFree(dptr: c_uint) => free(dptr as u64, || real::cuMemFree(dptr));
 
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, false), || real::cuMemAllocAsync(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, None, || driver::capturing(stream, false), || real::cuMemAllocAsync(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, None, || driver::capturing(stream, true), || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, None, || driver::capturing(stream, true), || real::cuMemAllocAsync_ptsz(dptr, bytesize, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, false),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, Some(pool as usize), || driver::capturing(stream, false),
                            || real::cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync(p, stream), || real::cuStreamSynchronize(stream));
     fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
-        => alloc_from_pool(Out::new(dptr), bytesize as u64, Some(pool as usize), || driver::capturing(stream, true),
+        => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, Some(pool as usize), || driver::capturing(stream, true),
                            || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
@@ -140,6 +140,7 @@ fn alloc_pitch<P: Word, Q: Word>(
     pitch: Out<Q>,
     width: u64,
     height: u64,
+    element: c_uint,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(u64) -> CUresult,
 ) -> CUresult {
@@ -148,6 +149,19 @@ fn alloc_pitch<P: Word, Q: Word>(
     };
     if dptr.is_null() || pitch.is_null() {
         return call();
+    }
+    if !matches!(element, 4 | 8 | 16) || width == 0 || height == 0 {
+        // Arguments the documentation says the driver refuses (an element size other than 4, 8
+        // or 16 bytes, an empty extent): its own error, not a quota refusal. Should a driver
+        // allocate anyway, the allocation is charged afterwards, or freed.
+        call()?;
+        let key = dptr.get().map_or(0, Word::to_u64);
+        let bytes = pitch.get().map_or(0, Word::to_u64).saturating_mul(height);
+        return t
+            .charged(device, bytes, "cuMemAllocPitch", || Ok(key))
+            .inspect_err(|_| {
+                let _ = free(key);
+            });
     }
     // Before the call the pitch is not known: charge the width rounded to the usual 512-byte pitch
     // alignment, then settle on pitch x height.
@@ -188,13 +202,16 @@ static POOLS_USED: AtomicBool = AtomicBool::new(false);
 fn alloc_from_pool(
     dptr: Out<CUdeviceptr>,
     bytes: u64,
+    stream: CUstream,
     pool: Option<usize>,
     capturing: impl FnOnce() -> bool,
     call: impl FnOnce() -> CUresult,
     free: impl FnOnce(CUdeviceptr) -> CUresult,
     sync: impl Fn() -> CUresult,
 ) -> CUresult {
-    let Ok(Some((t, device))) = on_current_device() else {
+    let Some(t) = tenant() else { return call() };
+    // No context: the driver answers (and reports its own error).
+    let Ok(device) = t.stream_device(stream) else {
         return call();
     };
     if capturing() {
@@ -296,20 +313,51 @@ fn mem_create(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let Some(t) = tenant() else { return call() };
-    let device = match prop.get() {
-        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => p.location.id,
+    let (device, granularity) = match prop.get() {
+        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => {
+            (p.location.id, driver::allocation_granularity(&p))
+        }
         // Host-located or invalid: not device memory (or the driver rejects it).
         _ => return call(),
     };
     let Ok(device) = t.device(device) else {
         return call();
     };
+    if bytes == 0 || granularity.is_some_and(|g| bytes % g != 0) {
+        // A size the documentation says the driver refuses (0, or not a multiple of the minimum
+        // granularity): the driver answers with its own error (INVALID_VALUE), not a quota
+        // refusal. Should a driver accept it anyway, it is charged afterwards, or released.
+        return mem_create_unaligned(t, device, handle, bytes, call);
+    }
     let reservation = t.reserve(device, bytes, "cuMemCreate")?;
     call()?;
     if let Some(h) = handle.get() {
         t.record_physical(h, reservation.commit());
     }
     Ok(())
+}
+
+#[cold]
+fn mem_create_unaligned(
+    t: &Tenant,
+    device: &Device,
+    handle: Out<u64>,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    call()?;
+    let Some(h) = handle.get() else { return Ok(()) };
+    match t.reserve(device, bytes, "cuMemCreate") {
+        Ok(reservation) => {
+            t.record_physical(h, reservation.commit());
+            Ok(())
+        }
+        Err(e) => {
+            // SAFETY: `h` is the handle the driver just created for this call.
+            let _ = unsafe { driver::real::cuMemRelease(h) };
+            Err(e)
+        }
+    }
 }
 
 fn mem_release(handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {

@@ -2,12 +2,9 @@
 //! hooks), and the small queries built on them: which device a stream belongs to, device UUIDs, and a
 //! guard that keeps our event calls from disturbing an application's stream capture.
 
-pub use crate::driver::calls::capturing;
-use crate::driver::calls::real::{
-    cuCtxGetCurrent, cuCtxGetDevice, cuCtxPopCurrent_v2, cuCtxPushCurrent_v2, cuDeviceGetCount,
-    cuStreamGetCtx,
-};
-use gpuslice_api::types::{CUcontext, CUdevice, CUevent, CUstream};
+use crate::driver::calls::real::cuDeviceGetCount;
+pub use crate::driver::calls::{capturing, in_context, stream_device};
+use gpuslice_api::types::{CUdevice, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::{c_int, c_uint};
 
@@ -26,60 +23,6 @@ pub use real::*;
 
 /// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h).
 const CAPTURE_MODE_RELAXED: c_uint = 2;
-/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` (cuda.h): the current context's default streams.
-const STREAM_LEGACY: usize = 1;
-const STREAM_PER_THREAD: usize = 2;
-
-/// The calling thread's current context (null when there is none).
-pub fn current_context() -> CUcontext {
-    let mut ctx: CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-parameter.
-    let _ = unsafe { cuCtxGetCurrent(&mut ctx) };
-    ctx
-}
-
-/// The context a launch on `stream` runs in, and that context's device ordinal.
-pub fn stream_device(stream: CUstream) -> Option<(CUcontext, u32)> {
-    let current = current_context();
-    let ctx = match stream as usize {
-        0 | STREAM_LEGACY | STREAM_PER_THREAD => current,
-        _ => {
-            let mut ctx: CUcontext = std::ptr::null_mut();
-            // SAFETY: valid out-parameter; the caller's stream handle, as the launch received it.
-            match unsafe { cuStreamGetCtx(stream, &mut ctx) } {
-                Ok(()) if !ctx.is_null() => ctx,
-                _ => current,
-            }
-        }
-    };
-    if ctx.is_null() {
-        return None;
-    }
-    let ordinal = in_context(ctx, || {
-        let mut dev: CUdevice = -1;
-        // SAFETY: valid out-parameter.
-        unsafe { cuCtxGetDevice(&mut dev) }
-            .ok()
-            .and_then(|()| u32::try_from(dev).ok())
-    })?;
-    Some((ctx, ordinal))
-}
-
-/// Runs `f` with `ctx` current on this thread (pushed and popped when it is not already current).
-pub fn in_context<R>(ctx: CUcontext, f: impl FnOnce() -> R) -> R {
-    if ctx == current_context() {
-        return f();
-    }
-    // SAFETY: a context handle the driver gave us; popped below.
-    let pushed = unsafe { cuCtxPushCurrent_v2(ctx) }.is_ok();
-    let r = f();
-    if pushed {
-        let mut popped: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-parameter; pops what we pushed.
-        let _ = unsafe { cuCtxPopCurrent_v2(&mut popped) };
-    }
-    r
-}
 
 /// How many devices the process sees (0 before `cuInit` or on error).
 pub fn device_count() -> u32 {

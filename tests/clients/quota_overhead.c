@@ -136,6 +136,33 @@ int main(int argc, char **argv) {
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&dev, 0));
     nvml_open();
+    if (strcmp(mode, "peerstream") == 0) {
+        /* NVIDIA: cuMemAllocAsync allocates from "the current mempool of the provided stream's
+         * device"; here the stream is device 1's and the current context device 0's. */
+        CUdevice dev1;
+        CUcontext ctx0, ctx1;
+        CUstream s1;
+        CUdeviceptr blocks[64];
+        size_t free0, total0, free1, total1;
+        int n = 0;
+        CHECK(cuDeviceGet(&dev1, 1));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx1, dev1));
+        CHECK(cuCtxSetCurrent(ctx1));
+        CHECK(cuStreamCreate(&s1, 0));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx0, dev));
+        CHECK(cuCtxSetCurrent(ctx0));
+        while (n < 64 && cuMemAllocAsync(&blocks[n], 64 * MIB, s1) == CUDA_SUCCESS) n++;
+        CHECK(cuStreamSynchronize(s1));
+        CHECK(cuMemGetInfo(&free0, &total0));
+        CHECK(cuCtxSetCurrent(ctx1));
+        CHECK(cuMemGetInfo(&free1, &total1));
+        printf("pid=%d\nstream_blocks=%d\nused0=%zu\nused1=%zu\nready=1\n", (int)getpid(), n,
+               total0 - free0, total1 - free1);
+        fflush(stdout);
+        char line[64];
+        while (fgets(line, sizeof line, stdin)) {}
+        return 0;
+    }
     if (strcmp(mode, "peerpool") == 0) {
         /* NVIDIA: the pool "may be from a device different than that of the specified stream". */
         CUdevice dev1;
@@ -172,6 +199,29 @@ int main(int argc, char **argv) {
     }
     CHECK(cuCtxCreate(&ctx, 0, dev));
     printf("pid=%d\n", (int)getpid());
+    if (strcmp(mode, "vmmsizes") == 0) {
+        /* cuMemCreate's size must be a non-zero multiple of the minimum granularity (NVIDIA's
+         * documentation): the driver's own error for the invalid ones, the quota's for the last. */
+        CUmemAllocationProp prop;
+        CUmemGenericAllocationHandle h;
+        size_t g = 0;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = dev;
+        CHECK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        printf("unaligned_rc=%d\n", (int)cuMemCreate(&h, g + 1, &prop, 0));
+        printf("zero_rc=%d\n", (int)cuMemCreate(&h, 0, &prop, 0));
+        printf("size_max_rc=%d\n", (int)cuMemCreate(&h, (size_t)-1, &prop, 0));
+        printf("over_quota_rc=%d\n", (int)cuMemCreate(&h, 2048 * MIB, &prop, 0));
+        printf("fits_rc=%d\n", (int)cuMemCreate(&h, g, &prop, 0));
+        /* cuMemAllocPitch: ElementSizeBytes "may be 4, 8 or 16 bytes". */
+        CUdeviceptr p;
+        size_t pitch;
+        printf("pitch_element_rc=%d\n", (int)cuMemAllocPitch(&p, &pitch, 4096, 4096, 3));
+        printf("pitch_empty_rc=%d\n", (int)cuMemAllocPitch(&p, &pitch, 0, 4096, 4));
+        return 0;
+    }
     if (strcmp(mode, "steps") == 0 && argc > 4) {
         unsigned long long module_mib = strtoull(argv[2], 0, 10);
         unsigned long long heap_mib = strtoull(argv[3], 0, 10);

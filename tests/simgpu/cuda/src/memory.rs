@@ -1271,15 +1271,18 @@ fn alloc_async(
     stream: CUstream,
     per_thread: bool,
 ) -> CUresult {
-    let ctx = crate::context::current()?;
+    crate::context::current()?;
     let dptr = crate::out(dptr)?;
     let s = crate::stream::resolve(stream, per_thread)?;
     if size == 0 {
         return Err(CUerror::INVALID_VALUE);
     }
+    // NVIDIA's cuMemAllocAsync: the memory comes from "the current mempool of the provided stream's
+    // device", which need not be the current context's.
+    let ctx = s.context()?;
     if let Some(c) = s.capture() {
         // Captured: an allocation node, with no memory until the graph is launched.
-        *dptr = crate::graph_memory::captured_alloc(&c, ctx.device, size)? as CUdeviceptr;
+        *dptr = crate::graph_memory::captured_alloc(&c, s.device(), size)? as CUdeviceptr;
         return Ok(());
     }
     let mut m = mem();
@@ -1291,7 +1294,7 @@ fn alloc_async(
             }
             h
         }
-        None => m.current_pool(ctx.device),
+        None => m.current_pool(s.device()),
     };
     *dptr = m.pool_alloc(&ctx, h, size, s.id())? as CUdeviceptr;
     Ok(())
