@@ -1044,19 +1044,23 @@ for mode in (nv.NVML_PROCESS_MODE_COMPUTE, nv.NVML_PROCESS_MODE_GRAPHICS, nv.NVM
     print(f'detail{mode}=' + ','.join(f'{p.pid}:{p.usedGpuMemory}' for p in procs))
 "#;
 
-/// The raw list names [`NVML_LISTS`] prints, by kind.
-const COMPUTE_LISTS: [&str; 3] = [
+/// The raw lists [`NVML_LISTS`] prints that name the simulated processes (compute and graphics; the
+/// detail list's modes 0 and 1), and those that are empty on simgpu (MPS; mode 2).
+const LISTS_OF_PROCESSES: [&str; 8] = [
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetComputeRunningProcesses_v2",
     "nvmlDeviceGetComputeRunningProcesses_v3",
-];
-const GRAPHICS_AND_MPS_LISTS: [&str; 6] = [
     "nvmlDeviceGetGraphicsRunningProcesses",
     "nvmlDeviceGetGraphicsRunningProcesses_v2",
     "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "detail0",
+    "detail1",
+];
+const EMPTY_LISTS: [&str; 4] = [
     "nvmlDeviceGetMPSComputeRunningProcesses",
     "nvmlDeviceGetMPSComputeRunningProcesses_v2",
     "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "detail2",
 ];
 
 /// The pids a `pid:used,...` value names.
@@ -1067,17 +1071,18 @@ fn pids_of(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// Two tenants, each with a process holding memory and running kernels on one GPU: through every
-/// NVML process list (compute, graphics, MPS in v1, v2, v3; the detail list of each mode), raw and
-/// through nvidia-ml-py, each tenant sees its own process only, with its charge (its usage, as
-/// NVML's memory view shows it), and the count protocol tells it of its own processes only (NULL
-/// buffer: `INSUFFICIENT_SIZE` with its count; one entry short: the same). The driver's own answer
-/// (no shim) lists both processes, so the compute and detail lists are filtered, not just empty.
-/// simgpu has no graphics contexts and no MPS server: those lists are empty on the driver, and
-/// the tenant must see them empty too, with the same count protocol.
+/// Two tenants, each with a process holding memory, running kernels and (simgpu's
+/// `SIMGPU_GRAPHICS_CLIENTS`) holding a graphics context on one GPU: through every NVML process list
+/// (compute, graphics, MPS in v1, v2, v3; the detail list of each mode), raw and through
+/// nvidia-ml-py, each tenant sees its own process only, with its charge (its usage, as NVML's memory
+/// view shows it), and the count protocol tells it of its own processes only (NULL buffer:
+/// `INSUFFICIENT_SIZE` with its count; one entry short: the same). The driver's own answer (no shim)
+/// lists both processes in the compute, graphics and detail lists, so those are filtered, not just
+/// empty. simgpu runs no MPS server: the MPS lists are empty on the driver, and the tenant sees them
+/// empty too, with the same count protocol.
 fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
     let dir = scratch("nvml-lists");
-    let sim = sim("overhead-nvml-lists");
+    let sim = sim("overhead-nvml-lists").env("SIMGPU_GRAPHICS_CLIENTS", "1");
     let mut holders = Vec::new();
     let mut pids = Vec::new();
     for tenant in ["a", "b"] {
@@ -1098,7 +1103,7 @@ fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
     driver_view.args(args);
     let driver = sim.run_cmd(&mut driver_view);
     driver.assert_success();
-    for key in ["nvmlDeviceGetComputeRunningProcesses_v3", "detail0"] {
+    for key in LISTS_OF_PROCESSES {
         let listed = pids_of(&driver.get(key));
         for pid in &pids {
             assert!(
@@ -1120,7 +1125,7 @@ fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
         run.assert_success();
         let report = run.report();
         let mine = format!("{}:{}", pids[i], run.get_u64("used"));
-        for key in COMPUTE_LISTS.iter().copied().chain(["detail0"]) {
+        for key in LISTS_OF_PROCESSES {
             assert_eq!(
                 run.get(&format!("{key}.query")),
                 "7:1",
@@ -1137,16 +1142,10 @@ fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
                 "{deploy:?}: tenant {tenant}'s {key}\n{report}"
             );
         }
-        assert_eq!(
-            run.get("py_compute"),
-            mine,
-            "{deploy:?}: nvidia-ml-py\n{report}"
-        );
-        for key in GRAPHICS_AND_MPS_LISTS
-            .iter()
-            .copied()
-            .chain(["detail1", "detail2"])
-        {
+        for key in ["py_compute", "py_graphics"] {
+            assert_eq!(run.get(key), mine, "{deploy:?}: {key}\n{report}");
+        }
+        for key in EMPTY_LISTS {
             assert_eq!(
                 run.get(&format!("{key}.query")),
                 "0:0",
@@ -1158,9 +1157,7 @@ fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
                 "{deploy:?}: tenant {tenant}'s {key}\n{report}"
             );
         }
-        for key in ["py_graphics", "py_mps"] {
-            assert_eq!(run.get(key), "", "{deploy:?}: {key}\n{report}");
-        }
+        assert_eq!(run.get("py_mps"), "", "{deploy:?}: py_mps\n{report}");
     }
     for h in holders {
         finish(h, "holder").assert_success();

@@ -757,16 +757,18 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     })
 }
 
+/// A process's entry in the `_v2`/`_v3` lists (no MIG).
+fn process_info((pid, usedGpuMemory): (u32, u64)) -> nvmlProcessInfo_t {
+    nvmlProcessInfo_t {
+        pid,
+        usedGpuMemory,
+        gpuInstanceId: u32::MAX,
+        computeInstanceId: u32::MAX,
+    }
+}
+
 fn process_infos(device: nvmlDevice_t) -> Result<Vec<nvmlProcessInfo_t>, NvmlError> {
-    Ok(running(device)?
-        .into_iter()
-        .map(|(pid, usedGpuMemory)| nvmlProcessInfo_t {
-            pid,
-            usedGpuMemory,
-            gpuInstanceId: u32::MAX,
-            computeInstanceId: u32::MAX,
-        })
-        .collect())
+    Ok(running(device)?.into_iter().map(process_info).collect())
 }
 
 /// # Safety
@@ -834,8 +836,21 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     })
 }
 
-// Graphics and MPS clients: simgpu has neither (no graphics contexts, no MPS server), so their lists
-// are empty, which NVML answers as success with a count of 0 (whatever room the caller gave).
+// Graphics and MPS clients. simgpu runs no graphics work and no MPS server: the MPS lists are empty,
+// which NVML answers as success with a count of 0 (whatever room the caller gave), and so are the
+// graphics lists, unless `SIMGPU_GRAPHICS_CLIENTS=1` says that every process with memory on the
+// device also holds a graphics context (a CUDA-OpenGL/Vulkan interop program): then they name the
+// same processes as the compute lists, each with all the memory it uses, as nvml.h documents.
+
+/// The processes with a graphics context on `device`: (pid, bytes), by pid.
+fn graphics(device: nvmlDevice_t) -> Result<Vec<(u32, u64)>, NvmlError> {
+    if config().graphics_clients {
+        running(device)
+    } else {
+        self::device(device)?;
+        Ok(Vec::new())
+    }
+}
 
 /// # Safety
 /// `count` and `infos` follow NVML's in/out protocol (see `put_list`).
@@ -846,9 +861,12 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
     infos: *mut nvmlProcessInfo_v1_t,
 ) -> NvmlReturn {
     call("nvmlDeviceGetGraphicsRunningProcesses", true, || {
-        self::device(device)?;
+        let items = graphics(device)?
+            .into_iter()
+            .map(|(pid, usedGpuMemory)| nvmlProcessInfo_v1_t { pid, usedGpuMemory })
+            .collect();
         // SAFETY: the caller's contract.
-        unsafe { put_list(count, infos, Vec::new()) }
+        unsafe { put_list(count, infos, items) }
     })
 }
 
@@ -861,9 +879,9 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
     infos: *mut nvmlProcessInfo_t,
 ) -> NvmlReturn {
     call("nvmlDeviceGetGraphicsRunningProcesses_v2", true, || {
-        self::device(device)?;
+        let items = graphics(device)?.into_iter().map(process_info).collect();
         // SAFETY: the caller's contract.
-        unsafe { put_list(count, infos, Vec::new()) }
+        unsafe { put_list(count, infos, items) }
     })
 }
 
@@ -876,9 +894,9 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     infos: *mut nvmlProcessInfo_t,
 ) -> NvmlReturn {
     call("nvmlDeviceGetGraphicsRunningProcesses_v3", true, || {
-        self::device(device)?;
+        let items = graphics(device)?.into_iter().map(process_info).collect();
         // SAFETY: the caller's contract.
-        unsafe { put_list(count, infos, Vec::new()) }
+        unsafe { put_list(count, infos, items) }
     })
 }
 
@@ -927,9 +945,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     })
 }
 
-/// The processes of `plist->mode` (compute: those with memory on the device; graphics and MPS: none),
-/// in NVML's protocol for this struct: `numProcArrayEntries` holds the room in `procArray` and returns
-/// the count; too little room (or a NULL array) is `NVML_ERROR_INSUFFICIENT_SIZE`, no process at all
+/// The processes of `plist->mode` (compute: those with memory on the device; graphics: see
+/// [`graphics`]; MPS: none), in NVML's protocol for this struct: `numProcArrayEntries` holds the room
+/// in `procArray` and returns the count; too little room (or a NULL array) is `NVML_ERROR_INSUFFICIENT_SIZE`, no process at all
 /// success. An unknown version or mode is `NVML_ERROR_INVALID_ARGUMENT`, as nvml.h documents; a device
 /// older than Hopper (compute capability 9.0) does not support the call.
 ///
@@ -954,20 +972,22 @@ pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
         if d.compute_capability.0 < 9 {
             return Err(NvmlError::NOT_SUPPORTED);
         }
-        let items: Vec<nvmlProcessDetail_v1_t> = match list.mode {
-            NVML_PROCESS_MODE_COMPUTE => running(device)?
-                .into_iter()
-                .map(|(pid, usedGpuMemory)| nvmlProcessDetail_v1_t {
-                    pid,
-                    usedGpuMemory,
-                    gpuInstanceId: u32::MAX,
-                    computeInstanceId: u32::MAX,
-                    usedGpuCcProtectedMemory: 0,
-                })
-                .collect(),
-            NVML_PROCESS_MODE_GRAPHICS | NVML_PROCESS_MODE_MPS => Vec::new(),
+        let processes = match list.mode {
+            NVML_PROCESS_MODE_COMPUTE => running(device)?,
+            NVML_PROCESS_MODE_GRAPHICS => graphics(device)?,
+            NVML_PROCESS_MODE_MPS => Vec::new(),
             _ => return Err(NvmlError::INVALID_ARGUMENT),
         };
+        let items: Vec<nvmlProcessDetail_v1_t> = processes
+            .into_iter()
+            .map(|(pid, usedGpuMemory)| nvmlProcessDetail_v1_t {
+                pid,
+                usedGpuMemory,
+                gpuInstanceId: u32::MAX,
+                computeInstanceId: u32::MAX,
+                usedGpuCcProtectedMemory: 0,
+            })
+            .collect();
         let room = list.numProcArrayEntries as usize;
         list.numProcArrayEntries = items.len() as c_uint;
         // SAFETY: as above.
