@@ -997,7 +997,8 @@ fn nvml_never_shows_another_tenant_mixed() {
 /// Every NVML process list through the raw ABI (ctypes) and through nvidia-ml-py's own wrappers:
 /// compute, graphics and MPS processes (v1, v2, v3) and the detail list of each mode. For each raw
 /// call: `NAME.query=RC:COUNT` (NULL buffer, count 0), `NAME.short=RC:COUNT` (room for one fewer
-/// than the count, when there is any), `NAME=pid:used,...` (room to spare).
+/// than the count, when there is any), `NAME=pid:used,...` (room to spare); and the detail list's
+/// answer to a version and a mode it does not know.
 const NVML_LISTS: &str = r#"import ctypes, pynvml as nv
 nv.nvmlInit()
 h = nv.nvmlDeviceGetHandleByIndex(0)
@@ -1042,6 +1043,12 @@ for mode in (nv.NVML_PROCESS_MODE_COMPUTE, nv.NVML_PROCESS_MODE_GRAPHICS, nv.NVM
         print(f'detail{mode}.short={rc}:{plist.numProcArrayEntries}')
     procs = nv.nvmlDeviceGetRunningProcessDetailList(h, nv.nvmlProcessDetailList_v1, mode)
     print(f'detail{mode}=' + ','.join(f'{p.pid}:{p.usedGpuMemory}' for p in procs))
+plist = nv.c_nvmlProcessDetailList_t()
+plist.version = nv.nvmlProcessDetailList_v1 + (1 << 24)
+print(f'detail_bad_version={detail(h, ctypes.byref(plist))}')
+plist.version = nv.nvmlProcessDetailList_v1
+plist.mode = 7
+print(f'detail_bad_mode={detail(h, ctypes.byref(plist))}')
 "#;
 
 /// The raw lists [`NVML_LISTS`] prints that name the simulated processes (compute and graphics; the
@@ -1158,6 +1165,12 @@ fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
             );
         }
         assert_eq!(run.get("py_mps"), "", "{deploy:?}: py_mps\n{report}");
+        // NVML_ERROR_INVALID_ARGUMENT, as nvml.h documents and the driver answers: a list gpuslice
+        // cannot filter is refused, never passed on.
+        for key in ["detail_bad_version", "detail_bad_mode"] {
+            assert_eq!(run.get(key), driver.get(key), "{deploy:?}: {key}\n{report}");
+            assert_eq!(run.get_u64(key), 2, "{deploy:?}: {key}\n{report}");
+        }
     }
     for h in holders {
         finish(h, "holder").assert_success();
