@@ -160,21 +160,20 @@ impl ProcessEntry for nvmlProcessInfo_t {
     }
 }
 
-/// The tenant's entries of `list` on a device, and the driver's own entries of it (read into a
-/// buffer of our own, only where the view depends on them; empty otherwise).
+/// The tenant's entries of `list` on a device; the driver's own entries of it are read (into a
+/// buffer of our own) only where the view depends on them.
 fn shown_list<E: Copy + Default>(
     list: ProcessList,
     mine: &[TenantProcess],
     pid: impl Fn(&E) -> u32,
     read_all: impl FnMut(*mut E, &mut c_uint) -> NvmlReturn,
-) -> Result<(Vec<TenantProcess>, Vec<E>), NvmlError> {
-    let driver = if list.follows_driver() {
-        all_entries(read_all)?
+) -> Result<Vec<TenantProcess>, NvmlError> {
+    let driver_pids: Vec<u32> = if list.follows_driver() {
+        all_entries(read_all)?.iter().map(pid).collect()
     } else {
         Vec::new()
     };
-    let pids: Vec<u32> = driver.iter().map(pid).collect();
-    Ok((shown_processes(list, mine, &pids), driver))
+    Ok(shown_processes(list, mine, &driver_pids))
 }
 
 /// The tenant's own processes of `list`, each with what it is charged, in NVML's calling
@@ -194,7 +193,7 @@ fn processes<P: ProcessEntry>(
     let Some(room) = count.get() else {
         return call();
     };
-    let (shown, _) = shown_list(list, &mine, P::pid, read_all)?;
+    let shown = shown_list(list, &mine, P::pid, read_all)?;
     let needed = u32::try_from(shown.len()).unwrap_or(u32::MAX);
     count.set(needed);
     if room < needed || (needed > 0 && infos.is_null()) {
