@@ -994,6 +994,204 @@ fn nvml_never_shows_another_tenant_mixed() {
     nvml_never_shows_another_tenant(Deploy::Mixed);
 }
 
+/// Every NVML process list through the raw ABI (ctypes) and through nvidia-ml-py's own wrappers:
+/// compute, graphics and MPS processes (v1, v2, v3) and the detail list of each mode. For each raw
+/// call: `NAME.query=RC:COUNT` (NULL buffer, count 0), `NAME.short=RC:COUNT` (room for one fewer
+/// than the count, when there is any), `NAME=pid:used,...` (room to spare); and the detail list's
+/// answer to a version and a mode it does not know.
+const NVML_LISTS: &str = r#"import ctypes, pynvml as nv
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+print(f'used={nv.nvmlDeviceGetMemoryInfo(h).used}')
+class V1(ctypes.Structure):
+    _fields_ = [('pid', ctypes.c_uint), ('usedGpuMemory', ctypes.c_ulonglong)]
+def shown(entries, n):
+    return ','.join(f'{entries[i].pid}:{entries[i].usedGpuMemory}' for i in range(n))
+def raw(name, struct):
+    fn = nv._nvmlGetFunctionPointer(name)
+    n = ctypes.c_uint(0)
+    rc = fn(h, ctypes.byref(n), None)
+    print(f'{name}.query={rc}:{n.value}')
+    if n.value > 0:
+        short = ctypes.c_uint(n.value - 1)
+        rc = fn(h, ctypes.byref(short), (struct * n.value)())
+        print(f'{name}.short={rc}:{short.value}')
+    room = ctypes.c_uint(n.value + 4)
+    entries = (struct * room.value)()
+    rc = fn(h, ctypes.byref(room), entries)
+    print(f'{name}=' + (shown(entries, room.value) if rc == 0 else f'error {rc}'))
+for kind in ('Compute', 'Graphics', 'MPSCompute'):
+    base = 'nvmlDeviceGet' + kind + 'RunningProcesses'
+    raw(base, V1)
+    raw(base + '_v2', nv.c_nvmlProcessInfo_v2_t)
+    raw(base + '_v3', nv.c_nvmlProcessInfo_v3_t)
+print('py_compute=' + ','.join(f'{p.pid}:{p.usedGpuMemory}' for p in nv.nvmlDeviceGetComputeRunningProcesses(h)))
+print('py_graphics=' + ','.join(f'{p.pid}:{p.usedGpuMemory}' for p in nv.nvmlDeviceGetGraphicsRunningProcesses(h)))
+print('py_mps=' + ','.join(f'{p.pid}:{p.usedGpuMemory}' for p in nv.nvmlDeviceGetMPSComputeRunningProcesses(h)))
+detail = nv._nvmlGetFunctionPointer('nvmlDeviceGetRunningProcessDetailList')
+for mode in (nv.NVML_PROCESS_MODE_COMPUTE, nv.NVML_PROCESS_MODE_GRAPHICS, nv.NVML_PROCESS_MODE_MPS):
+    plist = nv.c_nvmlProcessDetailList_t()
+    plist.version = nv.nvmlProcessDetailList_v1
+    plist.mode = mode
+    rc = detail(h, ctypes.byref(plist))
+    print(f'detail{mode}.query={rc}:{plist.numProcArrayEntries}')
+    if plist.numProcArrayEntries > 0:
+        room = plist.numProcArrayEntries
+        plist.numProcArrayEntries = room - 1
+        plist.procArray = ctypes.cast((nv.c_nvmlProcessDetail_v1_t * room)(), ctypes.POINTER(nv.c_nvmlProcessDetail_v1_t))
+        rc = detail(h, ctypes.byref(plist))
+        print(f'detail{mode}.short={rc}:{plist.numProcArrayEntries}')
+    procs = nv.nvmlDeviceGetRunningProcessDetailList(h, nv.nvmlProcessDetailList_v1, mode)
+    print(f'detail{mode}=' + ','.join(f'{p.pid}:{p.usedGpuMemory}' for p in procs))
+plist = nv.c_nvmlProcessDetailList_t()
+plist.version = nv.nvmlProcessDetailList_v1 + (1 << 24)
+print(f'detail_bad_version={detail(h, ctypes.byref(plist))}')
+plist.version = nv.nvmlProcessDetailList_v1
+plist.mode = 7
+print(f'detail_bad_mode={detail(h, ctypes.byref(plist))}')
+"#;
+
+/// The raw lists [`NVML_LISTS`] prints that name the simulated processes (compute and graphics; the
+/// detail list's modes 0 and 1), and those that are empty on simgpu (MPS; mode 2).
+const LISTS_OF_PROCESSES: [&str; 8] = [
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "detail0",
+    "detail1",
+];
+const EMPTY_LISTS: [&str; 4] = [
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "detail2",
+];
+
+/// The pids a `pid:used,...` value names.
+fn pids_of(list: &str) -> Vec<String> {
+    list.split(',')
+        .filter(|e| !e.is_empty())
+        .map(|e| e.split(':').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Two tenants, each with a process holding memory, running kernels and (simgpu's
+/// `SIMGPU_GRAPHICS_CLIENTS`) holding a graphics context on one GPU: through every NVML process list
+/// (compute, graphics, MPS in v1, v2, v3; the detail list of each mode), raw and through
+/// nvidia-ml-py, each tenant sees its own process only, with its charge (its usage, as NVML's memory
+/// view shows it), and the count protocol tells it of its own processes only (NULL buffer:
+/// `INSUFFICIENT_SIZE` with its count; one entry short: the same). The driver's own answer (no shim)
+/// lists both processes in the compute, graphics and detail lists, so those are filtered, not just
+/// empty. simgpu runs no MPS server: the MPS lists are empty on the driver, and the tenant sees them
+/// empty too, with the same count protocol.
+fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
+    let dir = scratch("nvml-lists");
+    let sim = sim("overhead-nvml-lists").env("SIMGPU_GRAPHICS_CLIENTS", "1");
+    let mut holders = Vec::new();
+    let mut pids = Vec::new();
+    for tenant in ["a", "b"] {
+        let mut cmd = client_of(
+            &LINKED_CU12,
+            &sim,
+            deploy,
+            &dir,
+            tenant,
+            &["hold", "64", "500"],
+        );
+        let mut child = sim.spawn(&mut cmd);
+        pids.push(wait_for_key(&mut child, "pid")["pid"].clone());
+        holders.push(child);
+    }
+    let args = ["-c", NVML_LISTS];
+    let mut driver_view = sim.command(venv_python());
+    driver_view.args(args);
+    let driver = sim.run_cmd(&mut driver_view);
+    driver.assert_success();
+    for key in LISTS_OF_PROCESSES {
+        let listed = pids_of(&driver.get(key));
+        for pid in &pids {
+            assert!(
+                listed.contains(pid),
+                "{deploy:?}: the driver's {key} lists {pid}\n{}",
+                driver.report()
+            );
+        }
+    }
+    for (i, tenant) in ["a", "b"].iter().enumerate() {
+        let run = sim.run_cmd(&mut tenant_command(
+            venv_python(),
+            &sim,
+            deploy,
+            &dir,
+            tenant,
+            &args,
+        ));
+        run.assert_success();
+        let report = run.report();
+        let mine = format!("{}:{}", pids[i], run.get_u64("used"));
+        for key in LISTS_OF_PROCESSES {
+            assert_eq!(
+                run.get(&format!("{key}.query")),
+                "7:1",
+                "{deploy:?}: tenant {tenant}'s count query of {key} (INSUFFICIENT_SIZE, 1)\n{report}"
+            );
+            assert_eq!(
+                run.get(&format!("{key}.short")),
+                "7:1",
+                "{deploy:?}: tenant {tenant}'s {key} with too little room\n{report}"
+            );
+            assert_eq!(
+                run.get(key),
+                mine,
+                "{deploy:?}: tenant {tenant}'s {key}\n{report}"
+            );
+        }
+        for key in ["py_compute", "py_graphics"] {
+            assert_eq!(run.get(key), mine, "{deploy:?}: {key}\n{report}");
+        }
+        for key in EMPTY_LISTS {
+            assert_eq!(
+                run.get(&format!("{key}.query")),
+                "0:0",
+                "{deploy:?}: tenant {tenant}'s count query of {key} (SUCCESS, none)\n{report}"
+            );
+            assert_eq!(
+                run.get(key),
+                "",
+                "{deploy:?}: tenant {tenant}'s {key}\n{report}"
+            );
+        }
+        assert_eq!(run.get("py_mps"), "", "{deploy:?}: py_mps\n{report}");
+        // NVML_ERROR_INVALID_ARGUMENT, as nvml.h documents and the driver answers: a list gpuslice
+        // cannot filter is refused, never passed on.
+        for key in ["detail_bad_version", "detail_bad_mode"] {
+            assert_eq!(run.get(key), driver.get(key), "{deploy:?}: {key}\n{report}");
+            assert_eq!(run.get_u64(key), 2, "{deploy:?}: {key}\n{report}");
+        }
+    }
+    for h in holders {
+        finish(h, "holder").assert_success();
+    }
+}
+
+#[test]
+fn nvml_every_process_list_shows_only_the_tenant_preloaded() {
+    nvml_every_process_list_shows_only_the_tenant(Deploy::Preload);
+}
+
+#[test]
+fn nvml_every_process_list_shows_only_the_tenant_dropin() {
+    nvml_every_process_list_shows_only_the_tenant(Deploy::Dropin);
+}
+
+#[test]
+fn nvml_every_process_list_shows_only_the_tenant_mixed() {
+    nvml_every_process_list_shows_only_the_tenant(Deploy::Mixed);
+}
+
 /// A card fuller than the quotas promise (a neighbour holds more than the rest of the card leaves
 /// the tenant's quota): NVML shows the tenant only what it can get as free, and what the card holds
 /// back as `_v2`'s reserved and, as NVIDIA documents for the v1 struct, inside v1's used: total =

@@ -104,6 +104,8 @@ fn nvml() -> Vec<Layout> {
         nvmlProcessInfo_t { pid, usedGpuMemory, gpuInstanceId, computeInstanceId }
         nvmlPciInfo_t { busIdLegacy, domain, bus, device, pciDeviceId, pciSubSystemId, busId }
         nvmlProcessUtilizationSample_t { pid, timeStamp, smUtil, memUtil, encUtil, decUtil }
+        nvmlProcessDetail_v1_t { pid, usedGpuMemory, gpuInstanceId, computeInstanceId, usedGpuCcProtectedMemory }
+        nvmlProcessDetailList_v1_t { version, mode, numProcArrayEntries, procArray }
     }
 }
 

@@ -70,6 +70,43 @@ pub struct nvmlProcessInfo_t {
 }
 pub type nvmlProcessInfo_v2_t = nvmlProcessInfo_t;
 
+/// `nvmlProcessDetail_v1_t` (`nvmlDeviceGetRunningProcessDetailList`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct nvmlProcessDetail_v1_t {
+    pub pid: u32,
+    pub usedGpuMemory: u64,
+    /// 0xFFFFFFFF without MIG.
+    pub gpuInstanceId: u32,
+    /// 0xFFFFFFFF without MIG.
+    pub computeInstanceId: u32,
+    /// Confidential-computing protected memory.
+    pub usedGpuCcProtectedMemory: u64,
+}
+
+/// `nvmlProcessDetailList_v1_t`, also `nvmlProcessDetailList_t`: the list of one `mode`'s processes,
+/// in `procArray` of room `numProcArrayEntries`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct nvmlProcessDetailList_v1_t {
+    pub version: u32,
+    /// `NVML_PROCESS_MODE_*`.
+    pub mode: u32,
+    pub numProcArrayEntries: u32,
+    pub procArray: *mut nvmlProcessDetail_v1_t,
+}
+pub type nvmlProcessDetailList_t = nvmlProcessDetailList_v1_t;
+
+/// `nvmlProcessDetailList_v1`.
+#[allow(non_upper_case_globals)]
+pub const nvmlProcessDetailList_v1: u32 =
+    nvml_struct_version(std::mem::size_of::<nvmlProcessDetailList_v1_t>(), 1);
+
+/// `nvmlProcessMode_t`: which processes `nvmlDeviceGetRunningProcessDetailList` lists.
+pub const NVML_PROCESS_MODE_COMPUTE: u32 = 0;
+pub const NVML_PROCESS_MODE_GRAPHICS: u32 = 1;
+pub const NVML_PROCESS_MODE_MPS: u32 = 2;
+
 /// `NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE`, `NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE`.
 pub const NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE: usize = 32;
 pub const NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE: usize = 16;
@@ -146,6 +183,15 @@ mod tests {
         assert_eq!(offset_of!(nvmlPciInfo_t, pciSubSystemId), 32);
         assert_eq!(offset_of!(nvmlPciInfo_t, busId), 36);
 
+        assert_eq!(size_of::<nvmlProcessDetail_v1_t>(), 32);
+        assert_eq!(
+            offset_of!(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory),
+            24
+        );
+        assert_eq!(size_of::<nvmlProcessDetailList_v1_t>(), 24);
+        assert_eq!(offset_of!(nvmlProcessDetailList_v1_t, procArray), 16);
+        // nvml.h's NVML_STRUCT_VERSION(ProcessDetailList, 1), as nvidia-ml-py spells it.
+        assert_eq!(nvmlProcessDetailList_v1, 0x0100_0018);
         assert_eq!(size_of::<nvmlProcessUtilizationSample_t>(), 32);
         assert_eq!(offset_of!(nvmlProcessUtilizationSample_t, timeStamp), 8);
         assert_eq!(offset_of!(nvmlProcessUtilizationSample_t, smUtil), 16);

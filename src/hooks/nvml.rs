@@ -2,19 +2,23 @@
 //! quota as the card: total = quota, used = the tenant's usage (allocations and driver overhead as
 //! charged), free = the rest (`_v2`: `reserved` 0, so total = reserved + used + free; on a card
 //! fuller than the quotas promise, free is what the card has, and the difference is `_v2`'s
-//! `reserved` and part of v1's `used`); the process lists and per-process utilisation show the
-//! tenant's own processes only, each with its charge.
+//! `reserved` and part of v1's `used`); the process lists (compute, graphics, MPS, in every version,
+//! and the detail list of each mode) and per-process utilisation show the tenant's own processes
+//! only, each with its charge: [`shown_processes`] decides which, for every one of these calls.
 
 use super::{hooks, Out};
 use crate::accounting::tenant;
-use crate::accounting::views::TenantProcess;
+use crate::accounting::views::{shown_processes, ProcessList, TenantProcess};
 use crate::driver::calls::nvml::real as nvml_real;
 use gpuslice_api::nvml::{
-    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
-    nvmlProcessUtilizationSample_t,
+    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessDetailList_t, nvmlProcessDetailList_v1,
+    nvmlProcessDetail_v1_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+    nvmlProcessUtilizationSample_t, NVML_PROCESS_MODE_COMPUTE, NVML_PROCESS_MODE_GRAPHICS,
+    NVML_PROCESS_MODE_MPS,
 };
 use gpuslice_api::{NvmlError, NvmlReturn};
 use std::ffi::{c_char, c_uint, c_ulonglong};
+use ProcessList::{Compute, Graphics, Mps};
 
 hooks! {
     ret = NvmlReturn, missing = Err(NvmlError::UNINITIALIZED);
@@ -23,11 +27,35 @@ hooks! {
     fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t)
         => memory_info(device, Out::new(memory), || real::nvmlDeviceGetMemoryInfo_v2(device, memory));
     fn nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t)
-        => processes(device, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses(device, count, infos));
+        => processes(device, Compute, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses(device, count, infos),
+                     |all, n| real::nvmlDeviceGetComputeRunningProcesses(device, n, all));
     fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
-        => processes(device, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses_v2(device, count, infos));
+        => processes(device, Compute, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses_v2(device, count, infos),
+                     |all, n| real::nvmlDeviceGetComputeRunningProcesses_v2(device, n, all));
     fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
-        => processes(device, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos));
+        => processes(device, Compute, Out::new(count), infos, || real::nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos),
+                     |all, n| real::nvmlDeviceGetComputeRunningProcesses_v3(device, n, all));
+    fn nvmlDeviceGetGraphicsRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t)
+        => processes(device, Graphics, Out::new(count), infos, || real::nvmlDeviceGetGraphicsRunningProcesses(device, count, infos),
+                     |all, n| real::nvmlDeviceGetGraphicsRunningProcesses(device, n, all));
+    fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
+        => processes(device, Graphics, Out::new(count), infos, || real::nvmlDeviceGetGraphicsRunningProcesses_v2(device, count, infos),
+                     |all, n| real::nvmlDeviceGetGraphicsRunningProcesses_v2(device, n, all));
+    fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
+        => processes(device, Graphics, Out::new(count), infos, || real::nvmlDeviceGetGraphicsRunningProcesses_v3(device, count, infos),
+                     |all, n| real::nvmlDeviceGetGraphicsRunningProcesses_v3(device, n, all));
+    fn nvmlDeviceGetMPSComputeRunningProcesses(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t)
+        => processes(device, Mps, Out::new(count), infos, || real::nvmlDeviceGetMPSComputeRunningProcesses(device, count, infos),
+                     |all, n| real::nvmlDeviceGetMPSComputeRunningProcesses(device, n, all));
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
+        => processes(device, Mps, Out::new(count), infos, || real::nvmlDeviceGetMPSComputeRunningProcesses_v2(device, count, infos),
+                     |all, n| real::nvmlDeviceGetMPSComputeRunningProcesses_v2(device, n, all));
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t)
+        => processes(device, Mps, Out::new(count), infos, || real::nvmlDeviceGetMPSComputeRunningProcesses_v3(device, count, infos),
+                     |all, n| real::nvmlDeviceGetMPSComputeRunningProcesses_v3(device, n, all));
+    fn nvmlDeviceGetRunningProcessDetailList(device: nvmlDevice_t, plist: *mut nvmlProcessDetailList_t)
+        => process_detail_list(device, Out::new(plist), || real::nvmlDeviceGetRunningProcessDetailList(device, plist),
+                               |own| real::nvmlDeviceGetRunningProcessDetailList(device, own));
     fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, since: c_ulonglong)
         => process_utilization(device, samples, Out::new(count), || real::nvmlDeviceGetProcessUtilization(device, samples, count, since),
                                |all, n| real::nvmlDeviceGetProcessUtilization(device, all, n, since));
@@ -103,8 +131,9 @@ fn tenant_processes(device: nvmlDevice_t) -> Option<Vec<TenantProcess>> {
 }
 
 /// Both process-info structs.
-trait ProcessEntry: Copy {
+trait ProcessEntry: Copy + Default {
     fn new(pid: u32, used: u64) -> Self;
+    fn pid(&self) -> u32;
 }
 impl ProcessEntry for nvmlProcessInfo_v1_t {
     fn new(pid: u32, used: u64) -> Self {
@@ -112,6 +141,9 @@ impl ProcessEntry for nvmlProcessInfo_v1_t {
             pid,
             usedGpuMemory: used,
         }
+    }
+    fn pid(&self) -> u32 {
+        self.pid
     }
 }
 impl ProcessEntry for nvmlProcessInfo_t {
@@ -123,30 +155,120 @@ impl ProcessEntry for nvmlProcessInfo_t {
             computeInstanceId: u32::MAX,
         }
     }
+    fn pid(&self) -> u32 {
+        self.pid
+    }
 }
 
-/// The tenant's own processes, each with what it is charged, in NVML's calling convention: `count`
-/// holds the room in `infos`; too little room is `INSUFFICIENT_SIZE` with the count needed.
+/// The tenant's entries of `list` on a device; the driver's own entries of it are read (into a
+/// buffer of our own) only where the view depends on them.
+fn shown_list<E: Copy + Default>(
+    list: ProcessList,
+    mine: &[TenantProcess],
+    pid: impl Fn(&E) -> u32,
+    read_all: impl FnMut(*mut E, &mut c_uint) -> NvmlReturn,
+) -> Result<Vec<TenantProcess>, NvmlError> {
+    let driver_pids: Vec<u32> = if list.follows_driver() {
+        all_entries(read_all)?.iter().map(pid).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(shown_processes(list, mine, &driver_pids))
+}
+
+/// The tenant's own processes of `list`, each with what it is charged, in NVML's calling
+/// convention: `count` holds the room in `infos`; too little room is `INSUFFICIENT_SIZE` with the
+/// count needed (a NULL `infos` with room 0 asks for the count); none at all is success with 0.
 fn processes<P: ProcessEntry>(
     device: nvmlDevice_t,
+    list: ProcessList,
     count: Out<c_uint>,
     infos: *mut P,
     call: impl FnOnce() -> NvmlReturn,
+    read_all: impl FnMut(*mut P, &mut c_uint) -> NvmlReturn,
 ) -> NvmlReturn {
-    let Some(list) = tenant_processes(device) else {
+    let Some(mine) = tenant_processes(device) else {
         return call();
     };
     let Some(room) = count.get() else {
         return call();
     };
-    let needed = u32::try_from(list.len()).unwrap_or(u32::MAX);
+    let shown = shown_list(list, &mine, P::pid, read_all)?;
+    let needed = u32::try_from(shown.len()).unwrap_or(u32::MAX);
     count.set(needed);
     if room < needed || (needed > 0 && infos.is_null()) {
         return Err(NvmlError::INSUFFICIENT_SIZE);
     }
-    for (i, p) in list.iter().enumerate() {
+    for (i, p) in shown.iter().enumerate() {
         // SAFETY: the caller gave room for `room` >= `needed` entries at `infos`.
         unsafe { infos.add(i).write_unaligned(P::new(p.pid, p.used)) };
+    }
+    Ok(())
+}
+
+/// `nvmlDeviceGetRunningProcessDetailList`: the tenant's own processes of the list's mode, as
+/// [`processes`] shows the other lists, in this struct's convention (`numProcArrayEntries` holds
+/// the room in `procArray` and returns the count). A version or mode gpuslice does not know is
+/// refused as nvml.h documents (`INVALID_ARGUMENT`) rather than passed on unfiltered. The driver's
+/// list of the mode is always read first, so that its own answer (a GPU older than Hopper does not
+/// support the call) stands; its confidential-computing figure is kept for the tenant's processes.
+fn process_detail_list(
+    device: nvmlDevice_t,
+    plist: Out<nvmlProcessDetailList_t>,
+    call: impl FnOnce() -> NvmlReturn,
+    read: impl Fn(*mut nvmlProcessDetailList_t) -> NvmlReturn,
+) -> NvmlReturn {
+    let Some(mine) = tenant_processes(device) else {
+        return call();
+    };
+    let Some(mut request) = plist.get() else {
+        return call();
+    };
+    if request.version != nvmlProcessDetailList_v1 {
+        return Err(NvmlError::INVALID_ARGUMENT);
+    }
+    let list = match request.mode {
+        NVML_PROCESS_MODE_COMPUTE => Compute,
+        NVML_PROCESS_MODE_GRAPHICS => Graphics,
+        NVML_PROCESS_MODE_MPS => Mps,
+        _ => return Err(NvmlError::INVALID_ARGUMENT),
+    };
+    let driver: Vec<nvmlProcessDetail_v1_t> = all_entries(|buffer, n| {
+        let mut own = nvmlProcessDetailList_t {
+            procArray: buffer,
+            numProcArrayEntries: *n,
+            ..request
+        };
+        let answer = read(&mut own);
+        *n = own.numProcArrayEntries;
+        answer
+    })?;
+    let pids: Vec<u32> = driver.iter().map(|e| e.pid).collect();
+    let shown = shown_processes(list, &mine, &pids);
+    let room = request.numProcArrayEntries;
+    let needed = u32::try_from(shown.len()).unwrap_or(u32::MAX);
+    request.numProcArrayEntries = needed;
+    plist.set(request);
+    if needed == 0 {
+        return Ok(());
+    }
+    if room < needed || request.procArray.is_null() {
+        return Err(NvmlError::INSUFFICIENT_SIZE);
+    }
+    for (i, p) in shown.iter().enumerate() {
+        let protected = driver
+            .iter()
+            .find(|e| e.pid == p.pid)
+            .map_or(0, |e| e.usedGpuCcProtectedMemory);
+        let entry = nvmlProcessDetail_v1_t {
+            pid: p.pid,
+            usedGpuMemory: p.used,
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
+            usedGpuCcProtectedMemory: protected,
+        };
+        // SAFETY: the caller gave room for `room` >= `needed` entries at `procArray`.
+        unsafe { request.procArray.add(i).write_unaligned(entry) };
     }
     Ok(())
 }
@@ -161,7 +283,7 @@ fn process_utilization(
     samples: *mut nvmlProcessUtilizationSample_t,
     count: Out<c_uint>,
     call: impl FnOnce() -> NvmlReturn,
-    read_all: impl Fn(*mut nvmlProcessUtilizationSample_t, *mut c_uint) -> NvmlReturn,
+    read_all: impl FnMut(*mut nvmlProcessUtilizationSample_t, &mut c_uint) -> NvmlReturn,
 ) -> NvmlReturn {
     let Some(list) = tenant_processes(device) else {
         return call();
@@ -169,7 +291,7 @@ fn process_utilization(
     let Some(room) = count.get() else {
         return call();
     };
-    let all = all_samples(read_all)?;
+    let all = all_entries(read_all)?;
     let mine: Vec<_> = all
         .into_iter()
         .filter(|s| list.iter().any(|p| p.pid == s.pid))
@@ -189,11 +311,12 @@ fn process_utilization(
     Ok(())
 }
 
-/// Every sample the driver has, asked with NVML's count protocol (the count may grow between the
-/// two calls: asked again a few times). No sample at all is the driver's `NOT_FOUND`.
-fn all_samples(
-    read: impl Fn(*mut nvmlProcessUtilizationSample_t, *mut c_uint) -> NvmlReturn,
-) -> Result<Vec<nvmlProcessUtilizationSample_t>, NvmlError> {
+/// Every entry the driver has (samples, processes), asked with NVML's count protocol (the count may
+/// grow between the two calls: asked again a few times). No entry at all is the driver's success with
+/// a count of 0 (or its `NOT_FOUND`, for samples).
+fn all_entries<T: Copy + Default>(
+    mut read: impl FnMut(*mut T, &mut c_uint) -> NvmlReturn,
+) -> Result<Vec<T>, NvmlError> {
     let mut n: c_uint = 0;
     match read(std::ptr::null_mut(), &mut n) {
         Err(e) if e == NvmlError::INSUFFICIENT_SIZE => {}
@@ -202,21 +325,21 @@ fn all_samples(
     }
     for _ in 0..4 {
         // Room for processes that start between the calls.
-        let room = n.saturating_add(8).min(MAX_SAMPLES);
-        let mut buffer = vec![nvmlProcessUtilizationSample_t::default(); room as usize];
+        let room = n.saturating_add(8).min(MAX_ENTRIES);
+        let mut buffer = vec![T::default(); room as usize];
         n = room;
         match read(buffer.as_mut_ptr(), &mut n) {
             Ok(()) => {
                 buffer.truncate((n as usize).min(buffer.len()));
                 return Ok(buffer);
             }
-            Err(e) if e == NvmlError::INSUFFICIENT_SIZE && n > room && room < MAX_SAMPLES => {}
+            Err(e) if e == NvmlError::INSUFFICIENT_SIZE && n > room && room < MAX_ENTRIES => {}
             Err(e) => return Err(e),
         }
     }
     Err(NvmlError::INSUFFICIENT_SIZE)
 }
 
-/// More samples than any device holds processes (a bound on what a driver's count can make us
+/// More entries than any device holds processes (a bound on what a driver's count can make us
 /// allocate).
-const MAX_SAMPLES: c_uint = 4096;
+const MAX_ENTRIES: c_uint = 4096;

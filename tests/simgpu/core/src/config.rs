@@ -39,6 +39,10 @@ pub struct Config {
     /// `SIMGPU_POOL_ATTRIBUTES_ZERO=1`: memory pools answer 0 for their reserved and used sizes (a
     /// driver whose answers cannot be trusted).
     pub pool_attributes_zero: bool,
+    /// `SIMGPU_GRAPHICS_CLIENTS=1`: every process with memory on a device also holds a graphics
+    /// context there (as a CUDA-OpenGL/Vulkan interop program does), so NVML lists it among the
+    /// graphics processes too. Read by the process asking NVML.
+    pub graphics_clients: bool,
 }
 
 /// Most devices a state file holds.
@@ -60,6 +64,7 @@ impl Default for Config {
             group: String::new(),
             module_scale: 1,
             pool_attributes_zero: false,
+            graphics_clients: false,
         }
     }
 }
@@ -173,6 +178,16 @@ impl Config {
             zero.set(on);
             Some(())
         });
+        let graphics = std::cell::Cell::new(c.graphics_clients);
+        get("SIMGPU_GRAPHICS_CLIENTS", &|v| {
+            let on = match v {
+                "1" => true,
+                "0" | "" => false,
+                _ => return None,
+            };
+            graphics.set(on);
+            Some(())
+        });
         c.devices = devices.get();
         c.memory = memory.get();
         c.driver_version = driver.get();
@@ -186,6 +201,7 @@ impl Config {
         c.group = group.into_inner();
         c.module_scale = scale.get();
         c.pool_attributes_zero = zero.get();
+        c.graphics_clients = graphics.get();
         c
     }
 }

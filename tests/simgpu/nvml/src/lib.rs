@@ -757,16 +757,18 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     })
 }
 
+/// A process's entry in the `_v2`/`_v3` lists (no MIG).
+fn process_info((pid, usedGpuMemory): (u32, u64)) -> nvmlProcessInfo_t {
+    nvmlProcessInfo_t {
+        pid,
+        usedGpuMemory,
+        gpuInstanceId: u32::MAX,
+        computeInstanceId: u32::MAX,
+    }
+}
+
 fn process_infos(device: nvmlDevice_t) -> Result<Vec<nvmlProcessInfo_t>, NvmlError> {
-    Ok(running(device)?
-        .into_iter()
-        .map(|(pid, usedGpuMemory)| nvmlProcessInfo_t {
-            pid,
-            usedGpuMemory,
-            gpuInstanceId: u32::MAX,
-            computeInstanceId: u32::MAX,
-        })
-        .collect())
+    Ok(running(device)?.into_iter().map(process_info).collect())
 }
 
 /// # Safety
@@ -831,5 +833,176 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         }
         // SAFETY: the caller's contract.
         unsafe { put_list(count, samples, items) }
+    })
+}
+
+// Graphics and MPS clients. simgpu runs no graphics work and no MPS server: the MPS lists are empty,
+// which NVML answers as success with a count of 0 (whatever room the caller gave), and so are the
+// graphics lists, unless `SIMGPU_GRAPHICS_CLIENTS=1` says that every process with memory on the
+// device also holds a graphics context (a CUDA-OpenGL/Vulkan interop program): then they name the
+// same processes as the compute lists, each with all the memory it uses, as nvml.h documents.
+
+/// The processes with a graphics context on `device`: (pid, bytes), by pid.
+fn graphics(device: nvmlDevice_t) -> Result<Vec<(u32, u64)>, NvmlError> {
+    if config().graphics_clients {
+        running(device)
+    } else {
+        self::device(device)?;
+        Ok(Vec::new())
+    }
+}
+
+/// # Safety
+/// `count` and `infos` follow NVML's in/out protocol (see `put_list`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> NvmlReturn {
+    call("nvmlDeviceGetGraphicsRunningProcesses", true, || {
+        let items = graphics(device)?
+            .into_iter()
+            .map(|(pid, usedGpuMemory)| nvmlProcessInfo_v1_t { pid, usedGpuMemory })
+            .collect();
+        // SAFETY: the caller's contract.
+        unsafe { put_list(count, infos, items) }
+    })
+}
+
+/// # Safety
+/// `count` and `infos` follow NVML's in/out protocol (see `put_list`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> NvmlReturn {
+    call("nvmlDeviceGetGraphicsRunningProcesses_v2", true, || {
+        let items = graphics(device)?.into_iter().map(process_info).collect();
+        // SAFETY: the caller's contract.
+        unsafe { put_list(count, infos, items) }
+    })
+}
+
+/// # Safety
+/// `count` and `infos` follow NVML's in/out protocol (see `put_list`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> NvmlReturn {
+    call("nvmlDeviceGetGraphicsRunningProcesses_v3", true, || {
+        let items = graphics(device)?.into_iter().map(process_info).collect();
+        // SAFETY: the caller's contract.
+        unsafe { put_list(count, infos, items) }
+    })
+}
+
+/// # Safety
+/// `count` and `infos` follow NVML's in/out protocol (see `put_list`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> NvmlReturn {
+    call("nvmlDeviceGetMPSComputeRunningProcesses", true, || {
+        self::device(device)?;
+        // SAFETY: the caller's contract.
+        unsafe { put_list(count, infos, Vec::new()) }
+    })
+}
+
+/// # Safety
+/// `count` and `infos` follow NVML's in/out protocol (see `put_list`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v2(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> NvmlReturn {
+    call("nvmlDeviceGetMPSComputeRunningProcesses_v2", true, || {
+        self::device(device)?;
+        // SAFETY: the caller's contract.
+        unsafe { put_list(count, infos, Vec::new()) }
+    })
+}
+
+/// # Safety
+/// `count` and `infos` follow NVML's in/out protocol (see `put_list`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> NvmlReturn {
+    call("nvmlDeviceGetMPSComputeRunningProcesses_v3", true, || {
+        self::device(device)?;
+        // SAFETY: the caller's contract.
+        unsafe { put_list(count, infos, Vec::new()) }
+    })
+}
+
+/// The processes of `plist->mode` (compute: those with memory on the device; graphics: see
+/// [`graphics`]; MPS: none), in NVML's protocol for this struct: `numProcArrayEntries` holds the room
+/// in `procArray` and returns the count; too little room (or a NULL array) is `NVML_ERROR_INSUFFICIENT_SIZE`, no process at all
+/// success. An unknown version or mode is `NVML_ERROR_INVALID_ARGUMENT`, as nvml.h documents; a device
+/// older than Hopper (compute capability 9.0) does not support the call.
+///
+/// # Safety
+/// `plist` is null or valid for reading and writing an `nvmlProcessDetailList_t` whose `procArray` is
+/// null or holds `numProcArrayEntries` writable entries.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
+    device: nvmlDevice_t,
+    plist: *mut nvmlProcessDetailList_t,
+) -> NvmlReturn {
+    call("nvmlDeviceGetRunningProcessDetailList", true, || {
+        let d = self::device(device)?;
+        if plist.is_null() {
+            return Err(NvmlError::INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null and valid per the caller's contract.
+        let mut list = unsafe { plist.read_unaligned() };
+        if list.version != nvmlProcessDetailList_v1 {
+            return Err(NvmlError::INVALID_ARGUMENT);
+        }
+        if d.compute_capability.0 < 9 {
+            return Err(NvmlError::NOT_SUPPORTED);
+        }
+        let processes = match list.mode {
+            NVML_PROCESS_MODE_COMPUTE => running(device)?,
+            NVML_PROCESS_MODE_GRAPHICS => graphics(device)?,
+            NVML_PROCESS_MODE_MPS => Vec::new(),
+            _ => return Err(NvmlError::INVALID_ARGUMENT),
+        };
+        let items: Vec<nvmlProcessDetail_v1_t> = processes
+            .into_iter()
+            .map(|(pid, usedGpuMemory)| nvmlProcessDetail_v1_t {
+                pid,
+                usedGpuMemory,
+                gpuInstanceId: u32::MAX,
+                computeInstanceId: u32::MAX,
+                usedGpuCcProtectedMemory: 0,
+            })
+            .collect();
+        let room = list.numProcArrayEntries as usize;
+        list.numProcArrayEntries = items.len() as c_uint;
+        // SAFETY: as above.
+        unsafe { plist.write_unaligned(list) };
+        if items.is_empty() {
+            return Ok(());
+        }
+        if room < items.len() || list.procArray.is_null() {
+            return Err(NvmlError::INSUFFICIENT_SIZE);
+        }
+        for (i, item) in items.into_iter().enumerate() {
+            // SAFETY: `i < items.len() <= room`, and `procArray` holds `room` entries per the
+            // caller's contract.
+            unsafe { list.procArray.add(i).write_unaligned(item) };
+        }
+        Ok(())
     })
 }
