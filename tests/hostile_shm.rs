@@ -242,6 +242,41 @@ fn cli_answers_whatever_is_at_the_ledger_path() {
     }
 }
 
+/// The threads of one process share its slot, so the arbitration lock word cannot tell them apart:
+/// one thread holding the lock for longer than another spins must still exclude the other (it once
+/// took the word over as bogus and logged a damaged ledger).
+#[test]
+fn threads_of_one_process_take_turns_at_the_arbitration_lock() {
+    let dir = tmp_dir("devledger-threads");
+    let uuid = "GPU-1b2c3d4e-0000-1111-2222-333344446666";
+    let path = path_for(&dir, uuid);
+    let ledger = DeviceLedger::open(&path, uuid, true).unwrap();
+    let slot = ledger.claim_slot(0).unwrap();
+    let inside = std::sync::atomic::AtomicU32::new(0);
+    let overlaps = std::sync::atomic::AtomicU32::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    let _g = ledger.lock(slot);
+                    if inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                        overlaps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    // Far longer than the 64 spins a waiter makes before judging the holder.
+                    std::thread::sleep(Duration::from_millis(1));
+                    inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    assert_eq!(
+        overlaps.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "two threads held the arbitration lock at once"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The device ledger's guarantees, through its public API: a joiner arriving while the file is
 /// being initialised waits and then succeeds; a read-only handle's stores reach nothing shared; a
 /// truncated file is repaired by the next sweep of a process using it, which writes back its slot

@@ -104,6 +104,9 @@ pub struct DeviceLedger {
     /// descriptor it gave up.
     forks_at_open: u32,
     own: parking_lot::Mutex<Own>,
+    /// Held with the arbitration lock: this process's threads share one slot, so the lock word
+    /// (which names the slot) cannot tell them apart; they take turns here first.
+    pub(super) arbitration: parking_lot::ReentrantMutex<()>,
     /// Truncations repaired so far (logged once each).
     repairs: AtomicUsize,
     /// The node's compute policy of this GPU (root's file beside the ledger), if any: it overrides
@@ -148,6 +151,7 @@ impl DeviceLedger {
             lock_fd,
             forks_at_open: sys::forks_seen(),
             own: parking_lot::Mutex::new(Own::default()),
+            arbitration: parking_lot::ReentrantMutex::new(()),
             repairs: AtomicUsize::new(0),
             policy: Overlay::new(path),
         }

@@ -16,6 +16,10 @@ impl DeviceLedger {
     /// Takes the arbitration lock (`me` = our slot), taking over a dead or stopped holder's, one
     /// held past its bound, and a lock word or time stamp that cannot be genuine (untrusted file).
     pub fn lock(&self, me: usize) -> LockGuard<'_> {
+        // Another thread of this process holding the word holds `local` too: a word naming our slot
+        // seen from here is then a dead process's whose slot we were given (or our own thread's,
+        // re-entering), never a live holder's.
+        let local = self.arbitration.lock();
         let h = &self.layout().header;
         let mine = Holder::of(me).word();
         let mut spins = 0u32;
@@ -24,7 +28,11 @@ impl DeviceLedger {
             if cur == 0 {
                 if h.lock.compare_exchange(0, mine, AcqRel, Acquire).is_ok() {
                     h.lock_ns.store(now_ns(), Release);
-                    return LockGuard { l: self, me };
+                    return LockGuard {
+                        l: self,
+                        me,
+                        _local: local,
+                    };
                 }
                 continue;
             }
@@ -52,7 +60,11 @@ impl DeviceLedger {
                         ),
                     );
                 }
-                return LockGuard { l: self, me };
+                return LockGuard {
+                    l: self,
+                    me,
+                    _local: local,
+                };
             }
             std::thread::sleep(Duration::from_micros(20));
         }
@@ -63,6 +75,9 @@ impl DeviceLedger {
 pub struct LockGuard<'a> {
     pub(super) l: &'a DeviceLedger,
     pub(super) me: usize,
+    /// This process's turn ([`DeviceLedger::lock`]), given up after the word (fields drop after
+    /// `drop`).
+    _local: parking_lot::ReentrantMutexGuard<'a, ()>,
 }
 
 impl Drop for LockGuard<'_> {
