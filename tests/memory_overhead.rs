@@ -48,6 +48,48 @@ enum Deploy {
     Mixed,
 }
 
+/// One test per deployment (preload, drop-in, both) of `$check(deploy)`, named by the three names.
+macro_rules! in_every_deployment {
+    ($check:ident: $preloaded:ident, $dropin:ident, $mixed:ident) => {
+        #[test]
+        fn $preloaded() {
+            $check(Deploy::Preload);
+        }
+        #[test]
+        fn $dropin() {
+            $check(Deploy::Dropin);
+        }
+        #[test]
+        fn $mixed() {
+            $check(Deploy::Mixed);
+        }
+    };
+}
+
+/// A holder process (64 MiB, kernels every 500 ms) of tenants `a` and `b` each, with their pids.
+fn holders_of_a_and_b(
+    sim: &Sim,
+    deploy: Deploy,
+    dir: &Path,
+) -> (Vec<std::process::Child>, Vec<String>) {
+    ["a", "b"]
+        .into_iter()
+        .map(|tenant| {
+            let mut cmd = client_of(
+                &LINKED_CU12,
+                sim,
+                deploy,
+                dir,
+                tenant,
+                &["hold", "64", "500"],
+            );
+            let mut child = sim.spawn(&mut cmd);
+            let pid = wait_for_key(&mut child, "pid")["pid"].clone();
+            (child, pid)
+        })
+        .unzip()
+}
+
 /// A client of `tenant` (quota 1 GiB, its ledger and device directory in `dir`) on `sim`.
 fn client(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str, args: &[&str]) -> Command {
     client_of(&CLIENT, sim, deploy, dir, tenant, args)
@@ -305,45 +347,65 @@ fn contexts_on_two_devices_are_each_charged_on_their_device() {
     }
 }
 
+/// Runs the client's two-device `mode` (`peerpool`, `peerstream`) as a process of a tenant with
+/// 4 GiB on device 0 and 1 GiB on device 1, until it reports `ready`; returns what it printed and
+/// what simgpu says the process holds on devices 0 and 1.
+fn held_on_two_devices(deploy: Deploy, mode: &str) -> (BTreeMap<String, String>, u64, u64) {
+    let dir = scratch(mode);
+    let sim = sim(&format!("overhead-{mode}")).env("SIMGPU_DEVICES", "2");
+    let mut cmd = client(&sim, deploy, &dir, "peer", &[mode]);
+    let mut holder = sim.spawn(cmd.env("GPUSLICE_MEMORY_LIMIT", "0=4GiB,1=1GiB"));
+    let kv = wait_for_key(&mut holder, "ready");
+    let stat = sim.stat();
+    let Json::Arr(procs) = stat.at("processes") else {
+        panic!("simgpu-stat: no processes in {stat}")
+    };
+    let process = procs
+        .iter()
+        .find(|p| p.u64("pid").to_string() == kv["pid"])
+        .unwrap_or_else(|| panic!("{deploy:?}: {kv:?}: not in {stat}"));
+    let held = (process.u64("used.0"), process.u64("used.1"));
+    drop(holder.stdin.take());
+    finish(holder, "holder").assert_success();
+    (kv, held.0, held.1)
+}
+
+/// After [`held_on_two_devices`]: device 1 held to its 1 GiB by simgpu's counters, the client's
+/// 64 MiB blocks (`blocks` in its output) up to that quota beside the context, and device 0 charged
+/// its context only.
+fn assert_device1_held_to_its_quota(
+    report: &str,
+    kv: &BTreeMap<String, String>,
+    blocks: &str,
+    on_device1: u64,
+) {
+    assert!(
+        on_device1 <= QUOTA,
+        "{report}: simgpu holds {on_device1} on device 1, past its 1 GiB quota"
+    );
+    assert_eq!(
+        kv[blocks].parse::<u64>().unwrap(),
+        (QUOTA - SIM_CONTEXT) / (64 * MIB),
+        "{report}: blocks up to device 1's quota"
+    );
+    let used0: u64 = kv["used0"].parse().unwrap();
+    assert!(
+        near(used0, SIM_CONTEXT),
+        "{report}: device 0 is charged {used0}, its context costs {SIM_CONTEXT}"
+    );
+}
+
 /// A pool on another device than the current context's (NVIDIA: `cuMemAllocFromPoolAsync`'s pool
 /// "may be from a device different than that of the specified stream"): its memory is charged to the
 /// pool's device, whose quota holds by simgpu's counters, and nothing to the current context's.
 #[test]
 fn a_pool_on_another_device_is_charged_to_that_device() {
     for deploy in [Deploy::Preload, Deploy::Dropin] {
-        let dir = scratch("peer-pool");
-        let sim = sim("overhead-peer-pool").env("SIMGPU_DEVICES", "2");
-        let mut cmd = client(&sim, deploy, &dir, "peer", &["peerpool"]);
         // Room on device 0 (the current context's) for everything device 1's pool could take.
-        let mut holder = sim.spawn(cmd.env("GPUSLICE_MEMORY_LIMIT", "0=4GiB,1=1GiB"));
-        let kv = wait_for_key(&mut holder, "ready");
+        let (kv, _, on_device1) = held_on_two_devices(deploy, "peerpool");
         let report = format!("{deploy:?}: {kv:?}");
-        let stat = sim.stat();
-        let Json::Arr(procs) = stat.at("processes") else {
-            panic!("simgpu-stat: no processes in {stat}")
-        };
-        let process = procs
-            .iter()
-            .find(|p| p.u64("pid").to_string() == kv["pid"])
-            .unwrap_or_else(|| panic!("{report}: not in {stat}"));
-        let on_device1 = process.u64("used.1");
-        drop(holder.stdin.take());
-        finish(holder, "holder").assert_success();
-        assert!(
-            on_device1 <= QUOTA,
-            "{report}: simgpu holds {on_device1} on device 1, past its 1 GiB quota"
-        );
-        assert_eq!(
-            kv["pool_blocks"].parse::<u64>().unwrap(),
-            (QUOTA - SIM_CONTEXT) / (64 * MIB),
-            "{report}: blocks up to device 1's quota"
-        );
         assert_eq!(kv["default_rc"], "2", "{report}: device 1's default pool");
-        let used0: u64 = kv["used0"].parse().unwrap();
-        assert!(
-            near(used0, SIM_CONTEXT),
-            "{report}: device 0 is charged {used0}, its context costs {SIM_CONTEXT}"
-        );
+        assert_device1_held_to_its_quota(&report, &kv, "pool_blocks", on_device1);
     }
 }
 
@@ -400,41 +462,13 @@ fn invalid_physical_sizes_get_the_drivers_answer() {
 #[test]
 fn a_stream_of_another_device_allocates_on_that_device() {
     for deploy in [Deploy::Preload, Deploy::Dropin] {
-        let dir = scratch("peer-stream");
-        let sim = sim("overhead-peer-stream").env("SIMGPU_DEVICES", "2");
-        let mut cmd = client(&sim, deploy, &dir, "peer", &["peerstream"]);
-        let mut holder = sim.spawn(cmd.env("GPUSLICE_MEMORY_LIMIT", "0=4GiB,1=1GiB"));
-        let kv = wait_for_key(&mut holder, "ready");
+        let (kv, on_device0, on_device1) = held_on_two_devices(deploy, "peerstream");
         let report = format!("{deploy:?}: {kv:?}");
-        let stat = sim.stat();
-        let Json::Arr(procs) = stat.at("processes") else {
-            panic!("simgpu-stat: no processes in {stat}")
-        };
-        let process = procs
-            .iter()
-            .find(|p| p.u64("pid").to_string() == kv["pid"])
-            .unwrap_or_else(|| panic!("{report}: not in {stat}"));
-        let (on_device0, on_device1) = (process.u64("used.0"), process.u64("used.1"));
-        drop(holder.stdin.take());
-        finish(holder, "holder").assert_success();
-        assert!(
-            on_device1 <= QUOTA,
-            "{report}: simgpu holds {on_device1} on device 1, past its 1 GiB quota"
-        );
-        assert_eq!(
-            kv["stream_blocks"].parse::<u64>().unwrap(),
-            (QUOTA - SIM_CONTEXT) / (64 * MIB),
-            "{report}: blocks up to device 1's quota"
-        );
         assert!(
             near(on_device0, SIM_CONTEXT),
             "{report}: simgpu holds {on_device0} on device 0, its context costs {SIM_CONTEXT}"
         );
-        let used0: u64 = kv["used0"].parse().unwrap();
-        assert!(
-            near(used0, SIM_CONTEXT),
-            "{report}: device 0 is charged {used0}, its context costs {SIM_CONTEXT}"
-        );
+        assert_device1_held_to_its_quota(&report, &kv, "stream_blocks", on_device1);
     }
 }
 
@@ -578,20 +612,12 @@ fn views_agree(deploy: Deploy) {
     );
 }
 
-#[test]
-fn views_agree_preloaded() {
-    views_agree(Deploy::Preload);
-}
-
-#[test]
-fn views_agree_dropin() {
-    views_agree(Deploy::Dropin);
-}
-
-#[test]
-fn views_agree_mixed() {
-    views_agree(Deploy::Mixed);
-}
+in_every_deployment!(
+    views_agree:
+    views_agree_preloaded,
+    views_agree_dropin,
+    views_agree_mixed
+);
 
 #[test]
 fn pool_attributes_answering_zero_do_not_loosen_the_quota() {
@@ -808,21 +834,7 @@ fn bindings_and_dlopen_clients_are_charged_what_contexts_cost() {
 fn nvml_process_views_show_only_the_tenants_processes() {
     let dir = scratch("nvml-procs");
     let sim = sim("overhead-nvml-procs");
-    let mut holders = Vec::new();
-    let mut pids = Vec::new();
-    for tenant in ["a", "b"] {
-        let mut cmd = client_of(
-            &LINKED_CU12,
-            &sim,
-            Deploy::Preload,
-            &dir,
-            tenant,
-            &["hold", "64", "500"],
-        );
-        let mut child = sim.spawn(&mut cmd);
-        pids.push(wait_for_key(&mut child, "pid")["pid"].clone());
-        holders.push(child);
-    }
+    let (holders, pids) = holders_of_a_and_b(&sim, Deploy::Preload, &dir);
     // Each holder ran a kernel before printing its pid: samples since time 0 include both.
     let script = "import pynvml as nv\nnv.nvmlInit()\nh = nv.nvmlDeviceGetHandleByIndex(0)\n\
         print('procs=' + ','.join(str(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(h)))\n\
@@ -979,20 +991,12 @@ fn nvml_never_shows_another_tenant(deploy: Deploy) {
     finish(neighbour, "neighbour").assert_success();
 }
 
-#[test]
-fn nvml_never_shows_another_tenant_preloaded() {
-    nvml_never_shows_another_tenant(Deploy::Preload);
-}
-
-#[test]
-fn nvml_never_shows_another_tenant_dropin() {
-    nvml_never_shows_another_tenant(Deploy::Dropin);
-}
-
-#[test]
-fn nvml_never_shows_another_tenant_mixed() {
-    nvml_never_shows_another_tenant(Deploy::Mixed);
-}
+in_every_deployment!(
+    nvml_never_shows_another_tenant:
+    nvml_never_shows_another_tenant_preloaded,
+    nvml_never_shows_another_tenant_dropin,
+    nvml_never_shows_another_tenant_mixed
+);
 
 /// Every NVML process list through the raw ABI (ctypes) and through nvidia-ml-py's own wrappers:
 /// compute, graphics and MPS processes (v1, v2, v3) and the detail list of each mode. For each raw
@@ -1090,21 +1094,7 @@ fn pids_of(list: &str) -> Vec<String> {
 fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
     let dir = scratch("nvml-lists");
     let sim = sim("overhead-nvml-lists").env("SIMGPU_GRAPHICS_CLIENTS", "1");
-    let mut holders = Vec::new();
-    let mut pids = Vec::new();
-    for tenant in ["a", "b"] {
-        let mut cmd = client_of(
-            &LINKED_CU12,
-            &sim,
-            deploy,
-            &dir,
-            tenant,
-            &["hold", "64", "500"],
-        );
-        let mut child = sim.spawn(&mut cmd);
-        pids.push(wait_for_key(&mut child, "pid")["pid"].clone());
-        holders.push(child);
-    }
+    let (holders, pids) = holders_of_a_and_b(&sim, deploy, &dir);
     let args = ["-c", NVML_LISTS];
     let mut driver_view = sim.command(venv_python());
     driver_view.args(args);
@@ -1177,20 +1167,12 @@ fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
     }
 }
 
-#[test]
-fn nvml_every_process_list_shows_only_the_tenant_preloaded() {
-    nvml_every_process_list_shows_only_the_tenant(Deploy::Preload);
-}
-
-#[test]
-fn nvml_every_process_list_shows_only_the_tenant_dropin() {
-    nvml_every_process_list_shows_only_the_tenant(Deploy::Dropin);
-}
-
-#[test]
-fn nvml_every_process_list_shows_only_the_tenant_mixed() {
-    nvml_every_process_list_shows_only_the_tenant(Deploy::Mixed);
-}
+in_every_deployment!(
+    nvml_every_process_list_shows_only_the_tenant:
+    nvml_every_process_list_shows_only_the_tenant_preloaded,
+    nvml_every_process_list_shows_only_the_tenant_dropin,
+    nvml_every_process_list_shows_only_the_tenant_mixed
+);
 
 /// A card fuller than the quotas promise (a neighbour holds more than the rest of the card leaves
 /// the tenant's quota): NVML shows the tenant only what it can get as free, and what the card holds

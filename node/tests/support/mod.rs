@@ -30,38 +30,29 @@ pub fn library() -> PathBuf {
 /// tests/clients/compute_client.c (the compute-share client of the library's tests), built into
 /// `dir` against NVIDIA's headers (scripts/fetch-nvidia.sh) and simgpu's libcuda.
 pub fn compute_client(dir: &Path) -> PathBuf {
-    let include = require(
-        root().join("target/nvidia/include/cu13"),
-        "NVIDIA's headers (scripts/fetch-nvidia.sh)",
-    );
-    let out = dir.join("compute_client");
-    let r = run(Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-I"])
-        .arg(include)
-        .arg(root().join("tests/clients/compute_client.c"))
-        .arg("-o")
-        .arg(&out)
-        .arg("-L")
-        .arg(simgpu_lib_dir())
-        .args(["-lcuda", "-ldl"]));
-    r.assert_success();
-    out
+    c_client(dir, "compute_client", "cu13")
 }
 
 /// tests/clients/quota_overhead.c (the driver-overhead client of the library's tests), built into
 /// `dir` (which other uids can reach) against NVIDIA's headers and simgpu's libcuda.
 pub fn overhead_client(dir: &Path) -> PathBuf {
+    c_client(dir, "quota_overhead", "cu12")
+}
+
+/// `tests/clients/<name>.c` built into `dir/<name>` against NVIDIA's headers of `cuda` (`cu12`,
+/// `cu13`) and simgpu's libcuda.
+fn c_client(dir: &Path, name: &str, cuda: &str) -> PathBuf {
     let include = require(
-        root().join("target/nvidia/include/cu12"),
+        root().join("target/nvidia/include").join(cuda),
         "NVIDIA's headers (scripts/fetch-nvidia.sh)",
     );
-    let out = dir.join("quota_overhead");
+    let out = dir.join(name);
     let r = run(Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-I"])
         .arg(include)
         .arg("-I")
         .arg(root().join("tests/clients"))
-        .arg(root().join("tests/clients/quota_overhead.c"))
+        .arg(root().join(format!("tests/clients/{name}.c")))
         .arg("-o")
         .arg(&out)
         .arg("-L")
