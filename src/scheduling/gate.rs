@@ -24,7 +24,7 @@ const PEER_POLL_NS: u64 = 200_000;
 /// Launches that pass the gate for one wait of the tenant on another device.
 const MAX_PASSES: u32 = 8;
 
-/// A 64-bit FNV-1a hash (device keys: the same in every process).
+/// A 64-bit FNV-1a hash (device keys: the same in every process), never 0 (0: no device).
 pub(super) fn key_of(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -78,7 +78,8 @@ pub struct Sched {
     pub(super) event_overhead_ns: AtomicU64,
     pub(super) last_calibration_ns: AtomicU64,
     pub(super) free_events: Mutex<Vec<Pending>>,
-    /// A key for this device common to every process of the machine (a hash of the ledger's path).
+    /// A key for this device common to every process of the machine, whatever path its device
+    /// directory has in the process's mount namespace (a hash of the GPU's UUID).
     pub(super) device_key: u64,
     /// When our work here began to wait without completing (0: it does not), published in the
     /// tenant's memory ledger while it lasts (`watch_stall`).
@@ -104,7 +105,7 @@ impl Sched {
         id: TenantId,
         high: bool,
     ) -> Sched {
-        let device_key = key_of(ledger.path().as_os_str().as_encoded_bytes());
+        let device_key = key_of(ledger.uuid().as_bytes());
         Sched {
             ledger,
             ordinal,

@@ -947,8 +947,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
 
 /// The processes of `plist->mode` (compute: those with memory on the device; graphics: see
 /// [`graphics`]; MPS: none), in NVML's protocol for this struct: `numProcArrayEntries` holds the room
-/// in `procArray` and returns the count; too little room (or a NULL array) is `NVML_ERROR_INSUFFICIENT_SIZE`, no process at all
-/// success. An unknown version or mode is `NVML_ERROR_INVALID_ARGUMENT`, as nvml.h documents; a device
+/// in `procArray` and returns the count; too little room (or a NULL array) is
+/// `NVML_ERROR_INSUFFICIENT_SIZE`, no process at all success. An unknown version or mode is
+/// `NVML_ERROR_INVALID_ARGUMENT`, as nvml.h documents; a device
 /// older than Hopper (compute capability 9.0) does not support the call.
 ///
 /// # Safety
