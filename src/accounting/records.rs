@@ -49,13 +49,14 @@ pub(super) struct ChargeTable {
 }
 
 impl ChargeTable {
-    #[inline]
+    #[inline(always)]
     fn home(&self, key: u64) -> usize {
         // Fibonacci hashing: the high bits of the product index the table.
         let bits = self.keys.len().trailing_zeros();
         (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
     }
 
+    #[inline(always)]
     pub(super) fn insert(&mut self, key: u64, charge: Charge) {
         if key == 0 {
             return;
@@ -83,6 +84,7 @@ impl ChargeTable {
     }
 
     /// The index of `key`'s entry (linear probing from its home), if present.
+    #[inline(always)]
     fn position(&self, key: u64) -> Option<usize> {
         if self.len == 0 || key == 0 {
             return None;
@@ -102,6 +104,7 @@ impl ChargeTable {
         self.position(key).map(|i| self.charges[i])
     }
 
+    #[inline(always)]
     pub(super) fn remove(&mut self, key: u64) -> Option<Charge> {
         let i = self.position(key)?;
         let mask = self.keys.len() - 1;
@@ -175,6 +178,8 @@ pub(super) struct Records {
 impl Tenant {
     /// Charges `bytes` on the current device around `call`, which allocates and returns the new
     /// allocation's key; the charge is kept under that key, or rolled back if the driver failed.
+    /// Inlined, as every function between a hook and its driver call (`charge_around`).
+    #[inline(always)]
     pub fn charged(
         &self,
         device: &Device,
@@ -189,6 +194,7 @@ impl Tenant {
 
     /// Frees through `call`, then returns the allocation's charge (if it was charged). A block of a
     /// memory pool returns to its pool, whose charge stays what the pool holds.
+    #[inline(always)]
     pub fn uncharge(&self, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         // The record goes before the driver frees: from then on the driver may hand the same
         // address to another thread's allocation, whose new record must not be the one removed.
@@ -197,14 +203,7 @@ impl Tenant {
         let charge = self.allocations.lock().remove(key);
         let block = match charge {
             Some(_) => None,
-            None => {
-                let mut r = self.records.lock();
-                if r.pool_blocks.is_empty() {
-                    None
-                } else {
-                    r.pool_blocks.remove(&key)
-                }
-            }
+            None => self.take_pool_block(key),
         };
         if let Some((pool, bytes)) = block {
             self.pool_block_freed(pool, bytes);
@@ -222,6 +221,17 @@ impl Tenant {
             self.release(charge);
         }
         Ok(())
+    }
+
+    /// The pool block at `key`, no longer outstanding from its pool.
+    #[inline(never)]
+    fn take_pool_block(&self, key: u64) -> Option<(usize, u64)> {
+        let mut r = self.records.lock();
+        if r.pool_blocks.is_empty() {
+            None
+        } else {
+            r.pool_blocks.remove(&key)
+        }
     }
 
     /// Adjusts the charge of a live allocation whose real size is known only after the call

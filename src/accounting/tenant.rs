@@ -105,7 +105,17 @@ impl Tenant {
 
     /// The device of the calling thread's current context. When the process sees one device, that is
     /// the device (a call without a current context then fails in the driver, and is rolled back).
+    #[inline]
     pub fn current_device(&self) -> Result<&Device, CUerror> {
+        // Every allocation asks: the one-device case is two loads.
+        if let (Some(true), Some(only)) = (self.single_device.get(), self.devices[0].get()) {
+            return Ok(only);
+        }
+        self.current_device_resolved()
+    }
+
+    #[inline(never)]
+    fn current_device_resolved(&self) -> Result<&Device, CUerror> {
         if self.sees_one_device() {
             return self.device(0);
         }
@@ -139,14 +149,24 @@ impl Tenant {
     }
 
     /// A device by ordinal (in this process's visible order): its UUID and ledger slot.
+    #[inline]
     pub fn device(&self, ordinal: CUdevice) -> Result<&Device, CUerror> {
         let cell = usize::try_from(ordinal)
             .ok()
             .and_then(|i| self.devices.get(i))
             .ok_or(CUerror::INVALID_DEVICE)?;
-        if let Some(d) = cell.get() {
-            return Ok(d);
+        match cell.get() {
+            Some(d) => Ok(d),
+            None => self.resolve_device(cell, ordinal),
         }
+    }
+
+    #[cold]
+    fn resolve_device<'a>(
+        &'a self,
+        cell: &'a OnceLock<Device>,
+        ordinal: CUdevice,
+    ) -> Result<&'a Device, CUerror> {
         let uuid = driver::device_uuid(ordinal)?;
         let slot = self.resolve_slot(ordinal, &uuid);
         if let Err(why) = &slot {

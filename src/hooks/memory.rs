@@ -111,11 +111,14 @@ hooks! {
 }
 
 /// The tenant and the current context's device, or `None` when quotas do not apply.
+#[inline]
 fn on_current_device() -> Result<Option<(&'static Tenant, &'static Device)>, CUerror> {
     let Some(t) = tenant() else { return Ok(None) };
     Ok(Some((t, t.current_device()?)))
 }
 
+/// Inlined into the hook, as everything on the way to a driver call (`hooks::slow`).
+#[inline(always)]
 fn alloc<P: Word>(
     dptr: Out<P>,
     bytes: u64,
@@ -187,6 +190,7 @@ fn alloc_pitch<P: Word, Q: Word>(
     Ok(())
 }
 
+#[inline(always)]
 fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
     match tenant() {
         Some(t) => t.uncharge(dptr, call),

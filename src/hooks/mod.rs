@@ -40,7 +40,7 @@ impl PanicResult for gpuslice_api::NvmlReturn {
 }
 
 /// Runs a hook body, or `pass` (the real function) when this thread is already inside a hook.
-#[inline]
+#[inline(always)]
 pub fn enter<R: PanicResult>(pass: impl FnOnce() -> R, body: impl FnOnce() -> R) -> R {
     // One thread-local access per call: the token is set, the body runs (a panic is caught, so the
     // token is always reset here), the token is cleared.
@@ -154,6 +154,10 @@ macro_rules! hooks {
             $( fn $name ( $($arg : $ty),* ); )*
         }
         /// The hook bodies, out of line so that an export's fast path stays a few instructions.
+        /// They have the export's C ABI, so the export's call to one is a jump (a sibling call):
+        /// the application's call reaches the real function one frame deeper, not two. Every frame
+        /// between the caller and a deep driver call costs a mispredicted return per call
+        /// (docs/BENCHMARKS.md, "Frames around the driver call").
         #[allow(non_snake_case, clippy::too_many_arguments)]
         mod slow {
             use super::*;
@@ -163,7 +167,7 @@ macro_rules! hooks {
                 /// # Safety
                 /// Called from the export with the C caller's arguments.
                 #[inline(never)]
-                pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                     $crate::hooks::enter(
                         // SAFETY: the caller's arguments, passed through untouched.
                         || unsafe { real::$name($($arg),*) },

@@ -501,7 +501,47 @@ impl Ledger {
     /// Reserves `bytes` on `dev` against the shared quota, before the driver is asked for them.
     /// On refusal, dead processes' usage is reclaimed (at most every 200 ms) and the reservation
     /// retried once.
+    #[inline]
     pub fn try_reserve(&self, dev: usize, bytes: u64) -> Result<(), QuotaExceeded> {
+        if self.reserve_quickly(dev, bytes) {
+            return Ok(());
+        }
+        self.try_reserve_checked(dev, bytes)
+    }
+
+    /// The common case of [`Ledger::try_reserve`], inline: no fork since the last look, no size
+    /// check due, a file never found damaged, room left. `false`: nothing was reserved, and
+    /// `try_reserve` (the same steps with their reports, sweeps and counts) must decide.
+    #[inline]
+    pub fn reserve_quickly(&self, dev: usize, bytes: u64) -> bool {
+        if !self.writable
+            || dev >= MAX_DEVICES
+            || self.fork_pending()
+            || self.warned_damage.load(Ordering::Relaxed)
+            || now_ms().saturating_sub(self.last_size_check_ms.load(Ordering::Relaxed))
+                >= SIZE_CHECK_MS
+            || self.damaged(false)
+        {
+            return false;
+        }
+        let l = self.layout();
+        if l.device_state(dev) != shm::DEV_READY || l.reserve(dev, bytes).is_err() {
+            return false;
+        }
+        self.charge_slot(dev, bytes);
+        if self.damaged(false) {
+            // A truncation repaired meanwhile (fault handler): the numbers are gone; the full
+            // path reports it and refuses.
+            self.release(dev, bytes);
+            return false;
+        }
+        true
+    }
+
+    /// [`Ledger::try_reserve`] with every check: after a fork, when the file's size is due to be
+    /// compared, on a refusal (sweeps dead processes, counts the denial).
+    #[inline(never)]
+    fn try_reserve_checked(&self, dev: usize, bytes: u64) -> Result<(), QuotaExceeded> {
         let deny = QuotaExceeded {
             requested: bytes,
             used: 0,
@@ -521,7 +561,9 @@ impl Ledger {
         if check_size {
             self.last_size_check_ms.store(now, Ordering::Relaxed);
         }
-        if self.damaged(check_size) {
+        // Once found damaged, refused for good: the next size check would find it so again, and
+        // until then the device table may still look intact.
+        if self.warned_damage.load(Ordering::Relaxed) || self.damaged(check_size) {
             return Err(deny);
         }
         if l.device_state(dev) != shm::DEV_READY {
@@ -568,6 +610,7 @@ impl Ledger {
         })
     }
 
+    #[inline]
     fn charge_slot(&self, dev: usize, bytes: u64) {
         if let Some(s) = self.slot() {
             self.layout().slot_add(s, dev, bytes);
@@ -576,6 +619,7 @@ impl Ledger {
 
     /// Gives back `bytes` on `dev` (after a free, or to roll back a reservation the driver then
     /// refused). Saturating: more than was recorded is clamped, and reported once.
+    #[inline]
     pub fn release(&self, dev: usize, bytes: u64) {
         // A damaged file's numbers mean nothing any more (and it refuses everything).
         if !self.writable || dev >= MAX_DEVICES || self.warned_damage.load(Ordering::Relaxed) {
@@ -589,7 +633,14 @@ impl Ledger {
             short = l.slot_sub(s, dev, bytes);
         }
         let dev_short = l.release(dev, bytes);
-        if (short > 0 || dev_short > 0) && !self.warned_underflow.swap(true, Ordering::Relaxed) {
+        if short > 0 || dev_short > 0 {
+            self.report_underflow(dev, bytes);
+        }
+    }
+
+    #[cold]
+    fn report_underflow(&self, dev: usize, bytes: u64) {
+        if !self.warned_underflow.swap(true, Ordering::Relaxed) {
             log::warn(format_args!(
                 "ledger {}: device {dev}: released {bytes} bytes, more than was recorded (clamped at 0; reported once)",
                 self.path.display()
@@ -628,9 +679,15 @@ impl Ledger {
     #[inline]
     fn check_fork(&self) {
         // getpid() is a system call (glibc no longer caches it): compare it only after a fork.
-        if sys::forks_seen() != self.forks_seen.load(Ordering::Relaxed) {
+        if self.fork_pending() {
             self.after_fork();
         }
+    }
+
+    /// A fork happened since this process last looked (its slot may be its parent's).
+    #[inline]
+    fn fork_pending(&self) -> bool {
+        sys::forks_seen() != self.forks_seen.load(Ordering::Relaxed)
     }
 
     #[cold]
