@@ -17,7 +17,7 @@ __attribute__((constructor)) static void resolve(void) {
     real_free = (free_fn)dlsym(driver, "cuMemFree_v2");
 }
 
-#define NOINLINE __attribute__((noinline))
+#define NOINLINE __attribute__((noinline, unused))
 /* An empty asm after the call keeps it from being a tail call: the frame stays until the driver returns. */
 #define KEEP_FRAME __asm__ volatile("" ::: "memory")
 
