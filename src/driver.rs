@@ -67,6 +67,16 @@ pub fn real(which: Real) -> Option<*const ()> {
     }
 }
 
+/// The real function behind a hook if it has been resolved already; `None` when it has not been
+/// looked up yet or is missing (the caller then takes [`real`]'s way).
+#[inline]
+pub fn resolved(which: Real) -> Option<*const ()> {
+    match SLOTS[which as usize].load(Ordering::Acquire) {
+        UNRESOLVED | MISSING => None,
+        addr => Some(addr as *const ()),
+    }
+}
+
 #[cold]
 fn resolve(which: Real) -> Option<*const ()> {
     let (name, library) = HOOKED[which as usize];

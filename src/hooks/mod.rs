@@ -186,9 +186,17 @@ macro_rules! hooks {
             #[cfg_attr(not(test), no_mangle)]
             #[allow(non_snake_case, clippy::too_many_arguments)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                // Both ways out are jumps: to the real function when the fast predicate holds and
+                // it is resolved already, else to the body (which resolves it, and does the rest).
+                // Nothing here needs a register saved, so the fast path is a few instructions.
                 if $fast {
-                    // SAFETY: the caller's arguments, passed through untouched.
-                    return unsafe { real::$name($($arg),*) };
+                    if let Some(f) = $crate::driver::resolved($crate::driver::Real::$name) {
+                        // SAFETY: the slot holds the address the real library exports under this
+                        // exact name, whose C signature is the one declared here (as `real::`).
+                        let f: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute(f) };
+                        // SAFETY: the caller's arguments, passed through untouched.
+                        return unsafe { f($($arg),*) };
+                    }
                 }
                 // SAFETY: the caller's arguments, as received.
                 unsafe { slow::$name($($arg),*) }
