@@ -355,6 +355,77 @@ fn storm_of_threads_and_processes_never_passes_the_limit() {
     assert_eq!(group(&stat, "storm").u64("used.0"), 0, "simgpu: {stat}");
 }
 
+/// Threads free each other's allocations, in processes that also have a memory pool: the ledger
+/// returns exactly to what is held, simgpu never sees the limit passed, and every refused
+/// `cuMemAlloc` counts once as denied (a refusal settles the pools and tries again first).
+#[test]
+fn threads_freeing_each_others_memory_keep_the_ledger_exact_and_count_each_refusal_once() {
+    const PROCESSES: usize = 3;
+    const LIMIT: u64 = 3 * GIB;
+    let dir = tmp_dir("swap");
+    let ledger = dir.join("swap.ledger");
+    let sim = Sim::new("swap").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
+    let mut clients: Vec<Session> = (0..PROCESSES)
+        .map(|i| {
+            let mut cmd = shimmed(&sim, &ledger);
+            cmd.env("GPUSLICE_MEMORY_LIMIT", "3GiB")
+                .env("GPUSLICE_LOG", "error")
+                .env("SIMGPU_GROUP", "swap")
+                .args(["swap", "3", "6", &(2000 + i).to_string()]);
+            Session::start(&mut cmd, &format!("swap client {i}"))
+        })
+        .collect();
+    for c in &mut clients {
+        c.until("ready");
+    }
+    for c in &mut clients {
+        c.send("go");
+    }
+    let (mut refused, mut allocs, mut frees) = (0, 0, 0);
+    for c in &mut clients {
+        let kv = c.until("freed");
+        assert_eq!(kv["bad"], "0", "a call failed other than by OOM:\n{}", c.report());
+        refused += kv["refused"].parse::<u64>().unwrap();
+        allocs += kv["allocs"].parse::<u64>().unwrap();
+        frees += kv["frees"].parse::<u64>().unwrap();
+    }
+    let during = status_json(&sim, &ledger);
+    let stat = sim.stat();
+    let report = format!("allocs {allocs}, frees {frees}, refused {refused}\nsimgpu: {stat}\nledger: {during}");
+    assert_eq!(allocs, frees, "{report}");
+    assert_eq!(
+        num(device0(&during), "used"),
+        PROCESSES as u64 * CONTEXT,
+        "ledger after every allocation was freed (contexts only expected)\n{report}"
+    );
+    assert_eq!(
+        group(&stat, "swap").u64("used.0"),
+        PROCESSES as u64 * CONTEXT,
+        "{report}"
+    );
+    let peak = group(&stat, "swap").u64("peak.0");
+    assert!(peak <= LIMIT, "simgpu saw {peak} bytes at once, over the limit\n{report}");
+    assert!(
+        refused > 0 && allocs > 500,
+        "the storm did not reach the limit\n{report}"
+    );
+    assert_eq!(
+        num(device0(&during), "denied"),
+        refused,
+        "the ledger's denied count is not the number of refused calls\n{report}"
+    );
+    for c in clients {
+        let (status, out, err) = c.finish();
+        assert!(
+            status.success() && out.contains("done=1"),
+            "swap client failed: {status}\n{out}\n{err}"
+        );
+    }
+    let after = status_json(&sim, &ledger);
+    assert_eq!(num(device0(&after), "used"), 0, "{after}");
+    assert_eq!(group(&sim.stat(), "swap").u64("used.0"), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. SIGKILL and SIGSTOP
 // ---------------------------------------------------------------------------------------------

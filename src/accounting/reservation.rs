@@ -95,15 +95,20 @@ impl Tenant {
             }
         };
         let ledger = self.ledger().map_err(|_| CUerror::OUT_OF_MEMORY)?;
-        let mut attempt = ledger.try_reserve(slot, bytes);
-        if attempt.is_err() && self.has_pools() {
-            // Memory pools may hold less than was charged for them since the last look.
-            self.settle_pools();
-            attempt = ledger.try_reserve(slot, bytes);
-        }
-        if attempt.is_err() && make_room() {
-            attempt = ledger.try_reserve(slot, bytes);
-        }
+        // Refused at the quota: memory pools may hold less than was charged for them since the
+        // last look (settled, then tried again); then `make_room`, once.
+        let mut settled = false;
+        let mut make_room = Some(make_room);
+        let mut attempt = ledger.try_reserve_making_room(slot, bytes, || {
+            if !settled {
+                settled = true;
+                if self.has_pools() {
+                    self.settle_pools();
+                    return true;
+                }
+            }
+            make_room.take().is_some_and(|f| f())
+        });
         if attempt.is_ok() {
             // Reserve, then check the node's ceiling: of reservations racing past it, none proceeds.
             if let Err(e) = self.within_policy(device, ledger, slot, bytes) {

@@ -55,6 +55,14 @@ pub struct QuotaExceeded {
     pub limit: u64,
 }
 
+/// Why [`Ledger::try_reserve_checked`] refused.
+enum Refused {
+    /// Refused whatever the usage: a read-only or damaged ledger, a device not set up.
+    Closed(QuotaExceeded),
+    /// No room under the limit: counted as denied (once per call), after any retries.
+    AtQuota(QuotaExceeded),
+}
+
 impl fmt::Display for QuotaExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -503,10 +511,34 @@ impl Ledger {
     /// retried once.
     #[inline]
     pub fn try_reserve(&self, dev: usize, bytes: u64) -> Result<(), QuotaExceeded> {
+        self.try_reserve_making_room(dev, bytes, || false)
+    }
+
+    /// [`Ledger::try_reserve`], calling `make_room` after each refusal at the quota until it
+    /// returns false (it gave nothing back); true: tried again. The refused call counts once as
+    /// denied, however many tries it took.
+    #[inline]
+    pub fn try_reserve_making_room(
+        &self,
+        dev: usize,
+        bytes: u64,
+        mut make_room: impl FnMut() -> bool,
+    ) -> Result<(), QuotaExceeded> {
         if self.reserve_quickly(dev, bytes) {
             return Ok(());
         }
-        self.try_reserve_checked(dev, bytes)
+        loop {
+            match self.try_reserve_checked(dev, bytes) {
+                Ok(()) => return Ok(()),
+                Err(Refused::Closed(e)) => return Err(e),
+                Err(Refused::AtQuota(e)) => {
+                    if !make_room() {
+                        self.layout().count_denied(dev);
+                        return Err(e);
+                    }
+                }
+            }
+        }
     }
 
     /// The common case of [`Ledger::try_reserve`], inline: no fork since the last look, no size
@@ -539,14 +571,15 @@ impl Ledger {
     }
 
     /// [`Ledger::try_reserve`] with every check: after a fork, when the file's size is due to be
-    /// compared, on a refusal (sweeps dead processes, counts the denial).
+    /// compared, on a refusal (sweeps dead processes). A refusal at the quota is counted by the
+    /// caller, once per refused call.
     #[inline(never)]
-    fn try_reserve_checked(&self, dev: usize, bytes: u64) -> Result<(), QuotaExceeded> {
-        let deny = QuotaExceeded {
+    fn try_reserve_checked(&self, dev: usize, bytes: u64) -> Result<(), Refused> {
+        let deny = Refused::Closed(QuotaExceeded {
             requested: bytes,
             used: 0,
             limit: 0,
-        };
+        });
         if !self.writable || dev >= MAX_DEVICES {
             return Err(deny);
         }
@@ -602,12 +635,11 @@ impl Ledger {
             self.charge_slot(dev, bytes);
             return Ok(());
         }
-        l.count_denied(dev);
-        Err(QuotaExceeded {
+        Err(Refused::AtQuota(QuotaExceeded {
             requested: bytes,
             used: refused.used,
             limit: refused.limit,
-        })
+        }))
     }
 
     #[inline]

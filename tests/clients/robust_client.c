@@ -10,13 +10,20 @@
  *                                SECONDS from a line on stdin (after ready=1); then free
  *                                everything, print counts and freed=1, wait for stdin to close,
  *                                release the context, print done=1
+ *   swap SECONDS THREADS SEED    like storm (cuMemAlloc_v2/cuMemFree_v2 only), but the threads share
+ *                                one list of live allocations: most frees are of another thread's
+ *                                allocation (and the process has a memory pool: one stream-ordered
+ *                                allocation before ready=1); then free everything, print counts and
+ *                                freed=1, wait for stdin to close, release the context, print done=1
  *   hold MIB                     allocate MIB, print ready=1, wait for stdin to close, exit without
  *                                freeing
  *   retry MIB TIMEOUT_MS         allocate MIB once (first=RC); on a line from stdin, retry every 5 ms
  *                                until it succeeds or TIMEOUT_MS passed (got=, elapsed_ms=, last=)
  *   cmd                          set up (init=, retain= return codes), then one command per stdin
  *                                line: alloc MIB | free | info | fork MIB | exec MIB | forkidle |
- *                                reap | exit
+ *                                reap | allocasync MIB | freeasync | exit
+ *                                (allocasync: cuMemAllocAsync on the NULL stream; freeasync frees the
+ *                                last one and synchronises)
  *   execchild MIB FD             (started by `cmd`'s exec) allocate MIB, print exec_alloc=, wait for
  *                                FD to reach end of file, exit without freeing
  */
@@ -196,6 +203,129 @@ static int mode_storm(int seconds, int threads, unsigned seed) {
     return 0;
 }
 
+/* ---- swap ---- */
+
+static pthread_mutex_t swap_lock = PTHREAD_MUTEX_INITIALIZER;
+enum { SWAP_LIVE = 256 };
+static CUdeviceptr swap_live[SWAP_LIVE];
+static int swap_n;
+
+/* Takes a random live allocation out of the shared list (0: none). */
+static CUdeviceptr swap_take(unsigned *seed) {
+    CUdeviceptr p = 0;
+    pthread_mutex_lock(&swap_lock);
+    if (swap_n > 0) {
+        int i = rand_r(seed) % swap_n;
+        p = swap_live[i];
+        swap_live[i] = swap_live[--swap_n];
+    }
+    pthread_mutex_unlock(&swap_lock);
+    return p;
+}
+
+static void *swap_thread(void *arg) {
+    struct storm_stats *st = arg;
+    unsigned seed = storm_seed ^ (unsigned)(uintptr_t)arg ^ (unsigned)getpid() * 2654435761u;
+    CUresult rc = cuCtxSetCurrent(ctx);
+    if (rc != CUDA_SUCCESS) {
+        st->bad_rc = (int)rc;
+        snprintf(st->bad_call, sizeof st->bad_call, "cuCtxSetCurrent");
+        return NULL;
+    }
+    uint64_t end = now_ms() + (uint64_t)storm_seconds * 1000u;
+    while (now_ms() < end) {
+        CUdeviceptr p = 0;
+        if (rand_r(&seed) % 100 < 55) {
+            size_t size = MIB + (size_t)(rand_r(&seed) % (63 * 256 + 1)) * 4096;
+            rc = cuMemAlloc(&p, size);
+            if (rc == CUDA_SUCCESS) {
+                st->allocs++;
+                pthread_mutex_lock(&swap_lock);
+                int kept = swap_n < SWAP_LIVE;
+                if (kept)
+                    swap_live[swap_n++] = p;
+                pthread_mutex_unlock(&swap_lock);
+                if (kept)
+                    continue;
+            } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+                st->refused++;
+                p = swap_take(&seed);
+                if (p == 0)
+                    continue;
+            } else {
+                st->bad_rc = (int)rc;
+                snprintf(st->bad_call, sizeof st->bad_call, "cuMemAlloc_v2");
+                return NULL;
+            }
+        } else if ((p = swap_take(&seed)) == 0) {
+            continue;
+        }
+        rc = cuMemFree(p);
+        if (rc != CUDA_SUCCESS) {
+            st->bad_rc = (int)rc;
+            snprintf(st->bad_call, sizeof st->bad_call, "cuMemFree_v2");
+            return NULL;
+        }
+        st->frees++;
+    }
+    return NULL;
+}
+
+static int mode_swap(int seconds, int threads, unsigned seed) {
+    enum { MAX_THREADS = 64 };
+    if (threads < 1 || threads > MAX_THREADS)
+        return 2;
+    storm_seconds = seconds;
+    storm_seed = seed;
+    setup();
+    /* One stream-ordered allocation first: the process has a memory pool, as a framework using
+     * stream-ordered allocation does, so a refusal also settles pools before it is final. */
+    CUdeviceptr first = 0;
+    CHECK(cuMemAllocAsync(&first, MIB, NULL));
+    CHECK(cuMemFreeAsync(first, NULL));
+    CHECK(cuStreamSynchronize(NULL));
+    printf("ready=1\n");
+    fflush(stdout);
+    char line[64];
+    if (fgets(line, sizeof line, stdin) == NULL)
+        return 4;
+    pthread_t tid[MAX_THREADS];
+    static struct storm_stats st[MAX_THREADS];
+    for (int i = 0; i < threads; i++)
+        if (pthread_create(&tid[i], NULL, swap_thread, &st[i]) != 0)
+            return 3;
+    long allocs = 0, refused = 0, frees = 0;
+    int bad = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(tid[i], NULL);
+        allocs += st[i].allocs;
+        refused += st[i].refused;
+        frees += st[i].frees;
+        if (st[i].bad_rc != 0) {
+            bad++;
+            printf("bad_call=%s bad_rc=%d (%s)\n", st[i].bad_call, st[i].bad_rc,
+                   err_name((CUresult)st[i].bad_rc));
+        }
+    }
+    unsigned s = seed;
+    CUdeviceptr p;
+    while ((p = swap_take(&s)) != 0) {
+        CUresult rc = cuMemFree(p);
+        if (rc != CUDA_SUCCESS) {
+            bad++;
+            printf("bad_call=final cuMemFree_v2 bad_rc=%d (%s)\n", (int)rc, err_name(rc));
+        }
+        frees++;
+    }
+    printf("allocs=%ld\nrefused=%ld\nasync_allocs=0\nfrees=%ld\nbad=%d\npid=%d\nfreed=1\n", allocs,
+           refused, frees, bad, (int)getpid());
+    fflush(stdout);
+    wait_stdin_eof();
+    CHECK(cuDevicePrimaryCtxRelease(dev));
+    printf("done=1\n");
+    return 0;
+}
+
 /* ---- hold / retry ---- */
 
 static int mode_hold(size_t mib) {
@@ -256,8 +386,8 @@ static int mode_cmd(const char *self) {
     fflush(stdout);
 
     enum { MAX = 256, MAX_CHILDREN = 16 };
-    CUdeviceptr ptrs[MAX];
-    int n = 0;
+    CUdeviceptr ptrs[MAX], async_ptrs[MAX];
+    int n = 0, n_async = 0;
     struct child children[MAX_CHILDREN];
     int nchildren = 0;
     char line[256];
@@ -275,6 +405,17 @@ static int mode_cmd(const char *self) {
         } else if (strcmp(word, "free") == 0) {
             rc = n > 0 ? cuMemFree(ptrs[--n]) : CUDA_ERROR_INVALID_VALUE;
             printf("free=%d\n", (int)rc);
+        } else if (strcmp(word, "allocasync") == 0) {
+            CUdeviceptr p = 0;
+            rc = cuMemAllocAsync(&p, arg * MIB, NULL);
+            if (rc == CUDA_SUCCESS && n_async < MAX)
+                async_ptrs[n_async++] = p;
+            printf("allocasync=%d\n", (int)rc);
+        } else if (strcmp(word, "freeasync") == 0) {
+            rc = n_async > 0 ? cuMemFreeAsync(async_ptrs[--n_async], NULL) : CUDA_ERROR_INVALID_VALUE;
+            if (rc == CUDA_SUCCESS)
+                rc = cuStreamSynchronize(NULL);
+            printf("freeasync=%d\n", (int)rc);
         } else if (strcmp(word, "info") == 0) {
             size_t f = 0, t = 0;
             rc = cuMemGetInfo(&f, &t);
@@ -395,6 +536,8 @@ int main(int argc, char **argv) {
             storm_async_pct = atoi(argv[5]);
         return mode_storm(atoi(argv[2]), atoi(argv[3]), (unsigned)strtoul(argv[4], NULL, 10));
     }
+    if (strcmp(mode, "swap") == 0 && argc == 5)
+        return mode_swap(atoi(argv[2]), atoi(argv[3]), (unsigned)strtoul(argv[4], NULL, 10));
     if (strcmp(mode, "hold") == 0 && argc == 3)
         return mode_hold(strtoull(argv[2], NULL, 10));
     if (strcmp(mode, "retry") == 0 && argc == 4)
