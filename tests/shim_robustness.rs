@@ -902,6 +902,50 @@ fn forked_and_execd_children_are_counted_and_their_memory_returns() {
 // 6. The command line
 // ---------------------------------------------------------------------------------------------
 
+/// A fork child that frees its parent's allocation (undefined for CUDA; simgpu lets it) gives back
+/// only what its own slot holds: the parent's allocation stays charged, and the parent cannot
+/// allocate past its limit on the strength of the child's free.
+#[test]
+fn a_fork_child_freeing_its_parents_allocation_leaves_it_charged() {
+    let dir = tmp_dir("forkfree");
+    let ledger = dir.join("forkfree.ledger");
+    let sim = Sim::new("forkfree").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
+    let mut cmd = shimmed(&sim, &ledger);
+    cmd.env("GPUSLICE_MEMORY_LIMIT", "2GiB").arg("cmd");
+    let mut c = Session::start(&mut cmd, "forking client");
+    let parent = c.until("ready")["pid"].parse::<u64>().unwrap();
+    assert_eq!(c.ask("alloc 1024", "alloc"), "0"); // 512 + 1024
+    c.send("forkfree");
+    let kv = c.until("forkfree");
+    assert_eq!(kv["forkfree"], "0", "{}", c.report());
+    let status = status_json(&sim, &ledger);
+    let parent_entry = alive_processes(&status)
+        .into_iter()
+        .find(|p| p.u64("pid") == parent)
+        .map(process_bytes);
+    assert_eq!(parent_entry, Some(CONTEXT + GIB), "{status}");
+    assert_eq!(
+        num(device0(&status), "used"),
+        CONTEXT + GIB,
+        "the tenant's usage lost the parent's allocation\n{status}\n{}",
+        c.report()
+    );
+    // 512 + 1024 + 768 is over 2 GiB.
+    assert_eq!(c.ask("alloc 768", "alloc"), OOM, "{}", c.report());
+    let stat = sim.stat();
+    let used_by_parent = stat
+        .arr("processes")
+        .iter()
+        .find(|p| p.u64("pid") == parent)
+        .map(|p| p.u64("used.0"));
+    assert!(
+        used_by_parent.is_some_and(|u| u <= 2 * GIB),
+        "simgpu: the parent holds {used_by_parent:?} bytes, over its 2 GiB limit: {stat}"
+    );
+    let (st, _, _) = c.finish();
+    assert!(st.success());
+}
+
 #[test]
 fn status_prints_the_documented_table_and_json() {
     let dir = tmp_dir("status");

@@ -660,11 +660,13 @@ impl Ledger {
         self.check_fork();
         let l = self.layout();
         // Slot first: dying between the two leaves the device over-counted (fails closed), never under.
+        // Only what the slot held leaves the device: the rest is charged to another process's slot
+        // (a fork child freeing its parent's allocation), and its sweep gives that back.
         let mut short = 0;
         if let Some(s) = self.slot() {
             short = l.slot_sub(s, dev, bytes);
         }
-        let dev_short = l.release(dev, bytes);
+        let dev_short = l.release(dev, bytes - short);
         if short > 0 || dev_short > 0 {
             self.report_underflow(dev, bytes);
         }

@@ -21,9 +21,10 @@
  *                                until it succeeds or TIMEOUT_MS passed (got=, elapsed_ms=, last=)
  *   cmd                          set up (init=, retain= return codes), then one command per stdin
  *                                line: alloc MIB | free | info | fork MIB | exec MIB | forkidle |
- *                                reap | allocasync MIB | freeasync | exit
+ *                                reap | allocasync MIB | freeasync | forkfree | exit
  *                                (allocasync: cuMemAllocAsync on the NULL stream; freeasync frees the
- *                                last one and synchronises)
+ *                                last one and synchronises; forkfree: a fork child frees the last
+ *                                allocation, which the parent keeps)
  *   execchild MIB FD             (started by `cmd`'s exec) allocate MIB, print exec_alloc=, wait for
  *                                FD to reach end of file, exit without freeing
  */
@@ -466,6 +467,24 @@ static int mode_cmd(const char *self) {
             children[nchildren].idle = 0;
             nchildren++;
             printf("forked=%d\nchild_ready=%d\n", (int)pid, got == 1);
+        } else if (strcmp(word, "forkfree") == 0) {
+            /* A fork child frees the parent's last allocation (undefined for CUDA: the parent
+             * still holds it), then exits. */
+            if (n == 0) {
+                printf("forkfree=-1\n");
+                fflush(stdout);
+                continue;
+            }
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                printf("child_free=%d\n", (int)cuMemFree(ptrs[n - 1]));
+                fflush(stdout);
+                _exit(0);
+            }
+            int status = 0;
+            waitpid(pid, &status, 0);
+            printf("forkfree=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
         } else if (strcmp(word, "forkidle") == 0) {
             /* A child that never touches CUDA (a data-loader worker, a shell-out helper). */
             int release[2];
