@@ -384,14 +384,21 @@ fn threads_freeing_each_others_memory_keep_the_ledger_exact_and_count_each_refus
     let (mut refused, mut allocs, mut frees) = (0, 0, 0);
     for c in &mut clients {
         let kv = c.until("freed");
-        assert_eq!(kv["bad"], "0", "a call failed other than by OOM:\n{}", c.report());
+        assert_eq!(
+            kv["bad"],
+            "0",
+            "a call failed other than by OOM:\n{}",
+            c.report()
+        );
         refused += kv["refused"].parse::<u64>().unwrap();
         allocs += kv["allocs"].parse::<u64>().unwrap();
         frees += kv["frees"].parse::<u64>().unwrap();
     }
     let during = status_json(&sim, &ledger);
     let stat = sim.stat();
-    let report = format!("allocs {allocs}, frees {frees}, refused {refused}\nsimgpu: {stat}\nledger: {during}");
+    let report = format!(
+        "allocs {allocs}, frees {frees}, refused {refused}\nsimgpu: {stat}\nledger: {during}"
+    );
     assert_eq!(allocs, frees, "{report}");
     assert_eq!(
         num(device0(&during), "used"),
@@ -404,7 +411,10 @@ fn threads_freeing_each_others_memory_keep_the_ledger_exact_and_count_each_refus
         "{report}"
     );
     let peak = group(&stat, "swap").u64("peak.0");
-    assert!(peak <= LIMIT, "simgpu saw {peak} bytes at once, over the limit\n{report}");
+    assert!(
+        peak <= LIMIT,
+        "simgpu saw {peak} bytes at once, over the limit\n{report}"
+    );
     assert!(
         refused > 0 && allocs > 500,
         "the storm did not reach the limit\n{report}"
