@@ -56,7 +56,7 @@ pub struct QuotaExceeded {
 }
 
 /// Why [`Ledger::try_reserve_checked`] refused.
-enum Refused {
+enum Refusal {
     /// Refused whatever the usage: a read-only or damaged ledger, a device not set up.
     Closed(QuotaExceeded),
     /// No room under the limit: counted as denied (once per call), after any retries.
@@ -530,8 +530,8 @@ impl Ledger {
         loop {
             match self.try_reserve_checked(dev, bytes) {
                 Ok(()) => return Ok(()),
-                Err(Refused::Closed(e)) => return Err(e),
-                Err(Refused::AtQuota(e)) => {
+                Err(Refusal::Closed(e)) => return Err(e),
+                Err(Refusal::AtQuota(e)) => {
                     if !make_room() {
                         self.layout().count_denied(dev);
                         return Err(e);
@@ -574,8 +574,8 @@ impl Ledger {
     /// compared, on a refusal (sweeps dead processes). A refusal at the quota is counted by the
     /// caller, once per refused call.
     #[inline(never)]
-    fn try_reserve_checked(&self, dev: usize, bytes: u64) -> Result<(), Refused> {
-        let deny = Refused::Closed(QuotaExceeded {
+    fn try_reserve_checked(&self, dev: usize, bytes: u64) -> Result<(), Refusal> {
+        let deny = Refusal::Closed(QuotaExceeded {
             requested: bytes,
             used: 0,
             limit: 0,
@@ -635,7 +635,7 @@ impl Ledger {
             self.charge_slot(dev, bytes);
             return Ok(());
         }
-        Err(Refused::AtQuota(QuotaExceeded {
+        Err(Refusal::AtQuota(QuotaExceeded {
             requested: bytes,
             used: refused.used,
             limit: refused.limit,
