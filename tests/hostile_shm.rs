@@ -179,6 +179,65 @@ fn tenant_ledger_truncated_under_running_programs_fails_closed_without_a_signal(
     }
 }
 
+/// A ledger another process marked damaged (the header's state word, as a process that caught a
+/// truncation leaves it after re-extending the file): the file's size is intact, and programs that
+/// never touched a truncated page find the damage only in the header, at their next size check.
+/// From then on they refuse, also once the word reads "ready" again; a program starting now is
+/// refused too.
+#[test]
+fn ledger_marked_damaged_by_another_process_is_refused_by_every_process() {
+    use gpuslice::slotfile::{STATE_DAMAGED, STATE_READY};
+    use std::os::unix::fs::FileExt;
+    // The slot file's header: magic (8 bytes), version (4), state (4).
+    const STATE_AT: u64 = 12;
+    let set_state = |ledger: &Path, state: u32| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(ledger)
+            .unwrap()
+            .write_all_at(&state.to_le_bytes(), STATE_AT)
+            .unwrap();
+    };
+    let dir = tmp_dir("marked");
+    let sim = Sim::new("marked");
+    let ledger = dir.join("t.ledger");
+    let mut a = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
+    let mut b = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
+    assert_eq!(ask(&mut a, "alloc 64", "alloc"), "0");
+    assert_eq!(ask(&mut b, "alloc 64", "alloc"), "0");
+    let size = std::fs::metadata(&ledger).unwrap().len();
+    set_state(&ledger, STATE_DAMAGED);
+    // Past the next size check (every 50 ms).
+    std::thread::sleep(Duration::from_millis(100));
+    for c in [&mut a, &mut b] {
+        for attempt in ["first", "second"] {
+            assert_eq!(ask(c, "alloc 64", "alloc"), OOM, "{attempt} try");
+        }
+        assert_eq!(ask(c, "free", "free"), "0");
+    }
+    let mut cmd = shimmed(&sim, &ledger);
+    cmd.arg("cmd");
+    let joiner = feed(sim.spawn(&mut cmd), "alloc 64\nexit\n", "joiner");
+    assert_eq!(joiner.get("alloc"), OOM, "{}", joiner.report());
+    set_state(&ledger, STATE_READY);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        ask(&mut a, "alloc 64", "alloc"),
+        OOM,
+        "after the word was restored"
+    );
+    assert_eq!(std::fs::metadata(&ledger).unwrap().len(), size);
+    for (c, name) in [(a, "a"), (b, "b")] {
+        let run = feed(c, "exit\n", name);
+        assert!(run.status.success(), "{}", run.report());
+        assert!(
+            run.stderr.contains("truncated or replaced while in use"),
+            "{}",
+            run.report()
+        );
+    }
+}
+
 /// `gpuslice status` and `gpuslice doctor` with a FIFO, a directory, a device node or another
 /// user's file at the ledger path: each answers (an error naming the path) instead of hanging.
 #[test]
