@@ -238,6 +238,48 @@ fn ledger_marked_damaged_by_another_process_is_refused_by_every_process() {
     }
 }
 
+/// A program that closes every descriptor it did not open (as a daemon does) and then opens files
+/// of its own under the freed numbers: gpuslice never writes to them through its old numbers (a
+/// size check or a repair through a reused number once zero-filled the program's file and marked
+/// the sound ledger DAMAGED for the whole tenant). The program's own allocations are refused from
+/// its next size check on; the tenant's other programs go on.
+#[test]
+fn a_program_closing_gpuslice_descriptors_loses_only_its_own_allocations() {
+    let dir = tmp_dir("steal");
+    let sim = Sim::new("steal");
+    let ledger = dir.join("t.ledger");
+    let app_file = dir.join("app.log");
+    let mut a = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
+    assert_eq!(ask(&mut a, "alloc 64", "alloc"), "0");
+    assert_eq!(
+        ask(&mut a, &format!("steal {}", app_file.display()), "steal"),
+        "8"
+    );
+    // Past the next size check (every 50 ms), which now finds another file under the number.
+    std::thread::sleep(Duration::from_millis(100));
+    for attempt in ["first", "second"] {
+        assert_eq!(ask(&mut a, "alloc 64", "alloc"), OOM, "{attempt} try");
+    }
+    assert_eq!(
+        std::fs::metadata(&app_file).unwrap().len(),
+        0,
+        "the program's own file was written to"
+    );
+    let mut cmd = shimmed(&sim, &ledger);
+    cmd.arg("cmd");
+    let other = feed(sim.spawn(&mut cmd), "alloc 64\nfree\nexit\n", "other");
+    assert_eq!(other.get("alloc"), "0", "{}", other.report());
+    let run = feed(a, "exit\n", "a");
+    assert!(run.status.success(), "{}", run.report());
+    assert!(
+        run.stderr
+            .contains("the program closed gpuslice's descriptor"),
+        "{}",
+        run.report()
+    );
+    assert!(!run.stderr.contains("truncated"), "{}", run.report());
+}
+
 /// `gpuslice status` and `gpuslice doctor` with a FIFO, a directory, a device node or another
 /// user's file at the ledger path: each answers (an error naming the path) instead of hanging.
 #[test]

@@ -368,6 +368,17 @@ impl Ledger {
 
     #[cold]
     fn report_damage(&self) {
+        if let Map::Shared(w) = &self.map {
+            if w.descriptor_lost() {
+                if !self.warned_damage.swap(true, Ordering::Relaxed) {
+                    log::error(format_args!(
+                        "ledger {}: the program closed gpuslice's descriptor of this file (or opened another file under its number); allocations in this process are refused, and the tenant's other processes are unaffected",
+                        self.path.display()
+                    ));
+                }
+                return;
+            }
+        }
         if !self.warned_damage.swap(true, Ordering::Relaxed) {
             log::error(format_args!(
                 "ledger {}: the file was truncated or replaced while in use; allocations are refused until the ledger is recreated (remove it and restart the tenant's programs)",

@@ -303,6 +303,9 @@ impl DeviceLedger {
         {
             return;
         }
+        if w.descriptor_lost() {
+            return; // the program closed our descriptor: nothing to tell about the file
+        }
         if w.detached() {
             return; // private zeros: nothing to share any more; the next process start rejoins
         }

@@ -15,7 +15,7 @@
 //! A program that installs its own `SIGBUS` handler after ours replaces it (docs/SECURITY.md).
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const ENTRIES: usize = 32;
 
@@ -23,6 +23,10 @@ struct Entry {
     addr: AtomicUsize,
     len: AtomicUsize,
     fd: AtomicI32,
+    /// The file's identity (device, inode) when mapped: the descriptor is used only while it still
+    /// names that file (a program may close a descriptor it did not open and reuse its number).
+    dev: AtomicU64,
+    ino: AtomicU64,
     /// Faults contained in this mapping (size restored or replaced).
     faults: AtomicU32,
     /// The file could not be re-extended: the range is private zeros now.
@@ -34,6 +38,8 @@ static TABLE: [Entry; ENTRIES] = [const {
         addr: AtomicUsize::new(0),
         len: AtomicUsize::new(0),
         fd: AtomicI32::new(-1),
+        dev: AtomicU64::new(0),
+        ino: AtomicU64::new(0),
         faults: AtomicU32::new(0),
         detached: AtomicBool::new(false),
     }
@@ -45,9 +51,15 @@ static mut PREVIOUS: Option<libc::sigaction> = None;
 /// A registration; unregistering happens before the mapping is unmapped.
 pub struct Registration(usize);
 
-/// Registers a shared mapping of `len` bytes of `fd` at `addr`. `None` when the table is full (the
-/// mapping then works unprotected, as before this module existed).
-pub fn register(addr: usize, len: usize, fd: RawFd) -> Option<Registration> {
+/// Registers a shared mapping of `len` bytes of `fd` at `addr`, the file whose identity is
+/// `(dev, ino)`. `None` when the table is full (the mapping then works unprotected, as before this
+/// module existed).
+pub fn register(
+    addr: usize,
+    len: usize,
+    fd: RawFd,
+    (dev, ino): (u64, u64),
+) -> Option<Registration> {
     install();
     for (i, e) in TABLE.iter().enumerate() {
         if e.addr
@@ -56,6 +68,8 @@ pub fn register(addr: usize, len: usize, fd: RawFd) -> Option<Registration> {
         {
             e.len.store(len, Ordering::Relaxed);
             e.fd.store(fd, Ordering::Relaxed);
+            e.dev.store(dev, Ordering::Relaxed);
+            e.ino.store(ino, Ordering::Relaxed);
             e.faults.store(0, Ordering::Relaxed);
             e.detached.store(false, Ordering::Relaxed);
             e.addr.store(addr, Ordering::Release);
@@ -102,9 +116,18 @@ fn repair(e: &Entry) {
         return;
     }
     e.faults.fetch_add(1, Ordering::AcqRel);
-    // SAFETY: fallocate is a plain system call on a descriptor we own (mode 0: allocate, extending
-    // the size; it never shrinks a file).
-    let restored = unsafe { libc::fallocate(fd, 0, 0, len as libc::off_t) } == 0;
+    // Re-extended only through a descriptor that still names the mapped file: the program may
+    // have closed ours and opened one of its own files under the same number.
+    // SAFETY: an all-zero `stat` is a valid value; fstat is async-signal-safe and writes only `st`.
+    let ours = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st) == 0
+            && st.st_dev == e.dev.load(Ordering::Acquire)
+            && st.st_ino == e.ino.load(Ordering::Acquire)
+    };
+    // SAFETY: fallocate is a plain system call on a descriptor that names our file (mode 0:
+    // allocate, extending the size; it never shrinks a file).
+    let restored = ours && unsafe { libc::fallocate(fd, 0, 0, len as libc::off_t) } == 0;
     if restored {
         // The content is no longer what its processes wrote: say so to all of them (the
         // state word of the slot file's prefix, at byte 12 of the mapping).

@@ -429,6 +429,11 @@ pub struct Writable<L: SlotLayout> {
     ptr: NonNull<L>,
     /// The descriptor the mapping was made from (the fault handler re-extends through it).
     fd: OwnedFd,
+    /// The file's (device, inode) when mapped: `fd` is trusted only while it still names it.
+    identity: (u64, u64),
+    /// `fd` was found closed, or naming another file: the program closed a descriptor it did not
+    /// open (and may have reused its number). Nothing goes through it any more.
+    lost: std::sync::atomic::AtomicBool,
     created: bool,
     guard: Option<fault::Registration>,
 }
@@ -468,12 +473,21 @@ impl<L: SlotLayout> Writable<L> {
 
     fn map(path: &Path, fd: OwnedFd, created: bool) -> Result<Writable<L>, Error> {
         const { assert!(align_of::<L>() <= 8) };
+        let st = sys::fstat(&fd).map_err(io_err(path, "fstat"))?;
+        let identity = (st.st_dev, st.st_ino);
         let ptr = sys::map_shared(&fd, size_of::<L>()).map_err(io_err(path, "mmap"))?;
-        let guard = fault::register(ptr.as_ptr() as usize, size_of::<L>(), fd.as_raw_fd());
+        let guard = fault::register(
+            ptr.as_ptr() as usize,
+            size_of::<L>(),
+            fd.as_raw_fd(),
+            identity,
+        );
         Ok(Writable {
             path: path.to_path_buf(),
             ptr: ptr.cast(),
             fd,
+            identity,
+            lost: std::sync::atomic::AtomicBool::new(false),
             created,
             guard,
         })
@@ -569,14 +583,43 @@ impl<L: SlotLayout> Writable<L> {
 
     /// A new open file description for slot locks (never mapped, so a fork child can give it up).
     pub fn lock_fd(&self) -> io::Result<OwnedFd> {
-        sys::reopen(&self.fd, true)
+        let fd = sys::reopen(&self.fd, true)?;
+        match sys::fstat(&fd) {
+            Ok(st) if (st.st_dev, st.st_ino) == self.identity => Ok(fd),
+            _ => {
+                self.lost.store(true, Ordering::Release);
+                Err(io::Error::other(
+                    "the descriptor of the mapped file was closed by the program",
+                ))
+            }
+        }
+    }
+
+    /// The descriptor the mapping was made from was closed, or names another file now (the
+    /// program closed a descriptor it did not open): sizes cannot be checked, nothing is repaired.
+    pub fn descriptor_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
     }
 
     /// Whether the file still has its size (`fstat`, for slow paths). A short file is repaired at
     /// once (re-extended with zeros, or replaced by private zeros when there is no room), so no
     /// access through the mapping can fault: the zeros then fail closed.
     pub fn check_size(&self) -> bool {
+        if self.descriptor_lost() {
+            return false;
+        }
         match sys::fstat(&self.fd) {
+            // Closed, or another file under our number: nothing is repaired or marked through it
+            // (that would write to the program's file, or mark a sound ledger DAMAGED for every
+            // process); this process alone fails closed.
+            Ok(st) if (st.st_dev, st.st_ino) != self.identity => {
+                self.lost.store(true, Ordering::Release);
+                false
+            }
+            Err(_) => {
+                self.lost.store(true, Ordering::Release);
+                false
+            }
             Ok(st) if st.st_size as u64 >= size_of::<L>() as u64 => {
                 // Re-extended by another process's repair, or scribbled: the header says so.
                 let pre = prefix(self.layout());

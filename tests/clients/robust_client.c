@@ -21,15 +21,18 @@
  *                                until it succeeds or TIMEOUT_MS passed (got=, elapsed_ms=, last=)
  *   cmd                          set up (init=, retain= return codes), then one command per stdin
  *                                line: alloc MIB | free | info | fork MIB | exec MIB | forkidle |
- *                                reap | allocasync MIB | freeasync | forkfree | exit
+ *                                reap | allocasync MIB | freeasync | forkfree | steal PATH | exit
  *                                (allocasync: cuMemAllocAsync on the NULL stream; freeasync frees the
  *                                last one and synchronises; forkfree: a fork child frees the last
- *                                allocation, which the parent keeps)
+ *                                allocation, which the parent keeps; steal: close every descriptor
+ *                                but stdio, as a daemonising program does, then open PATH 8 times,
+ *                                so the closed numbers are reused)
  *   execchild MIB FD             (started by `cmd`'s exec) allocate MIB, print exec_alloc=, wait for
  *                                FD to reach end of file, exit without freeing
  */
 #include <cuda.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -485,6 +488,20 @@ static int mode_cmd(const char *self) {
             int status = 0;
             waitpid(pid, &status, 0);
             printf("forkfree=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        } else if (strcmp(word, "steal") == 0) {
+            char path[200] = "";
+            if (sscanf(line, "%*s %199s", path) != 1) {
+                printf("steal=-1\n");
+                fflush(stdout);
+                continue;
+            }
+            for (int fd = 3; fd < 1024; fd++)
+                close(fd);
+            int opened = 0;
+            for (int i = 0; i < 8; i++)
+                if (open(path, O_RDWR | O_CREAT, 0600) >= 0)
+                    opened++;
+            printf("steal=%d\n", opened);
         } else if (strcmp(word, "forkidle") == 0) {
             /* A child that never touches CUDA (a data-loader worker, a shell-out helper). */
             int release[2];
