@@ -122,14 +122,21 @@ fn two_uids_share_a_gpu_under_node_policies() {
     // Writing its ledger's limit field (which it can) does not raise what it may allocate: the
     // policy bounds it. (Done here through the library's own API, which is what such a write is.)
     let t1_ledger = scene.state.join("tenants/t1/t1.ledger");
+    let denied = |ledger: &Path| -> u64 {
+        let l = gpuslice::ledger::Ledger::open_readonly(ledger).unwrap();
+        l.snapshot().devices.iter().map(|d| d.denied).sum()
+    };
     {
         let l = gpuslice::ledger::Ledger::open_existing(&t1_ledger).unwrap();
         for d in l.snapshot().devices {
             l.set_limit(d.index, gpuslice::ledger::UNLIMITED).unwrap();
         }
     }
+    let denied_before = denied(&t1_ledger);
     let r = run(&mut workload(&scene, "t1", 1001, &["--chunk", "2"]));
     assert_eq!(r.get_u64("total"), 3 * GIB, "{}", r.report());
+    // The refusal at the policy's ceiling counts as denied, as one at the ledger's limit does.
+    assert!(denied(&t1_ledger) > denied_before, "{}", r.report());
     assert_context_charged_as_spent(&r, 3 * GIB);
     let policy = std::fs::read_to_string(scene.state.join("tenants/t1/policy.toml")).unwrap();
     assert!(policy.contains("memory = 3221225472"), "{policy}");

@@ -113,6 +113,8 @@ impl Tenant {
             // Reserve, then check the node's ceiling: of reservations racing past it, none proceeds.
             if let Err(e) = self.within_policy(device, ledger, slot, bytes) {
                 ledger.release(slot, bytes);
+                // A refusal at the node's ceiling is a refusal at the quota: counted as denied.
+                ledger.count_denied(slot);
                 attempt = Err(e);
             }
         }

@@ -653,6 +653,14 @@ impl Ledger {
         }))
     }
 
+    /// Counts a reservation refused at the quota that the caller refused itself (the node policy's
+    /// ceiling, which the ledger does not know).
+    pub fn count_denied(&self, dev: usize) {
+        if self.writable && dev < MAX_DEVICES {
+            self.layout().count_denied(dev);
+        }
+    }
+
     #[inline]
     fn charge_slot(&self, dev: usize, bytes: u64) {
         if let Some(s) = self.slot() {
