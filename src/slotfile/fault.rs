@@ -7,8 +7,9 @@
 //! which, for a fault inside a registered mapping, gives the file back its size (`fallocate`, an
 //! async-signal-safe system call) and returns, so the faulting instruction runs again on the
 //! (now zero-filled) pages. Zeros fail closed: an empty device entry refuses every reservation, a
-//! zeroed header refuses every new joiner. When the size cannot be restored (no space left), the
-//! range is replaced by private anonymous zero pages instead (this process alone then sees zeros;
+//! zeroed header refuses every new joiner. When the size cannot be restored (no space left, or the
+//! descriptor no longer names the mapped file: the program closed it and may have reused its
+//! number), the range is replaced by private anonymous zero pages instead (this process alone then sees zeros;
 //! it fails closed too) and the mapping is marked detached. Faults outside registered mappings go
 //! to the handler that was installed before ours, or kill the process as they would have.
 //!
