@@ -186,9 +186,10 @@ macro_rules! hooks {
             #[cfg_attr(not(test), no_mangle)]
             #[allow(non_snake_case, clippy::too_many_arguments)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                // Both ways out are jumps: to the real function when the fast predicate holds and
-                // it is resolved already, else to the body (which resolves it, and does the rest).
-                // Nothing here needs a register saved, so the fast path is a few instructions.
+                // The real function when the fast predicate holds and it is resolved already, else
+                // the body (which resolves it, and does the rest): both are jumps for arguments
+                // passed in registers, so the fast path is a few instructions (`cuLaunchKernel`,
+                // with 5 arguments on the stack, still saves 3 registers: docs/BENCHMARKS.md).
                 if $fast {
                     if let Some(f) = $crate::driver::resolved($crate::driver::Real::$name) {
                         // SAFETY: the slot holds the address the real library exports under this
