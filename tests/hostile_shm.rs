@@ -111,6 +111,15 @@ fn full_filesystem_at_ledger_creation_refuses_with_a_clear_message() {
 }
 
 /// Sends one line to a running client and waits for its answer `key=`.
+/// Two programs of the tenant at `ledger`, each holding 64 MiB.
+fn two_holders(sim: &Sim, ledger: &Path) -> (std::process::Child, std::process::Child) {
+    let mut a = sim.spawn(shimmed(sim, ledger).arg("cmd"));
+    let mut b = sim.spawn(shimmed(sim, ledger).arg("cmd"));
+    assert_eq!(ask(&mut a, "alloc 64", "alloc"), "0");
+    assert_eq!(ask(&mut b, "alloc 64", "alloc"), "0");
+    (a, b)
+}
+
 fn ask(child: &mut std::process::Child, line: &str, key: &str) -> String {
     let stdin = child.stdin.as_mut().unwrap();
     stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
@@ -127,10 +136,7 @@ fn tenant_ledger_truncated_under_running_programs_fails_closed_without_a_signal(
         let dir = tmp_dir(&format!("cut-{tag}"));
         let sim = Sim::new("cut");
         let ledger = dir.join("t.ledger");
-        let mut a = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
-        let mut b = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
-        assert_eq!(ask(&mut a, "alloc 64", "alloc"), "0");
-        assert_eq!(ask(&mut b, "alloc 64", "alloc"), "0");
+        let (mut a, mut b) = two_holders(&sim, &ledger);
         let size = std::fs::metadata(&ledger).unwrap().len();
         let cut = if tag == "half" { size / 2 } else { cut };
         std::fs::OpenOptions::new()
@@ -201,10 +207,7 @@ fn ledger_marked_damaged_by_another_process_is_refused_by_every_process() {
     let dir = tmp_dir("marked");
     let sim = Sim::new("marked");
     let ledger = dir.join("t.ledger");
-    let mut a = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
-    let mut b = sim.spawn(shimmed(&sim, &ledger).arg("cmd"));
-    assert_eq!(ask(&mut a, "alloc 64", "alloc"), "0");
-    assert_eq!(ask(&mut b, "alloc 64", "alloc"), "0");
+    let (mut a, mut b) = two_holders(&sim, &ledger);
     let size = std::fs::metadata(&ledger).unwrap().len();
     set_state(&ledger, STATE_DAMAGED);
     // Past the next size check (every 50 ms).

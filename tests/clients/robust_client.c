@@ -166,40 +166,54 @@ static void *storm_thread(void *arg) {
 #undef STORM_CHECK
 }
 
-static int mode_storm(int seconds, int threads, unsigned seed) {
-    enum { MAX_THREADS = 64 };
-    if (threads < 1 || threads > MAX_THREADS)
-        return 2;
-    storm_seconds = seconds;
-    storm_seed = seed;
-    setup();
-    /* Every process holds its context before any of them starts: the test's start line. */
+enum { STORM_MAX_THREADS = 64 };
+
+struct storm_totals {
+    long allocs, refused, async_allocs, frees;
+    int bad;
+};
+
+/* Prints ready=1 (every process holds its context before any of them starts: the test's start
+ * line), waits for a line on stdin, runs `threads` threads of `body` and sums what they counted.
+ * Returns 0, or the mode's exit code. */
+static int run_storm_threads(int threads, void *(*body)(void *), struct storm_totals *t) {
     printf("ready=1\n");
     fflush(stdout);
     char line[64];
     if (fgets(line, sizeof line, stdin) == NULL)
         return 4;
-    pthread_t tid[MAX_THREADS];
-    static struct storm_stats st[MAX_THREADS];
+    pthread_t tid[STORM_MAX_THREADS];
+    static struct storm_stats st[STORM_MAX_THREADS];
     for (int i = 0; i < threads; i++)
-        if (pthread_create(&tid[i], NULL, storm_thread, &st[i]) != 0)
+        if (pthread_create(&tid[i], NULL, body, &st[i]) != 0)
             return 3;
-    long allocs = 0, refused = 0, async_allocs = 0, frees = 0;
-    int bad = 0;
     for (int i = 0; i < threads; i++) {
         pthread_join(tid[i], NULL);
-        allocs += st[i].allocs;
-        refused += st[i].refused;
-        async_allocs += st[i].async_allocs;
-        frees += st[i].frees;
+        t->allocs += st[i].allocs;
+        t->refused += st[i].refused;
+        t->async_allocs += st[i].async_allocs;
+        t->frees += st[i].frees;
         if (st[i].bad_rc != 0) {
-            bad++;
+            t->bad++;
             printf("bad_call=%s bad_rc=%d (%s)\n", st[i].bad_call, st[i].bad_rc,
                    err_name((CUresult)st[i].bad_rc));
         }
     }
-    printf("allocs=%ld\nrefused=%ld\nasync_allocs=%ld\nfrees=%ld\nbad=%d\npid=%d\nfreed=1\n", allocs,
-           refused, async_allocs, frees, bad, (int)getpid());
+    return 0;
+}
+
+static int mode_storm(int seconds, int threads, unsigned seed) {
+    if (threads < 1 || threads > STORM_MAX_THREADS)
+        return 2;
+    storm_seconds = seconds;
+    storm_seed = seed;
+    setup();
+    struct storm_totals t = {0};
+    int rc = run_storm_threads(threads, storm_thread, &t);
+    if (rc != 0)
+        return rc;
+    printf("allocs=%ld\nrefused=%ld\nasync_allocs=%ld\nfrees=%ld\nbad=%d\npid=%d\nfreed=1\n", t.allocs,
+           t.refused, t.async_allocs, t.frees, t.bad, (int)getpid());
     fflush(stdout);
     wait_stdin_eof();
     CHECK(cuDevicePrimaryCtxRelease(dev));
@@ -276,8 +290,7 @@ static void *swap_thread(void *arg) {
 }
 
 static int mode_swap(int seconds, int threads, unsigned seed) {
-    enum { MAX_THREADS = 64 };
-    if (threads < 1 || threads > MAX_THREADS)
+    if (threads < 1 || threads > STORM_MAX_THREADS)
         return 2;
     storm_seconds = seconds;
     storm_seed = seed;
@@ -288,41 +301,22 @@ static int mode_swap(int seconds, int threads, unsigned seed) {
     CHECK(cuMemAllocAsync(&first, MIB, NULL));
     CHECK(cuMemFreeAsync(first, NULL));
     CHECK(cuStreamSynchronize(NULL));
-    printf("ready=1\n");
-    fflush(stdout);
-    char line[64];
-    if (fgets(line, sizeof line, stdin) == NULL)
-        return 4;
-    pthread_t tid[MAX_THREADS];
-    static struct storm_stats st[MAX_THREADS];
-    for (int i = 0; i < threads; i++)
-        if (pthread_create(&tid[i], NULL, swap_thread, &st[i]) != 0)
-            return 3;
-    long allocs = 0, refused = 0, frees = 0;
-    int bad = 0;
-    for (int i = 0; i < threads; i++) {
-        pthread_join(tid[i], NULL);
-        allocs += st[i].allocs;
-        refused += st[i].refused;
-        frees += st[i].frees;
-        if (st[i].bad_rc != 0) {
-            bad++;
-            printf("bad_call=%s bad_rc=%d (%s)\n", st[i].bad_call, st[i].bad_rc,
-                   err_name((CUresult)st[i].bad_rc));
-        }
-    }
+    struct storm_totals t = {0};
+    int rc = run_storm_threads(threads, swap_thread, &t);
+    if (rc != 0)
+        return rc;
     unsigned s = seed;
     CUdeviceptr p;
     while ((p = swap_take(&s)) != 0) {
-        CUresult rc = cuMemFree(p);
-        if (rc != CUDA_SUCCESS) {
-            bad++;
-            printf("bad_call=final cuMemFree_v2 bad_rc=%d (%s)\n", (int)rc, err_name(rc));
+        CUresult free_rc = cuMemFree(p);
+        if (free_rc != CUDA_SUCCESS) {
+            t.bad++;
+            printf("bad_call=final cuMemFree_v2 bad_rc=%d (%s)\n", (int)free_rc, err_name(free_rc));
         }
-        frees++;
+        t.frees++;
     }
-    printf("allocs=%ld\nrefused=%ld\nasync_allocs=0\nfrees=%ld\nbad=%d\npid=%d\nfreed=1\n", allocs,
-           refused, frees, bad, (int)getpid());
+    printf("allocs=%ld\nrefused=%ld\nasync_allocs=0\nfrees=%ld\nbad=%d\npid=%d\nfreed=1\n", t.allocs,
+           t.refused, t.frees, t.bad, (int)getpid());
     fflush(stdout);
     wait_stdin_eof();
     CHECK(cuDevicePrimaryCtxRelease(dev));
