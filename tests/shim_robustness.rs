@@ -261,22 +261,25 @@ fn process_bytes(p: &Json) -> u64 {
 // 1. Storm
 // ---------------------------------------------------------------------------------------------
 
-#[test]
-fn storm_of_threads_and_processes_never_passes_the_limit() {
-    const PROCESSES: usize = 4;
-    const LIMIT: u64 = 3 * GIB;
-    let dir = tmp_dir("storm");
-    let ledger = dir.join("storm.ledger");
-    // simgpu charges a context what the shim charges for it, so simgpu's peak is exact.
-    let sim = Sim::new("storm").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
-    let mut clients: Vec<Session> = (0..PROCESSES)
+/// `processes` clients in `mode` (`storm` or `swap`: `threads` threads each for 3 s, seeds from
+/// `seed`) under a 3 GiB quota, in simgpu group `mode`; started together once every one holds its
+/// context.
+fn threads_in_processes(
+    sim: &Sim,
+    ledger: &Path,
+    mode: &str,
+    processes: usize,
+    threads: u32,
+    seed: usize,
+) -> Vec<Session> {
+    let mut clients: Vec<Session> = (0..processes)
         .map(|i| {
-            let mut cmd = shimmed(&sim, &ledger);
+            let mut cmd = shimmed(sim, ledger);
             cmd.env("GPUSLICE_MEMORY_LIMIT", "3GiB")
                 .env("GPUSLICE_LOG", "error")
-                .env("SIMGPU_GROUP", "storm")
-                .args(["storm", "3", "8", &(1000 + i).to_string()]);
-            Session::start(&mut cmd, &format!("storm client {i}"))
+                .env("SIMGPU_GROUP", mode)
+                .args([mode, "3", &threads.to_string(), &(seed + i).to_string()]);
+            Session::start(&mut cmd, &format!("{mode} client {i}"))
         })
         .collect();
     // Everyone holds its context before anyone allocates.
@@ -286,6 +289,18 @@ fn storm_of_threads_and_processes_never_passes_the_limit() {
     for c in &mut clients {
         c.send("go");
     }
+    clients
+}
+
+#[test]
+fn storm_of_threads_and_processes_never_passes_the_limit() {
+    const PROCESSES: usize = 4;
+    const LIMIT: u64 = 3 * GIB;
+    let dir = tmp_dir("storm");
+    let ledger = dir.join("storm.ledger");
+    // simgpu charges a context what the shim charges for it, so simgpu's peak is exact.
+    let sim = Sim::new("storm").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
+    let mut clients = threads_in_processes(&sim, &ledger, "storm", PROCESSES, 8, 1000);
     let mut refused = 0;
     let mut allocs = 0;
     let mut async_allocs = 0;
@@ -365,22 +380,7 @@ fn threads_freeing_each_others_memory_keep_the_ledger_exact_and_count_each_refus
     let dir = tmp_dir("swap");
     let ledger = dir.join("swap.ledger");
     let sim = Sim::new("swap").env("SIMGPU_CONTEXT_MEMORY", "512MiB");
-    let mut clients: Vec<Session> = (0..PROCESSES)
-        .map(|i| {
-            let mut cmd = shimmed(&sim, &ledger);
-            cmd.env("GPUSLICE_MEMORY_LIMIT", "3GiB")
-                .env("GPUSLICE_LOG", "error")
-                .env("SIMGPU_GROUP", "swap")
-                .args(["swap", "3", "6", &(2000 + i).to_string()]);
-            Session::start(&mut cmd, &format!("swap client {i}"))
-        })
-        .collect();
-    for c in &mut clients {
-        c.until("ready");
-    }
-    for c in &mut clients {
-        c.send("go");
-    }
+    let mut clients = threads_in_processes(&sim, &ledger, "swap", PROCESSES, 6, 2000);
     let (mut refused, mut allocs, mut frees) = (0, 0, 0);
     for c in &mut clients {
         let kv = c.until("freed");
