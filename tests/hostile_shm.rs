@@ -145,12 +145,10 @@ fn tenant_ledger_truncated_under_running_programs_fails_closed_without_a_signal(
             .unwrap()
             .set_len(cut)
             .unwrap();
-        // A reservation compares the file's size at most every 50 ms (any access to a truncated
-        // page is caught at once by the fault handler; a cut that spares the pages in use is
-        // noticed at the next size check): wait past that.
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // No wait: every reservation reads the mapping's last page, so a cut below it (also one
+        // that spares the pages in use) faults there and is repaired and counted at once.
         // Both go on allocating and freeing: refused (fail closed), never killed. The second try
-        // comes before the next size check is due: once found damaged, the file stays refused.
+        // comes before any size check is due: once found damaged, the file stays refused.
         for c in [&mut a, &mut b] {
             for attempt in ["first", "second"] {
                 assert_eq!(
@@ -187,9 +185,9 @@ fn tenant_ledger_truncated_under_running_programs_fails_closed_without_a_signal(
 
 /// A ledger another process marked damaged (the header's state word, as a process that caught a
 /// truncation leaves it after re-extending the file): the file's size is intact, and programs that
-/// never touched a truncated page find the damage only in the header, at their next size check.
-/// From then on they refuse, also once the word reads "ready" again; a program starting now is
-/// refused too.
+/// never touched a truncated page find the damage only in the header, which every reservation
+/// reads. From then on they refuse, also once the word reads "ready" again; a program starting
+/// now is refused too.
 #[test]
 fn ledger_marked_damaged_by_another_process_is_refused_by_every_process() {
     use gpuslice::slotfile::{STATE_DAMAGED, STATE_READY};
@@ -210,8 +208,7 @@ fn ledger_marked_damaged_by_another_process_is_refused_by_every_process() {
     let (mut a, mut b) = two_holders(&sim, &ledger);
     let size = std::fs::metadata(&ledger).unwrap().len();
     set_state(&ledger, STATE_DAMAGED);
-    // Past the next size check (every 50 ms).
-    std::thread::sleep(Duration::from_millis(100));
+    // No wait for a size check: the next reservation sees the header.
     for c in [&mut a, &mut b] {
         for attempt in ["first", "second"] {
             assert_eq!(ask(c, "alloc 64", "alloc"), OOM, "{attempt} try");

@@ -348,8 +348,8 @@ impl Ledger {
     }
 
     /// Whether the shared file still holds what this process joined: a truncation (repaired with
-    /// zeros) fails closed from then on. Checked with `fstat` on slow paths; the fault handler
-    /// marks the mapping on the fast path.
+    /// zeros) fails closed from then on. With `check_size`, `fstat` as well (slow paths, paced);
+    /// otherwise what is seen without a system call (`Writable::looks_sound`).
     #[inline]
     fn damaged(&self, check_size: bool) -> bool {
         let Map::Shared(w) = &self.map else {
@@ -358,12 +358,18 @@ impl Ledger {
         let bad = if check_size {
             !w.check_size()
         } else {
-            w.damaged()
+            !w.looks_sound()
         };
         if bad {
             self.report_damage();
         }
         bad
+    }
+
+    /// The quick path's damage check, no system call (`Writable::looks_sound`).
+    #[inline(always)]
+    fn looks_damaged(&self) -> bool {
+        matches!(&self.map, Map::Shared(w) if !w.looks_sound())
     }
 
     #[cold]
@@ -553,8 +559,9 @@ impl Ledger {
     }
 
     /// The common case of [`Ledger::try_reserve`], inline: no fork since the last look, no size
-    /// check due, a file never found damaged, room left. `false`: nothing was reserved, and
-    /// `try_reserve` (the same steps with their reports, sweeps and counts) must decide.
+    /// check due, a file never found damaged that still looks sound, room left. `false`: nothing
+    /// was reserved, and `try_reserve` (the same steps with their reports, sweeps and counts) must
+    /// decide.
     #[inline]
     pub fn reserve_quickly(&self, dev: usize, bytes: u64) -> bool {
         if !self.writable
@@ -563,7 +570,6 @@ impl Ledger {
             || self.warned_damage.load(Ordering::Relaxed)
             || now_ms().saturating_sub(self.last_size_check_ms.load(Ordering::Relaxed))
                 >= SIZE_CHECK_MS
-            || self.damaged(false)
         {
             return false;
         }
@@ -572,9 +578,11 @@ impl Ledger {
             return false;
         }
         self.charge_slot(dev, bytes);
-        if self.damaged(false) {
-            // A truncation repaired meanwhile (fault handler): the numbers are gone; the full
-            // path reports it and refuses.
+        // Checked once, after the updates: faults only add up and the header is read now, so this
+        // also covers a file damaged before them, whose repaired (or private) zeros the updates
+        // touched harmlessly.
+        if self.looks_damaged() {
+            // The numbers are gone: the checked path reports it and refuses.
             self.release(dev, bytes);
             return false;
         }

@@ -45,9 +45,9 @@ use std::time::{Duration, Instant};
 
 /// The atomics of every shared layout (one place to substitute a model checker's).
 pub mod atomic {
-    pub use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+    pub use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 }
-use atomic::{AtomicU32, AtomicU64, Ordering};
+use atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Header `state`: being filled in by its creator.
 pub const STATE_INITIALISING: u32 = u32::from_le_bytes(*b"INIT");
@@ -648,8 +648,30 @@ impl<L: SlotLayout> Writable<L> {
 
     /// Whether a truncation has been repaired in this mapping since it was opened (its content is
     /// no longer what its creator wrote) or the mapping no longer shows the file.
+    #[inline(always)]
     pub fn damaged(&self) -> bool {
         self.guard.as_ref().is_some_and(|g| g.faults() > 0)
+    }
+
+    /// Soundness as a hot path can see it without a system call: the mapping's last page still
+    /// holds file data (read first: after a cut anywhere below it the read faults, and the fault
+    /// handler repairs the file, marks it DAMAGED and counts the fault), no fault was contained in
+    /// this mapping, and the header still carries the magic and READY (another process that
+    /// caught a truncation marks it DAMAGED). What it cannot see is left to [`Writable::check_size`]:
+    /// a cut inside the last page, and a descriptor the program closed.
+    #[inline(always)]
+    pub fn looks_sound(&self) -> bool {
+        let size = size_of::<L>();
+        // SAFETY: `size - 1` is inside the mapping of `size` bytes (`layout`'s invariant), a byte
+        // has no alignment, and every bit pattern of the layout is valid and shared mutation is
+        // allowed (`SlotLayout`), so an atomic byte read there is sound; a fault on it is
+        // contained (`fault.rs`).
+        let last = unsafe { &*self.ptr.as_ptr().cast::<AtomicU8>().add(size - 1) };
+        std::hint::black_box(last.load(Ordering::Relaxed));
+        let pre = prefix(self.layout());
+        !self.damaged()
+            && pre.magic.load(Ordering::Relaxed) == u64::from_ne_bytes(L::MAGIC)
+            && pre.state.load(Ordering::Relaxed) == STATE_READY
     }
 
     /// The mapping shows private zeros instead of the file (it could not be re-extended).

@@ -200,6 +200,51 @@ fn truncation_while_mapped_does_not_kill_the_mapper() {
     }
 }
 
+/// What a hot path sees without a system call (`looks_sound`): a cut that spares the pages in use
+/// (the read of the last page faults, and is repaired), and a header another process marked
+/// DAMAGED with the file's size intact.
+#[test]
+fn looks_sound_sees_a_cut_sparing_the_pages_in_use_and_a_header_marked_damaged() {
+    use std::os::unix::fs::FileExt;
+    let _serial = crate::slotfile::serial_test();
+    let path = dir("sound").join("f");
+    let w = open(&path).unwrap();
+    assert!(w.looks_sound());
+    // Cut to the first page: the header and the counter are still in the file, the last page not.
+    let cut = 4096u64;
+    assert!((size_of::<Tiny>() as u64 - 1) & !4095 >= cut);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    w.layout().counter.store(6, Ordering::Relaxed);
+    // In a child, as a fatal fault would kill the process that reads.
+    let status = in_child(|| !w.looks_sound() && w.damaged());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status:#x}"
+    );
+    // The child's repair gave the file its size back and marked it: seen here in the header.
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        size_of::<Tiny>() as u64
+    );
+    assert!(!w.damaged() && !w.looks_sound());
+
+    // The header alone marked, by another process (here, a write through another description).
+    let path = dir("marked").join("f");
+    let w = open(&path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .write_all_at(&STATE_DAMAGED.to_ne_bytes(), STATE_AT as u64)
+        .unwrap();
+    assert!(!w.damaged() && !w.looks_sound());
+}
+
 #[test]
 fn claimed_slot_is_not_held_by_a_fork_child() {
     let _serial = crate::slotfile::serial_test();
