@@ -549,6 +549,18 @@ fn views_agree(deploy: Deploy) {
             QUOTA,
             "{s}: NVML total\n{report}"
         );
+        // The legacy 32-bit entry points show the same (a 1 GiB quota fits in 32 bits).
+        for (legacy, current) in [
+            ("free_v1", free),
+            ("total_v1", QUOTA),
+            ("device_total_v1", QUOTA),
+        ] {
+            assert_eq!(
+                step(&kv, &s, legacy),
+                current,
+                "{deploy:?} {s}: {legacy}\n{report}"
+            );
+        }
         assert_eq!(
             free + used,
             total,

@@ -1,7 +1,7 @@
 /* Driver overhead under a quota: contexts, module code and context limits take device memory the
  * program never asked cuMemAlloc for. Prints `key=value` lines that tests/memory_overhead.rs judges
  * against simgpu's own counters. Every view of memory is printed after each step: cuMemGetInfo,
- * cuDeviceTotalMem, NVML's memory info (v1 and v2) and its process lists (v1, v2, v3), NVML being
+ * cuDeviceTotalMem (and their legacy 32-bit entry points), NVML's memory info (v1 and v2) and its process lists (v1, v2, v3), NVML being
  * reached by dlopen + dlsym as monitoring libraries do.
  *
  * Modes (argv[1]):
@@ -87,10 +87,24 @@ static void nvml_open(void) {
                rc, step, tag, n, step, tag, mine, step, tag, sum);                          \
     } while (0)
 
+/* The legacy 32-bit entry points (cuda.h maps the names to _v2), found as a binary built against
+ * CUDA < 3.2 finds them: by their unversioned names in the process's global scope. */
+typedef CUresult (*mem_get_info_v1_t)(unsigned int *, unsigned int *);
+typedef CUresult (*total_mem_v1_t)(unsigned int *, CUdevice);
+
 static void views(const char *step) {
     size_t free_b = 0, total_b = 0, dev_total = 0;
     CHECK(cuMemGetInfo(&free_b, &total_b));
     CHECK(cuDeviceTotalMem(&dev_total, 0));
+    void *global = dlopen(NULL, RTLD_NOW);
+    mem_get_info_v1_t mem_get_info_v1 = (mem_get_info_v1_t)dlsym(global, "cuMemGetInfo");
+    total_mem_v1_t total_mem_v1 = (total_mem_v1_t)dlsym(global, "cuDeviceTotalMem");
+    unsigned int free_v1 = 0, total_v1 = 0, dev_total_v1 = 0;
+    if (!mem_get_info_v1 || !total_mem_v1) { printf("error=no legacy entry points\n"); exit(1); }
+    CHECK(mem_get_info_v1(&free_v1, &total_v1));
+    CHECK(total_mem_v1(&dev_total_v1, 0));
+    printf("%s_free_v1=%u\n%s_total_v1=%u\n%s_device_total_v1=%u\n", step, free_v1, step, total_v1,
+           step, dev_total_v1);
     nvmlMemory_t m = {0};
     nvmlMemory_v2_t m2 = {0};
     m2.version = (unsigned int)sizeof(nvmlMemory_v2_t) | (2u << 24);

@@ -698,18 +698,37 @@ pub unsafe extern "C" fn cuMemFree(ptr: u32) -> CUresult {
     crate::call("cuMemFree", || mem_free(ptr as CUdeviceptr))
 }
 
+/// The current context's device: (free, total).
+fn mem_info() -> Result<(u64, u64), CUerror> {
+    let ctx = crate::context::current()?;
+    let s = shared()?;
+    let cap = s.device_capacity(ctx.device);
+    Ok((cap.saturating_sub(s.device_used(ctx.device)), cap))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(
     free: Option<&mut usize>,
     total: Option<&mut usize>,
 ) -> CUresult {
     crate::call("cuMemGetInfo_v2", || {
-        let ctx = crate::context::current()?;
         let (free, total) = (crate::out(free)?, crate::out(total)?);
-        let s = shared()?;
-        let cap = s.device_capacity(ctx.device);
-        *total = cap as usize;
-        *free = cap.saturating_sub(s.device_used(ctx.device)) as usize;
+        let (f, t) = mem_info()?;
+        (*free, *total) = (f as usize, t as usize);
+        Ok(())
+    })
+}
+
+/// The legacy 32-bit entry point (what a binary built against CUDA < 3.2 calls, and what
+/// `cuGetProcAddress("cuMemGetInfo", ..., version < 3020)` returns): saturates rather than wrapping,
+/// as `cuDeviceTotalMem` does.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: Option<&mut u32>, total: Option<&mut u32>) -> CUresult {
+    crate::call("cuMemGetInfo", || {
+        let (free, total) = (crate::out(free)?, crate::out(total)?);
+        let (f, t) = mem_info()?;
+        let narrow = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        (*free, *total) = (narrow(f), narrow(t));
         Ok(())
     })
 }
