@@ -666,6 +666,38 @@ fn pool_attributes_answering_zero_do_not_loosen_the_quota() {
 }
 
 #[test]
+fn a_pool_serves_smaller_blocks_from_the_memory_it_holds() {
+    // Blocks of one size freed (stream-ordered, not synchronised) and then smaller ones asked for,
+    // as a caching allocator does: the pool serves them from the memory it holds, so the whole
+    // quota is usable whatever the sizes.
+    let dir = scratch("pool-sizes");
+    let sim = sim("overhead-pool-sizes");
+    let run = sim.run_cmd(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "sizes",
+        &["mixedasync", "128", "20", "2"],
+    ));
+    run.assert_success();
+    let room = QUOTA - SIM_CONTEXT;
+    for mib in [128, 20, 2] {
+        assert_eq!(
+            run.get_u64(&format!("blocks_{mib}")),
+            room / (mib * MIB),
+            "{mib} MiB blocks after larger ones were freed\n{}",
+            run.report()
+        );
+    }
+    let peak = group_peak(&sim.stat(), "sizes");
+    assert!(
+        peak <= QUOTA,
+        "simgpu's peak {peak} passed the quota:\n{}",
+        run.report()
+    );
+}
+
+#[test]
 fn a_malloc_heap_beyond_the_quota_is_refused_before_the_driver_reserves_it() {
     let dir = scratch("heap");
     // A device with room for the heap: only the quota can refuse it.

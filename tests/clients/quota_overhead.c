@@ -12,6 +12,8 @@
  *                                           fill; views; wait for EOF
  *   async ROUNDS                            context, then ROUNDS times: cuMemAllocAsync 64 MiB blocks
  *                                           until refused, free them, synchronise
+ *   mixedasync MIB...                       context, then for each MIB: cuMemAllocAsync blocks of
+ *                                           MIB until refused, freed on the stream unsynchronised
  *   graph MIB [captured]                    a graph with a memory node of MIB (allocated when the
  *                                           graph is launched; made by capturing cuMemAllocAsync with
  *                                           `captured`), launched; views
@@ -310,6 +312,22 @@ int main(int argc, char **argv) {
         unsigned long long more = fill();
         printf("fill_after_bytes=%llu\n", more);
         views("async");
+    } else if (strcmp(mode, "mixedasync") == 0 && argc > 2) {
+        /* As a stream-ordered caching allocator (PyTorch's cudaMallocAsync backend): blocks of each
+         * size in turn until refused, freed on the stream without synchronising, so that the next
+         * size is served from the memory the pool already holds. */
+        CUstream s;
+        CHECK(cuStreamCreate(&s, 0));
+        for (int a = 2; a < argc; a++) {
+            unsigned long long mib = strtoull(argv[a], 0, 10);
+            static CUdeviceptr blocks[1024];
+            int n = 0;
+            while (n < 1024 && cuMemAllocAsync(&blocks[n], mib * MIB, s) == CUDA_SUCCESS) n++;
+            printf("blocks_%llu=%d\n", mib, n);
+            for (int i = 0; i < n; i++) CHECK(cuMemFreeAsync(blocks[i], s));
+        }
+        CHECK(cuStreamSynchronize(s));
+        views("mixedasync");
     } else if (strcmp(mode, "graph") == 0 && argc > 2) {
         CUstream s;
         CUgraph graph;

@@ -378,11 +378,24 @@ impl Mem {
             .min_by_key(|(_, b)| b.1)
             .map(|(i, b)| (b.1, i));
         let reuse = match (idle, pending) {
-            (Some(i), Some(q)) if q.0 < i.0 => Some(p.pending.swap_remove(q.1)).map(|b| (b.0, b.1)),
-            (Some(i), _) => Some(p.idle.swap_remove(i.1)),
-            (None, Some(q)) => Some(p.pending.swap_remove(q.1)).map(|b| (b.0, b.1)),
+            (Some(i), Some(q)) if q.0 < i.0 => Some(p.pending.swap_remove(q.1)),
+            (Some(i), _) => Some(p.idle.swap_remove(i.1)).map(|b| (b.0, b.1, u64::MAX)),
+            (None, Some(q)) => Some(p.pending.swap_remove(q.1)),
             (None, None) => None,
         };
+        // A pool sub-allocates the memory it reserves (CUDA Programming Guide, "Stream Ordered
+        // Memory Allocator": freed memory is reused for later allocations): a larger freed block
+        // serves the request from its start, and the rest stays in the pool for the next ones.
+        let reuse = reuse.map(|(at, block, freed_on)| {
+            if block > span {
+                let rest = (at + span, block - span);
+                match freed_on {
+                    u64::MAX => p.idle.push(rest),
+                    stream => p.pending.push((rest.0, rest.1, stream)),
+                }
+            }
+            (at, span)
+        });
         let (at, span) = match reuse {
             Some(block) => block,
             None => {
@@ -1400,10 +1413,18 @@ fn free_async(ptr: CUdeviceptr, stream: CUstream, per_thread: bool) -> CUresult 
                     Box::new(move || {
                         let mut m = mem();
                         if let Some(p) = m.pools.get_mut(&h) {
-                            if let Some(i) = p.pending.iter().position(|b| b.0 == base) {
-                                let (at, span, _) = p.pending.swap_remove(i);
-                                p.idle.push((at, span));
-                            }
+                            // What is left of the block (the stream may have reused part of it
+                            // meanwhile: see `pool_alloc`) is every stream's now.
+                            let freed = base..base + span;
+                            let mut done = Vec::new();
+                            p.pending.retain(|b| {
+                                let ran = freed.contains(&b.0);
+                                if ran {
+                                    done.push((b.0, b.1));
+                                }
+                                !ran
+                            });
+                            p.idle.extend(done);
                         }
                     }),
                 );
