@@ -929,7 +929,9 @@ fn nvml_process_views_show_only_the_tenants_processes() {
 }
 
 /// NVML as NVIDIA's nvidia-ml-py shows it to a tenant: memory (v1, v2), the process list, and the
-/// per-process utilisation, its count asked first with a NULL buffer as NVML's protocol has it.
+/// per-process utilisation (`nvmlDeviceGetProcessUtilization`, and R550's
+/// `nvmlDeviceGetProcessesUtilizationInfo`), its count asked first with a NULL buffer as NVML's
+/// protocol has it.
 const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvmlDeviceGetHandleByIndex(0)\n\
     m = nv.nvmlDeviceGetMemoryInfo(h)\nm2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)\n\
     print(f'total={m.total}\\nused={m.used}\\nfree={m.free}')\n\
@@ -939,7 +941,12 @@ const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvml
     rc = fn(h, None, ctypes.byref(n), ctypes.c_ulonglong(0))\n\
     print(f'util_query_rc={rc}\\nutil_query_count={n.value}')\n\
     try:\n    samples = nv.nvmlDeviceGetProcessUtilization(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
-    print('util=' + ','.join(str(s.pid) for s in samples))\n";
+    print('util=' + ','.join(str(s.pid) for s in samples))\n\
+    info = nv.c_nvmlProcessesUtilizationInfo_v1_t(version=nv.ProcessesUtilizationInfo_v1)\n\
+    rc = nv._nvmlGetFunctionPointer('nvmlDeviceGetProcessesUtilizationInfo')(h, ctypes.byref(info))\n\
+    print(f'utilinfo_query_rc={rc}\\nutilinfo_query_count={info.processSamplesCount}')\n\
+    try:\n    samples = nv.nvmlDeviceGetProcessesUtilizationInfo(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
+    print('utilinfo=' + ','.join(str(s.pid) for s in samples))\n";
 
 /// What NVML shows a tenant, through [`NVML_VIEW`].
 fn nvml_view(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str) -> Run {
@@ -991,15 +998,18 @@ fn nvml_never_shows_another_tenant(deploy: Deploy) {
     }
     assert_eq!(fresh.get("procs"), "", "{deploy:?}: process list\n{report}");
     assert_eq!(fresh.get("util"), "", "{deploy:?}: samples\n{report}");
+    assert_eq!(fresh.get("utilinfo"), "", "{deploy:?}: samples\n{report}");
     // NVML_ERROR_NOT_FOUND: no sample of the tenant's processes, as a driver with none answers.
-    assert_eq!(
-        (
-            fresh.get_u64("util_query_rc"),
-            fresh.get_u64("util_query_count")
-        ),
-        (6, 0),
-        "{deploy:?}: the sample count\n{report}"
-    );
+    for query in ["util_query", "utilinfo_query"] {
+        assert_eq!(
+            (
+                fresh.get_u64(&format!("{query}_rc")),
+                fresh.get_u64(&format!("{query}_count"))
+            ),
+            (6, 0),
+            "{deploy:?}: the sample count ({query})\n{report}"
+        );
+    }
     assert!(
         !ledger.exists(),
         "{deploy:?}: asking NVML created the tenant's ledger"
@@ -1017,15 +1027,22 @@ fn nvml_never_shows_another_tenant(deploy: Deploy) {
     let my_pid = wait_for_key(&mut mine, "pid")["pid"].clone();
     let view = nvml_view(&sim, deploy, &dir, "mine");
     let report = view.report();
-    assert_eq!(
-        (
-            view.get_u64("util_query_rc"),
-            view.get_u64("util_query_count")
-        ),
-        (7, 1),
-        "{deploy:?}: the count query (NVML_ERROR_INSUFFICIENT_SIZE, room for one sample)\n{report}"
-    );
+    for query in ["util_query", "utilinfo_query"] {
+        assert_eq!(
+            (
+                view.get_u64(&format!("{query}_rc")),
+                view.get_u64(&format!("{query}_count"))
+            ),
+            (7, 1),
+            "{deploy:?}: the count query ({query}: NVML_ERROR_INSUFFICIENT_SIZE, room for one sample)\n{report}"
+        );
+    }
     assert_eq!(view.get("util"), my_pid, "{deploy:?}: samples\n{report}");
+    assert_eq!(
+        view.get("utilinfo"),
+        my_pid,
+        "{deploy:?}: samples\n{report}"
+    );
     let procs = view.get("procs");
     assert!(
         procs.starts_with(&format!("{my_pid}:")) && !procs.contains(','),
