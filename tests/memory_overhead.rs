@@ -293,6 +293,40 @@ fn contexts_are_charged_what_they_cost() {
     }
 }
 
+/// A context the quota has no room for is refused before the driver creates it: with three 300 MiB
+/// contexts of a 1 GiB tenant held, a fourth process's context is refused, and by simgpu's own
+/// counters the tenant never held more than its quota (the driver never spent the fourth's 300 MiB
+/// to have it taken back).
+#[test]
+fn a_context_without_room_is_refused_before_the_driver_spends_it() {
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("context-refused");
+        let sim = sim("overhead-context-refused");
+        let mut holders: Vec<_> = (0..3)
+            .map(|_| {
+                let mut h = sim.spawn(&mut client(&sim, deploy, &dir, "full", &["hold"]));
+                wait_for_key(&mut h, "ready");
+                h
+            })
+            .collect();
+        let fourth = sim.run_cmd(&mut client(&sim, deploy, &dir, "full", &["hold"]));
+        fourth.assert_failure();
+        assert!(
+            fourth.stdout.contains("error=cuCtxCreate") && fourth.stdout.contains("rc=2"),
+            "{deploy:?}: the fourth context is refused (out of memory)\n{}",
+            fourth.report()
+        );
+        let peak = group_peak(&sim.stat(), "full");
+        assert!(
+            peak <= QUOTA,
+            "{deploy:?}: the tenant held {peak} bytes by simgpu's counters, more than its quota"
+        );
+        for h in holders.drain(..) {
+            finish(h, "holder").assert_success();
+        }
+    }
+}
+
 /// Each device's context is measured on that device: a process with contexts on two GPUs (device
 /// 0's measured first, and 256 MiB allocated there before device 1's context) is charged each
 /// one's cost on its own device, and nothing of device 0's usage on device 1.

@@ -167,6 +167,7 @@ fn load<H>(
         image,
         None,
         0,
+        0,
         || {
             call()?;
             Ok(handle.get().unwrap_or(std::ptr::null_mut()))
@@ -215,6 +216,7 @@ fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUr
         None,
         u64::try_from(estimate.max(0)).unwrap_or(u64::MAX),
         Some(estimate),
+        0,
         current,
         call,
         |()| {
