@@ -731,6 +731,61 @@ fn a_pool_serves_smaller_blocks_from_the_memory_it_holds() {
     );
 }
 
+/// A limit's default memory is the context's: a stack lowered below its default and raised again,
+/// and a heap raised while the stack is below its default, are each charged what they take beyond
+/// their defaults, which is what simgpu spends (by its per-process counter), and the rest of the
+/// quota stays usable.
+#[test]
+fn limits_are_charged_beyond_their_defaults() {
+    let dir = scratch("limits");
+    let sim = sim("overhead-limits");
+    let mut child = sim.spawn(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "limits",
+        &["limits", "s512", "s1536", "s768", "h134217728"],
+    ));
+    let kv = wait_for_key(&mut child, "limits_set");
+    let simgpu_used = process_used(&sim.stat(), &kv["pid"]);
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let run = finish(child, "limits");
+    run.assert_success();
+    let beyond_stack = |bytes: u64| bytes.saturating_sub(1024) * THREADS;
+    let heap = 120 * MIB;
+    let expected = [
+        beyond_stack(512),
+        beyond_stack(1536),
+        beyond_stack(768),
+        beyond_stack(768) + heap,
+    ];
+    for (i, overhead) in expected.iter().enumerate() {
+        let used = step(&kv, &format!("limit{i}"), "nvml2_used");
+        assert!(
+            near(used, SIM_CONTEXT + overhead),
+            "step {i}: charged {used}, simgpu's model spends {}\n{}",
+            SIM_CONTEXT + overhead,
+            run.report()
+        );
+    }
+    let charged = step(&kv, "limit3", "nvml2_used");
+    assert!(
+        near(charged, simgpu_used),
+        "charged {charged}, simgpu's counter says the process holds {simgpu_used}\n{}",
+        run.report()
+    );
+    assert!(
+        near(run.get_u64("fill_bytes"), QUOTA - simgpu_used),
+        "the rest of the quota is usable\n{}",
+        run.report()
+    );
+    assert!(
+        group_peak(&sim.stat(), "limits") <= QUOTA,
+        "{}",
+        run.report()
+    );
+}
+
 #[test]
 fn a_malloc_heap_beyond_the_quota_is_refused_before_the_driver_reserves_it() {
     let dir = scratch("heap");

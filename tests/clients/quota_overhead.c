@@ -12,6 +12,9 @@
  *                                           fill; views; wait for EOF
  *   async ROUNDS                            context, then ROUNDS times: cuMemAllocAsync 64 MiB blocks
  *                                           until refused, free them, synchronise
+ *   limits [s|h|f]BYTES...                  context, then the stack size (s), malloc heap (h) or
+ *                                           printf FIFO (f) set to each value in turn, views after
+ *                                           each; limits_set=1, wait for a line; fill in 2 MiB chunks
  *   mixedasync MIB...                       context, then for each MIB: cuMemAllocAsync blocks of
  *                                           MIB until refused, freed on the stream unsynchronised
  *   graph MIB [captured]                    a graph with a memory node of MIB (allocated when the
@@ -312,6 +315,24 @@ int main(int argc, char **argv) {
         unsigned long long more = fill();
         printf("fill_after_bytes=%llu\n", more);
         views("async");
+    } else if (strcmp(mode, "limits") == 0 && argc > 2) {
+        /* Context limits set in turn (sBYTES: the stack size, hBYTES: the malloc heap, fBYTES: the
+         * printf FIFO), views after each as limitN; then fill in 2 MiB chunks. */
+        for (int a = 2; a < argc; a++) {
+            CUlimit which = argv[a][0] == 's'   ? CU_LIMIT_STACK_SIZE
+                            : argv[a][0] == 'h' ? CU_LIMIT_MALLOC_HEAP_SIZE
+                                                : CU_LIMIT_PRINTF_FIFO_SIZE;
+            char step[32];
+            CHECK(cuCtxSetLimit(which, (size_t)strtoull(argv[a] + 1, 0, 10)));
+            snprintf(step, sizeof step, "limit%d", a - 2);
+            views(step);
+        }
+        char line[64];
+        printf("pid=%d\nlimits_set=1\n", (int)getpid());
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin)) return 0;
+        unsigned long long filled = fill();
+        printf("fill_bytes=%llu\n", filled);
     } else if (strcmp(mode, "mixedasync") == 0 && argc > 2) {
         /* As a stream-ordered caching allocator (PyTorch's cudaMallocAsync backend): blocks of each
          * size in turn until refused, freed on the stream without synchronising, so that the next
