@@ -327,6 +327,43 @@ fn a_context_without_room_is_refused_before_the_driver_spends_it() {
     }
 }
 
+/// The same when four processes create their contexts at once (each takes 100 ms): the measurement
+/// lock serialises them, and each one expects what the previous ones were charged, so exactly three
+/// start and the tenant never holds more than its quota by simgpu's counters.
+#[test]
+fn contexts_created_at_once_never_take_the_tenant_past_its_quota() {
+    use std::io::BufRead;
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("contexts-at-once");
+        let sim = sim("overhead-contexts-at-once").env("SIMGPU_CONTEXT_CREATE_US", "100000");
+        let mut children: Vec<_> = (0..4)
+            .map(|_| sim.spawn(&mut client(&sim, deploy, &dir, "once", &["hold"])))
+            .collect();
+        // Each one either gets its context (ready=1) or ends refused.
+        let started: Vec<bool> = children
+            .iter_mut()
+            .map(|c| {
+                let out = std::io::BufReader::new(c.stdout.as_mut().expect("piped stdout"));
+                out.lines()
+                    .map_while(Result::ok)
+                    .any(|l| l.starts_with("ready="))
+            })
+            .collect();
+        let peak = group_peak(&sim.stat(), "once");
+        let runs: Vec<Run> = children.into_iter().map(|c| finish(c, "client")).collect();
+        let report: String = runs.iter().map(Run::report).collect();
+        assert_eq!(
+            started.iter().filter(|s| **s).count(),
+            3,
+            "{deploy:?}: three 300 MiB contexts fit in 1 GiB\n{report}"
+        );
+        assert!(
+            peak <= QUOTA,
+            "{deploy:?}: the tenant held {peak} bytes by simgpu's counters\n{report}"
+        );
+    }
+}
+
 /// Each device's context is measured on that device: a process with contexts on two GPUs (device
 /// 0's measured first, and 256 MiB allocated there before device 1's context) is charged each
 /// one's cost on its own device, and nothing of device 0's usage on device 1.

@@ -39,17 +39,13 @@ impl Tenant {
         undo: impl FnOnce(CUcontext),
     ) -> Result<(CUcontext, Charge), CUerror> {
         let (explicit, fallback) = self.context_estimate();
-        let expected = match explicit {
-            Some(_) => 0,
-            None => self.expected_context_cost(device, fallback),
-        };
         self.charge_measured(
             device,
             "context creation",
             explicit,
             fallback,
             None,
-            expected,
+            || self.expected_context_cost(device, fallback),
             0,
             call,
             undo,

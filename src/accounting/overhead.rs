@@ -227,7 +227,9 @@ impl Tenant {
     /// may reserve only later: the larger figure is charged). `expected` (what the operation is
     /// expected to cost; 0: unknown) is reserved before the driver is asked, so that an operation
     /// the quota has no room for is refused before the driver spends memory on it; the charge is
-    /// then brought to what was measured.
+    /// then brought to what was measured. Both are asked and the charge published under the
+    /// device's measurement lock, so that the next process's operation on the device (serialised by
+    /// the lock) sees this one's charge and can expect what it cost.
     /// `current` is what the object is charged already (a limit changed again): the result is the
     /// object's new charge, the ledger moved by the difference. Over the quota, `undo` reverses the
     /// operation and the call fails with out-of-memory. The caller records the charge, then calls
@@ -240,7 +242,7 @@ impl Tenant {
         explicit: Option<u64>,
         fallback: u64,
         floor: Option<i128>,
-        expected: u64,
+        expected: impl FnOnce() -> u64,
         current: u64,
         call: impl FnOnce() -> Result<T, CUerror>,
         undo: impl FnOnce(T),
@@ -249,8 +251,8 @@ impl Tenant {
         // as any allocation: over the quota, the driver never sees the call.
         let known = match (explicit, floor) {
             (Some(e), _) => e.saturating_sub(current),
-            (None, Some(f)) => u64::try_from(f.max(0)).unwrap_or(u64::MAX).max(expected),
-            (None, None) => expected,
+            (None, Some(f)) => u64::try_from(f.max(0)).unwrap_or(u64::MAX),
+            (None, None) => 0,
         };
         let upfront = match (&device.slot, known) {
             // Nothing to reserve yet: no ledger operation (a lowered limit must not refuse 0 bytes).
@@ -274,11 +276,14 @@ impl Tenant {
             ));
         }
         let lock = MeasureLock::acquire(&self.config.device_dir, &device.uuid);
+        let predicted = match expected().saturating_sub(known) {
+            0 => None,
+            more => Some(self.reserve(device, more, what)?),
+        };
+        let reserved = upfront.charge().bytes + predicted.as_ref().map_or(0, |p| p.charge().bytes);
         let before = self.sample(device);
         let value = call()?;
         let after = self.sample(device);
-        drop(lock);
-        let reserved = upfront.charge().bytes;
         let delta = match (explicit, self.spent(device, &before, &after, reserved)) {
             (Some(bytes), _) => i128::from(bytes) - i128::from(current),
             // A new object (a context, a module) cannot have given memory back: the figures moved
@@ -299,7 +304,7 @@ impl Tenant {
         };
         let delta = floor.map_or(delta, |f| delta.max(f));
         let cost = u64::try_from((i128::from(current) + delta).max(0)).unwrap_or(u64::MAX);
-        let have = current.saturating_add(upfront.charge().bytes);
+        let have = current.saturating_add(reserved);
         if cost > have {
             match self.reserve(device, cost - have, what) {
                 Ok(more) => {
@@ -312,12 +317,21 @@ impl Tenant {
             }
         }
         upfront.commit();
+        if let Some(p) = predicted {
+            p.commit();
+        }
         if cost < have {
             self.release(Charge {
                 device: slot,
                 bytes: have - cost,
             });
         }
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            // The caller records the object (and publishes again) once the lock is released.
+            let overhead = self.overhead_on(Some(slot)).saturating_sub(current);
+            ledger.set_overhead_by_me(slot, overhead.saturating_add(cost));
+        }
+        drop(lock);
         Ok((
             value,
             Charge {

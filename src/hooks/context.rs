@@ -166,7 +166,7 @@ fn load<H>(
         None,
         image,
         None,
-        0,
+        || 0,
         0,
         || {
             call()?;
@@ -225,7 +225,7 @@ fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUr
         None,
         u64::try_from(estimate.max(0)).unwrap_or(u64::MAX),
         Some(estimate),
-        0,
+        || 0,
         current,
         call,
         |()| {
