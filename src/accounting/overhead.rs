@@ -280,7 +280,10 @@ impl Tenant {
             0 => None,
             more => Some(self.reserve(device, more, what)?),
         };
-        let reserved = upfront.charge().bytes + predicted.as_ref().map_or(0, |p| p.charge().bytes);
+        let reserved = upfront
+            .charge()
+            .bytes
+            .saturating_add(predicted.as_ref().map_or(0, |p| p.charge().bytes));
         let before = self.sample(device);
         let value = call()?;
         let after = self.sample(device);
