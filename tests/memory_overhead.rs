@@ -293,6 +293,77 @@ fn contexts_are_charged_what_they_cost() {
     }
 }
 
+/// A context the quota has no room for is refused before the driver creates it: with three 300 MiB
+/// contexts of a 1 GiB tenant held, a fourth process's context is refused, and by simgpu's own
+/// counters the tenant never held more than its quota (the driver never spent the fourth's 300 MiB
+/// to have it taken back).
+#[test]
+fn a_context_without_room_is_refused_before_the_driver_spends_it() {
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("context-refused");
+        let sim = sim("overhead-context-refused");
+        let mut holders: Vec<_> = (0..3)
+            .map(|_| {
+                let mut h = sim.spawn(&mut client(&sim, deploy, &dir, "full", &["hold"]));
+                wait_for_key(&mut h, "ready");
+                h
+            })
+            .collect();
+        let fourth = sim.run_cmd(&mut client(&sim, deploy, &dir, "full", &["hold"]));
+        fourth.assert_failure();
+        assert!(
+            fourth.stdout.contains("error=cuCtxCreate") && fourth.stdout.contains("rc=2"),
+            "{deploy:?}: the fourth context is refused (out of memory)\n{}",
+            fourth.report()
+        );
+        let peak = group_peak(&sim.stat(), "full");
+        assert!(
+            peak <= QUOTA,
+            "{deploy:?}: the tenant held {peak} bytes by simgpu's counters, more than its quota"
+        );
+        for h in holders.drain(..) {
+            finish(h, "holder").assert_success();
+        }
+    }
+}
+
+/// The same when four processes create their contexts at once (each takes 100 ms): the measurement
+/// lock serialises them, and each one expects what the previous ones were charged, so exactly three
+/// start and the tenant never holds more than its quota by simgpu's counters.
+#[test]
+fn contexts_created_at_once_never_take_the_tenant_past_its_quota() {
+    use std::io::BufRead;
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("contexts-at-once");
+        let sim = sim("overhead-contexts-at-once").env("SIMGPU_CONTEXT_CREATE_US", "100000");
+        let mut children: Vec<_> = (0..4)
+            .map(|_| sim.spawn(&mut client(&sim, deploy, &dir, "once", &["hold"])))
+            .collect();
+        // Each one either gets its context (ready=1) or ends refused.
+        let started: Vec<bool> = children
+            .iter_mut()
+            .map(|c| {
+                let out = std::io::BufReader::new(c.stdout.as_mut().expect("piped stdout"));
+                out.lines()
+                    .map_while(Result::ok)
+                    .any(|l| l.starts_with("ready="))
+            })
+            .collect();
+        let peak = group_peak(&sim.stat(), "once");
+        let runs: Vec<Run> = children.into_iter().map(|c| finish(c, "client")).collect();
+        let report: String = runs.iter().map(Run::report).collect();
+        assert_eq!(
+            started.iter().filter(|s| **s).count(),
+            3,
+            "{deploy:?}: three 300 MiB contexts fit in 1 GiB\n{report}"
+        );
+        assert!(
+            peak <= QUOTA,
+            "{deploy:?}: the tenant held {peak} bytes by simgpu's counters\n{report}"
+        );
+    }
+}
+
 /// Each device's context is measured on that device: a process with contexts on two GPUs (device
 /// 0's measured first, and 256 MiB allocated there before device 1's context) is charged each
 /// one's cost on its own device, and nothing of device 0's usage on device 1.
@@ -549,6 +620,18 @@ fn views_agree(deploy: Deploy) {
             QUOTA,
             "{s}: NVML total\n{report}"
         );
+        // The legacy 32-bit entry points show the same (a 1 GiB quota fits in 32 bits).
+        for (legacy, current) in [
+            ("free_v1", free),
+            ("total_v1", QUOTA),
+            ("device_total_v1", QUOTA),
+        ] {
+            assert_eq!(
+                step(&kv, &s, legacy),
+                current,
+                "{deploy:?} {s}: {legacy}\n{report}"
+            );
+        }
         assert_eq!(
             free + used,
             total,
@@ -649,6 +732,93 @@ fn pool_attributes_answering_zero_do_not_loosen_the_quota() {
     assert!(
         run.stderr.contains("no longer believed"),
         "the impossible answer is logged:\n{}",
+        run.report()
+    );
+}
+
+#[test]
+fn a_pool_serves_smaller_blocks_from_the_memory_it_holds() {
+    // Blocks of one size freed (stream-ordered, not synchronised) and then smaller ones asked for,
+    // as a caching allocator does: the pool serves them from the memory it holds, so the whole
+    // quota is usable whatever the sizes.
+    let dir = scratch("pool-sizes");
+    let sim = sim("overhead-pool-sizes");
+    let run = sim.run_cmd(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "sizes",
+        &["mixedasync", "128", "20", "2"],
+    ));
+    run.assert_success();
+    let room = QUOTA - SIM_CONTEXT;
+    for mib in [128, 20, 2] {
+        assert_eq!(
+            run.get_u64(&format!("blocks_{mib}")),
+            room / (mib * MIB),
+            "{mib} MiB blocks after larger ones were freed\n{}",
+            run.report()
+        );
+    }
+    let peak = group_peak(&sim.stat(), "sizes");
+    assert!(
+        peak <= QUOTA,
+        "simgpu's peak {peak} passed the quota:\n{}",
+        run.report()
+    );
+}
+
+/// A limit's default memory is the context's: a stack lowered below its default and raised again,
+/// and a heap raised while the stack is below its default, are each charged what they take beyond
+/// their defaults, which is what simgpu spends (by its per-process counter), and the rest of the
+/// quota stays usable.
+#[test]
+fn limits_are_charged_beyond_their_defaults() {
+    let dir = scratch("limits");
+    let sim = sim("overhead-limits");
+    let mut child = sim.spawn(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "limits",
+        &["limits", "s512", "s1536", "s768", "h134217728"],
+    ));
+    let kv = wait_for_key(&mut child, "limits_set");
+    let simgpu_used = process_used(&sim.stat(), &kv["pid"]);
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let run = finish(child, "limits");
+    run.assert_success();
+    let beyond_stack = |bytes: u64| bytes.saturating_sub(1024) * THREADS;
+    let heap = 120 * MIB;
+    let expected = [
+        beyond_stack(512),
+        beyond_stack(1536),
+        beyond_stack(768),
+        beyond_stack(768) + heap,
+    ];
+    for (i, overhead) in expected.iter().enumerate() {
+        let used = step(&kv, &format!("limit{i}"), "nvml2_used");
+        assert!(
+            near(used, SIM_CONTEXT + overhead),
+            "step {i}: charged {used}, simgpu's model spends {}\n{}",
+            SIM_CONTEXT + overhead,
+            run.report()
+        );
+    }
+    let charged = step(&kv, "limit3", "nvml2_used");
+    assert!(
+        near(charged, simgpu_used),
+        "charged {charged}, simgpu's counter says the process holds {simgpu_used}\n{}",
+        run.report()
+    );
+    assert!(
+        near(run.get_u64("fill_bytes"), QUOTA - simgpu_used),
+        "the rest of the quota is usable\n{}",
+        run.report()
+    );
+    assert!(
+        group_peak(&sim.stat(), "limits") <= QUOTA,
+        "{}",
         run.report()
     );
 }
@@ -885,7 +1055,9 @@ fn nvml_process_views_show_only_the_tenants_processes() {
 }
 
 /// NVML as NVIDIA's nvidia-ml-py shows it to a tenant: memory (v1, v2), the process list, and the
-/// per-process utilisation, its count asked first with a NULL buffer as NVML's protocol has it.
+/// per-process utilisation (`nvmlDeviceGetProcessUtilization`, and R550's
+/// `nvmlDeviceGetProcessesUtilizationInfo`), its count asked first with a NULL buffer as NVML's
+/// protocol has it.
 const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvmlDeviceGetHandleByIndex(0)\n\
     m = nv.nvmlDeviceGetMemoryInfo(h)\nm2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)\n\
     print(f'total={m.total}\\nused={m.used}\\nfree={m.free}')\n\
@@ -895,7 +1067,12 @@ const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvml
     rc = fn(h, None, ctypes.byref(n), ctypes.c_ulonglong(0))\n\
     print(f'util_query_rc={rc}\\nutil_query_count={n.value}')\n\
     try:\n    samples = nv.nvmlDeviceGetProcessUtilization(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
-    print('util=' + ','.join(str(s.pid) for s in samples))\n";
+    print('util=' + ','.join(str(s.pid) for s in samples))\n\
+    info = nv.c_nvmlProcessesUtilizationInfo_v1_t(version=nv.ProcessesUtilizationInfo_v1)\n\
+    rc = nv._nvmlGetFunctionPointer('nvmlDeviceGetProcessesUtilizationInfo')(h, ctypes.byref(info))\n\
+    print(f'utilinfo_query_rc={rc}\\nutilinfo_query_count={info.processSamplesCount}')\n\
+    try:\n    samples = nv.nvmlDeviceGetProcessesUtilizationInfo(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
+    print('utilinfo=' + ','.join(str(s.pid) for s in samples))\n";
 
 /// What NVML shows a tenant, through [`NVML_VIEW`].
 fn nvml_view(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str) -> Run {
@@ -947,15 +1124,18 @@ fn nvml_never_shows_another_tenant(deploy: Deploy) {
     }
     assert_eq!(fresh.get("procs"), "", "{deploy:?}: process list\n{report}");
     assert_eq!(fresh.get("util"), "", "{deploy:?}: samples\n{report}");
+    assert_eq!(fresh.get("utilinfo"), "", "{deploy:?}: samples\n{report}");
     // NVML_ERROR_NOT_FOUND: no sample of the tenant's processes, as a driver with none answers.
-    assert_eq!(
-        (
-            fresh.get_u64("util_query_rc"),
-            fresh.get_u64("util_query_count")
-        ),
-        (6, 0),
-        "{deploy:?}: the sample count\n{report}"
-    );
+    for query in ["util_query", "utilinfo_query"] {
+        assert_eq!(
+            (
+                fresh.get_u64(&format!("{query}_rc")),
+                fresh.get_u64(&format!("{query}_count"))
+            ),
+            (6, 0),
+            "{deploy:?}: the sample count ({query})\n{report}"
+        );
+    }
     assert!(
         !ledger.exists(),
         "{deploy:?}: asking NVML created the tenant's ledger"
@@ -973,15 +1153,22 @@ fn nvml_never_shows_another_tenant(deploy: Deploy) {
     let my_pid = wait_for_key(&mut mine, "pid")["pid"].clone();
     let view = nvml_view(&sim, deploy, &dir, "mine");
     let report = view.report();
-    assert_eq!(
-        (
-            view.get_u64("util_query_rc"),
-            view.get_u64("util_query_count")
-        ),
-        (7, 1),
-        "{deploy:?}: the count query (NVML_ERROR_INSUFFICIENT_SIZE, room for one sample)\n{report}"
-    );
+    for query in ["util_query", "utilinfo_query"] {
+        assert_eq!(
+            (
+                view.get_u64(&format!("{query}_rc")),
+                view.get_u64(&format!("{query}_count"))
+            ),
+            (7, 1),
+            "{deploy:?}: the count query ({query}: NVML_ERROR_INSUFFICIENT_SIZE, room for one sample)\n{report}"
+        );
+    }
     assert_eq!(view.get("util"), my_pid, "{deploy:?}: samples\n{report}");
+    assert_eq!(
+        view.get("utilinfo"),
+        my_pid,
+        "{deploy:?}: samples\n{report}"
+    );
     let procs = view.get("procs");
     assert!(
         procs.starts_with(&format!("{my_pid}:")) && !procs.contains(','),

@@ -106,6 +106,8 @@ fn nvml() -> Vec<Layout> {
         nvmlProcessUtilizationSample_t { pid, timeStamp, smUtil, memUtil, encUtil, decUtil }
         nvmlProcessDetail_v1_t { pid, usedGpuMemory, gpuInstanceId, computeInstanceId, usedGpuCcProtectedMemory }
         nvmlProcessDetailList_v1_t { version, mode, numProcArrayEntries, procArray }
+        nvmlProcessUtilizationInfo_v1_t { timeStamp, pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil }
+        nvmlProcessesUtilizationInfo_v1_t { version, processSamplesCount, lastSeenTimeStamp, procUtilArray }
     }
 }
 

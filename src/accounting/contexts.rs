@@ -45,10 +45,44 @@ impl Tenant {
             explicit,
             fallback,
             None,
+            || self.expected_context_cost(device, fallback),
             0,
             call,
             undo,
         )
+    }
+
+    /// What a new context on `device` is expected to cost, reserved before the driver is asked so
+    /// that a context the quota has no room for is refused before the driver spends memory on it
+    /// (the tenant would pass its quota while it is undone): the least one of this process's
+    /// contexts on the device was charged, else the least driver overhead another live process of
+    /// the tenant has there (each of them holds a context; its modules and limits only make the
+    /// figure larger), never more than the fallback estimate; 0 when nothing is known (the tenant's
+    /// first context on the device is only measured).
+    fn expected_context_cost(&self, device: &Device, fallback: u64) -> u64 {
+        let Ok(slot) = device.slot else { return 0 };
+        let r = self.records.lock();
+        let own = r
+            .contexts
+            .values()
+            .chain(r.primary.values().map(|(_, charge, _)| charge))
+            .filter(|c| c.device == slot && c.bytes > 0)
+            .map(|c| c.bytes)
+            .min();
+        drop(r);
+        let expected = own.or_else(|| {
+            let ledger = self.ledger().ok()?;
+            let me = ledger.slot();
+            ledger
+                .snapshot()
+                .processes
+                .iter()
+                .filter(|p| p.alive && Some(p.slot) != me)
+                .filter_map(|p| p.overhead.iter().find(|(d, _)| *d == slot).map(|o| o.1))
+                .filter(|&bytes| bytes > 0)
+                .min()
+        });
+        expected.unwrap_or(0).min(fallback)
     }
 
     /// A context destroyed: its charge, and its modules' and limits', are returned.

@@ -180,7 +180,15 @@ impl Tenant {
 
     /// What the driver spent between two samples (negative: it gave memory back), less what this
     /// process charged for allocations meanwhile; `None` when nothing trustworthy was read.
-    fn spent(&self, device: &Device, before: &Sample, after: &Sample) -> Option<i128> {
+    /// `reserved` is what the operation reserved before the driver was asked (in both samples' ledger
+    /// readings, and no allocation).
+    fn spent(
+        &self,
+        device: &Device,
+        before: &Sample,
+        after: &Sample,
+        reserved: u64,
+    ) -> Option<i128> {
         // The most this process's own allocations can have moved: an error here under-measures the
         // operation, never over-charges it; reconciliation then charges what is left.
         let ours = i128::from(after.charged) - i128::from(before.charged_low);
@@ -192,6 +200,7 @@ impl Tenant {
         };
         let allocated = after
             .charged
+            .saturating_sub(reserved)
             .saturating_sub(self.overhead_on(device.slot.as_ref().ok().copied()));
         if let Some((b, a)) = process {
             if a >= allocated {
@@ -215,7 +224,12 @@ impl Tenant {
     /// Runs `call` (an operation that makes the driver spend memory on `device`) and charges what it
     /// spent: `explicit` when given (never measured), else the measured change, else `fallback`;
     /// never less than `floor` (a change the driver documents, such as a larger heap, which a driver
-    /// may reserve only later: the larger figure is charged).
+    /// may reserve only later: the larger figure is charged). `expected` (what the operation is
+    /// expected to cost; 0: unknown) is reserved before the driver is asked, so that an operation
+    /// the quota has no room for is refused before the driver spends memory on it; the charge is
+    /// then brought to what was measured. Both are asked and the charge published under the
+    /// device's measurement lock, so that the next process's operation on the device (serialised by
+    /// the lock) sees this one's charge and can expect what it cost.
     /// `current` is what the object is charged already (a limit changed again): the result is the
     /// object's new charge, the ledger moved by the difference. Over the quota, `undo` reverses the
     /// operation and the call fails with out-of-memory. The caller records the charge, then calls
@@ -228,6 +242,7 @@ impl Tenant {
         explicit: Option<u64>,
         fallback: u64,
         floor: Option<i128>,
+        expected: impl FnOnce() -> u64,
         current: u64,
         call: impl FnOnce() -> Result<T, CUerror>,
         undo: impl FnOnce(T),
@@ -261,11 +276,18 @@ impl Tenant {
             ));
         }
         let lock = MeasureLock::acquire(&self.config.device_dir, &device.uuid);
+        let predicted = match expected().saturating_sub(known) {
+            0 => None,
+            more => Some(self.reserve(device, more, what)?),
+        };
+        let reserved = upfront
+            .charge()
+            .bytes
+            .saturating_add(predicted.as_ref().map_or(0, |p| p.charge().bytes));
         let before = self.sample(device);
         let value = call()?;
         let after = self.sample(device);
-        drop(lock);
-        let delta = match (explicit, self.spent(device, &before, &after)) {
+        let delta = match (explicit, self.spent(device, &before, &after, reserved)) {
             (Some(bytes), _) => i128::from(bytes) - i128::from(current),
             // A new object (a context, a module) cannot have given memory back: the figures moved
             // with another process's frees (the device figure), and are not believed.
@@ -285,7 +307,7 @@ impl Tenant {
         };
         let delta = floor.map_or(delta, |f| delta.max(f));
         let cost = u64::try_from((i128::from(current) + delta).max(0)).unwrap_or(u64::MAX);
-        let have = current.saturating_add(upfront.charge().bytes);
+        let have = current.saturating_add(reserved);
         if cost > have {
             match self.reserve(device, cost - have, what) {
                 Ok(more) => {
@@ -298,12 +320,21 @@ impl Tenant {
             }
         }
         upfront.commit();
+        if let Some(p) = predicted {
+            p.commit();
+        }
         if cost < have {
             self.release(Charge {
                 device: slot,
                 bytes: have - cost,
             });
         }
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            // The caller records the object (and publishes again) once the lock is released.
+            let overhead = self.overhead_on(Some(slot)).saturating_sub(current);
+            ledger.set_overhead_by_me(slot, overhead.saturating_add(cost));
+        }
+        drop(lock);
         Ok((
             value,
             Charge {

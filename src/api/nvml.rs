@@ -145,6 +145,38 @@ pub struct nvmlProcessUtilizationSample_t {
     pub decUtil: u32,
 }
 
+/// `nvmlProcessUtilizationInfo_v1_t`: one process's sample in `nvmlDeviceGetProcessesUtilizationInfo`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct nvmlProcessUtilizationInfo_v1_t {
+    /// CPU timestamp in microseconds.
+    pub timeStamp: u64,
+    pub pid: u32,
+    pub smUtil: u32,
+    pub memUtil: u32,
+    pub encUtil: u32,
+    pub decUtil: u32,
+    pub jpgUtil: u32,
+    pub ofaUtil: u32,
+}
+
+/// `nvmlProcessesUtilizationInfo_v1_t`, also `nvmlProcessesUtilizationInfo_t`: the samples newer
+/// than `lastSeenTimeStamp`, in `procUtilArray` of room `processSamplesCount`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct nvmlProcessesUtilizationInfo_v1_t {
+    pub version: u32,
+    pub processSamplesCount: u32,
+    pub lastSeenTimeStamp: u64,
+    pub procUtilArray: *mut nvmlProcessUtilizationInfo_v1_t,
+}
+pub type nvmlProcessesUtilizationInfo_t = nvmlProcessesUtilizationInfo_v1_t;
+
+/// `nvmlProcessesUtilizationInfo_v1`.
+#[allow(non_upper_case_globals)]
+pub const nvmlProcessesUtilizationInfo_v1: u32 =
+    nvml_struct_version(std::mem::size_of::<nvmlProcessesUtilizationInfo_v1_t>(), 1);
+
 /// `nvmlClockType_t`.
 pub const NVML_CLOCK_GRAPHICS: u32 = 0;
 pub const NVML_CLOCK_SM: u32 = 1;
@@ -196,5 +228,15 @@ mod tests {
         assert_eq!(offset_of!(nvmlProcessUtilizationSample_t, timeStamp), 8);
         assert_eq!(offset_of!(nvmlProcessUtilizationSample_t, smUtil), 16);
         assert_eq!(offset_of!(nvmlProcessUtilizationSample_t, decUtil), 28);
+        assert_eq!(size_of::<nvmlProcessUtilizationInfo_v1_t>(), 40);
+        assert_eq!(offset_of!(nvmlProcessUtilizationInfo_v1_t, pid), 8);
+        assert_eq!(offset_of!(nvmlProcessUtilizationInfo_v1_t, ofaUtil), 32);
+        assert_eq!(size_of::<nvmlProcessesUtilizationInfo_v1_t>(), 24);
+        assert_eq!(
+            offset_of!(nvmlProcessesUtilizationInfo_v1_t, procUtilArray),
+            16
+        );
+        // nvml.h's NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1), as nvidia-ml-py spells it.
+        assert_eq!(nvmlProcessesUtilizationInfo_v1, 0x0100_0018);
     }
 }

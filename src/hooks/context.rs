@@ -166,6 +166,7 @@ fn load<H>(
         None,
         image,
         None,
+        || 0,
         0,
         || {
             call()?;
@@ -207,14 +208,24 @@ fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUr
     let ctx = t.current_context();
     let current = t.overhead_of(Overhead::Limits, ctx);
     // What NVIDIA documents the change to take: charged at least (a driver may reserve it lazily).
-    let estimate = i128::from(limit_bytes(device.ordinal, limit, value))
-        - i128::from(limit_bytes(device.ordinal, limit, old));
+    // The default's memory is the context's (charged with it): only what a value takes beyond the
+    // default is the limit's, so a limit lowered below its default and raised again is not charged
+    // twice for the default's part.
+    let beyond = |v: usize| {
+        limit_bytes(device.ordinal, limit, v).saturating_sub(limit_bytes(
+            device.ordinal,
+            limit,
+            limit_default(limit),
+        ))
+    };
+    let estimate = i128::from(beyond(value)) - i128::from(beyond(old));
     let ((), charge) = t.charge_measured(
         device,
         "cuCtxSetLimit",
         None,
         u64::try_from(estimate.max(0)).unwrap_or(u64::MAX),
         Some(estimate),
+        || 0,
         current,
         call,
         |()| {
@@ -249,6 +260,17 @@ fn limit_bytes(ordinal: CUdevice, limit: c_int, value: usize) -> u64 {
                 .saturating_mul(attribute(39))
         }
         LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => value,
+        _ => 0,
+    }
+}
+
+/// A limit's value in a new context, as NVIDIA documents them (a 1 KiB stack per thread, a 1 MiB
+/// printf FIFO, an 8 MiB malloc heap).
+fn limit_default(limit: c_int) -> usize {
+    match limit {
+        LIMIT_STACK_SIZE => 1024,
+        LIMIT_PRINTF_FIFO_SIZE => 1 << 20,
+        LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
         _ => 0,
     }
 }

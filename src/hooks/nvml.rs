@@ -5,6 +5,8 @@
 //! `reserved` and part of v1's `used`); the process lists (compute, graphics, MPS, in every version,
 //! and the detail list of each mode) and per-process utilisation show the tenant's own processes
 //! only, each with its charge: [`shown_processes`] decides which, for every one of these calls.
+//! Per-process utilisation (`nvmlDeviceGetProcessUtilization`, `nvmlDeviceGetProcessesUtilizationInfo`)
+//! keeps the driver's samples of the tenant's own processes only.
 
 use super::{hooks, Out};
 use crate::accounting::tenant;
@@ -13,8 +15,9 @@ use crate::driver::calls::nvml::real as nvml_real;
 use gpuslice_api::nvml::{
     nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessDetailList_t, nvmlProcessDetailList_v1,
     nvmlProcessDetail_v1_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
-    nvmlProcessUtilizationSample_t, NVML_PROCESS_MODE_COMPUTE, NVML_PROCESS_MODE_GRAPHICS,
-    NVML_PROCESS_MODE_MPS,
+    nvmlProcessUtilizationInfo_v1_t, nvmlProcessUtilizationSample_t,
+    nvmlProcessesUtilizationInfo_t, nvmlProcessesUtilizationInfo_v1, NVML_PROCESS_MODE_COMPUTE,
+    NVML_PROCESS_MODE_GRAPHICS, NVML_PROCESS_MODE_MPS,
 };
 use gpuslice_api::{NvmlError, NvmlReturn};
 use std::ffi::{c_char, c_uint, c_ulonglong};
@@ -59,6 +62,9 @@ hooks! {
     fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, since: c_ulonglong)
         => process_utilization(device, samples, Out::new(count), || real::nvmlDeviceGetProcessUtilization(device, samples, count, since),
                                |all, n| real::nvmlDeviceGetProcessUtilization(device, all, n, since));
+    fn nvmlDeviceGetProcessesUtilizationInfo(device: nvmlDevice_t, info: *mut nvmlProcessesUtilizationInfo_t)
+        => processes_utilization_info(device, Out::new(info), || real::nvmlDeviceGetProcessesUtilizationInfo(device, info),
+                                      |own| real::nvmlDeviceGetProcessesUtilizationInfo(device, own));
 }
 
 /// Both NVML memory structs, seen as (total, used, free).
@@ -307,6 +313,57 @@ fn process_utilization(
     for (i, sample) in mine.into_iter().enumerate() {
         // SAFETY: the caller gave room for `room` >= `needed` samples at `samples`.
         unsafe { samples.add(i).write_unaligned(sample) };
+    }
+    Ok(())
+}
+
+/// `nvmlDeviceGetProcessesUtilizationInfo` (R550 and later): the driver's samples of the tenant's
+/// own processes only, as [`process_utilization`] shows them, in this struct's convention
+/// (`processSamplesCount` holds the room in `procUtilArray` and returns the count). The driver's
+/// samples are read into a buffer of our own. A version gpuslice does not know is refused as
+/// nvml.h documents (`ARGUMENT_VERSION_MISMATCH`) rather than passed on unfiltered.
+fn processes_utilization_info(
+    device: nvmlDevice_t,
+    info: Out<nvmlProcessesUtilizationInfo_t>,
+    call: impl FnOnce() -> NvmlReturn,
+    read: impl Fn(*mut nvmlProcessesUtilizationInfo_t) -> NvmlReturn,
+) -> NvmlReturn {
+    let Some(list) = tenant_processes(device) else {
+        return call();
+    };
+    let Some(mut request) = info.get() else {
+        return call();
+    };
+    if request.version != nvmlProcessesUtilizationInfo_v1 {
+        return Err(NvmlError::ARGUMENT_VERSION_MISMATCH);
+    }
+    let all: Vec<nvmlProcessUtilizationInfo_v1_t> = all_entries(|buffer, n| {
+        let mut own = nvmlProcessesUtilizationInfo_t {
+            processSamplesCount: *n,
+            procUtilArray: buffer,
+            ..request
+        };
+        let answer = read(&mut own);
+        *n = own.processSamplesCount;
+        answer
+    })?;
+    let mine: Vec<_> = all
+        .into_iter()
+        .filter(|s| list.iter().any(|p| p.pid == s.pid))
+        .collect();
+    let room = request.processSamplesCount;
+    let needed = u32::try_from(mine.len()).unwrap_or(u32::MAX);
+    request.processSamplesCount = needed;
+    info.set(request);
+    if mine.is_empty() {
+        return Err(NvmlError::NOT_FOUND);
+    }
+    if request.procUtilArray.is_null() || room < needed {
+        return Err(NvmlError::INSUFFICIENT_SIZE);
+    }
+    for (i, sample) in mine.into_iter().enumerate() {
+        // SAFETY: the caller gave room for `room` >= `needed` samples at `procUtilArray`.
+        unsafe { request.procUtilArray.add(i).write_unaligned(sample) };
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 /* Driver overhead under a quota: contexts, module code and context limits take device memory the
  * program never asked cuMemAlloc for. Prints `key=value` lines that tests/memory_overhead.rs judges
  * against simgpu's own counters. Every view of memory is printed after each step: cuMemGetInfo,
- * cuDeviceTotalMem, NVML's memory info (v1 and v2) and its process lists (v1, v2, v3), NVML being
+ * cuDeviceTotalMem (and their legacy 32-bit entry points), NVML's memory info (v1 and v2) and its process lists (v1, v2, v3), NVML being
  * reached by dlopen + dlsym as monitoring libraries do.
  *
  * Modes (argv[1]):
@@ -12,6 +12,11 @@
  *                                           fill; views; wait for EOF
  *   async ROUNDS                            context, then ROUNDS times: cuMemAllocAsync 64 MiB blocks
  *                                           until refused, free them, synchronise
+ *   limits [s|h|f]BYTES...                  context, then the stack size (s), malloc heap (h) or
+ *                                           printf FIFO (f) set to each value in turn, views after
+ *                                           each; limits_set=1, wait for a line; fill in 2 MiB chunks
+ *   mixedasync MIB...                       context, then for each MIB: cuMemAllocAsync blocks of
+ *                                           MIB until refused, freed on the stream unsynchronised
  *   graph MIB [captured]                    a graph with a memory node of MIB (allocated when the
  *                                           graph is launched; made by capturing cuMemAllocAsync with
  *                                           `captured`), launched; views
@@ -87,10 +92,24 @@ static void nvml_open(void) {
                rc, step, tag, n, step, tag, mine, step, tag, sum);                          \
     } while (0)
 
+/* The legacy 32-bit entry points (cuda.h maps the names to _v2), found as a binary built against
+ * CUDA < 3.2 finds them: by their unversioned names in the process's global scope. */
+typedef CUresult (*mem_get_info_v1_t)(unsigned int *, unsigned int *);
+typedef CUresult (*total_mem_v1_t)(unsigned int *, CUdevice);
+
 static void views(const char *step) {
     size_t free_b = 0, total_b = 0, dev_total = 0;
     CHECK(cuMemGetInfo(&free_b, &total_b));
     CHECK(cuDeviceTotalMem(&dev_total, 0));
+    void *global = dlopen(NULL, RTLD_NOW);
+    mem_get_info_v1_t mem_get_info_v1 = (mem_get_info_v1_t)dlsym(global, "cuMemGetInfo");
+    total_mem_v1_t total_mem_v1 = (total_mem_v1_t)dlsym(global, "cuDeviceTotalMem");
+    unsigned int free_v1 = 0, total_v1 = 0, dev_total_v1 = 0;
+    if (!mem_get_info_v1 || !total_mem_v1) { printf("error=no legacy entry points\n"); exit(1); }
+    CHECK(mem_get_info_v1(&free_v1, &total_v1));
+    CHECK(total_mem_v1(&dev_total_v1, 0));
+    printf("%s_free_v1=%u\n%s_total_v1=%u\n%s_device_total_v1=%u\n", step, free_v1, step, total_v1,
+           step, dev_total_v1);
     nvmlMemory_t m = {0};
     nvmlMemory_v2_t m2 = {0};
     m2.version = (unsigned int)sizeof(nvmlMemory_v2_t) | (2u << 24);
@@ -296,6 +315,40 @@ int main(int argc, char **argv) {
         unsigned long long more = fill();
         printf("fill_after_bytes=%llu\n", more);
         views("async");
+    } else if (strcmp(mode, "limits") == 0 && argc > 2) {
+        /* Context limits set in turn (sBYTES: the stack size, hBYTES: the malloc heap, fBYTES: the
+         * printf FIFO), views after each as limitN; then fill in 2 MiB chunks. */
+        for (int a = 2; a < argc; a++) {
+            CUlimit which = argv[a][0] == 's'   ? CU_LIMIT_STACK_SIZE
+                            : argv[a][0] == 'h' ? CU_LIMIT_MALLOC_HEAP_SIZE
+                                                : CU_LIMIT_PRINTF_FIFO_SIZE;
+            char step[32];
+            CHECK(cuCtxSetLimit(which, (size_t)strtoull(argv[a] + 1, 0, 10)));
+            snprintf(step, sizeof step, "limit%d", a - 2);
+            views(step);
+        }
+        char line[64];
+        printf("pid=%d\nlimits_set=1\n", (int)getpid());
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin)) return 0;
+        unsigned long long filled = fill();
+        printf("fill_bytes=%llu\n", filled);
+    } else if (strcmp(mode, "mixedasync") == 0 && argc > 2) {
+        /* As a stream-ordered caching allocator (PyTorch's cudaMallocAsync backend): blocks of each
+         * size in turn until refused, freed on the stream without synchronising, so that the next
+         * size is served from the memory the pool already holds. */
+        CUstream s;
+        CHECK(cuStreamCreate(&s, 0));
+        for (int a = 2; a < argc; a++) {
+            unsigned long long mib = strtoull(argv[a], 0, 10);
+            static CUdeviceptr blocks[1024];
+            int n = 0;
+            while (n < 1024 && cuMemAllocAsync(&blocks[n], mib * MIB, s) == CUDA_SUCCESS) n++;
+            printf("blocks_%llu=%d\n", mib, n);
+            for (int i = 0; i < n; i++) CHECK(cuMemFreeAsync(blocks[i], s));
+        }
+        CHECK(cuStreamSynchronize(s));
+        views("mixedasync");
     } else if (strcmp(mode, "graph") == 0 && argc > 2) {
         CUstream s;
         CUgraph graph;

@@ -1,7 +1,9 @@
 """Driver overhead under a quota through NVIDIA's cuda-bindings (every entry point resolved with
-cuGetProcAddress_v2): the primary context, a module, then 2 MiB allocations until refused. Prints
-`key=value` lines that tests/memory_overhead.rs judges against simgpu's counters."""
+cuGetProcAddress_v2): the primary context, a module (linked with the driver's JIT linker), then 2 MiB
+allocations until refused. Prints `key=value` lines that tests/memory_overhead.rs judges against
+simgpu's counters."""
 
+import ctypes
 import sys
 
 try:
@@ -36,7 +38,16 @@ def main():
     check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     free, total = check(cuda.cuMemGetInfo(), "cuMemGetInfo")
     print(f"context_free={free}\ntotal={total}")
-    module = check(cuda.cuModuleLoadData(PTX), "cuModuleLoadData")
+    # The module is linked first, as numba and cuda.core's driver-backed linker load their code:
+    # cuLinkCreate, cuLinkAddData, cuLinkComplete, then cuModuleLoadData of the linked image.
+    link = check(cuda.cuLinkCreate(0, [], []), "cuLinkCreate")
+    check(
+        cuda.cuLinkAddData(link, cuda.CUjitInputType.CU_JIT_INPUT_PTX, PTX, len(PTX), b"touch.ptx", 0, None, None),
+        "cuLinkAddData",
+    )
+    image, size = check(cuda.cuLinkComplete(link), "cuLinkComplete")
+    module = check(cuda.cuModuleLoadData(ctypes.string_at(int(image), size)), "cuModuleLoadData")
+    check(cuda.cuLinkDestroy(link), "cuLinkDestroy")
     free, _ = check(cuda.cuMemGetInfo(), "cuMemGetInfo")
     print(f"module_free={free}")
     # cuda.core's kernel argument handling asks for the parameter layout.

@@ -47,23 +47,27 @@ pub const THREADS_PER_MULTIPROCESSOR: u64 = 2048;
 pub const GRANULE: u64 = 2 << 20;
 
 /// Device memory the limits take beyond what the defaults take (those are in the context's own cost):
-/// stack size x multiprocessors x resident threads per multiprocessor, plus the malloc heap and the
-/// printf FIFO, rounded up to the driver's 2 MiB pages.
+/// stack size x multiprocessors x resident threads per multiprocessor, the malloc heap and the printf
+/// FIFO, each its own allocation, in the driver's 2 MiB pages. A limit set below its default gives
+/// nothing back (its default allocation is part of the context) and does not pay for another's.
 pub fn limits_cost(device: u32, limits: &[usize; CU_LIMIT_COUNT]) -> u64 {
     let sms = simgpu_core::physical_devices()
         .get(device as usize)
         .map_or(0, |d| d.multiprocessor_count.max(0) as u64);
-    let cost = |l: &[usize; CU_LIMIT_COUNT]| -> u64 {
-        (l[0] as u64)
+    let stack = |bytes: usize| {
+        (bytes as u64)
             .saturating_mul(sms)
             .saturating_mul(THREADS_PER_MULTIPROCESSOR)
-            .saturating_add(l[1] as u64)
-            .saturating_add(l[2] as u64)
     };
-    cost(limits)
-        .saturating_sub(cost(&DEFAULT_LIMITS))
-        .div_ceil(GRANULE)
-        .saturating_mul(GRANULE)
+    let beyond = |value: u64, default: u64| {
+        value
+            .saturating_sub(default)
+            .div_ceil(GRANULE)
+            .saturating_mul(GRANULE)
+    };
+    beyond(stack(limits[0]), stack(DEFAULT_LIMITS[0]))
+        .saturating_add(beyond(limits[1] as u64, DEFAULT_LIMITS[1] as u64))
+        .saturating_add(beyond(limits[2] as u64, DEFAULT_LIMITS[2] as u64))
 }
 
 impl Context {

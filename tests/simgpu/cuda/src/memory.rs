@@ -378,11 +378,24 @@ impl Mem {
             .min_by_key(|(_, b)| b.1)
             .map(|(i, b)| (b.1, i));
         let reuse = match (idle, pending) {
-            (Some(i), Some(q)) if q.0 < i.0 => Some(p.pending.swap_remove(q.1)).map(|b| (b.0, b.1)),
-            (Some(i), _) => Some(p.idle.swap_remove(i.1)),
-            (None, Some(q)) => Some(p.pending.swap_remove(q.1)).map(|b| (b.0, b.1)),
+            (Some(i), Some(q)) if q.0 < i.0 => Some(p.pending.swap_remove(q.1)),
+            (Some(i), _) => Some(p.idle.swap_remove(i.1)).map(|b| (b.0, b.1, u64::MAX)),
+            (None, Some(q)) => Some(p.pending.swap_remove(q.1)),
             (None, None) => None,
         };
+        // A pool sub-allocates the memory it reserves (CUDA Programming Guide, "Stream Ordered
+        // Memory Allocator": freed memory is reused for later allocations): a larger freed block
+        // serves the request from its start, and the rest stays in the pool for the next ones.
+        let reuse = reuse.map(|(at, block, freed_on)| {
+            if block > span {
+                let rest = (at + span, block - span);
+                match freed_on {
+                    u64::MAX => p.idle.push(rest),
+                    stream => p.pending.push((rest.0, rest.1, stream)),
+                }
+            }
+            (at, span)
+        });
         let (at, span) = match reuse {
             Some(block) => block,
             None => {
@@ -698,18 +711,37 @@ pub unsafe extern "C" fn cuMemFree(ptr: u32) -> CUresult {
     crate::call("cuMemFree", || mem_free(ptr as CUdeviceptr))
 }
 
+/// The current context's device: (free, total).
+fn mem_info() -> Result<(u64, u64), CUerror> {
+    let ctx = crate::context::current()?;
+    let s = shared()?;
+    let cap = s.device_capacity(ctx.device);
+    Ok((cap.saturating_sub(s.device_used(ctx.device)), cap))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(
     free: Option<&mut usize>,
     total: Option<&mut usize>,
 ) -> CUresult {
     crate::call("cuMemGetInfo_v2", || {
-        let ctx = crate::context::current()?;
         let (free, total) = (crate::out(free)?, crate::out(total)?);
-        let s = shared()?;
-        let cap = s.device_capacity(ctx.device);
-        *total = cap as usize;
-        *free = cap.saturating_sub(s.device_used(ctx.device)) as usize;
+        let (f, t) = mem_info()?;
+        (*free, *total) = (f as usize, t as usize);
+        Ok(())
+    })
+}
+
+/// The legacy 32-bit entry point (what a binary built against CUDA < 3.2 calls, and what
+/// `cuGetProcAddress("cuMemGetInfo", ..., version < 3020)` returns): saturates rather than wrapping,
+/// as `cuDeviceTotalMem` does.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: Option<&mut u32>, total: Option<&mut u32>) -> CUresult {
+    crate::call("cuMemGetInfo", || {
+        let (free, total) = (crate::out(free)?, crate::out(total)?);
+        let (f, t) = mem_info()?;
+        let narrow = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        (*free, *total) = (narrow(f), narrow(t));
         Ok(())
     })
 }
@@ -1381,10 +1413,18 @@ fn free_async(ptr: CUdeviceptr, stream: CUstream, per_thread: bool) -> CUresult 
                     Box::new(move || {
                         let mut m = mem();
                         if let Some(p) = m.pools.get_mut(&h) {
-                            if let Some(i) = p.pending.iter().position(|b| b.0 == base) {
-                                let (at, span, _) = p.pending.swap_remove(i);
-                                p.idle.push((at, span));
-                            }
+                            // What is left of the block (the stream may have reused part of it
+                            // meanwhile: see `pool_alloc`) is every stream's now.
+                            let freed = base..base + span;
+                            let mut done = Vec::new();
+                            p.pending.retain(|b| {
+                                let ran = freed.contains(&b.0);
+                                if ran {
+                                    done.push((b.0, b.1));
+                                }
+                                !ran
+                            });
+                            p.idle.extend(done);
                         }
                     }),
                 );
