@@ -1057,7 +1057,8 @@ fn nvml_process_views_show_only_the_tenants_processes() {
 /// NVML as NVIDIA's nvidia-ml-py shows it to a tenant: memory (v1, v2), the process list, and the
 /// per-process utilisation (`nvmlDeviceGetProcessUtilization`, and R550's
 /// `nvmlDeviceGetProcessesUtilizationInfo`), its count asked first with a NULL buffer as NVML's
-/// protocol has it.
+/// protocol has it; and the answers of accounting mode (`nvmlDeviceGetAccountingPids` count query,
+/// `nvmlDeviceGetAccountingStats`) and of the confidential-computing memory view.
 const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvmlDeviceGetHandleByIndex(0)\n\
     m = nv.nvmlDeviceGetMemoryInfo(h)\nm2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)\n\
     print(f'total={m.total}\\nused={m.used}\\nfree={m.free}')\n\
@@ -1072,7 +1073,13 @@ const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvml
     rc = nv._nvmlGetFunctionPointer('nvmlDeviceGetProcessesUtilizationInfo')(h, ctypes.byref(info))\n\
     print(f'utilinfo_query_rc={rc}\\nutilinfo_query_count={info.processSamplesCount}')\n\
     try:\n    samples = nv.nvmlDeviceGetProcessesUtilizationInfo(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
-    print('utilinfo=' + ','.join(str(s.pid) for s in samples))\n";
+    print('utilinfo=' + ','.join(str(s.pid) for s in samples))\n\
+    n = ctypes.c_uint(0)\n\
+    print(f'acct_rc={nv._nvmlGetFunctionPointer(\"nvmlDeviceGetAccountingPids\")(h, ctypes.byref(n), None)}')\n\
+    st = nv.c_nvmlAccountingStats_t()\n\
+    print(f'stats_rc={nv._nvmlGetFunctionPointer(\"nvmlDeviceGetAccountingStats\")(h, ctypes.c_uint(1), ctypes.byref(st))}')\n\
+    cc = nv.c_nvmlMemory_t()\n\
+    print(f'cc_rc={nv._nvmlGetFunctionPointer(\"nvmlDeviceGetConfComputeProtectedMemoryUsage\")(h, ctypes.byref(cc))}')\n";
 
 /// What NVML shows a tenant, through [`NVML_VIEW`].
 fn nvml_view(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str) -> Run {
@@ -1135,6 +1142,11 @@ fn nvml_never_shows_another_tenant(deploy: Deploy) {
             (6, 0),
             "{deploy:?}: the sample count ({query})\n{report}"
         );
+    }
+    // Accounting mode and confidential computing are off (the driver's default): the driver's
+    // NVML_ERROR_NOT_SUPPORTED stands.
+    for key in ["acct_rc", "stats_rc", "cc_rc"] {
+        assert_eq!(fresh.get_u64(key), 3, "{deploy:?}: {key}\n{report}");
     }
     assert!(
         !ledger.exists(),
@@ -1359,6 +1371,179 @@ in_every_deployment!(
     nvml_every_process_list_shows_only_the_tenant_preloaded,
     nvml_every_process_list_shows_only_the_tenant_dropin,
     nvml_every_process_list_shows_only_the_tenant_mixed
+);
+
+/// Accounting mode and the confidential-computing memory view as a tenant sees them, raw (ctypes)
+/// and through nvidia-ml-py: `acct.query=RC:COUNT` (NULL buffer, count 0), `acct.short=RC:COUNT`
+/// (room for one fewer), `acct=pid,...` (room to spare), `py_acct=` (nvidia-ml-py sizes its buffer
+/// by `nvmlDeviceGetAccountingBufferSize`), `statsPID=RC:maxMemoryUsage:isRunning:startTime:time`
+/// for every pid given as an argument, and `cc=`/`mem=` as `total:used:free`.
+const NVML_ACCOUNTING: &str = r#"import ctypes, sys, pynvml as nv
+nv.nvmlInit()
+h = nv.nvmlDeviceGetHandleByIndex(0)
+acct = nv._nvmlGetFunctionPointer('nvmlDeviceGetAccountingPids')
+n = ctypes.c_uint(0)
+rc = acct(h, ctypes.byref(n), None)
+print(f'acct.query={rc}:{n.value}')
+if n.value > 0:
+    short = ctypes.c_uint(n.value - 1)
+    rc = acct(h, ctypes.byref(short), (ctypes.c_uint * n.value)())
+    print(f'acct.short={rc}:{short.value}')
+room = ctypes.c_uint(n.value + 4)
+pids = (ctypes.c_uint * room.value)()
+rc = acct(h, ctypes.byref(room), pids)
+print('acct=' + (','.join(str(pids[i]) for i in range(room.value)) if rc == 0 else f'error {rc}'))
+print('py_acct=' + ','.join(map(str, nv.nvmlDeviceGetAccountingPids(h))))
+stats = nv._nvmlGetFunctionPointer('nvmlDeviceGetAccountingStats')
+for pid in sys.argv[1:]:
+    st = nv.c_nvmlAccountingStats_t()
+    rc = stats(h, ctypes.c_uint(int(pid)), ctypes.byref(st))
+    print(f'stats{pid}={rc}:{st.maxMemoryUsage}:{st.isRunning}:{st.startTime}:{st.time}')
+cc = nv.nvmlDeviceGetConfComputeProtectedMemoryUsage(h)
+m = nv.nvmlDeviceGetMemoryInfo(h)
+print(f'cc={cc.total}:{cc.used}:{cc.free}')
+print(f'mem={m.total}:{m.used}:{m.free}')
+"#;
+
+/// Two tenants, each with a process holding memory and running kernels, on one GPU with accounting
+/// mode on and in confidential-computing mode (simgpu's `SIMGPU_ACCOUNTING_MODE`,
+/// `SIMGPU_CONF_COMPUTE`). The driver's own answer (no shim) lists both processes with their
+/// statistics; each tenant is told of its own process only (its count included), gets the driver's
+/// statistics of it, and `NVML_ERROR_NOT_FOUND` for the other tenant's pid, as for a pid without
+/// statistics; the protected-memory view is the quota view of `nvmlDeviceGetMemoryInfo`. Once the
+/// processes end, the driver keeps their records (terminated, with their lifetime), and a tenant
+/// still never sees the other's.
+fn nvml_accounting_and_protected_memory_show_only_the_tenant(deploy: Deploy) {
+    let dir = scratch("nvml-accounting");
+    let sim = sim("overhead-nvml-accounting")
+        .env("SIMGPU_ACCOUNTING_MODE", "1")
+        .env("SIMGPU_CONF_COMPUTE", "1");
+    let (holders, pids) = holders_of_a_and_b(&sim, deploy, &dir);
+    let mut args = vec!["-c", NVML_ACCOUNTING];
+    args.extend(pids.iter().map(String::as_str));
+    let driver_view = |args: &[&str]| {
+        let mut cmd = sim.command(venv_python());
+        cmd.args(args);
+        let run = sim.run_cmd(&mut cmd);
+        run.assert_success();
+        run
+    };
+    let driver = driver_view(&args);
+    let report = driver.report();
+    for key in ["acct", "py_acct"] {
+        let listed = pids_of(&driver.get(key));
+        for pid in &pids {
+            assert!(
+                listed.contains(pid),
+                "{deploy:?}: the driver's {key} lists {pid}\n{report}"
+            );
+        }
+    }
+    for pid in &pids {
+        let stats = driver.get(&format!("stats{pid}"));
+        let fields: Vec<&str> = stats.split(':').collect();
+        assert_eq!(
+            (fields[0], fields[2], fields[4]),
+            ("0", "1", "0"),
+            "{deploy:?}: the driver's statistics of running {pid}\n{report}"
+        );
+        assert!(
+            fields[1].parse::<u64>().unwrap() >= 64 * MIB,
+            "{deploy:?}: {pid}'s peak memory\n{report}"
+        );
+    }
+    let driver_cc = driver.get("cc");
+    assert_eq!(
+        driver_cc,
+        driver.get("mem"),
+        "{deploy:?}: the driver's protected memory is the device's\n{report}"
+    );
+    assert!(driver_cc.starts_with(&format!("{}:", 4 * GIB)), "{report}");
+
+    for (i, tenant) in ["a", "b"].iter().enumerate() {
+        let (mine, other) = (&pids[i], &pids[1 - i]);
+        let run = sim.run_cmd(&mut tenant_command(
+            venv_python(),
+            &sim,
+            deploy,
+            &dir,
+            tenant,
+            &args,
+        ));
+        run.assert_success();
+        let report = run.report();
+        let (my_stats, other_stats) = (format!("stats{mine}"), format!("stats{other}"));
+        for (key, want) in [
+            ("acct.query", "7:1".to_owned()),
+            ("acct.short", "7:1".to_owned()),
+            ("acct", mine.clone()),
+            ("py_acct", mine.clone()),
+            (my_stats.as_str(), driver.get(&my_stats)),
+            // NVML_ERROR_NOT_FOUND, the struct left as it was.
+            (other_stats.as_str(), "6:0:0:0:0".to_owned()),
+        ] {
+            assert_eq!(
+                run.get(key),
+                want,
+                "{deploy:?}: tenant {tenant}'s {key}\n{report}"
+            );
+        }
+        let mem = run.get("mem");
+        assert!(
+            mem.starts_with(&format!("{QUOTA}:")),
+            "{deploy:?}: {report}"
+        );
+        assert_eq!(
+            run.get("cc"),
+            mem,
+            "{deploy:?}: tenant {tenant}'s protected memory is its quota view\n{report}"
+        );
+    }
+
+    for h in holders {
+        finish(h, "holder").assert_success();
+    }
+    let driver = driver_view(&args);
+    let report = driver.report();
+    for pid in &pids {
+        let stats = driver.get(&format!("stats{pid}"));
+        let fields: Vec<&str> = stats.split(':').collect();
+        assert_eq!(
+            (fields[0], fields[2]),
+            ("0", "0"),
+            "{deploy:?}: the driver keeps the statistics of terminated {pid}\n{report}"
+        );
+        assert!(
+            fields[4].parse::<u64>().unwrap() > 0,
+            "{deploy:?}: terminated {pid}'s time\n{report}"
+        );
+    }
+    let run = sim.run_cmd(&mut tenant_command(
+        venv_python(),
+        &sim,
+        deploy,
+        &dir,
+        "a",
+        &args,
+    ));
+    run.assert_success();
+    let report = run.report();
+    assert!(
+        !pids_of(&run.get("acct")).contains(&pids[1]),
+        "{deploy:?}: tenant a is told of b's terminated process\n{report}"
+    );
+    assert_eq!(
+        run.get(&format!("stats{}", pids[1])),
+        "6:0:0:0:0",
+        "{deploy:?}: tenant a asking for b's terminated process\n{report}"
+    );
+}
+
+in_every_deployment!(
+    nvml_accounting_and_protected_memory_show_only_the_tenant:
+    nvml_accounting_and_protected_memory_show_only_the_tenant_preloaded,
+    nvml_accounting_and_protected_memory_show_only_the_tenant_dropin,
+    nvml_accounting_and_protected_memory_show_only_the_tenant_mixed
 );
 
 /// A card fuller than the quotas promise (a neighbour holds more than the rest of the card leaves

@@ -108,6 +108,7 @@ fn nvml() -> Vec<Layout> {
         nvmlProcessDetailList_v1_t { version, mode, numProcArrayEntries, procArray }
         nvmlProcessUtilizationInfo_v1_t { timeStamp, pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil }
         nvmlProcessesUtilizationInfo_v1_t { version, processSamplesCount, lastSeenTimeStamp, procUtilArray }
+        nvmlAccountingStats_t { gpuUtilization, memoryUtilization, maxMemoryUsage, time, startTime, isRunning, reserved }
     }
 }
 

@@ -177,6 +177,29 @@ pub type nvmlProcessesUtilizationInfo_t = nvmlProcessesUtilizationInfo_v1_t;
 pub const nvmlProcessesUtilizationInfo_v1: u32 =
     nvml_struct_version(std::mem::size_of::<nvmlProcessesUtilizationInfo_v1_t>(), 1);
 
+/// `nvmlAccountingStats_t` (`nvmlDeviceGetAccountingStats`): a process's statistics over its life.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct nvmlAccountingStats_t {
+    /// Percent of the process's life during which one or more of its kernels ran.
+    pub gpuUtilization: u32,
+    /// Percent of the process's life during which device memory was read or written.
+    pub memoryUtilization: u32,
+    /// Most memory the process ever held, in bytes.
+    pub maxMemoryUsage: u64,
+    /// How long its context was active, in ms; 0 while the process runs.
+    pub time: u64,
+    /// When the process started (CPU time, microseconds).
+    pub startTime: u64,
+    /// 1 while the process runs, 0 once it has terminated.
+    pub isRunning: u32,
+    pub reserved: [u32; 5],
+}
+
+/// `nvmlEnableState_t`.
+pub const NVML_FEATURE_DISABLED: u32 = 0;
+pub const NVML_FEATURE_ENABLED: u32 = 1;
+
 /// `nvmlClockType_t`.
 pub const NVML_CLOCK_GRAPHICS: u32 = 0;
 pub const NVML_CLOCK_SM: u32 = 1;
@@ -238,5 +261,11 @@ mod tests {
         );
         // nvml.h's NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1), as nvidia-ml-py spells it.
         assert_eq!(nvmlProcessesUtilizationInfo_v1, 0x0100_0018);
+        assert_eq!(size_of::<nvmlAccountingStats_t>(), 56);
+        assert_eq!(offset_of!(nvmlAccountingStats_t, maxMemoryUsage), 8);
+        assert_eq!(offset_of!(nvmlAccountingStats_t, time), 16);
+        assert_eq!(offset_of!(nvmlAccountingStats_t, startTime), 24);
+        assert_eq!(offset_of!(nvmlAccountingStats_t, isRunning), 32);
+        assert_eq!(offset_of!(nvmlAccountingStats_t, reserved), 36);
     }
 }

@@ -6,15 +6,18 @@
 //! and the detail list of each mode) and per-process utilisation show the tenant's own processes
 //! only, each with its charge: [`shown_processes`] decides which, for every one of these calls.
 //! Per-process utilisation (`nvmlDeviceGetProcessUtilization`, `nvmlDeviceGetProcessesUtilizationInfo`)
-//! keeps the driver's samples of the tenant's own processes only.
+//! keeps the driver's samples of the tenant's own processes only. Accounting mode
+//! (`nvmlDeviceGetAccountingPids`, `nvmlDeviceGetAccountingStats`) names and describes the tenant's
+//! own processes only, and the confidential-computing protected memory
+//! (`nvmlDeviceGetConfComputeProtectedMemoryUsage`) is shown as the quota, as the memory view is.
 
 use super::{hooks, Out};
 use crate::accounting::tenant;
 use crate::accounting::views::{shown_processes, ProcessList, TenantProcess};
 use crate::driver::calls::nvml::real as nvml_real;
 use gpuslice_api::nvml::{
-    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessDetailList_t, nvmlProcessDetailList_v1,
-    nvmlProcessDetail_v1_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+    nvmlAccountingStats_t, nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessDetailList_t,
+    nvmlProcessDetailList_v1, nvmlProcessDetail_v1_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
     nvmlProcessUtilizationInfo_v1_t, nvmlProcessUtilizationSample_t,
     nvmlProcessesUtilizationInfo_t, nvmlProcessesUtilizationInfo_v1, NVML_PROCESS_MODE_COMPUTE,
     NVML_PROCESS_MODE_GRAPHICS, NVML_PROCESS_MODE_MPS,
@@ -65,6 +68,14 @@ hooks! {
     fn nvmlDeviceGetProcessesUtilizationInfo(device: nvmlDevice_t, info: *mut nvmlProcessesUtilizationInfo_t)
         => processes_utilization_info(device, Out::new(info), || real::nvmlDeviceGetProcessesUtilizationInfo(device, info),
                                       |own| real::nvmlDeviceGetProcessesUtilizationInfo(device, own));
+    fn nvmlDeviceGetAccountingPids(device: nvmlDevice_t, count: *mut c_uint, pids: *mut c_uint)
+        => accounting_pids(device, Out::new(count), pids, || real::nvmlDeviceGetAccountingPids(device, count, pids),
+                           |all, n| real::nvmlDeviceGetAccountingPids(device, n, all));
+    fn nvmlDeviceGetAccountingStats(device: nvmlDevice_t, pid: c_uint, stats: *mut nvmlAccountingStats_t)
+        => accounting_stats(device, pid, Out::new(stats), || real::nvmlDeviceGetAccountingStats(device, pid, stats),
+                            |own| real::nvmlDeviceGetAccountingStats(device, pid, own));
+    fn nvmlDeviceGetConfComputeProtectedMemoryUsage(device: nvmlDevice_t, memory: *mut nvmlMemory_t)
+        => memory_info(device, Out::new(memory), || real::nvmlDeviceGetConfComputeProtectedMemoryUsage(device, memory));
 }
 
 /// Both NVML memory structs, seen as (total, used, free).
@@ -366,6 +377,81 @@ fn processes_utilization_info(
         unsafe { request.procUtilArray.add(i).write_unaligned(sample) };
     }
     Ok(())
+}
+
+/// The pids of accounting mode's list that the tenant is shown: those of the driver's list (running
+/// or terminated processes with statistics, in the driver's order) that are the tenant's processes
+/// now, decided as [`shown_processes`] decides the graphics and MPS lists. A terminated process is
+/// no longer the tenant's (its charge is gone with it), so it is not shown: it may be anyone's.
+fn shown_accounting_pids(mine: &[TenantProcess], driver_pids: &[u32]) -> Vec<u32> {
+    let shown = shown_processes(Graphics, mine, driver_pids);
+    driver_pids
+        .iter()
+        .copied()
+        .filter(|pid| shown.iter().any(|p| p.pid == *pid))
+        .collect()
+}
+
+/// `nvmlDeviceGetAccountingPids`: the tenant's own processes of the driver's list, in NVML's count
+/// protocol (`count` holds the room in `pids`; too little room, or a NULL `pids` with room 0, is
+/// `INSUFFICIENT_SIZE` with the count needed; none is success with 0). The driver's list is read into
+/// a buffer of our own, and its errors stand (`NOT_SUPPORTED` while accounting mode is off).
+fn accounting_pids(
+    device: nvmlDevice_t,
+    count: Out<c_uint>,
+    pids: *mut c_uint,
+    call: impl FnOnce() -> NvmlReturn,
+    read_all: impl FnMut(*mut c_uint, &mut c_uint) -> NvmlReturn,
+) -> NvmlReturn {
+    let Some(mine) = tenant_processes(device) else {
+        return call();
+    };
+    let Some(room) = count.get() else {
+        return call();
+    };
+    let shown = shown_accounting_pids(&mine, &all_entries(read_all)?);
+    let needed = u32::try_from(shown.len()).unwrap_or(u32::MAX);
+    count.set(needed);
+    if room < needed || (needed > 0 && pids.is_null()) {
+        return Err(NvmlError::INSUFFICIENT_SIZE);
+    }
+    for (i, pid) in shown.into_iter().enumerate() {
+        // SAFETY: the caller gave room for `room` >= `needed` pids at `pids`.
+        unsafe { pids.add(i).write_unaligned(pid) };
+    }
+    Ok(())
+}
+
+/// `nvmlDeviceGetAccountingStats`: the driver's statistics of one of the tenant's own processes; any
+/// other pid is `NOT_FOUND`, as the driver answers for a pid it has no statistics of. The driver is
+/// asked first (into a struct of our own), so that its errors that do not depend on the pid
+/// (`NOT_SUPPORTED` while accounting mode is off, `INVALID_ARGUMENT`) stand, and nothing the tenant
+/// is told depends on whether another tenant's pid has statistics.
+fn accounting_stats(
+    device: nvmlDevice_t,
+    pid: c_uint,
+    stats: Out<nvmlAccountingStats_t>,
+    call: impl FnOnce() -> NvmlReturn,
+    read: impl FnOnce(*mut nvmlAccountingStats_t) -> NvmlReturn,
+) -> NvmlReturn {
+    let Some(mine) = tenant_processes(device) else {
+        return call();
+    };
+    if stats.is_null() {
+        return call();
+    }
+    let mut driver = nvmlAccountingStats_t::default();
+    let answer = read(&mut driver);
+    let not_found = Err(NvmlError::NOT_FOUND);
+    match answer {
+        Ok(()) if shown_accounting_pids(&mine, &[pid]).is_empty() => not_found,
+        Ok(()) => {
+            stats.set(driver);
+            Ok(())
+        }
+        Err(e) if e == NvmlError::NOT_FOUND => not_found,
+        Err(e) => Err(e),
+    }
 }
 
 /// Every entry the driver has (samples, processes), asked with NVML's count protocol (the count may

@@ -43,6 +43,14 @@ pub struct Config {
     /// context there (as a CUDA-OpenGL/Vulkan interop program does), so NVML lists it among the
     /// graphics processes too. Read by the process asking NVML.
     pub graphics_clients: bool,
+    /// `SIMGPU_ACCOUNTING_MODE=1`: per-process accounting mode is on (`nvidia-smi -am 1`), so NVML
+    /// answers `nvmlDeviceGetAccountingPids`/`Stats`/`BufferSize`; off (the driver's default), they
+    /// answer `NVML_ERROR_NOT_SUPPORTED`. Read by the process asking NVML.
+    pub accounting_mode: bool,
+    /// `SIMGPU_CONF_COMPUTE=1`: the devices run in confidential-computing mode, so NVML answers
+    /// `nvmlDeviceGetConfComputeProtectedMemoryUsage` (all device memory is protected memory); off,
+    /// `NVML_ERROR_NOT_SUPPORTED`. Read by the process asking NVML.
+    pub conf_compute: bool,
 }
 
 /// Most devices a state file holds.
@@ -65,6 +73,8 @@ impl Default for Config {
             module_scale: 1,
             pool_attributes_zero: false,
             graphics_clients: false,
+            accounting_mode: false,
+            conf_compute: false,
         }
     }
 }
@@ -188,6 +198,20 @@ impl Config {
             graphics.set(on);
             Some(())
         });
+        let mut switch = |name: &str, default: bool| {
+            let value = std::cell::Cell::new(default);
+            get(name, &|v| {
+                value.set(match v {
+                    "1" => true,
+                    "0" | "" => false,
+                    _ => return None,
+                });
+                Some(())
+            });
+            value.get()
+        };
+        c.accounting_mode = switch("SIMGPU_ACCOUNTING_MODE", c.accounting_mode);
+        c.conf_compute = switch("SIMGPU_CONF_COMPUTE", c.conf_compute);
         c.devices = devices.get();
         c.memory = memory.get();
         c.driver_version = driver.get();

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// "SIMGPU" + layout generation; published last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPUst");
 /// Bumped whenever this layout changes.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 pub const MAX_DEVICES: usize = crate::config::MAX_DEVICES as usize;
 pub const MAX_PROCESSES: usize = 256;
 pub const MAX_GROUPS: usize = 64;
@@ -195,6 +195,10 @@ pub struct Slot {
     pub generation: AtomicU32,
     /// Group index + 1 (0: none).
     pub group: AtomicU32,
+    /// When the process registered, and when it was found dead (realtime ns; 0: not yet): its
+    /// accounting-mode record, kept after it ends until a new process takes the slot.
+    pub start_ns: AtomicU64,
+    pub end_ns: AtomicU64,
     pub usage: [Usage; MAX_DEVICES],
     pub history: [History<PROCESS_HISTORY>; MAX_DEVICES],
 }

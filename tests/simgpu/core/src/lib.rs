@@ -13,8 +13,8 @@ mod sys;
 pub use config::{config, parse_size, Config, MAX_DEVICES};
 pub use layout::{MAX_GROUPS, MAX_PROCESSES};
 pub use shared::{
-    snapshot, DeviceSnapshot, DeviceTurn, GroupUsage, KernelRun, ProcessUsage, Shared, Snapshot,
-    Submission, Work, UTILIZATION_WINDOW_NS,
+    snapshot, AccountingRecord, DeviceSnapshot, DeviceTurn, GroupUsage, KernelRun, ProcessUsage,
+    Shared, Snapshot, Submission, Work, UTILIZATION_WINDOW_NS,
 };
 /// The clock of the device timeline (and of every time in the shared state).
 pub use sys::realtime_ns;

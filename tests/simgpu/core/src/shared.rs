@@ -43,6 +43,22 @@ pub struct ProcessUsage {
     pub kernels: Vec<u64>,
 }
 
+/// A process's accounting-mode record on one device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AccountingRecord {
+    pub pid: u32,
+    pub running: bool,
+    /// When it registered, and when it was found dead (0 while it runs); realtime ns.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The most memory it held on the device.
+    pub max_memory: u64,
+    /// Its kernels' busy time on the device (union).
+    pub busy_ns: u64,
+    /// From its start to its end (or to now, while it runs).
+    pub lifetime_ns: u64,
+}
+
 /// A read-only view of a state file.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -333,6 +349,8 @@ impl Shared {
             // What NVML lists: the PID in the initial PID namespace, as a real driver reports it.
             s.pid.store(sys::host_pid(), Relaxed);
             s.group.store(group, Relaxed);
+            s.start_ns.store(sys::realtime_ns(), Relaxed);
+            s.end_ns.store(0, Relaxed);
             for u in &s.usage {
                 for a in [&u.used, &u.peak, &u.busy_ns, &u.kernels] {
                     a.store(0, Relaxed);
@@ -429,6 +447,7 @@ impl Shared {
                     sub_saturating(&g.usage[d].used, bytes);
                 }
             }
+            s.end_ns.store(sys::realtime_ns(), Relaxed);
             s.state.store(SLOT_FREE, Release);
         }
     }
@@ -586,6 +605,57 @@ impl Shared {
             ));
         }
         out
+    }
+
+    /// Accounting mode's records of `device`: every process that used it (held memory or ran a
+    /// kernel there), running or terminated, as long as its slot has not been taken by a new process
+    /// (a real driver's circular buffer of records). Processes found dead are swept first, so that
+    /// a process that ended is reported as terminated. One record per pid: the running process, else
+    /// the one that ended last (nvml.h: "in case of pid collision stats of only the latest process
+    /// (that terminated last) will be reported").
+    pub fn accounting(&self, device: u32) -> Vec<AccountingRecord> {
+        if device >= self.devices {
+            return Vec::new();
+        }
+        self.reclaim_dead();
+        let now = sys::realtime_ns();
+        let d = device as usize;
+        let mut records: Vec<AccountingRecord> = Vec::new();
+        for (i, s) in self.st().slots.iter().enumerate() {
+            let start_ns = s.start_ns.load(Relaxed);
+            let running = match s.state.load(Acquire) {
+                SLOT_LIVE => self.slot_alive(i),
+                SLOT_FREE => false,
+                _ => continue,
+            };
+            // A dead process not swept yet (a sweep ran in the last 10 ms) ended by now.
+            let end_ns = match (running, s.end_ns.load(Relaxed)) {
+                (true, _) => 0,
+                (false, 0) => now,
+                (false, end) => end,
+            };
+            let u = &s.usage[d];
+            let (peak, kernels) = (u.peak.load(Acquire), u.kernels.load(Acquire));
+            if start_ns == 0 || (peak == 0 && kernels == 0) {
+                continue;
+            }
+            let record = AccountingRecord {
+                pid: s.pid.load(Relaxed),
+                running,
+                start_ns,
+                end_ns,
+                max_memory: peak.max(u.used.load(Acquire)),
+                busy_ns: u.busy_ns.load(Acquire),
+                lifetime_ns: if running { now } else { end_ns }.saturating_sub(start_ns),
+            };
+            match records.iter_mut().find(|r| r.pid == record.pid) {
+                Some(r) if (record.running, record.end_ns) > (r.running, r.end_ns) => *r = record,
+                Some(_) => {}
+                None => records.push(record),
+            }
+        }
+        records.sort_by_key(|r| r.start_ns);
+        records
     }
 
     /// Live processes registered in the state.
