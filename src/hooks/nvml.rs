@@ -5,8 +5,9 @@
 //! `reserved` and part of v1's `used`); the process lists (compute, graphics, MPS, in every version,
 //! and the detail list of each mode) and per-process utilisation show the tenant's own processes
 //! only, each with its charge: [`shown_processes`] decides which, for every one of these calls.
-//! Per-process utilisation (`nvmlDeviceGetProcessUtilization`, `nvmlDeviceGetProcessesUtilizationInfo`)
-//! keeps the driver's samples of the tenant's own processes only.
+//! Per-process utilisation (`nvmlDeviceGetProcessUtilization`,
+//! `nvmlDeviceGetProcessesUtilizationInfo`) keeps the driver's samples of the tenant's own processes
+//! only.
 
 use super::{hooks, Out};
 use crate::accounting::tenant;
