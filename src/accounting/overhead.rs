@@ -180,8 +180,8 @@ impl Tenant {
 
     /// What the driver spent between two samples (negative: it gave memory back), less what this
     /// process charged for allocations meanwhile; `None` when nothing trustworthy was read.
-    /// `reserved` is what the operation reserved before the driver was asked (in both samples' ledger
-    /// readings, and no allocation).
+    /// `reserved` is what the operation reserved before the driver was asked (in both samples'
+    /// ledger readings, and no allocation).
     fn spent(
         &self,
         device: &Device,

@@ -145,7 +145,8 @@ pub struct nvmlProcessUtilizationSample_t {
     pub decUtil: u32,
 }
 
-/// `nvmlProcessUtilizationInfo_v1_t`: one process's sample in `nvmlDeviceGetProcessesUtilizationInfo`.
+/// `nvmlProcessUtilizationInfo_v1_t`: one process's sample in
+/// `nvmlDeviceGetProcessesUtilizationInfo`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct nvmlProcessUtilizationInfo_v1_t {

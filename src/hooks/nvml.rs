@@ -5,11 +5,12 @@
 //! `reserved` and part of v1's `used`); the process lists (compute, graphics, MPS, in every version,
 //! and the detail list of each mode) and per-process utilisation show the tenant's own processes
 //! only, each with its charge: [`shown_processes`] decides which, for every one of these calls.
-//! Per-process utilisation (`nvmlDeviceGetProcessUtilization`, `nvmlDeviceGetProcessesUtilizationInfo`)
-//! keeps the driver's samples of the tenant's own processes only. Accounting mode
-//! (`nvmlDeviceGetAccountingPids`, `nvmlDeviceGetAccountingStats`) names and describes the tenant's
-//! own processes only, and the confidential-computing protected memory
-//! (`nvmlDeviceGetConfComputeProtectedMemoryUsage`) is shown as the quota, as the memory view is.
+//! Per-process utilisation (`nvmlDeviceGetProcessUtilization`,
+//! `nvmlDeviceGetProcessesUtilizationInfo`) keeps the driver's samples of the tenant's own processes
+//! only. Accounting mode (`nvmlDeviceGetAccountingPids`, `nvmlDeviceGetAccountingStats`)
+//! names and describes the tenant's own processes only, and the confidential-computing protected
+//! memory (`nvmlDeviceGetConfComputeProtectedMemoryUsage`) is shown as the quota, as the memory
+//! view is.
 
 use super::{hooks, Out};
 use crate::accounting::tenant;
@@ -394,8 +395,8 @@ fn shown_accounting_pids(mine: &[TenantProcess], driver_pids: &[u32]) -> Vec<u32
 
 /// `nvmlDeviceGetAccountingPids`: the tenant's own processes of the driver's list, in NVML's count
 /// protocol (`count` holds the room in `pids`; too little room, or a NULL `pids` with room 0, is
-/// `INSUFFICIENT_SIZE` with the count needed; none is success with 0). The driver's list is read into
-/// a buffer of our own, and its errors stand (`NOT_SUPPORTED` while accounting mode is off).
+/// `INSUFFICIENT_SIZE` with the count needed; none is success with 0). The driver's list is read
+/// into a buffer of our own, and its errors stand (`NOT_SUPPORTED` while accounting mode is off).
 fn accounting_pids(
     device: nvmlDevice_t,
     count: Out<c_uint>,
@@ -422,11 +423,11 @@ fn accounting_pids(
     Ok(())
 }
 
-/// `nvmlDeviceGetAccountingStats`: the driver's statistics of one of the tenant's own processes; any
-/// other pid is `NOT_FOUND`, as the driver answers for a pid it has no statistics of. The driver is
-/// asked first (into a struct of our own), so that its errors that do not depend on the pid
-/// (`NOT_SUPPORTED` while accounting mode is off, `INVALID_ARGUMENT`) stand, and nothing the tenant
-/// is told depends on whether another tenant's pid has statistics.
+/// `nvmlDeviceGetAccountingStats`: the driver's statistics of one of the tenant's own processes;
+/// any other pid is `NOT_FOUND`, as the driver answers for a pid it has no statistics of. The
+/// driver is asked first (into a struct of our own), so that its errors that do not depend on the
+/// pid (`NOT_SUPPORTED` while accounting mode is off, `INVALID_ARGUMENT`) stand, and nothing the
+/// tenant is told depends on whether another tenant's pid has statistics.
 fn accounting_stats(
     device: nvmlDevice_t,
     pid: c_uint,

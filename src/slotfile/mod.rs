@@ -657,8 +657,8 @@ impl<L: SlotLayout> Writable<L> {
     /// holds file data (read first: after a cut anywhere below it the read faults, and the fault
     /// handler repairs the file, marks it DAMAGED and counts the fault), no fault was contained in
     /// this mapping, and the header still carries the magic and READY (another process that
-    /// caught a truncation marks it DAMAGED). What it cannot see is left to [`Writable::check_size`]:
-    /// a cut inside the last page, and a descriptor the program closed.
+    /// caught a truncation marks it DAMAGED). What it cannot see is left to
+    /// [`Writable::check_size`]: a cut inside the last page, and a descriptor the program closed.
     #[inline(always)]
     pub fn looks_sound(&self) -> bool {
         let size = size_of::<L>();

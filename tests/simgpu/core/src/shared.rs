@@ -608,11 +608,11 @@ impl Shared {
     }
 
     /// Accounting mode's records of `device`: every process that used it (held memory or ran a
-    /// kernel there), running or terminated, as long as its slot has not been taken by a new process
-    /// (a real driver's circular buffer of records). Processes found dead are swept first, so that
-    /// a process that ended is reported as terminated. One record per pid: the running process, else
-    /// the one that ended last (nvml.h: "in case of pid collision stats of only the latest process
-    /// (that terminated last) will be reported").
+    /// kernel there), running or terminated, as long as its slot has not been taken by a new
+    /// process (a real driver's circular buffer of records). Processes found dead are swept first,
+    /// so that a process that ended is reported as terminated. One record per pid: the running
+    /// process, else the one that ended last (nvml.h: "in case of pid collision stats of only the
+    /// latest process (that terminated last) will be reported").
     pub fn accounting(&self, device: u32) -> Vec<AccountingRecord> {
         if device >= self.devices {
             return Vec::new();

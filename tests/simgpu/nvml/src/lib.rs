@@ -1079,7 +1079,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
     })
 }
 
-// ---- accounting mode, confidential computing -------------------------------------------------------
+// ---- accounting mode, confidential computing ---------------------------------------------------
 // Both are off on a GPU unless an administrator turns them on (`nvidia-smi -am 1`; a CC-mode boot):
 // `SIMGPU_ACCOUNTING_MODE=1` and `SIMGPU_CONF_COMPUTE=1` say they are on.
 
@@ -1149,8 +1149,8 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingPids(
 
 /// A process's statistics over its life: its peak memory, the share of its life its kernels ran
 /// (simulated kernels touch memory for as long as they run, as `nvmlDeviceGetUtilizationRates`
-/// has it), when it started, and, once it has ended, how long it lived. `NVML_ERROR_NOT_FOUND` for a
-/// pid without a record.
+/// has it), when it started, and, once it has ended, how long it lived. `NVML_ERROR_NOT_FOUND` for
+/// a pid without a record.
 ///
 /// # Safety
 /// `stats` is null or valid for writing an `nvmlAccountingStats_t`.
