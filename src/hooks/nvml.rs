@@ -212,16 +212,8 @@ fn processes<P: ProcessEntry>(
         return call();
     };
     let shown = shown_list(list, &mine, P::pid, read_all)?;
-    let needed = u32::try_from(shown.len()).unwrap_or(u32::MAX);
-    count.set(needed);
-    if room < needed || (needed > 0 && infos.is_null()) {
-        return Err(NvmlError::INSUFFICIENT_SIZE);
-    }
-    for (i, p) in shown.iter().enumerate() {
-        // SAFETY: the caller gave room for `room` >= `needed` entries at `infos`.
-        unsafe { infos.add(i).write_unaligned(P::new(p.pid, p.used)) };
-    }
-    Ok(())
+    count.set(entry_count(&shown));
+    write_entries(infos, room, shown.iter().map(|p| P::new(p.pid, p.used)))
 }
 
 /// `nvmlDeviceGetRunningProcessDetailList`: the tenant's own processes of the list's mode, as
@@ -264,31 +256,19 @@ fn process_detail_list(
     let pids: Vec<u32> = driver.iter().map(|e| e.pid).collect();
     let shown = shown_processes(list, &mine, &pids);
     let room = request.numProcArrayEntries;
-    let needed = u32::try_from(shown.len()).unwrap_or(u32::MAX);
-    request.numProcArrayEntries = needed;
+    request.numProcArrayEntries = entry_count(&shown);
     plist.set(request);
-    if needed == 0 {
-        return Ok(());
-    }
-    if room < needed || request.procArray.is_null() {
-        return Err(NvmlError::INSUFFICIENT_SIZE);
-    }
-    for (i, p) in shown.iter().enumerate() {
-        let protected = driver
+    let entries = shown.iter().map(|p| nvmlProcessDetail_v1_t {
+        pid: p.pid,
+        usedGpuMemory: p.used,
+        gpuInstanceId: u32::MAX,
+        computeInstanceId: u32::MAX,
+        usedGpuCcProtectedMemory: driver
             .iter()
             .find(|e| e.pid == p.pid)
-            .map_or(0, |e| e.usedGpuCcProtectedMemory);
-        let entry = nvmlProcessDetail_v1_t {
-            pid: p.pid,
-            usedGpuMemory: p.used,
-            gpuInstanceId: u32::MAX,
-            computeInstanceId: u32::MAX,
-            usedGpuCcProtectedMemory: protected,
-        };
-        // SAFETY: the caller gave room for `room` >= `needed` entries at `procArray`.
-        unsafe { request.procArray.add(i).write_unaligned(entry) };
-    }
-    Ok(())
+            .map_or(0, |e| e.usedGpuCcProtectedMemory),
+    });
+    write_entries(request.procArray, room, entries)
 }
 
 /// The driver's samples, kept for the tenant's own processes only, in NVML's calling convention:
@@ -314,19 +294,11 @@ fn process_utilization(
         .into_iter()
         .filter(|s| list.iter().any(|p| p.pid == s.pid))
         .collect();
-    let needed = u32::try_from(mine.len()).unwrap_or(u32::MAX);
-    count.set(needed);
+    count.set(entry_count(&mine));
     if mine.is_empty() {
         return Err(NvmlError::NOT_FOUND);
     }
-    if samples.is_null() || room < needed {
-        return Err(NvmlError::INSUFFICIENT_SIZE);
-    }
-    for (i, sample) in mine.into_iter().enumerate() {
-        // SAFETY: the caller gave room for `room` >= `needed` samples at `samples`.
-        unsafe { samples.add(i).write_unaligned(sample) };
-    }
-    Ok(())
+    write_entries(samples, room, mine)
 }
 
 /// `nvmlDeviceGetProcessesUtilizationInfo` (R550 and later): the driver's samples of the tenant's
@@ -364,20 +336,12 @@ fn processes_utilization_info(
         .filter(|s| list.iter().any(|p| p.pid == s.pid))
         .collect();
     let room = request.processSamplesCount;
-    let needed = u32::try_from(mine.len()).unwrap_or(u32::MAX);
-    request.processSamplesCount = needed;
+    request.processSamplesCount = entry_count(&mine);
     info.set(request);
     if mine.is_empty() {
         return Err(NvmlError::NOT_FOUND);
     }
-    if request.procUtilArray.is_null() || room < needed {
-        return Err(NvmlError::INSUFFICIENT_SIZE);
-    }
-    for (i, sample) in mine.into_iter().enumerate() {
-        // SAFETY: the caller gave room for `room` >= `needed` samples at `procUtilArray`.
-        unsafe { request.procUtilArray.add(i).write_unaligned(sample) };
-    }
-    Ok(())
+    write_entries(request.procUtilArray, room, mine)
 }
 
 /// The pids of accounting mode's list that the tenant is shown: those of the driver's list (running
@@ -411,16 +375,8 @@ fn accounting_pids(
         return call();
     };
     let shown = shown_accounting_pids(&mine, &all_entries(read_all)?);
-    let needed = u32::try_from(shown.len()).unwrap_or(u32::MAX);
-    count.set(needed);
-    if room < needed || (needed > 0 && pids.is_null()) {
-        return Err(NvmlError::INSUFFICIENT_SIZE);
-    }
-    for (i, pid) in shown.into_iter().enumerate() {
-        // SAFETY: the caller gave room for `room` >= `needed` pids at `pids`.
-        unsafe { pids.add(i).write_unaligned(pid) };
-    }
-    Ok(())
+    count.set(entry_count(&shown));
+    write_entries(pids, room, shown)
 }
 
 /// `nvmlDeviceGetAccountingStats`: the driver's statistics of one of the tenant's own processes;
@@ -453,6 +409,34 @@ fn accounting_stats(
         Err(e) if e == NvmlError::NOT_FOUND => not_found,
         Err(e) => Err(e),
     }
+}
+
+/// A list's length as NVML counts it.
+fn entry_count<T>(entries: &[T]) -> c_uint {
+    c_uint::try_from(entries.len()).unwrap_or(c_uint::MAX)
+}
+
+/// Writes `entries` into the caller's array `out` of `room` entries, in NVML's count protocol (the
+/// caller has set the count needed): too little room, or a NULL array for a list that is not
+/// empty, is `INSUFFICIENT_SIZE`; an empty list is success.
+fn write_entries<T>(
+    out: *mut T,
+    room: c_uint,
+    entries: impl IntoIterator<Item = T, IntoIter: ExactSizeIterator>,
+) -> NvmlReturn {
+    let entries = entries.into_iter();
+    if entries.len() == 0 {
+        return Ok(());
+    }
+    if out.is_null() || usize::try_from(room).unwrap_or(usize::MAX) < entries.len() {
+        return Err(NvmlError::INSUFFICIENT_SIZE);
+    }
+    for (i, entry) in entries.enumerate() {
+        // SAFETY: NVML's contract: a non-NULL `out` has room for `room` entries, and
+        // `i < entries.len() <= room`.
+        unsafe { out.add(i).write_unaligned(entry) };
+    }
+    Ok(())
 }
 
 /// Every entry the driver has (samples, processes), asked with NVML's count protocol (the count may

@@ -625,6 +625,25 @@ fn memory(device: nvmlDevice_t) -> Result<(u64, u64), NvmlError> {
     Ok((total, s.device_used(d.ordinal).min(total)))
 }
 
+/// The device's memory as `nvmlMemory_t` (total, used, free) at `memory`.
+///
+/// # Safety
+/// `memory` is null or valid for writing an `nvmlMemory_t`.
+unsafe fn put_memory_v1(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> Result<(), NvmlError> {
+    let (total, used) = self::memory(device)?;
+    // SAFETY: the caller's contract.
+    unsafe {
+        put(
+            memory,
+            nvmlMemory_t {
+                total,
+                free: total - used,
+                used,
+            },
+        )
+    }
+}
+
 /// # Safety
 /// `memory` is null or valid for writing an `nvmlMemory_t`.
 #[no_mangle]
@@ -633,18 +652,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     memory: *mut nvmlMemory_t,
 ) -> NvmlReturn {
     call("nvmlDeviceGetMemoryInfo", true, || {
-        let (total, used) = self::memory(device)?;
         // SAFETY: the caller's contract.
-        unsafe {
-            put(
-                memory,
-                nvmlMemory_t {
-                    total,
-                    free: total - used,
-                    used,
-                },
-            )
-        }
+        unsafe { put_memory_v1(device, memory) }
     })
 }
 
@@ -1209,17 +1218,7 @@ pub unsafe extern "C" fn nvmlDeviceGetConfComputeProtectedMemoryUsage(
         if !config().conf_compute {
             return Err(NvmlError::NOT_SUPPORTED);
         }
-        let (total, used) = self::memory(device)?;
         // SAFETY: the caller's contract.
-        unsafe {
-            put(
-                memory,
-                nvmlMemory_t {
-                    total,
-                    free: total - used,
-                    used,
-                },
-            )
-        }
+        unsafe { put_memory_v1(device, memory) }
     })
 }
