@@ -562,6 +562,216 @@ fn modules_and_limits_are_charged_what_they_cost() {
     assert!(group_peak(&sim.stat(), "mod") <= QUOTA);
 }
 
+/// The module images NVIDIA's tools built (`tests/fixtures/modules`).
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/modules")
+        .join(name)
+}
+
+/// The real fatbinary with a `mib` MiB PTX entry for compute capability 10.0 appended: an image
+/// far larger than what a 9.0 device loads from it (its sm_90 cubin).
+fn fatbin_with_ptx_for_a_newer_device(mib: u64) -> Vec<u8> {
+    let mut image = std::fs::read(fixture("kernel.fatbin")).unwrap();
+    let ptx = {
+        let mut text = b".version 8.0\n.target sm_100\n.address_size 64\n//".to_vec();
+        text.resize((mib * MIB) as usize - 1, b'x');
+        text.push(b'\n');
+        text
+    };
+    let mut entry = Vec::new();
+    entry.extend_from_slice(&1u16.to_le_bytes()); // PTX
+    entry.extend_from_slice(&0x101u16.to_le_bytes());
+    entry.extend_from_slice(&64u32.to_le_bytes()); // entry header size
+    entry.extend_from_slice(&(ptx.len() as u64).to_le_bytes());
+    entry.extend_from_slice(&[0; 12]);
+    entry.extend_from_slice(&100u32.to_le_bytes()); // compute capability 10.0
+    entry.extend_from_slice(&[0; 8]);
+    entry.extend_from_slice(&0x11u64.to_le_bytes()); // 64-bit, Linux, not compressed
+    entry.resize(64, 0);
+    image.extend_from_slice(&entry);
+    image.extend_from_slice(&ptx);
+    let payload = (image.len() - 16) as u64;
+    image[8..16].copy_from_slice(&payload.to_le_bytes());
+    image
+}
+
+/// What a module needs on the device is reserved before the driver loads it: a load the quota has
+/// no room for is refused without the driver ever spending the memory (simgpu's peak stays within
+/// the quota), on every load path; what an image takes is what the device loads from it, not its
+/// size: a fatbinary far larger than the room left loads when its cubin for the device fits.
+#[test]
+fn a_module_without_room_is_refused_before_the_driver_loads_it() {
+    let dir = scratch("module-room");
+    let sim = sim("overhead-module-room");
+    let big_ptx = dir.join("big.ptx");
+    let mut text = std::fs::read(fixture("kernel.compute_90.ptx")).unwrap();
+    text.retain(|&b| b != 0);
+    text.extend_from_slice(b"\n//");
+    text.resize(text.len() + (20 * MIB) as usize, b'x');
+    text.push(b'\n');
+    std::fs::write(&big_ptx, &text).unwrap();
+    let big_fatbin = dir.join("big.fatbin");
+    std::fs::write(&big_fatbin, fatbin_with_ptx_for_a_newer_device(24)).unwrap();
+    let cubin = fixture("kernel.sm_80.cubin");
+    // 10 MiB of room: the 20 MiB PTX does not fit, the fatbinary's sm_90 cubin (one 2 MiB page)
+    // does; then no room at all: the sm_80 cubin's page (its 256 KiB global) does not fit.
+    let loads = |room: &str, images: &[&Path]| {
+        let mut args = vec!["modules", room];
+        args.extend(images.iter().map(|p| p.to_str().unwrap()));
+        let run = sim.run_cmd(&mut client(&sim, Deploy::Preload, &dir, "mods", &args));
+        run.assert_success();
+        run
+    };
+    let run = loads("10", &[&big_ptx, &big_fatbin]);
+    let expect = |run: &Run, load: usize, rc: &str| {
+        for path in ["data", "file", "library"] {
+            assert_eq!(
+                run.get(&format!("load{load}_{path}_rc")),
+                rc,
+                "image {load} loaded from {path}\n{}",
+                run.report()
+            );
+        }
+    };
+    expect(&run, 0, "2");
+    expect(&run, 1, "0");
+    assert!(
+        group_peak(&sim.stat(), "mods") <= QUOTA,
+        "the driver was let load a module the quota had no room for\n{}",
+        run.report()
+    );
+    let run = loads("0", &[&cubin]);
+    expect(&run, 0, "2");
+    assert!(
+        group_peak(&sim.stat(), "mods") <= QUOTA,
+        "the driver was let load a cubin the quota had no room for\n{}",
+        run.report()
+    );
+}
+
+/// Processes of one tenant coming and going while the others allocate, load modules and change
+/// limits at random, in every deployment mode: the tenant never holds more than its quota by
+/// simgpu's counters, at any instant (its group's peak).
+#[test]
+fn processes_mixing_every_kind_of_charge_never_take_the_tenant_past_its_quota() {
+    let dir = scratch("mix");
+    // Every kind of step; the processes run 150 to 600 steps, so that they exit at different
+    // times, holding what they hold, while the others go on.
+    let kinds = "0123456789";
+    for (round, deploy) in [Deploy::Preload, Deploy::Mixed, Deploy::Dropin]
+        .into_iter()
+        .enumerate()
+    {
+        let sim = sim("overhead-mix");
+        let tenant = format!("mix{round}");
+        let children: Vec<_> = (0..4)
+            .map(|i| {
+                let seed = (round * 10 + i).to_string();
+                let steps = (150 * (i + 1)).to_string();
+                let args = ["mix", &seed, &steps, kinds];
+                sim.spawn(&mut client(&sim, deploy, &dir, &tenant, &args))
+            })
+            .collect();
+        let runs: Vec<Run> = children.into_iter().map(|c| finish(c, "mix")).collect();
+        let report: String = runs.iter().map(Run::report).collect();
+        for run in &runs {
+            run.assert_success();
+        }
+        let refused: u64 = runs
+            .iter()
+            .map(|r| {
+                let kv = r.kv();
+                let steps = kv.get("refused").and_then(|n| n.parse::<u64>().ok());
+                steps.unwrap_or(0) + u64::from(kv.contains_key("context_refused"))
+            })
+            .sum();
+        assert!(
+            refused > 0,
+            "{deploy:?}: the quota was never reached\n{report}"
+        );
+        let peak = group_peak(&sim.stat(), &tenant);
+        assert!(
+            peak <= QUOTA,
+            "{deploy:?}: the tenant held {peak} bytes, past its quota\n{report}"
+        );
+    }
+}
+
+/// A driver frees what a process holds as the process ends: a process of the same tenant that
+/// allocates once another has exited finds the quota's room and the device's memory both back, and
+/// the tenant never holds more than its quota by simgpu's counters.
+#[test]
+fn memory_left_by_an_exited_process_is_free_when_the_quota_says_so() {
+    let dir = scratch("exit");
+    let sim = sim("overhead-exit");
+    // Registered with simgpu (its context made) before the first process exits.
+    let mut waiting = sim.spawn(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "leavers",
+        &["leave", "700", "wait"],
+    ));
+    wait_for_key(&mut waiting, "ready");
+    let first = sim.run_cmd(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "leavers",
+        &["leave", "400"],
+    ));
+    first.assert_success();
+    waiting.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let second = finish(waiting, "second");
+    second.assert_success();
+    assert_eq!(
+        second.get("left"),
+        "1",
+        "{}{}",
+        first.report(),
+        second.report()
+    );
+    let peak = group_peak(&sim.stat(), "leavers");
+    assert!(
+        peak <= QUOTA,
+        "the exited process's memory was still held when the other allocated: {peak}\n{}{}",
+        first.report(),
+        second.report()
+    );
+}
+
+/// A limit is charged what the driver maps for it, in 2 MiB pages: a heap 3 MiB over its default
+/// takes 4 MiB, and is refused with 3 MiB of room, before the driver maps it.
+#[test]
+fn a_limit_is_charged_the_pages_the_driver_maps() {
+    let dir = scratch("heapfit");
+    let sim = sim("overhead-heapfit");
+    for (room, rc) in [("3", "2"), ("4", "0")] {
+        let tenant = format!("heapfit{room}");
+        let run = sim.run_cmd(&mut client(
+            &sim,
+            Deploy::Preload,
+            &dir,
+            &tenant,
+            &["heapfit", room, "11"],
+        ));
+        run.assert_success();
+        assert_eq!(
+            run.get("heap_rc"),
+            rc,
+            "{room} MiB of room\n{}",
+            run.report()
+        );
+        let peak = group_peak(&sim.stat(), &tenant);
+        assert!(
+            peak <= QUOTA,
+            "{room} MiB of room: {peak}\n{}",
+            run.report()
+        );
+    }
+}
+
 /// The `key=value` figures of one step.
 fn step(kv: &BTreeMap<String, String>, step: &str, key: &str) -> u64 {
     let k = format!("{step}_{key}");

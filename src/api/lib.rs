@@ -7,6 +7,7 @@
 //! and lookup, the C stub, tests -- reads it from here.
 
 pub mod entry_points;
+pub mod image;
 pub mod launch_types;
 pub mod nvml;
 pub mod procaddress;

@@ -34,20 +34,20 @@ hooks! {
     fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) => primary_release(dev, true, || real::cuDevicePrimaryCtxReset_v2(dev));
 
     fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char)
-        => module_load(Out::new(module), file_size(fname), || real::cuModuleLoad(module, fname));
+        => module_load(Out::new(module), Image::File(fname), || real::cuModuleLoad(module, fname));
     fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void)
-        => module_load(Out::new(module), image_size(image), || real::cuModuleLoadData(module, image));
+        => module_load(Out::new(module), Image::Memory(image), || real::cuModuleLoadData(module, image));
     fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, num_options: c_uint, options: *mut c_int, values: *mut *mut c_void)
-        => module_load(Out::new(module), image_size(image), || real::cuModuleLoadDataEx(module, image, num_options, options, values));
+        => module_load(Out::new(module), Image::Memory(image), || real::cuModuleLoadDataEx(module, image, num_options, options, values));
     fn cuModuleLoadFatBinary(module: *mut CUmodule, image: *const c_void)
-        => module_load(Out::new(module), image_size(image), || real::cuModuleLoadFatBinary(module, image));
+        => module_load(Out::new(module), Image::Memory(image), || real::cuModuleLoadFatBinary(module, image));
     fn cuModuleUnload(module: CUmodule)
         => unload(Overhead::Module, module as usize, || real::cuModuleUnload(module));
     fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_int, jit_values: *mut *mut c_void, num_jit: c_uint, lib_options: *mut c_int, lib_values: *mut *mut c_void, num_lib: c_uint)
-        => library_load(Out::new(library), image_size(code),
+        => library_load(Out::new(library), Image::Memory(code),
                         || real::cuLibraryLoadData(library, code, jit_options, jit_values, num_jit, lib_options, lib_values, num_lib));
     fn cuLibraryLoadFromFile(library: *mut CUlibrary, fname: *const c_char, jit_options: *mut c_int, jit_values: *mut *mut c_void, num_jit: c_uint, lib_options: *mut c_int, lib_values: *mut *mut c_void, num_lib: c_uint)
-        => library_load(Out::new(library), file_size(fname),
+        => library_load(Out::new(library), Image::File(fname),
                         || real::cuLibraryLoadFromFile(library, fname, jit_options, jit_values, num_jit, lib_options, lib_values, num_lib));
     fn cuLibraryUnload(library: CUlibrary)
         => unload(Overhead::Library, library as usize, || real::cuLibraryUnload(library));
@@ -124,14 +124,18 @@ fn overhead_device(need_context: bool) -> Option<(&'static Tenant, &'static Devi
     }
 }
 
-fn module_load(module: Out<CUmodule>, image: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+fn module_load(module: Out<CUmodule>, image: Image, call: impl FnOnce() -> CUresult) -> CUresult {
     load(Overhead::Module, module, image, call, |m| {
         // SAFETY: the module was just loaded by this call and is not the program's yet.
         let _ = unsafe { driver::real::cuModuleUnload(m) };
     })
 }
 
-fn library_load(library: Out<CUlibrary>, image: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+fn library_load(
+    library: Out<CUlibrary>,
+    image: Image,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     load(Overhead::Library, library, image, call, |l| {
         // SAFETY: the library was just loaded by this call and is not the program's yet.
         let _ = unsafe { driver::real::cuLibraryUnload(l) };
@@ -139,11 +143,13 @@ fn library_load(library: Out<CUlibrary>, image: u64, call: impl FnOnce() -> CUre
 }
 
 /// A module (in the current context, which it goes with) or a library (context-independent: it
-/// goes when unloaded) of `image` bytes, charged what loading it cost the driver.
+/// goes when unloaded) loaded from `image`, charged what loading it cost the driver. What its code
+/// will take on the device, read from the image, is reserved before the driver is asked: a load the
+/// quota has no room for is refused before the driver spends the memory.
 fn load<H>(
     kind: Overhead,
     handle: Out<*mut H>,
-    image: u64,
+    image: Image,
     call: impl FnOnce() -> CUresult,
     unload: impl FnOnce(*mut H),
 ) -> CUresult {
@@ -160,13 +166,16 @@ fn load<H>(
     } else {
         "library load"
     };
+    let (size, code) = image.measure(device.ordinal);
+    let expected = pages(code);
+    let fallback = if code > 0 { expected } else { size };
     let (loaded, charge) = t.charge_measured(
         device,
         what,
         None,
-        image,
+        fallback,
         None,
-        || 0,
+        || expected,
         0,
         || {
             call()?;
@@ -177,6 +186,12 @@ fn load<H>(
     t.record_overhead(kind, loaded as usize, owner, charge);
     t.reconcile_device(device);
     Ok(())
+}
+
+/// `bytes` in the 2 MiB pages a driver maps device memory in.
+fn pages(bytes: u64) -> u64 {
+    const PAGE: u64 = 2 << 20;
+    bytes.div_ceil(PAGE).saturating_mul(PAGE)
 }
 
 fn unload(kind: Overhead, handle: usize, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -212,11 +227,13 @@ fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUr
     // default is the limit's, so a limit lowered below its default and raised again is not charged
     // twice for the default's part.
     let beyond = |v: usize| {
-        limit_bytes(device.ordinal, limit, v).saturating_sub(limit_bytes(
-            device.ordinal,
-            limit,
-            limit_default(limit),
-        ))
+        pages(
+            limit_bytes(device.ordinal, limit, v).saturating_sub(limit_bytes(
+                device.ordinal,
+                limit,
+                limit_default(limit),
+            )),
+        )
     };
     let estimate = i128::from(beyond(value)) - i128::from(beyond(old));
     let ((), charge) = t.charge_measured(
@@ -275,47 +292,103 @@ fn limit_default(limit: c_int) -> usize {
     }
 }
 
-/// The size of a module file (what its code takes at most, when nothing can be measured).
-fn file_size(fname: *const c_char) -> u64 {
+/// A module image as the driver API takes it: in memory, or a file's path.
+#[derive(Clone, Copy)]
+enum Image {
+    Memory(*const c_void),
+    File(*const c_char),
+}
+
+/// Most bytes of an in-memory image read to estimate its cost (headers claiming more are not
+/// believed: the image is then only measured).
+const MAX_IMAGE: u64 = 1 << 32;
+
+impl Image {
+    /// The image's size and what its code takes on device `ordinal` ([`gpuslice_api::image`]),
+    /// 0 and 0 when it cannot be read.
+    fn measure(self, ordinal: CUdevice) -> (u64, u64) {
+        let bytes = match self {
+            Image::File(path) => read_file(path),
+            Image::Memory(p) => read_image(p.cast()),
+        };
+        let Some(bytes) = bytes else {
+            return (0, 0);
+        };
+        let attribute = |a: c_int| {
+            let mut v: c_int = 0;
+            // SAFETY: `v` is a valid out-parameter.
+            let ok = unsafe { driver::real::cuDeviceGetAttribute(&mut v, a, ordinal) }.is_ok();
+            u32::try_from(v).ok().filter(|_| ok)
+        };
+        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR.
+        let code = match (attribute(75), attribute(76)) {
+            (Some(major), Some(minor)) => gpuslice_api::image::device_bytes(&bytes, major, minor),
+            _ => 0,
+        };
+        (bytes.len() as u64, code)
+    }
+}
+
+fn read_file(fname: *const c_char) -> Option<Vec<u8>> {
     if fname.is_null() {
-        return 0;
+        return None;
     }
     // SAFETY: the driver API requires a NUL-terminated path.
     let path = unsafe { CStr::from_ptr(fname) };
-    std::fs::metadata(
-        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()),
-    )
-    .map_or(0, |m| m.len())
+    std::fs::read(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()))
+        .ok()
 }
 
-/// The size of an in-memory image as its headers give it: an ELF cubin (section headers' end), a
-/// fatbinary (header + payload), or NUL-terminated PTX.
-fn image_size(image: *const c_void) -> u64 {
-    if image.is_null() {
-        return 0;
+/// A copy of the in-memory image at `p`: as far as its headers say (an ELF cubin, a fatbinary, the
+/// compiler's wrapper around one followed), else NUL-terminated PTX. Headers are copied with
+/// `process_vm_readv`, which fails instead of faulting: a damaged header makes the driver refuse
+/// the image, never this library crash the program.
+fn read_image(p: *const u8) -> Option<Vec<u8>> {
+    if p.is_null() {
+        return None;
     }
-    let p = image.cast::<u8>();
-    // SAFETY: the driver API requires a valid image: ELF and fatbinary headers are at least 64 and
-    // 16 bytes, recognised by 4 leading non-zero bytes; anything else is NUL-terminated text.
-    unsafe {
-        let lead = (0..4).take_while(|&i| *p.add(i) != 0).count();
-        if lead == 4 {
-            let word = |at: usize, n: usize| -> u64 {
-                (0..n).fold(0u64, |acc, i| acc | (u64::from(*p.add(at + i)) << (8 * i)))
-            };
-            if word(0, 4) == 0x464c_457f {
-                let sections = word(0x28, 8).saturating_add(word(0x3a, 2) * word(0x3c, 2));
-                let programs = word(0x20, 8).saturating_add(word(0x36, 2) * word(0x38, 2));
-                return sections.max(programs);
-            }
-            if word(0, 4) == 0xBA55_ED50 {
-                return word(6, 2).saturating_add(word(8, 8));
-            }
-            // The compiler's fatbinary wrapper { magic, version, data, filename }: its data.
-            if word(0, 4) == 0x4662_43B1 {
-                return image_size(word(8, 8) as usize as *const c_void);
-            }
+    let head = copy_own_memory(p, 64).or_else(|| copy_own_memory(p, 16))?;
+    let word = u32::from_le_bytes(head.get(..4)?.try_into().ok()?);
+    if word == gpuslice_api::image::FATBIN_WRAPPER_MAGIC {
+        let data = usize::from_le_bytes(head.get(8..16)?.try_into().ok()?);
+        return read_image(data as *const u8);
+    }
+    match gpuslice_api::image::extent(&head) {
+        Some(n) if n <= MAX_IMAGE => copy_own_memory(p, usize::try_from(n).ok()?),
+        Some(_) => None,
+        // SAFETY: anything else is PTX, which the driver API requires to be NUL-terminated.
+        None => Some(unsafe { CStr::from_ptr(p.cast()) }.to_bytes().to_vec()),
+    }
+}
+
+/// `n` bytes at `p` in this process's memory, or `None` where they are not all mapped (or memory
+/// for the copy is short). Where a seccomp profile forbids `process_vm_readv`, the bytes are read
+/// directly, as the driver itself will: the driver API requires `p` to be a valid image.
+fn copy_own_memory(p: *const u8, n: usize) -> Option<Vec<u8>> {
+    let mut out: Vec<u8> = Vec::new();
+    out.try_reserve_exact(n).ok()?;
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: n,
+    };
+    let remote = libc::iovec {
+        iov_base: p as *mut c_void,
+        iov_len: n,
+    };
+    // SAFETY: `local` is `n` bytes of `out`'s reserved capacity; the kernel checks `remote`.
+    let copied = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if copied < 0 {
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        if errno == Some(libc::EPERM) || errno == Some(libc::ENOSYS) {
+            // SAFETY: per the driver API, the image's headers say how far it extends.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+            return Some(out);
         }
-        CStr::from_ptr(p.cast()).to_bytes().len() as u64
     }
+    if usize::try_from(copied).ok()? != n {
+        return None;
+    }
+    // SAFETY: the kernel wrote all `n` bytes.
+    unsafe { out.set_len(n) };
+    Some(out)
 }

@@ -22,6 +22,20 @@
  *                                           `captured`), launched; views
  *   second                                  alloc 256 MiB, then a context on device 1 too; ready=1,
  *                                           wait for EOF
+ *   modules ROOM_MIB FILE...                context, the quota filled but ROOM_MIB; then each image
+ *                                           FILE loaded from memory (cuModuleLoadData), from the file
+ *                                           (cuModuleLoad) and as a library (cuLibraryLoadData), each
+ *                                           unloaded when loaded: loadN_data_rc, loadN_file_rc,
+ *                                           loadN_library_rc; views after each as loadN
+ *   mix SEED STEPS KINDS                    the primary context, then STEPS random steps (seeded) of
+ *                                           the KINDS given by digits: 0-3 allocate 1-16 MiB, 4-5
+ *                                           free one, 6 load a 1-20 MiB PTX module, 7 unload one,
+ *                                           8 set the malloc heap, 9 the stack size; exits holding
+ *                                           what it holds; refused=N
+ *   heapfit ROOM_MIB HEAP_MIB               context, the quota filled but ROOM_MIB; the malloc heap
+ *                                           set to HEAP_MIB: heap_rc
+ *   leave MIB [wait]                        context (with `wait`: ready=1, then wait for a line),
+ *                                           MIB allocated, exit without freeing
  *   peerpool                                primary contexts on devices 0 and 1, device 0's current;
  *                                           64 MiB blocks from a pool created on device 1 until
  *                                           refused (at most 32), then one from device 1's default
@@ -135,6 +149,16 @@ static unsigned long long fill(void) {
     return total;
 }
 
+/* Fills the quota in 2 MiB chunks, then gives back exactly `mib` MiB of room. */
+static void leave_room(unsigned long long mib) {
+    static CUdeviceptr chunks[1 << 14];
+    int n = 0;
+    while (n < (int)(sizeof chunks / sizeof *chunks) && cuMemAlloc(&chunks[n], 2 * MIB) == CUDA_SUCCESS) n++;
+    for (unsigned long long freed = 0; freed < mib && n > 0; freed += 2) CHECK(cuMemFree(chunks[--n]));
+    CUdeviceptr odd;
+    if (mib % 2) CHECK(cuMemAlloc(&odd, MIB));
+}
+
 /* A PTX module of `mib` MiB: a kernel, padded with a comment. */
 static char *ptx_of(unsigned long long mib) {
     const char *head = ".version 7.0\n.target sm_80\n.address_size 64\n"
@@ -216,6 +240,48 @@ int main(int argc, char **argv) {
         while (fgets(line, sizeof line, stdin)) {}
         return 0;
     }
+    if (strcmp(mode, "mix") == 0 && argc > 4) {
+        srand((unsigned)atoi(argv[2]));
+        int steps = atoi(argv[3]);
+        const char *kinds = argv[4];
+        CUcontext primary;
+        if (cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS) {
+            printf("context_refused=1\n");
+            return 0;
+        }
+        CHECK(cuCtxSetCurrent(primary));
+        static CUdeviceptr held[4096];
+        CUmodule mods[8];
+        int n = 0, loaded = 0, refused = 0;
+        for (int i = 0; i < steps; i++) {
+            int op = rand() % 10;
+            CUresult rc = CUDA_SUCCESS;
+            if (!strchr(kinds, '0' + op)) continue;
+            if (op < 4 && n < 4096) {
+                rc = cuMemAlloc(&held[n], (size_t)(1 + rand() % 16) * MIB);
+                if (rc == CUDA_SUCCESS) n++;
+            } else if (op < 6 && n > 0) {
+                int k = rand() % n;
+                CHECK(cuMemFree(held[k]));
+                held[k] = held[--n];
+            } else if (op == 6 && loaded < 8) {
+                char *ptx = ptx_of(1 + (unsigned long long)(rand() % 20));
+                rc = cuModuleLoadData(&mods[loaded], ptx);
+                free(ptx);
+                if (rc == CUDA_SUCCESS) loaded++;
+            } else if (op == 7 && loaded > 0) {
+                CHECK(cuModuleUnload(mods[--loaded]));
+            } else if (op == 8) {
+                rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(8 + rand() % 64) * MIB);
+            } else if (op == 9) {
+                rc = cuCtxSetLimit(CU_LIMIT_STACK_SIZE, (size_t)(1024 + (rand() % 3) * 256));
+            }
+            if (rc == CUDA_ERROR_OUT_OF_MEMORY) refused++;
+            else CHECK(rc);
+        }
+        printf("refused=%d\n", refused);
+        return 0;
+    }
     CHECK(cuCtxCreate(&ctx, 0, dev));
     printf("pid=%d\n", (int)getpid());
     if (strcmp(mode, "vmmsizes") == 0) {
@@ -273,6 +339,47 @@ int main(int argc, char **argv) {
         views("s8");
         printf("fill_bytes=%llu\n", fill());
         views("s9");
+    } else if (strcmp(mode, "modules") == 0 && argc > 3) {
+        leave_room(strtoull(argv[2], 0, 10));
+        for (int a = 3; a < argc; a++) {
+            FILE *f = fopen(argv[a], "rb");
+            if (!f) { fprintf(stderr, "cannot open %s\n", argv[a]); return 1; }
+            fseek(f, 0, SEEK_END);
+            long size = ftell(f);
+            fseek(f, 0, SEEK_SET);
+            char *image = calloc(1, (size_t)size + 1);
+            if (fread(image, 1, (size_t)size, f) != (size_t)size) return 1;
+            fclose(f);
+            CUmodule mod;
+            CUlibrary lib;
+            CUresult rc = cuModuleLoadData(&mod, image);
+            printf("load%d_data_rc=%d\n", a - 3, (int)rc);
+            if (rc == CUDA_SUCCESS) CHECK(cuModuleUnload(mod));
+            rc = cuModuleLoad(&mod, argv[a]);
+            printf("load%d_file_rc=%d\n", a - 3, (int)rc);
+            if (rc == CUDA_SUCCESS) CHECK(cuModuleUnload(mod));
+            rc = cuLibraryLoadData(&lib, image, 0, 0, 0, 0, 0, 0);
+            printf("load%d_library_rc=%d\n", a - 3, (int)rc);
+            if (rc == CUDA_SUCCESS) CHECK(cuLibraryUnload(lib));
+            free(image);
+            char step[32];
+            snprintf(step, sizeof step, "load%d", a - 3);
+            views(step);
+        }
+    } else if (strcmp(mode, "heapfit") == 0 && argc > 3) {
+        leave_room(strtoull(argv[2], 0, 10));
+        CUresult rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(strtoull(argv[3], 0, 10) * MIB));
+        printf("heap_rc=%d\n", (int)rc);
+    } else if (strcmp(mode, "leave") == 0 && argc > 2) {
+        if (argc > 3) {
+            char line[64];
+            printf("ready=1\n");
+            fflush(stdout);
+            if (!fgets(line, sizeof line, stdin)) return 0;
+        }
+        CUdeviceptr p;
+        CHECK(cuMemAlloc(&p, (size_t)(strtoull(argv[2], 0, 10) * MIB)));
+        printf("left=1\n");
     } else if (strcmp(mode, "hold") == 0) {
         char line[64];
         if (argc > 4) {

@@ -33,8 +33,9 @@ pub struct Config {
     pub kernel_ns: u64,
     /// `SIMGPU_GROUP`: label for per-group figures; default "".
     pub group: String,
-    /// `SIMGPU_MODULE_SCALE`: device memory a loaded module's code takes, as a multiple of its
-    /// image's size (rounded up to 2 MiB); default 1, 0 makes modules free.
+    /// `SIMGPU_MODULE_SCALE`: device memory a loaded module's code takes, as a multiple of what
+    /// its image puts on the device (`gpuslice_api::image::device_bytes`, rounded up to 2 MiB);
+    /// default 1, 0 makes modules free.
     pub module_scale: u64,
     /// `SIMGPU_POOL_ATTRIBUTES_ZERO=1`: memory pools answer 0 for their reserved and used sizes (a
     /// driver whose answers cannot be trusted).

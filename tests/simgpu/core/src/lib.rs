@@ -49,7 +49,22 @@ pub fn attach() -> Result<&'static Shared, String> {
 pub fn shared() -> Result<&'static Shared, String> {
     let s = attach()?;
     s.register()?;
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain `extern "C"` function with no arguments (inherited by forked
+    // children, where it releases the child's own memory).
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(release_at_exit);
+    });
     Ok(s)
+}
+
+/// A driver frees a process's device memory as the process ends (its device files close), before
+/// anything else can see the process gone: at a normal exit, simgpu does the same. (A killed
+/// process's memory goes at the next sweep.)
+extern "C" fn release_at_exit() {
+    if let Ok(s) = attach() {
+        s.release_process_memory();
+    }
 }
 
 /// All devices of the state (its creator decided their number and memory; this process's

@@ -534,6 +534,17 @@ impl Shared {
         sub_saturating(&dev.used, bytes);
     }
 
+    /// Returns everything this process holds on every device (it is exiting).
+    pub fn release_process_memory(&self) {
+        let Some(s) = self.slot() else {
+            return;
+        };
+        for device in 0..self.devices {
+            let held = self.st().slots[s].usage[device as usize].used.load(Acquire);
+            self.release(device, held);
+        }
+    }
+
     pub fn device_used(&self, device: u32) -> u64 {
         self.device(device).map_or(0, |d| d.used.load(Acquire))
     }

@@ -1,16 +1,16 @@
-//! What simgpu reads from a module image without running it: its size (what the loaded code costs
-//! on the device) and each kernel's parameter layout (`cuFuncGetParamInfo`/`cuKernelGetParamInfo`).
+//! What simgpu reads from a module image without running it: its bytes (what the loaded code costs
+//! on the device is `gpuslice_api::image::device_bytes` of them) and each kernel's parameter layout
+//! (`cuFuncGetParamInfo`/`cuKernelGetParamInfo`).
 //!
-//! Images come as a real driver takes them: an ELF cubin (the size from its headers), a fatbinary
-//! (`0xBA55ED50` header: header size + payload size), the fatbinary wrapper a compiler emits
-//! (`0x466243B1`, pointing at the fatbinary), or NUL-terminated PTX text. Parameter layouts come from
+//! Images come as a real driver takes them: an ELF cubin or a fatbinary (as far as their headers
+//! say, `gpuslice_api::image::extent`), the fatbinary wrapper a compiler emits (pointing at the
+//! fatbinary), or NUL-terminated PTX text. Parameter layouts come from
 //! PTX `.entry` declarations, and from a cubin's `.nv.info.<kernel>` `EIATTR_KPARAM_INFO` records.
 
+use gpuslice_api::image::{u16_at, u32_at};
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43B1;
 /// Most bytes simgpu believes an image header claims (a garbage header must not make it read GiBs).
 const MAX_IMAGE: u64 = 1 << 32;
 
@@ -40,20 +40,6 @@ unsafe fn leading_nonzero(p: *const u8, max: usize) -> usize {
     n
 }
 
-fn u16_at(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 2)
-        .map_or(0, |s| u64::from(u16::from_le_bytes([s[0], s[1]])))
-}
-fn u32_at(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 4).map_or(0, |s| {
-        u64::from(u32::from_le_bytes(s.try_into().unwrap_or_default()))
-    })
-}
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 8)
-        .map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or_default()))
-}
-
 /// Reads the image at `p` as a real driver would find its extent.
 ///
 /// # Safety
@@ -67,33 +53,23 @@ pub unsafe fn from_pointer(p: *const c_void) -> Image {
         // SAFETY: four non-zero bytes were just read.
         let head = unsafe { read(p, 4) };
         let magic = u32_at(&head, 0) as u32;
-        if head == b"\x7fELF" {
-            // SAFETY: an ELF file starts with its 64-byte header.
-            let h = unsafe { read(p, 64) };
-            let sections = u64_at(&h, 0x28).saturating_add(u16_at(&h, 0x3a) * u16_at(&h, 0x3c));
-            let programs = u64_at(&h, 0x20).saturating_add(u16_at(&h, 0x36) * u16_at(&h, 0x38));
-            let size = sections.max(programs).clamp(64, MAX_IMAGE) as usize;
-            // SAFETY: the ELF headers say the file extends this far.
-            let bytes = unsafe { read(p, size) };
-            return Image { bytes };
-        }
-        if magic == FATBIN_MAGIC {
-            // SAFETY: a fatbinary starts with its 16-byte header.
-            let h = unsafe { read(p, 16) };
-            let size = u16_at(&h, 6)
-                .saturating_add(u64_at(&h, 8))
-                .clamp(16, MAX_IMAGE);
-            // SAFETY: the header says the fatbinary extends this far.
-            let bytes = unsafe { read(p, size as usize) };
-            return Image { bytes };
-        }
-        if magic == FATBIN_WRAPPER_MAGIC {
+        if magic == gpuslice_api::image::FATBIN_WRAPPER_MAGIC {
             // SAFETY: the wrapper is { int magic; int version; const void *data; void *filename }.
             let data = unsafe { p.add(8).cast::<*const c_void>().read_unaligned() };
             if !data.is_null() {
                 // SAFETY: the wrapper points at the fatbinary it wraps.
                 return unsafe { from_pointer(data) };
             }
+        } else if head == b"\x7fELF" || magic == gpuslice_api::image::FATBIN_MAGIC {
+            // SAFETY: an ELF file starts with its 64-byte header; a fatbinary with its 16-byte
+            // header and a 64-byte entry header.
+            let h = unsafe { read(p, 64) };
+            let size = gpuslice_api::image::extent(&h)
+                .unwrap_or(64)
+                .clamp(64, MAX_IMAGE) as usize;
+            // SAFETY: the headers say the image extends this far.
+            let bytes = unsafe { read(p, size) };
+            return Image { bytes };
         }
     }
     // PTX (or anything else): text up to its NUL.
@@ -175,37 +151,15 @@ fn ptx_param_size(decl: &str) -> (usize, usize) {
 /// offset (u16), and a word whose bits 18..32 hold the size.
 fn cubin_layouts(elf: &[u8]) -> ParamLayouts {
     let mut out = ParamLayouts::new();
-    let shoff = u64_at(elf, 0x28) as usize;
-    let shentsize = u16_at(elf, 0x3a) as usize;
-    let shnum = u16_at(elf, 0x3c) as usize;
-    let shstrndx = u16_at(elf, 0x3e) as usize;
-    let section = |i: usize| -> Option<(u64, usize, usize)> {
-        let h = elf.get(shoff + i * shentsize..shoff + (i + 1) * shentsize)?;
-        Some((
-            u32_at(h, 0),
-            u64_at(h, 0x18) as usize,
-            u64_at(h, 0x20) as usize,
-        ))
-    };
-    let Some((_, str_off, str_size)) = section(shstrndx) else {
-        return out;
-    };
-    let Some(names) = elf.get(str_off..str_off.saturating_add(str_size)) else {
-        return out;
-    };
-    for i in 0..shnum {
-        let Some((name_at, off, size)) = section(i) else {
-            continue;
-        };
-        let name = names
-            .get(name_at as usize..)
-            .and_then(|n| n.split(|b| *b == 0).next())
+    for section in gpuslice_api::image::sections(elf) {
+        let Some(kernel) = section
+            .name
+            .strip_prefix(b".nv.info.")
             .and_then(|n| std::str::from_utf8(n).ok())
-            .unwrap_or("");
-        let Some(kernel) = name.strip_prefix(".nv.info.") else {
+        else {
             continue;
         };
-        let Some(data) = elf.get(off..off.saturating_add(size)) else {
+        let Some(data) = section.data else {
             continue;
         };
         let mut params = Vec::new();

@@ -3,10 +3,14 @@
 //! kernel behaves (see `launch.rs`). A `CUkernel` is the same object as the `CUfunction` of its
 //! library's module, so either handle works wherever the real driver accepts both.
 //!
-//! A loaded module's code takes device memory as on a GPU: its image's size times
-//! `SIMGPU_MODULE_SCALE`, in 2 MiB pages, on the device of the context it was loaded in (a library,
-//! which needs no context, on the current context's device, else device 0), until it is unloaded or
-//! its context destroyed. Loading is eager (`CUDA_MODULE_LOADING=LAZY` is not modelled).
+//! A loaded module's code takes device memory as on a GPU: what the piece of the image a driver
+//! loads on the device puts there (`gpuslice_api::image`: a cubin's allocated sections but shared
+//! memory, the matching cubin of a fatbinary, else its PTX compiled, taken to be the text's size)
+//! times `SIMGPU_MODULE_SCALE`, in 2 MiB pages, on the device of the context it was loaded in (a
+//! library, which needs no context, on the current context's device, else device 0), until it is
+//! unloaded or its context destroyed. Loading is eager (`CUDA_MODULE_LOADING=LAZY` is not modelled),
+//! and a cubin's or fatbinary's architecture is not checked: an image with nothing the device can
+//! run loads, costing nothing, where a driver answers `CUDA_ERROR_NO_BINARY_FOR_GPU`.
 
 use crate::stream::lock;
 use gpuslice_api::launch_types::*;
@@ -126,7 +130,13 @@ fn new_module(image: &crate::image::Image, library: bool) -> Result<Arc<Module>,
         (Err(e), false) => return Err(*e),
         (Err(_), true) => (crate::device::physical(0)?, 0),
     };
-    let charge = (image.bytes.len() as u64)
+    let (major, minor) = crate::device::info(device).compute_capability;
+    let code = gpuslice_api::image::device_bytes(
+        &image.bytes,
+        u32::try_from(major).unwrap_or(0),
+        u32::try_from(minor).unwrap_or(0),
+    );
+    let charge = code
         .saturating_mul(simgpu_core::config().module_scale)
         .div_ceil(crate::context::GRANULE)
         .saturating_mul(crate::context::GRANULE);
