@@ -615,39 +615,52 @@ fn a_module_without_room_is_refused_before_the_driver_loads_it() {
     std::fs::write(&big_fatbin, fatbin_with_ptx_for_a_newer_device(24)).unwrap();
     let cubin = fixture("kernel.sm_80.cubin");
     // 10 MiB of room: the 20 MiB PTX does not fit, the fatbinary's sm_90 cubin (one 2 MiB page)
-    // does; then no room at all: the sm_80 cubin's page (its 256 KiB global) does not fit.
-    let loads = |room: &str, images: &[&Path]| {
-        let mut args = vec!["modules", room];
-        args.extend(images.iter().map(|p| p.to_str().unwrap()));
-        let run = sim.run_cmd(&mut client(&sim, Deploy::Preload, &dir, "mods", &args));
-        run.assert_success();
-        run
-    };
-    let run = loads("10", &[&big_ptx, &big_fatbin]);
-    let expect = |run: &Run, load: usize, rc: &str| {
-        for path in ["data", "file", "library"] {
-            assert_eq!(
-                run.get(&format!("load{load}_{path}_rc")),
-                rc,
-                "image {load} loaded from {path}\n{}",
+    // does; then no room at all: the sm_80 cubin's page (its 256 KiB global) does not fit. A driver
+    // loading eagerly spends it all at the load; lazily, at the kernel's lookup.
+    for mode in ["EAGER", "LAZY"] {
+        let loads = |room: &str, images: &[&Path]| {
+            let mut args = vec!["modules", room];
+            args.extend(images.iter().map(|p| p.to_str().unwrap()));
+            let mut cmd = client(&sim, Deploy::Preload, &dir, "mods", &args);
+            let run = sim.run_cmd(cmd.env("CUDA_MODULE_LOADING", mode));
+            run.assert_success();
+            run
+        };
+        let expect = |run: &Run, load: usize, fits: bool| {
+            for path in ["data", "file", "library"] {
+                let (load_rc, lookup_rc) = match (fits, mode) {
+                    (true, _) => ("0", Some("0")),
+                    (false, "EAGER") => ("2", None),
+                    (false, _) => ("0", Some("2")),
+                };
+                let key = format!("load{load}_{path}");
+                assert_eq!(
+                    run.get(&format!("{key}_rc")),
+                    load_rc,
+                    "{mode} {key}\n{}",
+                    run.report()
+                );
+                assert_eq!(
+                    run.kv()
+                        .get(&format!("{key}_lookup_rc"))
+                        .map(String::as_str),
+                    lookup_rc,
+                    "{mode} {key}\n{}",
+                    run.report()
+                );
+            }
+            assert!(
+                group_peak(&sim.stat(), "mods") <= QUOTA,
+                "{mode}: the driver was let load code the quota had no room for\n{}",
                 run.report()
             );
-        }
-    };
-    expect(&run, 0, "2");
-    expect(&run, 1, "0");
-    assert!(
-        group_peak(&sim.stat(), "mods") <= QUOTA,
-        "the driver was let load a module the quota had no room for\n{}",
-        run.report()
-    );
-    let run = loads("0", &[&cubin]);
-    expect(&run, 0, "2");
-    assert!(
-        group_peak(&sim.stat(), "mods") <= QUOTA,
-        "the driver was let load a cubin the quota had no room for\n{}",
-        run.report()
-    );
+        };
+        let run = loads("10", &[&big_ptx, &big_fatbin]);
+        expect(&run, 0, false);
+        expect(&run, 1, true);
+        let run = loads("0", &[&cubin]);
+        expect(&run, 0, false);
+    }
 }
 
 /// Processes of one tenant coming and going while the others allocate, load modules and change

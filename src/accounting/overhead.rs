@@ -42,6 +42,23 @@ pub(super) struct OverheadRecord {
     pub ctx: usize,
 }
 
+/// A module or library the driver loads lazily (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA
+/// 12.2): its code goes to the device at lookups, each charged as it loads (see
+/// [`Tenant::lazy_code_expected`]).
+pub struct LazyCode {
+    code: gpuslice_api::image::Code,
+    data: bool,
+    /// By index into `code.kernels`.
+    kernels: Vec<bool>,
+    bytes: u64,
+}
+
+/// `bytes` in the 2 MiB pages a driver maps device memory in.
+pub fn driver_pages(bytes: u64) -> u64 {
+    const PAGE: u64 = 2 << 20;
+    bytes.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
 /// Per-process reconciliation state.
 #[derive(Default)]
 pub(super) struct State {
@@ -419,6 +436,64 @@ impl Tenant {
             .insert((kind as u8, handle), OverheadRecord { charge, ctx });
     }
 
+    /// Remembers what a module or library loaded lazily will load at its lookups.
+    pub fn record_lazy_code(&self, kind: Overhead, handle: usize, code: gpuslice_api::image::Code) {
+        let kernels = vec![false; code.kernels.len()];
+        self.records.lock().lazy_code.insert(
+            (kind as u8, handle),
+            LazyCode {
+                code,
+                data: false,
+                kernels,
+                bytes: 0,
+            },
+        );
+    }
+
+    /// What looking up `kernel` in a lazily loaded module or library will make the driver load (the
+    /// module's data on its first lookup, the kernel's code), in the pages it adds: `None` when it
+    /// loads nothing new, or nothing that needs another page (then it is marked loaded).
+    pub fn lazy_code_expected(&self, kind: Overhead, handle: usize, kernel: &[u8]) -> Option<u64> {
+        let mut records = self.records.lock();
+        let lazy = records.lazy_code.get_mut(&(kind as u8, handle))?;
+        let (bytes, _) = lazy.after_lookup(kernel);
+        let more = driver_pages(bytes).saturating_sub(driver_pages(lazy.bytes));
+        if bytes == lazy.bytes {
+            return None;
+        }
+        if more == 0 {
+            lazy.mark_loaded(kernel);
+            return None;
+        }
+        Some(more)
+    }
+
+    /// A lookup of `kernel` loaded what [`Tenant::lazy_code_expected`] expected, charged `charge`:
+    /// the object's charge grows by it.
+    pub fn lazy_code_loaded(&self, kind: Overhead, handle: usize, kernel: &[u8], charge: Charge) {
+        let mut records = self.records.lock();
+        if let Some(lazy) = records.lazy_code.get_mut(&(kind as u8, handle)) {
+            lazy.mark_loaded(kernel);
+        }
+        match records.overhead.get_mut(&(kind as u8, handle)) {
+            Some(o) if o.charge.device == charge.device => {
+                o.charge.bytes = o.charge.bytes.saturating_add(charge.bytes);
+            }
+            Some(_) => {
+                drop(records);
+                // A lookup on another device than the load's (a library's kernel in another
+                // context): given back at once rather than recorded against the wrong device;
+                // reconciliation charges what the driver holds there.
+                self.release(charge);
+            }
+            None => {
+                records
+                    .overhead
+                    .insert((kind as u8, handle), OverheadRecord { charge, ctx: 0 });
+            }
+        }
+    }
+
     /// What an object is charged now (0: nothing).
     pub fn overhead_of(&self, kind: Overhead, handle: usize) -> u64 {
         self.records
@@ -430,7 +505,10 @@ impl Tenant {
 
     /// Returns an object's driver memory (unloaded).
     pub fn forget_overhead(&self, kind: Overhead, handle: usize) {
-        let old = self.records.lock().overhead.remove(&(kind as u8, handle));
+        let mut records = self.records.lock();
+        records.lazy_code.remove(&(kind as u8, handle));
+        let old = records.overhead.remove(&(kind as u8, handle));
+        drop(records);
         if let Some(old) = old {
             self.release(old.charge);
         }
@@ -445,6 +523,9 @@ impl Tenant {
             .filter(|(k, o)| o.ctx == ctx || (k.0 == Overhead::Limits as u8 && k.1 == ctx))
             .map(|(k, _)| *k)
             .collect();
+        for k in &owned {
+            r.lazy_code.remove(k);
+        }
         let charges: Vec<Charge> = owned
             .iter()
             .filter_map(|k| r.overhead.remove(k))
@@ -487,6 +568,30 @@ impl Tenant {
     pub fn reconcile_all(&self) {
         for device in self.known_devices() {
             self.reconcile_device(device);
+        }
+    }
+}
+
+impl LazyCode {
+    /// The bytes loaded once `kernel` is looked up, and the index of its code (if listed).
+    fn after_lookup(&self, kernel: &[u8]) -> (u64, Option<usize>) {
+        let mut bytes = self.bytes;
+        if !self.data {
+            bytes = bytes.saturating_add(self.code.data);
+        }
+        let index = self.code.kernels.iter().position(|(n, _)| n == kernel);
+        if let Some(i) = index.filter(|&i| !self.kernels.get(i).copied().unwrap_or(true)) {
+            bytes = bytes.saturating_add(self.code.kernels[i].1);
+        }
+        (bytes, index)
+    }
+
+    fn mark_loaded(&mut self, kernel: &[u8]) {
+        let (bytes, index) = self.after_lookup(kernel);
+        self.bytes = bytes;
+        self.data = true;
+        if let Some(loaded) = index.and_then(|i| self.kernels.get_mut(i)) {
+            *loaded = true;
         }
     }
 }

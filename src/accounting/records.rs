@@ -173,6 +173,8 @@ pub(super) struct Records {
     pub primary: KeyMap<CUdevice, (u32, Charge, usize)>,
     /// Module, library and context limits -> the driver memory they took.
     pub overhead: KeyMap<(u8, usize), OverheadRecord>,
+    /// Module and library loaded lazily -> what of its code is on the device.
+    pub lazy_code: KeyMap<(u8, usize), super::overhead::LazyCode>,
 }
 
 impl Tenant {

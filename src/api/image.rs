@@ -61,17 +61,53 @@ pub fn extent(head: &[u8]) -> Option<u64> {
     None
 }
 
+/// What the piece of an image a driver loads puts on the device, split as a driver that loads
+/// lazily (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA 12.2) spends it: the module's data
+/// (constant banks, globals) at the first use of the module, each kernel's code (its `.text` and
+/// parameter bank) at the kernel's first lookup. Compiled PTX and compressed entries, whose
+/// kernels cannot be told apart here, are all data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Code {
+    pub data: u64,
+    /// Kernel (mangled) name and its bytes.
+    pub kernels: Vec<(Vec<u8>, u64)>,
+}
+
+impl Code {
+    pub fn total(&self) -> u64 {
+        self.kernels
+            .iter()
+            .fold(self.data, |sum, (_, b)| sum.saturating_add(*b))
+    }
+
+    /// Bytes of kernel `name` (0 for a name it does not list).
+    pub fn kernel(&self, name: &[u8]) -> u64 {
+        self.kernels
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, b)| *b)
+    }
+}
+
 /// Device memory the code in `image` takes once loaded on a device of compute capability
 /// `major.minor` (see the module's description). `image` is the whole image (a wrapper already
 /// followed); 0 when nothing in it can run on the device.
 pub fn device_bytes(image: &[u8], major: u32, minor: u32) -> u64 {
+    device_code(image, major, minor).total()
+}
+
+/// [`device_bytes`], split into the module's data and each kernel's code ([`Code`]).
+pub fn device_code(image: &[u8], major: u32, minor: u32) -> Code {
     if image.starts_with(b"\x7fELF") {
-        return elf_allocated(image);
+        return elf_code(image);
     }
     if u32_at(image, 0) == u64::from(FATBIN_MAGIC) {
-        return fatbin_device_bytes(image, major, minor);
+        return fatbin_code(image, major, minor);
     }
-    text_len(image)
+    Code {
+        data: text_len(image),
+        kernels: Vec::new(),
+    }
 }
 
 /// PTX text's length: up to its NUL, or the whole slice.
@@ -123,13 +159,28 @@ pub fn sections(elf: &[u8]) -> impl Iterator<Item = Section<'_>> {
     })
 }
 
-/// The sum of an ELF64 cubin's allocated sections but shared memory's (`.nv.shared.*`,
-/// `.nv.reservedSmem*`).
-fn elf_allocated(elf: &[u8]) -> u64 {
-    sections(elf)
+/// An ELF64 cubin's allocated sections but shared memory's (`.nv.shared.*`, `.nv.reservedSmem*`):
+/// a kernel's `.text.<name>` and `.nv.constant0.<name>` (its parameter bank) are its code, the rest
+/// the module's data.
+fn elf_code(elf: &[u8]) -> Code {
+    let mut code = Code::default();
+    let loaded = sections(elf)
         .filter(|s| s.flags & SHF_ALLOC != 0)
-        .filter(|s| !s.name.starts_with(b".nv.shared") && !s.name.starts_with(b".nv.reservedSmem"))
-        .fold(0u64, |sum, s| sum.saturating_add(s.size))
+        .filter(|s| !s.name.starts_with(b".nv.shared") && !s.name.starts_with(b".nv.reservedSmem"));
+    for s in loaded {
+        let kernel = s
+            .name
+            .strip_prefix(b".text.")
+            .or_else(|| s.name.strip_prefix(b".nv.constant0."));
+        match kernel {
+            Some(name) => match code.kernels.iter_mut().find(|(n, _)| n == name) {
+                Some((_, bytes)) => *bytes = bytes.saturating_add(s.size),
+                None => code.kernels.push((name.to_vec(), s.size)),
+            },
+            None => code.data = code.data.saturating_add(s.size),
+        }
+    }
+    code
 }
 
 /// One fatbinary entry: kind, compute capability (major * 10 + minor), and what it takes once
@@ -137,7 +188,7 @@ fn elf_allocated(elf: &[u8]) -> u64 {
 struct Entry {
     kind: u16,
     arch: u64,
-    bytes: u64,
+    code: Code,
 }
 
 fn fatbin_entries(fatbin: &[u8]) -> impl Iterator<Item = Entry> + '_ {
@@ -154,22 +205,28 @@ fn fatbin_entries(fatbin: &[u8]) -> impl Iterator<Item = Entry> + '_ {
         let payload = &h[header..h.len().min(header.saturating_add(size))];
         let compressed = u64_at(h, 40) & FLAG_COMPRESSED != 0;
         let kind = u16_at(h, 0) as u16;
-        let bytes = match (kind, compressed) {
-            (KIND_ELF, false) => elf_allocated(payload),
-            (KIND_PTX, false) => text_len(payload),
-            _ => u64_at(h, 56),
+        let code = match (kind, compressed) {
+            (KIND_ELF, false) => elf_code(payload),
+            (KIND_PTX, false) => Code {
+                data: text_len(payload),
+                kernels: Vec::new(),
+            },
+            _ => Code {
+                data: u64_at(h, 56),
+                kernels: Vec::new(),
+            },
         };
         Some(Entry {
             kind,
             arch: u32_at(h, 28),
-            bytes,
+            code,
         })
     })
 }
 
 /// The entry a driver loads on a `major.minor` device: the cubin of the same major with the highest
 /// minor not above the device's; else the newest PTX not above the device's capability.
-fn fatbin_device_bytes(fatbin: &[u8], major: u32, minor: u32) -> u64 {
+fn fatbin_code(fatbin: &[u8], major: u32, minor: u32) -> Code {
     let device = u64::from(major) * 10 + u64::from(minor);
     let cubin = fatbin_entries(fatbin)
         .filter(|e| e.kind == KIND_ELF && e.arch / 10 == u64::from(major) && e.arch <= device)
@@ -179,7 +236,7 @@ fn fatbin_device_bytes(fatbin: &[u8], major: u32, minor: u32) -> u64 {
             .filter(|e| e.kind == KIND_PTX && e.arch <= device)
             .max_by_key(|e| e.arch)
     };
-    cubin.or_else(ptx).map_or(0, |e| e.bytes)
+    cubin.or_else(ptx).map(|e| e.code).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -202,6 +259,11 @@ mod tests {
     #[test]
     fn a_cubin_takes_its_allocated_sections_but_shared_memory() {
         assert_eq!(device_bytes(CUBIN_80, 8, 0), CUBIN_80_ALLOCATED);
+        // Lazily: saxpy's code and parameter bank at its lookup, the rest with the module.
+        let code = device_code(CUBIN_80, 8, 0);
+        assert_eq!(code.kernel(b"saxpy"), 0x280 + 0x17c);
+        assert_eq!(code.data, 0x8 + 0x1000 + 0x40000);
+        assert_eq!(code.kernel(b"other"), 0);
         assert_eq!(extent(&CUBIN_80[..64]), Some(CUBIN_80.len() as u64));
     }
 

@@ -37,6 +37,7 @@ real_calls! {
     fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
     fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
     fn cuLibraryUnload(library: CUlibrary);
+    fn cuModuleGetLoadingMode(mode: *mut c_int);
     fn cuGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize);
     fn cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_uint);
     fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
@@ -130,6 +131,18 @@ pub fn allocation_granularity(prop: &CUmemAllocationProp) -> Option<u64> {
     // SAFETY: valid out-parameter and property struct; option 0 is the minimum granularity.
     let r = unsafe { real::cuMemGetAllocationGranularity(&mut granularity, prop, 0) };
     r.ok().map(|()| granularity as u64).filter(|g| *g > 0)
+}
+
+/// Whether the driver loads modules lazily (`CU_MODULE_LAZY_LOADING`, the default since CUDA 12.2):
+/// asked once; a driver that cannot say (before 11.7) loads eagerly.
+pub fn lazy_module_loading() -> bool {
+    static MODE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| {
+        let mut mode: c_int = 0;
+        // SAFETY: `mode` is a valid out-parameter.
+        let ok = unsafe { real::cuModuleGetLoadingMode(&mut mode) }.is_ok();
+        ok && mode == 2
+    })
 }
 
 /// The memory pool `cuMemAllocAsync` uses on a device: its current pool.

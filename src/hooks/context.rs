@@ -5,11 +5,13 @@
 //! destroyed, a limit when changed back or its context destroyed.
 
 use super::{hooks, Out};
+use crate::accounting::overhead::driver_pages as pages;
 use crate::accounting::overhead::Overhead;
 use crate::accounting::{tenant, Device, Tenant};
 use crate::driver::calls as driver;
 use gpuslice_api::types::{
-    CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUlibrary, CUmodule,
+    CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUfunction, CUkernel, CUlibrary,
+    CUmodule,
 };
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -51,6 +53,10 @@ hooks! {
                         || real::cuLibraryLoadFromFile(library, fname, jit_options, jit_values, num_jit, lib_options, lib_values, num_lib));
     fn cuLibraryUnload(library: CUlibrary)
         => unload(Overhead::Library, library as usize, || real::cuLibraryUnload(library));
+    fn cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char)
+        => lookup(Overhead::Module, hmod as usize, name, || real::cuModuleGetFunction(hfunc, hmod, name));
+    fn cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char)
+        => lookup(Overhead::Library, library as usize, name, || real::cuLibraryGetKernel(kernel, library, name));
     fn cuCtxSetLimit(limit: c_int, value: usize) => set_limit(limit, value, || real::cuCtxSetLimit(limit, value));
 }
 
@@ -145,7 +151,8 @@ fn library_load(
 /// A module (in the current context, which it goes with) or a library (context-independent: it
 /// goes when unloaded) loaded from `image`, charged what loading it cost the driver. What its code
 /// will take on the device, read from the image, is reserved before the driver is asked: a load the
-/// quota has no room for is refused before the driver spends the memory.
+/// quota has no room for is refused before the driver spends the memory. A driver that loads
+/// lazily loads nothing yet: the code is reserved and charged at its lookups ([`lookup`]).
 fn load<H>(
     kind: Overhead,
     handle: Out<*mut H>,
@@ -167,8 +174,13 @@ fn load<H>(
         "library load"
     };
     let (size, code) = image.measure(device.ordinal);
-    let expected = pages(code);
-    let fallback = if code > 0 { expected } else { size };
+    let lazy = driver::lazy_module_loading();
+    let expected = if lazy { 0 } else { pages(code.total()) };
+    let fallback = match (lazy, code.total()) {
+        (true, _) => 0,
+        (false, 0) => size,
+        (false, _) => expected,
+    };
     let (loaded, charge) = t.charge_measured(
         device,
         what,
@@ -184,14 +196,53 @@ fn load<H>(
         unload,
     )?;
     t.record_overhead(kind, loaded as usize, owner, charge);
+    if lazy {
+        t.record_lazy_code(kind, loaded as usize, code);
+    }
     t.reconcile_device(device);
     Ok(())
 }
 
-/// `bytes` in the 2 MiB pages a driver maps device memory in.
-fn pages(bytes: u64) -> u64 {
-    const PAGE: u64 = 2 << 20;
-    bytes.div_ceil(PAGE).saturating_mul(PAGE)
+/// A kernel's lookup in a module or library loaded lazily: the driver loads the module's data (on
+/// its first lookup) and the kernel's code now. What that takes, read from the image at the load,
+/// is reserved before the driver is asked (a lookup the quota has no room for is refused before
+/// the driver loads anything), then charged what the driver spent, with the module.
+fn lookup(
+    kind: Overhead,
+    handle: usize,
+    name: *const c_char,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some(t) = tenant() else {
+        return call();
+    };
+    if name.is_null() {
+        return call();
+    }
+    // SAFETY: the driver API requires a NUL-terminated name.
+    let kernel = unsafe { CStr::from_ptr(name) }.to_bytes();
+    let Some(expected) = t.lazy_code_expected(kind, handle, kernel) else {
+        return call();
+    };
+    let Some((t, device)) = overhead_device(kind == Overhead::Module) else {
+        return call();
+    };
+    let ((), charge) = t.charge_measured(
+        device,
+        "kernel load",
+        None,
+        expected,
+        None,
+        || expected,
+        0,
+        call,
+        // Loaded code cannot be unloaded on its own: what the quota has no room for is left to
+        // reconciliation.
+        |()| {},
+    )?;
+    t.lazy_code_loaded(kind, handle, kernel, charge);
+    t.reconcile_device(device);
+    Ok(())
 }
 
 fn unload(kind: Overhead, handle: usize, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -305,14 +356,14 @@ const MAX_IMAGE: u64 = 1 << 32;
 
 impl Image {
     /// The image's size and what its code takes on device `ordinal` ([`gpuslice_api::image`]),
-    /// 0 and 0 when it cannot be read.
-    fn measure(self, ordinal: CUdevice) -> (u64, u64) {
+    /// 0 and nothing when it cannot be read.
+    fn measure(self, ordinal: CUdevice) -> (u64, gpuslice_api::image::Code) {
         let bytes = match self {
             Image::File(path) => read_file(path),
             Image::Memory(p) => read_image(p.cast()),
         };
         let Some(bytes) = bytes else {
-            return (0, 0);
+            return (0, gpuslice_api::image::Code::default());
         };
         let attribute = |a: c_int| {
             let mut v: c_int = 0;
@@ -322,8 +373,8 @@ impl Image {
         };
         // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR.
         let code = match (attribute(75), attribute(76)) {
-            (Some(major), Some(minor)) => gpuslice_api::image::device_bytes(&bytes, major, minor),
-            _ => 0,
+            (Some(major), Some(minor)) => gpuslice_api::image::device_code(&bytes, major, minor),
+            _ => gpuslice_api::image::Code::default(),
         };
         (bytes.len() as u64, code)
     }

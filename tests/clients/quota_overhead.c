@@ -24,9 +24,10 @@
  *                                           wait for EOF
  *   modules ROOM_MIB FILE...                context, the quota filled but ROOM_MIB; then each image
  *                                           FILE loaded from memory (cuModuleLoadData), from the file
- *                                           (cuModuleLoad) and as a library (cuLibraryLoadData), each
- *                                           unloaded when loaded: loadN_data_rc, loadN_file_rc,
- *                                           loadN_library_rc; views after each as loadN
+ *                                           (cuModuleLoad) and as a library (cuLibraryLoadData), its
+ *                                           kernel `saxpy` looked up in each, each unloaded when
+ *                                           loaded: loadN_PATH_rc, loadN_PATH_lookup_rc (PATH: data,
+ *                                           file, library); views after each as loadN
  *   mix SEED STEPS KINDS                    the primary context, then STEPS random steps (seeded) of
  *                                           the KINDS given by digits: 0-3 allocate 1-16 MiB, 4-5
  *                                           free one, 6 load a 1-20 MiB PTX module, 7 unload one,
@@ -268,6 +269,9 @@ int main(int argc, char **argv) {
                 char *ptx = ptx_of(1 + (unsigned long long)(rand() % 20));
                 rc = cuModuleLoadData(&mods[loaded], ptx);
                 free(ptx);
+                CUfunction touch;
+                if (rc == CUDA_SUCCESS && (rc = cuModuleGetFunction(&touch, mods[loaded], "touch")) != CUDA_SUCCESS)
+                    CHECK(cuModuleUnload(mods[loaded]));
                 if (rc == CUDA_SUCCESS) loaded++;
             } else if (op == 7 && loaded > 0) {
                 CHECK(cuModuleUnload(mods[--loaded]));
@@ -322,6 +326,8 @@ int main(int argc, char **argv) {
         CUmodule mod;
         CHECK(cuModuleLoadData(&mod, ptx));
         free(ptx);
+        CUfunction touch;
+        CHECK(cuModuleGetFunction(&touch, mod, "touch"));
         views("s2");
         CUresult heap_rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(heap_mib * MIB));
         printf("heap_rc=%d\n", (int)heap_rc);
@@ -352,15 +358,27 @@ int main(int argc, char **argv) {
             fclose(f);
             CUmodule mod;
             CUlibrary lib;
+            CUfunction fn;
+            CUkernel kernel;
+            /* Each load, then its kernel's lookup (where a lazy driver loads the code). */
             CUresult rc = cuModuleLoadData(&mod, image);
             printf("load%d_data_rc=%d\n", a - 3, (int)rc);
-            if (rc == CUDA_SUCCESS) CHECK(cuModuleUnload(mod));
+            if (rc == CUDA_SUCCESS) {
+                printf("load%d_data_lookup_rc=%d\n", a - 3, (int)cuModuleGetFunction(&fn, mod, "saxpy"));
+                CHECK(cuModuleUnload(mod));
+            }
             rc = cuModuleLoad(&mod, argv[a]);
             printf("load%d_file_rc=%d\n", a - 3, (int)rc);
-            if (rc == CUDA_SUCCESS) CHECK(cuModuleUnload(mod));
+            if (rc == CUDA_SUCCESS) {
+                printf("load%d_file_lookup_rc=%d\n", a - 3, (int)cuModuleGetFunction(&fn, mod, "saxpy"));
+                CHECK(cuModuleUnload(mod));
+            }
             rc = cuLibraryLoadData(&lib, image, 0, 0, 0, 0, 0, 0);
             printf("load%d_library_rc=%d\n", a - 3, (int)rc);
-            if (rc == CUDA_SUCCESS) CHECK(cuLibraryUnload(lib));
+            if (rc == CUDA_SUCCESS) {
+                printf("load%d_library_lookup_rc=%d\n", a - 3, (int)cuLibraryGetKernel(&kernel, lib, "saxpy"));
+                CHECK(cuLibraryUnload(lib));
+            }
             free(image);
             char step[32];
             snprintf(step, sizeof step, "load%d", a - 3);
@@ -387,6 +405,8 @@ int main(int argc, char **argv) {
             CUmodule mod;
             CHECK(cuModuleLoadData(&mod, ptx));
             free(ptx);
+            CUfunction touch;
+            CHECK(cuModuleGetFunction(&touch, mod, "touch"));
             CHECK(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(strtoull(argv[3], 0, 10) * MIB)));
             CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, (size_t)strtoull(argv[4], 0, 10)));
         }

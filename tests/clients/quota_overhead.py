@@ -48,10 +48,11 @@ def main():
     image, size = check(cuda.cuLinkComplete(link), "cuLinkComplete")
     module = check(cuda.cuModuleLoadData(ctypes.string_at(int(image), size)), "cuModuleLoadData")
     check(cuda.cuLinkDestroy(link), "cuLinkDestroy")
+    # A driver loading lazily (the default since CUDA 12.2) loads the code at the kernel's lookup.
+    kernel = check(cuda.cuModuleGetFunction(module, b"touch"), "cuModuleGetFunction")
     free, _ = check(cuda.cuMemGetInfo(), "cuMemGetInfo")
     print(f"module_free={free}")
     # cuda.core's kernel argument handling asks for the parameter layout.
-    kernel = check(cuda.cuModuleGetFunction(module, b"touch"), "cuModuleGetFunction")
     offset, size = check(cuda.cuFuncGetParamInfo(kernel, 0), "cuFuncGetParamInfo")
     print(f"param0_offset={offset}\nparam0_size={size}")
     filled, held = 0, []

@@ -8,9 +8,16 @@
 //! memory, the matching cubin of a fatbinary, else its PTX compiled, taken to be the text's size)
 //! times `SIMGPU_MODULE_SCALE`, in 2 MiB pages, on the device of the context it was loaded in (a
 //! library, which needs no context, on the current context's device, else device 0), until it is
-//! unloaded or its context destroyed. Loading is eager (`CUDA_MODULE_LOADING=LAZY` is not modelled),
-//! and a cubin's or fatbinary's architecture is not checked: an image with nothing the device can
-//! run loads, costing nothing, where a driver answers `CUDA_ERROR_NO_BINARY_FOR_GPU`.
+//! unloaded or its context destroyed. A cubin's or fatbinary's architecture is not checked: an image
+//! with nothing the device can run loads, costing nothing, where a driver answers
+//! `CUDA_ERROR_NO_BINARY_FOR_GPU`.
+//!
+//! Loading is lazy as NVIDIA's driver makes it by default since CUDA 12.2 (`CUDA_MODULE_LOADING`:
+//! `LAZY`, or `EAGER` to load everything at `cuModuleLoad*`/`cuLibraryLoad*`; the default follows
+//! `SIMGPU_DRIVER_VERSION`): a load spends nothing; a kernel's lookup (`cuModuleGetFunction`,
+//! `cuLibraryGetKernel`) loads the module's data on the module's first lookup and the kernel's code
+//! (`gpuslice_api::image::Code`), or answers `CUDA_ERROR_OUT_OF_MEMORY` when the device has no room.
+//! The module's pages are its loaded bytes rounded up, so a lookup spends the pages they add.
 
 use crate::stream::lock;
 use gpuslice_api::launch_types::*;
@@ -29,9 +36,10 @@ pub struct Module {
     functions: Mutex<HashMap<String, Arc<Function>>>,
     /// Parameter layouts by kernel name, from the image.
     params: crate::image::ParamLayouts,
-    /// Physical device and bytes the module's code takes there.
+    /// Physical device, what the image puts there, and what of it is loaded.
     device: u32,
-    charge: u64,
+    code: gpuslice_api::image::Code,
+    loaded: Mutex<Loaded>,
     /// The context it was loaded in (0: a library's, which outlives contexts).
     ctx_id: u64,
 }
@@ -98,6 +106,68 @@ static MODULES: Mutex<BTreeMap<usize, Arc<Module>>> = Mutex::new(BTreeMap::new()
 static FUNCTIONS: Mutex<BTreeMap<usize, Arc<Function>>> = Mutex::new(BTreeMap::new());
 static LIBRARIES: Mutex<BTreeMap<usize, Arc<Library>>> = Mutex::new(BTreeMap::new());
 
+/// What of a module is on the device, and the pages it is charged.
+#[derive(Default)]
+struct Loaded {
+    data: bool,
+    /// By index into the module's `code.kernels`.
+    kernels: Vec<bool>,
+    bytes: u64,
+    charge: u64,
+}
+
+/// Whether modules load lazily (see the module's description): `CUDA_MODULE_LOADING`, else the
+/// driver's default (lazy from CUDA 12.2).
+pub fn lazy_loading() -> bool {
+    match std::env::var("CUDA_MODULE_LOADING").as_deref() {
+        Ok("EAGER") => false,
+        Ok("LAZY") => true,
+        _ => simgpu_core::config().driver_version >= 12020,
+    }
+}
+
+/// Device memory `bytes` of code take: times `SIMGPU_MODULE_SCALE`, in the driver's pages.
+fn pages(bytes: u64) -> u64 {
+    bytes
+        .saturating_mul(simgpu_core::config().module_scale)
+        .div_ceil(crate::context::GRANULE)
+        .saturating_mul(crate::context::GRANULE)
+}
+
+impl Module {
+    /// Loads what a lookup of `kernel` needs that is not loaded yet: the module's data, the
+    /// kernel's code (everything, for an eager load: `kernel` `None` and `all`).
+    fn load_for(&self, kernel: Option<&str>, all: bool) -> Result<(), CUerror> {
+        let mut loaded = lock(&self.loaded);
+        loaded.kernels.resize(self.code.kernels.len(), false);
+        let mut bytes = loaded.bytes;
+        if !loaded.data {
+            bytes = bytes.saturating_add(self.code.data);
+        }
+        let wanted: Vec<usize> = (0..self.code.kernels.len())
+            .filter(|&i| !loaded.kernels[i])
+            .filter(|&i| all || kernel.is_some_and(|k| self.code.kernels[i].0 == k.as_bytes()))
+            .collect();
+        for &i in &wanted {
+            bytes = bytes.saturating_add(self.code.kernels[i].1);
+        }
+        let charge = pages(bytes);
+        if charge > loaded.charge {
+            let shared = simgpu_core::shared().map_err(|_| CUerror::NOT_INITIALIZED)?;
+            if !shared.try_reserve(self.device, charge - loaded.charge) {
+                return Err(CUerror::OUT_OF_MEMORY);
+            }
+        }
+        loaded.data = true;
+        for i in wanted {
+            loaded.kernels[i] = true;
+        }
+        loaded.bytes = bytes;
+        loaded.charge = loaded.charge.max(charge);
+        Ok(())
+    }
+}
+
 /// The function (or kernel) a client handle names.
 pub fn function(h: CUfunction) -> Result<Arc<Function>, CUerror> {
     lock(&FUNCTIONS)
@@ -131,26 +201,22 @@ fn new_module(image: &crate::image::Image, library: bool) -> Result<Arc<Module>,
         (Err(_), true) => (crate::device::physical(0)?, 0),
     };
     let (major, minor) = crate::device::info(device).compute_capability;
-    let code = gpuslice_api::image::device_bytes(
+    let code = gpuslice_api::image::device_code(
         &image.bytes,
         u32::try_from(major).unwrap_or(0),
         u32::try_from(minor).unwrap_or(0),
     );
-    let charge = code
-        .saturating_mul(simgpu_core::config().module_scale)
-        .div_ceil(crate::context::GRANULE)
-        .saturating_mul(crate::context::GRANULE);
-    let shared = simgpu_core::shared().map_err(|_| CUerror::NOT_INITIALIZED)?;
-    if !shared.try_reserve(device, charge) {
-        return Err(CUerror::OUT_OF_MEMORY);
-    }
     let m = Arc::new(Module {
         functions: Mutex::new(HashMap::new()),
         params: crate::image::param_layouts(&image.bytes),
         device,
-        charge,
+        code,
+        loaded: Mutex::new(Loaded::default()),
         ctx_id,
     });
+    if !lazy_loading() {
+        m.load_for(None, true)?;
+    }
     lock(&MODULES).insert(Arc::as_ptr(&m) as usize, m.clone());
     Ok(m)
 }
@@ -170,7 +236,7 @@ pub fn on_context_destroyed(ctx_id: u64) {
 fn unload_module(m: &Arc<Module>) {
     if lock(&MODULES).remove(&(Arc::as_ptr(m) as usize)).is_some() {
         if let Ok(s) = simgpu_core::shared() {
-            s.release(m.device, m.charge);
+            s.release(m.device, std::mem::take(&mut lock(&m.loaded).charge));
         }
     }
     let mut fns = lock(&FUNCTIONS);
@@ -351,6 +417,15 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
     })
 }
 
+/// `CU_MODULE_EAGER_LOADING` (1) or `CU_MODULE_LAZY_LOADING` (2).
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: Option<&mut c_int>) -> CUresult {
+    crate::call("cuModuleGetLoadingMode", || {
+        *crate::out(mode)? = if lazy_loading() { 2 } else { 1 };
+        Ok(())
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleUnload(h: CUmodule) -> CUresult {
     crate::call("cuModuleUnload", || {
@@ -371,6 +446,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         let m = module(h)?;
         // SAFETY: `name` is a C string per the API.
         let name = unsafe { c_str(name) }?;
+        m.load_for(Some(name), false)?;
         *pf = get_function(&m, name);
         Ok(())
     })
@@ -470,6 +546,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
         let lib = library(h)?;
         // SAFETY: `name` is a C string per the API.
         let name = unsafe { c_str(name) }?;
+        lib.module.load_for(Some(name), false)?;
         *pk = get_function(&lib.module, name) as CUkernel;
         Ok(())
     })
