@@ -56,7 +56,10 @@ pub unsafe fn from_pointer(p: *const c_void) -> Image {
         if magic == gpuslice_api::image::FATBIN_WRAPPER_MAGIC {
             // SAFETY: the wrapper is { int magic; int version; const void *data; void *filename }.
             let data = unsafe { p.add(8).cast::<*const c_void>().read_unaligned() };
-            if !data.is_null() {
+            // A wrapper wraps a fatbinary, never another wrapper (nor itself).
+            // SAFETY: the wrapper points at an image.
+            let nested = !data.is_null() && unsafe { data.cast::<u32>().read_unaligned() } == magic;
+            if !data.is_null() && !nested {
                 // SAFETY: the wrapper points at the fatbinary it wraps.
                 return unsafe { from_pointer(data) };
             }
