@@ -754,6 +754,47 @@ fn memory_left_by_an_exited_process_is_free_when_the_quota_says_so() {
     );
 }
 
+/// The same when the process is killed, holding what it filled: the driver frees a killed
+/// process's memory as it dies, and the quota's room it held comes back no sooner.
+#[test]
+fn memory_of_a_killed_process_is_free_when_the_quota_says_so() {
+    let dir = scratch("killed");
+    let sim = sim("overhead-killed");
+    let mut waiting = sim.spawn(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "killed",
+        &["leave", "700", "wait"],
+    ));
+    wait_for_key(&mut waiting, "ready");
+    let mut victim = sim.spawn(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "killed",
+        &["hold"],
+    ));
+    wait_for_key(&mut victim, "ready");
+    victim.stdin.as_mut().unwrap().write_all(b"fill\n").unwrap();
+    let filled = wait_for_key(&mut victim, "fill_bytes")["fill_bytes"].clone();
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    // Not a timing assertion: simgpu reclaims a dead process's memory at the first reservation
+    // 10 ms after its last sweep, as a driver frees it at the process's death.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    waiting.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let second = finish(waiting, "second");
+    second.assert_success();
+    assert_eq!(second.get("left"), "1", "{}", second.report());
+    let peak = group_peak(&sim.stat(), "killed");
+    assert!(
+        peak <= QUOTA,
+        "the killed process's {filled} bytes were still held when the other allocated: {peak}\n{}",
+        second.report()
+    );
+}
+
 /// A limit is charged what the driver maps for it, in 2 MiB pages: a heap 3 MiB over its default
 /// takes 4 MiB, and is refused with 3 MiB of room, before the driver maps it.
 #[test]

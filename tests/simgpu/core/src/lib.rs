@@ -60,7 +60,7 @@ pub fn shared() -> Result<&'static Shared, String> {
 
 /// A driver frees a process's device memory as the process ends (its device files close), before
 /// anything else can see the process gone: at a normal exit, simgpu does the same. (A killed
-/// process's memory goes at the next sweep.)
+/// process's memory goes at the next sweep: `Shared::try_reserve`.)
 extern "C" fn release_at_exit() {
     if let Ok(s) = attach() {
         s.release_process_memory();

@@ -484,12 +484,15 @@ impl Shared {
     // ---- memory ---------------------------------------------------------------------------------
 
     /// Atomically reserves `bytes` on `device` if that keeps it within capacity; accounts them to this
-    /// process and its group. On failure, dead processes' memory is reclaimed and the reservation
-    /// retried once.
+    /// process and its group. Dead processes' memory is reclaimed first unless a sweep ran in the
+    /// last 10 ms (a driver frees a killed process's memory as its device files close, not when
+    /// someone next runs short), and again on a failure, after which the reservation is retried
+    /// once.
     pub fn try_reserve(&self, device: u32, bytes: u64) -> bool {
         let Some(dev) = self.device(device) else {
             return false;
         };
+        self.reclaim_dead();
         let slot = self.slot();
         let cap = dev.capacity.load(Relaxed);
         let mut swept = false;
