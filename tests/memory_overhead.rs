@@ -711,88 +711,66 @@ fn processes_mixing_every_kind_of_charge_never_take_the_tenant_past_its_quota() 
     }
 }
 
-/// A driver frees what a process holds as the process ends: a process of the same tenant that
-/// allocates once another has exited finds the quota's room and the device's memory both back, and
-/// the tenant never holds more than its quota by simgpu's counters.
-#[test]
-fn memory_left_by_an_exited_process_is_free_when_the_quota_says_so() {
-    let dir = scratch("exit");
-    let sim = sim("overhead-exit");
-    // Registered with simgpu (its context made) before the first process exits.
+/// A process of tenant `tenant` waits (registered with simgpu, its context made) while `end` has
+/// another process of the tenant take memory and end; then it allocates 700 MiB. The tenant never
+/// holds more than its quota by simgpu's counters: what the ended process held is free, on the
+/// device, by the time the quota says so. `end` describes what it did, for the messages.
+fn allocate_after_a_sibling_ends(tag: &str, end: impl FnOnce(&Sim, &Path) -> String) {
+    let dir = scratch(tag);
+    let sim = sim(&format!("overhead-{tag}"));
     let mut waiting = sim.spawn(&mut client(
         &sim,
         Deploy::Preload,
         &dir,
-        "leavers",
+        tag,
         &["leave", "700", "wait"],
     ));
     wait_for_key(&mut waiting, "ready");
-    let first = sim.run_cmd(&mut client(
-        &sim,
-        Deploy::Preload,
-        &dir,
-        "leavers",
-        &["leave", "400"],
-    ));
-    first.assert_success();
+    let ended = end(&sim, &dir);
     waiting.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let second = finish(waiting, "second");
     second.assert_success();
-    assert_eq!(
-        second.get("left"),
-        "1",
-        "{}{}",
-        first.report(),
-        second.report()
-    );
-    let peak = group_peak(&sim.stat(), "leavers");
+    assert_eq!(second.get("left"), "1", "{ended}\n{}", second.report());
+    let peak = group_peak(&sim.stat(), tag);
     assert!(
         peak <= QUOTA,
-        "the exited process's memory was still held when the other allocated: {peak}\n{}{}",
-        first.report(),
+        "{ended}, and its memory was still held when the other allocated: {peak}\n{}",
         second.report()
     );
+}
+
+/// A driver frees what a process holds as the process ends.
+#[test]
+fn memory_left_by_an_exited_process_is_free_when_the_quota_says_so() {
+    allocate_after_a_sibling_ends("exited", |sim, dir| {
+        let first = sim.run_cmd(&mut client(
+            sim,
+            Deploy::Preload,
+            dir,
+            "exited",
+            &["leave", "400"],
+        ));
+        first.assert_success();
+        format!("a process exited holding 400 MiB\n{}", first.report())
+    });
 }
 
 /// The same when the process is killed, holding what it filled: the driver frees a killed
 /// process's memory as it dies, and the quota's room it held comes back no sooner.
 #[test]
 fn memory_of_a_killed_process_is_free_when_the_quota_says_so() {
-    let dir = scratch("killed");
-    let sim = sim("overhead-killed");
-    let mut waiting = sim.spawn(&mut client(
-        &sim,
-        Deploy::Preload,
-        &dir,
-        "killed",
-        &["leave", "700", "wait"],
-    ));
-    wait_for_key(&mut waiting, "ready");
-    let mut victim = sim.spawn(&mut client(
-        &sim,
-        Deploy::Preload,
-        &dir,
-        "killed",
-        &["hold"],
-    ));
-    wait_for_key(&mut victim, "ready");
-    victim.stdin.as_mut().unwrap().write_all(b"fill\n").unwrap();
-    let filled = wait_for_key(&mut victim, "fill_bytes")["fill_bytes"].clone();
-    victim.kill().unwrap();
-    victim.wait().unwrap();
-    // Not a timing assertion: simgpu reclaims a dead process's memory at the first reservation
-    // 10 ms after its last sweep, as a driver frees it at the process's death.
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    waiting.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let second = finish(waiting, "second");
-    second.assert_success();
-    assert_eq!(second.get("left"), "1", "{}", second.report());
-    let peak = group_peak(&sim.stat(), "killed");
-    assert!(
-        peak <= QUOTA,
-        "the killed process's {filled} bytes were still held when the other allocated: {peak}\n{}",
-        second.report()
-    );
+    allocate_after_a_sibling_ends("killed", |sim, dir| {
+        let mut victim = sim.spawn(&mut client(sim, Deploy::Preload, dir, "killed", &["hold"]));
+        wait_for_key(&mut victim, "ready");
+        victim.stdin.as_mut().unwrap().write_all(b"fill\n").unwrap();
+        let filled = wait_for_key(&mut victim, "fill_bytes")["fill_bytes"].clone();
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+        // Not a timing assertion: simgpu reclaims a dead process's memory at the first
+        // reservation 10 ms after its last sweep, as a driver frees it at the process's death.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        format!("a process was killed holding {filled} bytes of allocations")
+    });
 }
 
 /// A limit is charged what the driver maps for it, in 2 MiB pages: a heap 3 MiB over its default
