@@ -64,15 +64,40 @@ fn finish_by(mut child: Child, desc: &str, deadline: Instant) -> Result<Run, Str
             Ok(Some(_)) => return Ok(finish(child, desc)),
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => {
+                let threads = where_threads_wait(child.id());
                 let _ = child.kill();
                 let run = finish(child, desc);
                 return Err(format!(
-                    "{desc} did not finish in time (hung); it printed:\n{}",
+                    "{desc} did not finish in time (hung); its threads were waiting in:\n{threads}it printed:\n{}",
                     run.report()
                 ));
             }
         }
     }
+}
+
+/// Each thread of process `pid`: its name, the kernel function it sleeps in and its system call
+/// (number and arguments), from `/proc`: where a hung process is stuck, for the failure message.
+fn where_threads_wait(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return String::from("  (no /proc entry)\n");
+    };
+    let mut out = String::new();
+    for task in tasks.flatten() {
+        let read = |what: &str| {
+            std::fs::read_to_string(task.path().join(what))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        out.push_str(&format!(
+            "  {} {}: wchan {}, syscall {}\n",
+            task.file_name().to_string_lossy(),
+            read("comm"),
+            read("wchan"),
+            read("syscall")
+        ));
+    }
+    out
 }
 
 /// Finishes `child` by `deadline`; on success its `key=value` output, else the failure is recorded.
