@@ -1325,13 +1325,18 @@ const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvml
 
 /// What NVML shows a tenant, through [`NVML_VIEW`].
 fn nvml_view(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str) -> Run {
+    python_as(sim, deploy, dir, tenant, &["-c", NVML_VIEW])
+}
+
+/// The venv's Python with `args`, run to success as a process of `tenant` (see [`client`]).
+fn python_as(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str, args: &[&str]) -> Run {
     let run = sim.run_cmd(&mut tenant_command(
         venv_python(),
         sim,
         deploy,
         dir,
         tenant,
-        &["-c", NVML_VIEW],
+        args,
     ));
     run.assert_success();
     run
@@ -1552,15 +1557,7 @@ fn nvml_every_process_list_shows_only_the_tenant(deploy: Deploy) {
         }
     }
     for (i, tenant) in ["a", "b"].iter().enumerate() {
-        let run = sim.run_cmd(&mut tenant_command(
-            venv_python(),
-            &sim,
-            deploy,
-            &dir,
-            tenant,
-            &args,
-        ));
-        run.assert_success();
+        let run = python_as(&sim, deploy, &dir, tenant, &args);
         let report = run.report();
         let mine = format!("{}:{}", pids[i], run.get_u64("used"));
         for key in LISTS_OF_PROCESSES {
@@ -1704,15 +1701,7 @@ fn nvml_accounting_and_protected_memory_show_only_the_tenant(deploy: Deploy) {
 
     for (i, tenant) in ["a", "b"].iter().enumerate() {
         let (mine, other) = (&pids[i], &pids[1 - i]);
-        let run = sim.run_cmd(&mut tenant_command(
-            venv_python(),
-            &sim,
-            deploy,
-            &dir,
-            tenant,
-            &args,
-        ));
-        run.assert_success();
+        let run = python_as(&sim, deploy, &dir, tenant, &args);
         let report = run.report();
         let (my_stats, other_stats) = (format!("stats{mine}"), format!("stats{other}"));
         for (key, want) in [
