@@ -404,3 +404,31 @@ fn trace_records_driver_calls() {
         );
     }
 }
+
+/// A thread's current context outlives its thread-local storage: libraries release their contexts
+/// from destructors that run as a thread (or the program) exits, after that storage is gone
+/// (cuda.core's C++ thread-locals; here a thread-specific data destructor), and a driver still
+/// answers them for the thread's context. With and without the shim.
+#[test]
+fn the_current_context_is_known_while_a_thread_exits() {
+    let sim = sim("thread-exit");
+    for preload in [false, true] {
+        let mut cmd = sim.command(compile(&LINKED_CU12));
+        cmd.arg("threadexit");
+        if preload {
+            cmd.env("LD_PRELOAD", libgpuslice())
+                .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+                .env("GPUSLICE_LEDGER", sim.dir.join("thread-exit.ledger"));
+        }
+        let run = sim.run_cmd(&mut cmd);
+        run.assert_success();
+        let report = run.report();
+        assert_eq!(run.get("same_context"), "1", "preload {preload}\n{report}");
+        assert_eq!(run.get("get_rc"), "0", "preload {preload}\n{report}");
+        assert_eq!(run.get("info_rc"), "0", "preload {preload}\n{report}");
+        assert!(
+            !run.stderr.contains("panicked"),
+            "preload {preload}\n{report}"
+        );
+    }
+}

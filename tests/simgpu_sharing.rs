@@ -131,4 +131,17 @@ fn events_measure_the_device_timeline() {
             run.report()
         );
     }
+    assert_eq!(run.get_u64("same_ns"), 0, "{}", run.report());
+}
+
+/// A driver gives a destroyed object's handle to a later one (its objects come from allocators
+/// that reuse freed entries); simgpu gives it to the very next one created, so a program or library
+/// that keeps a stale handle fails on simgpu every time (see `compute_lifecycle`'s reuse scenario).
+#[test]
+fn destroyed_event_and_context_handles_go_to_the_next_ones_created() {
+    let sim = Sim::new("handle-reuse");
+    let run = sim.run(compile(&EVENT_TIMELINE), &["1000"]);
+    run.assert_success();
+    assert_eq!(run.get("event_reused"), "1", "{}", run.report());
+    assert_eq!(run.get("context_reused"), "1", "{}", run.report());
 }

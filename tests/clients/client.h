@@ -11,7 +11,13 @@
  *   async N KERNEL_US            N launches: time spent launching vs. synchronizing
  *   hold MIB KERNEL_US           allocate MIB, print ready=1, run kernels until stdin closes, then
  *                                exit WITHOUT freeing (the driver must reclaim a dead process's memory)
+ *   threadexit                   a thread makes the primary context current and ends; a destructor
+ *                                of its thread-specific data (run as the thread exits, after its
+ *                                thread-local storage is gone) asks for the current context and the
+ *                                memory info, as libraries releasing their contexts then do (prints
+ *                                same_context= get_rc= info_rc=)
  */
+#include <pthread.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -314,6 +320,39 @@ static int mode_hold(size_t mib, uint64_t kernel_us) {
     _exit(0);
 }
 
+static CUcontext exit_ctx;
+static int exit_get_rc = -1, exit_info_rc = -1;
+
+static void at_thread_exit(void *unused) {
+    (void)unused;
+    size_t free_bytes, total_bytes;
+    exit_get_rc = (int)A.p_cuCtxGetCurrent(&exit_ctx);
+    exit_info_rc = (int)A.p_cuMemGetInfo(&free_bytes, &total_bytes);
+}
+
+static void *exiting_thread(void *ctx) {
+    pthread_key_t key;
+    if (pthread_key_create(&key, at_thread_exit) != 0 || pthread_setspecific(key, ctx) != 0)
+        return NULL;
+    CHECK(A.p_cuCtxSetCurrent((CUcontext)ctx));
+    size_t free_bytes, total_bytes;
+    CHECK(A.p_cuMemGetInfo(&free_bytes, &total_bytes));
+    return NULL;
+}
+
+static int mode_threadexit(void) {
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(A.p_cuInit(0));
+    CHECK(A.p_cuDeviceGet(&dev, 0));
+    CHECK(A.p_cuDevicePrimaryCtxRetain(&ctx, dev));
+    pthread_t t;
+    if (pthread_create(&t, NULL, exiting_thread, ctx) != 0 || pthread_join(t, NULL) != 0)
+        return 1;
+    printf("same_context=%d\nget_rc=%d\ninfo_rc=%d\n", exit_ctx == ctx, exit_get_rc, exit_info_rc);
+    return 0;
+}
+
 static void bind_all(void);
 
 int main(int argc, char **argv) {
@@ -331,7 +370,10 @@ int main(int argc, char **argv) {
         return mode_async(atoi(argv[2]), strtoull(argv[3], NULL, 10));
     if (strcmp(mode, "hold") == 0 && argc == 4)
         return mode_hold(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
-    fprintf(stderr, "usage: %s [full | devices | spin START_NS MS US | async N US | hold MIB US]\n",
+    if (strcmp(mode, "threadexit") == 0)
+        return mode_threadexit();
+    fprintf(stderr,
+            "usage: %s [full | devices | spin START_NS MS US | async N US | hold MIB US | threadexit]\n",
             argv[0]);
     return 2;
 }

@@ -2,7 +2,9 @@
  * queued; then two spin kernels of KERNEL_US run back to back between three events. On a GPU the
  * events are stamped by the device as it reaches them, so each interval is exactly one kernel's
  * duration, however late the host's threads are. Prints `first_ns=` and `second_ns=` (the
- * intervals) and `kernel_ns=`. Build: cc -I<cuda include> event_timeline.c -lcuda. Usage: KERNEL_US */
+ * intervals) and `kernel_ns=`; `same_ns=`, an event's interval to itself; then whether a destroyed
+ * event's and a destroyed context's handles went to the next ones created (`event_reused=`,
+ * `context_reused=`, 1 or 0). Build: cc -I<cuda include> event_timeline.c -lcuda. Usage: KERNEL_US */
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
@@ -55,5 +57,16 @@ int main(int argc, char **argv) {
     CHECK(cuEventElapsedTime(&second, e[1], e[2]));
     printf("first_ns=%lld\nsecond_ns=%lld\nkernel_ns=%llu\n", (long long)(first * 1e6 + 0.5),
            (long long)(second * 1e6 + 0.5), us * 1000ULL);
+    float same = -1;
+    CHECK(cuEventElapsedTime(&same, e[1], e[1]));
+    printf("same_ns=%lld\n", (long long)(same * 1e6));
+    CUevent old = e[2];
+    CHECK(cuEventDestroy(e[2]));
+    CHECK(cuEventCreate(&e[2], CU_EVENT_DEFAULT));
+    printf("event_reused=%d\n", e[2] == old);
+    CUcontext old_ctx = ctx;
+    CHECK(cuCtxDestroy(ctx));
+    CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
+    printf("context_reused=%d\n", ctx == old_ctx);
     return 0;
 }

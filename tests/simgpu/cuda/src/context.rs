@@ -4,12 +4,13 @@
 //! (`cuCtxSetLimit`) cost what a real driver reserves for them beyond their defaults: the stack size
 //! for every thread the device can hold resident, the malloc heap and the printf FIFO.
 
+use crate::handles::Handles;
 use gpuslice_api::types::{
     CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CU_CTX_FLAGS_MASK,
     CU_CTX_SCHED_MASK, CU_LIMIT_COUNT,
 };
 use gpuslice_api::{CUerror, CUresult};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -17,6 +18,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// One CUDA context of this process.
 pub struct Context {
+    /// The client's handle (`CUcontext`): given to the next context created once this one is
+    /// destroyed ([`Handles`]).
+    handle: usize,
     /// Physical device ordinal.
     pub device: u32,
     /// simcuda-exec's per-context stream state.
@@ -86,6 +90,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Every context object of the process by handle (destroyed created contexts are removed).
 fn registry() -> &'static Mutex<HashMap<usize, Arc<Context>>> {
+    // Looked up by handle, never dereferenced: see `Context::handle`.
     static R: OnceLock<Mutex<HashMap<usize, Arc<Context>>>> = OnceLock::new();
     R.get_or_init(Default::default)
 }
@@ -114,11 +119,41 @@ fn primaries() -> &'static Mutex<Vec<Primary>> {
 
 thread_local! {
     static STACK: RefCell<Vec<Arc<Context>>> = const { RefCell::new(Vec::new()) };
+    /// The handle of the thread's current context, kept beside [`STACK`] in a thread-local that
+    /// has no destructor: while a thread exits, other libraries' thread-local destructors still
+    /// call the driver after `STACK` is gone (cuda.core releases its primary contexts from one at
+    /// a program's exit), and a driver still knows the thread's current context then.
+    static TOP: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Runs `f` on the calling thread's context stack. Once the thread's exit has dropped the stack,
+/// `f` gets the stack of the context that was current (if it still exists).
+fn with_stack<R>(f: impl FnOnce(&mut Vec<Arc<Context>>) -> R) -> R {
+    let top = |stack: &[Arc<Context>]| stack.last().map_or(0, |c| c.handle);
+    let mut f = Some(f);
+    let alive = STACK.try_with(|s| {
+        let mut stack = s.borrow_mut();
+        let r = f.take().map(|f| f(&mut stack));
+        TOP.set(top(&stack));
+        r
+    });
+    if let Ok(Some(r)) = alive {
+        return r;
+    }
+    let mut stack: Vec<Arc<Context>> = lock(registry())
+        .get(&TOP.get())
+        .cloned()
+        .into_iter()
+        .collect();
+    let r = f.take().map(|f| f(&mut stack));
+    TOP.set(top(&stack));
+    r.expect("the stack's function runs once")
 }
 
 fn new_context(device: u32, flags: u32, primary: bool) -> Arc<Context> {
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
     let ctx = Arc::new(Context {
+        handle: HANDLES.take(),
         device,
         streams: Default::default(),
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -130,8 +165,17 @@ fn new_context(device: u32, flags: u32, primary: bool) -> Arc<Context> {
         limits: Mutex::new(DEFAULT_LIMITS),
         limits_charge: AtomicU64::new(0),
     });
-    lock(registry()).insert(Arc::as_ptr(&ctx) as usize, ctx.clone());
+    lock(registry()).insert(ctx.handle, ctx.clone());
     ctx
+}
+
+static HANDLES: Handles = Handles::new(0x7c00_0000_0000);
+
+/// A created context's handle no longer finds it: the handle goes to the next context created.
+fn forget(ctx: &Context) {
+    if lock(registry()).remove(&ctx.handle).is_some() {
+        HANDLES.give_back(ctx.handle);
+    }
 }
 
 fn shared() -> Result<&'static simgpu_core::Shared, CUerror> {
@@ -174,9 +218,7 @@ fn deactivate(ctx: &Context) {
 /// The calling thread's current context.
 pub fn current() -> Result<Arc<Context>, CUerror> {
     crate::entry::initialized()?;
-    let top = STACK
-        .with(|s| s.borrow().last().cloned())
-        .ok_or(CUerror::INVALID_CONTEXT)?;
+    let top = with_stack(|s| s.last().cloned()).ok_or(CUerror::INVALID_CONTEXT)?;
     if !top.is_active() {
         // The documented answer for a destroyed context, or a primary one not (re)initialised.
         return Err(CUerror::CONTEXT_IS_DESTROYED);
@@ -197,8 +239,8 @@ pub fn from_handle(h: CUcontext) -> Result<Arc<Context>, CUerror> {
     Ok(ctx)
 }
 
-pub fn handle_of(ctx: &Arc<Context>) -> CUcontext {
-    Arc::as_ptr(ctx) as CUcontext
+pub fn handle_of(ctx: &Context) -> CUcontext {
+    ctx.handle as CUcontext
 }
 
 /// The context an explicit handle names, or the current one for NULL (as `cuCtxGet*` take them).
@@ -226,11 +268,11 @@ fn create(pctx: Option<&mut CUcontext>, flags: u32, dev: CUdevice) -> CUresult {
     check_flags(flags)?;
     let ctx = new_context(device, flags, false);
     if let Err(e) = activate(&ctx) {
-        lock(registry()).remove(&(Arc::as_ptr(&ctx) as usize));
+        forget(&ctx);
         return Err(e);
     }
     *pctx = handle_of(&ctx);
-    STACK.with(|s| s.borrow_mut().push(ctx));
+    with_stack(|s| s.push(ctx));
     Ok(())
 }
 
@@ -305,9 +347,9 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(h: CUcontext) -> CUresult {
             return Err(CUerror::INVALID_CONTEXT);
         }
         deactivate(&ctx);
-        lock(registry()).remove(&(h as usize));
+        forget(&ctx);
         // Popped from the calling thread's stack; other threads keep a stale entry, as in the driver.
-        STACK.with(|s| s.borrow_mut().retain(|c| !Arc::ptr_eq(c, &ctx)));
+        with_stack(|s| s.retain(|c| !Arc::ptr_eq(c, &ctx)));
         Ok(())
     })
 }
@@ -316,7 +358,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(h: CUcontext) -> CUresult {
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(h: CUcontext) -> CUresult {
     crate::call("cuCtxPushCurrent_v2", || {
         let ctx = from_handle(h)?;
-        STACK.with(|s| s.borrow_mut().push(ctx));
+        with_stack(|s| s.push(ctx));
         Ok(())
     })
 }
@@ -325,9 +367,7 @@ pub unsafe extern "C" fn cuCtxPushCurrent_v2(h: CUcontext) -> CUresult {
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: Option<&mut CUcontext>) -> CUresult {
     crate::call("cuCtxPopCurrent_v2", || {
         crate::entry::initialized()?;
-        let ctx = STACK
-            .with(|s| s.borrow_mut().pop())
-            .ok_or(CUerror::INVALID_CONTEXT)?;
+        let ctx = with_stack(|s| s.pop()).ok_or(CUerror::INVALID_CONTEXT)?;
         if let Some(p) = pctx {
             *p = handle_of(&ctx);
         }
@@ -340,12 +380,11 @@ pub unsafe extern "C" fn cuCtxSetCurrent(h: CUcontext) -> CUresult {
     crate::call("cuCtxSetCurrent", || {
         crate::entry::initialized()?;
         if h.is_null() {
-            STACK.with(|s| s.borrow_mut().pop());
+            with_stack(|s| s.pop());
             return Ok(());
         }
         let ctx = from_handle(h)?;
-        STACK.with(|s| {
-            let mut s = s.borrow_mut();
+        with_stack(|s| {
             s.pop();
             s.push(ctx);
         });
@@ -358,7 +397,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: Option<&mut CUcontext>) -> CUresu
     crate::call("cuCtxGetCurrent", || {
         crate::entry::initialized()?;
         let pctx = crate::out(pctx)?;
-        *pctx = STACK.with(|s| s.borrow().last().map_or(std::ptr::null_mut(), handle_of));
+        *pctx = with_stack(|s| s.last().map_or(std::ptr::null_mut(), |c| handle_of(c)));
         Ok(())
     })
 }

@@ -3,6 +3,7 @@
 //! record was submitted if later — as a GPU stamps it, whenever simgpu's host worker gets to it.
 
 use crate::graph::Capture;
+use crate::handles::Handles;
 use crate::stream::{self, lock, Dep, Stream};
 use gpuslice_api::launch_types::{
     CU_EVENT_BLOCKING_SYNC, CU_EVENT_DISABLE_TIMING, CU_EVENT_INTERPROCESS,
@@ -33,6 +34,7 @@ pub struct Event {
 }
 
 static EVENTS: Mutex<BTreeMap<usize, Arc<Event>>> = Mutex::new(BTreeMap::new());
+static HANDLES: Handles = Handles::new(0x7e00_0000_0000);
 
 /// The event a client handle names (`CUDA_ERROR_INVALID_HANDLE` if unknown or destroyed).
 pub fn lookup(h: CUevent) -> Result<Arc<Event>, CUerror> {
@@ -56,7 +58,7 @@ fn create(flags: u32) -> Result<CUevent, CUerror> {
         record: Mutex::new(None),
         captured: Mutex::new(None),
     });
-    let h = Arc::as_ptr(&e) as usize;
+    let h = HANDLES.take();
     lock(&EVENTS).insert(h, e);
     Ok(h as CUevent)
 }
@@ -64,15 +66,26 @@ fn create(flags: u32) -> Result<CUevent, CUerror> {
 /// The context with `cuCtxGetId` `context` is destroyed: so are its events, whose handles are
 /// invalid afterwards (`CUDA_ERROR_INVALID_HANDLE`; see `stream::invalidate_context`).
 pub(crate) fn invalidate_context(context: u64) {
-    lock(&EVENTS).retain(|_, e| e.context != context);
+    let mut gone = Vec::new();
+    lock(&EVENTS).retain(|&h, e| {
+        let keep = e.context != context;
+        if !keep {
+            gone.push(h);
+        }
+        keep
+    });
+    for h in gone {
+        HANDLES.give_back(h);
+    }
 }
 
 fn destroy(h: CUevent) -> CUresult {
     // A pending record still completes (its op holds its own clock); only the handle goes.
     lock(&EVENTS)
         .remove(&(h as usize))
-        .map(drop)
-        .ok_or(CUerror::INVALID_HANDLE)
+        .ok_or(CUerror::INVALID_HANDLE)?;
+    HANDLES.give_back(h as usize);
+    Ok(())
 }
 
 fn record(h: CUevent, hs: CUstream, per_thread: bool, flags: u32) -> CUresult {
@@ -145,7 +158,9 @@ fn elapsed(ms: Option<&mut f32>, start: CUevent, end: CUevent) -> CUresult {
     if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
         return Err(CUerror::INVALID_HANDLE);
     }
-    let (ra, rb) = (lock(&a.record).clone(), lock(&b.record).clone());
+    // One lock at a time: start and end may be the same event (0 ms, as the driver answers).
+    let ra = lock(&a.record).clone();
+    let rb = lock(&b.record).clone();
     let (Some(ra), Some(rb)) = (ra, rb) else {
         return Err(CUerror::INVALID_HANDLE);
     };

@@ -24,6 +24,8 @@ mod copy;
 mod stream;
 // Events.
 mod event;
+// Handles reused after their object is destroyed.
+mod handles;
 // Kernel launches and the execution of kernels on the shared device.
 mod launch;
 // Modules, libraries, functions and kernels.

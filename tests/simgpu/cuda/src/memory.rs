@@ -466,7 +466,7 @@ impl Mem {
 }
 
 fn ctx_handle(ctx: &Context) -> usize {
-    ctx as *const Context as usize
+    crate::context::handle_of(ctx) as usize
 }
 
 fn new_pool_handle() -> usize {

@@ -819,7 +819,7 @@ pub unsafe extern "C" fn cuStreamGetCtx(
 ) -> CUresult {
     crate::call("cuStreamGetCtx", || {
         let pctx = crate::out(pctx)?;
-        *pctx = context::handle_of(&resolve(h, false)?.context()?);
+        *pctx = context::handle_of(&*resolve(h, false)?.context()?);
         Ok(())
     })
 }
@@ -832,7 +832,7 @@ pub unsafe extern "C" fn cuStreamGetCtx_ptsz(
 ) -> CUresult {
     crate::call("cuStreamGetCtx_ptsz", || {
         let pctx = crate::out(pctx)?;
-        *pctx = context::handle_of(&resolve(h, true)?.context()?);
+        *pctx = context::handle_of(&*resolve(h, true)?.context()?);
         Ok(())
     })
 }
