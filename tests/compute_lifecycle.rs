@@ -198,6 +198,50 @@ fn teardown_scenario(failures: &mut Vec<String>) {
     }
 }
 
+/// A tenant tears its context down again and again under contention (`how`: `cuCtxDestroy`, or
+/// `cuDevicePrimaryCtxReset`), each time with kernels queued, and then times a kernel with events of
+/// its own. simgpu, as a driver does, gives a destroyed context's event handles to the next events
+/// created: the program's events then have the handles of the shim's events of the old context.
+/// The shim must have let go of those (never recorded them again, nor waited on them), so the
+/// program's timings stay what they were, and nobody hangs.
+fn reuse_scenario(how: &str, failures: &mut Vec<String>) {
+    const CYCLES: u64 = 20;
+    const OTHER_MS: u64 = 3_000;
+    let scene = Scene::new("lifecycle", &format!("reuse-{how}"));
+    let start = start_in(700);
+    let t0 = Instant::now() + Duration::from_millis(700);
+    let share = [("GPUSLICE_COMPUTE_SHARE", "50")];
+    let reuser = scene.client(
+        "reuser",
+        true,
+        &share,
+        &[s("reuse"), s(start), s(CYCLES), s(500), s(how)],
+    );
+    let other = scene.client(
+        "other",
+        true,
+        &share,
+        &[s("spin"), s(start), s(OTHER_MS), s(500)],
+    );
+    let deadline = t0 + Duration::from_millis(OTHER_MS + 10_000);
+    let r = expect_success(reuser, &format!("reuser ({how})"), deadline, failures);
+    expect_success(other, "the other tenant", deadline, failures);
+    if let Some(r) = r {
+        println!(
+            "lifecycle: reuse-{how}: {}",
+            r.stdout.trim().replace('\n', " ")
+        );
+        if r.get_u64("moved") != 0 {
+            failures.push(format!(
+                "reuse ({how}): the program's own events were recorded again by someone else in {} \
+                 of {CYCLES} teardowns:\n{}",
+                r.get_u64("moved"),
+                r.report()
+            ));
+        }
+    }
+}
+
 /// A tenant leaves (`how`: returns from main, or `exit()` from another thread while it launches) with
 /// kernels queued while another contends: the other has the device at once and finishes.
 fn quit_scenario(how: &str, failures: &mut Vec<String>) {
@@ -324,7 +368,7 @@ fn idle_high_scenario(failures: &mut Vec<String>) {
 
 #[test]
 fn compute_lifecycle_on_simgpu() {
-    // COMPUTE_SCENARIOS=teardown,quit,idle (a comma list) runs only those, for development.
+    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle (a comma list) runs only those, for development.
     let only = std::env::var("COMPUTE_SCENARIOS").ok();
     let wanted = |name: &str| {
         only.as_deref()
@@ -333,6 +377,10 @@ fn compute_lifecycle_on_simgpu() {
     let mut failures = Vec::new();
     if wanted("teardown") {
         teardown_scenario(&mut failures);
+    }
+    if wanted("reuse") {
+        reuse_scenario("reset", &mut failures);
+        reuse_scenario("destroy", &mut failures);
     }
     if wanted("quit") {
         quit_scenario("return", &mut failures);

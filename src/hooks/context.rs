@@ -9,6 +9,7 @@ use crate::accounting::overhead::driver_pages as pages;
 use crate::accounting::overhead::Overhead;
 use crate::accounting::{tenant, Device, Tenant};
 use crate::driver::calls as driver;
+use crate::scheduling;
 use gpuslice_api::types::{
     CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUfunction, CUkernel, CUlibrary,
     CUmodule,
@@ -82,6 +83,7 @@ fn create(pctx: Out<CUcontext>, dev: CUdevice, call: impl FnOnce() -> CUresult) 
 }
 
 fn destroy(ctx: CUcontext, call: impl FnOnce() -> CUresult) -> CUresult {
+    scheduling::context_ending(ctx);
     call()?;
     if let Some(t) = tenant() {
         t.forget_context(ctx as usize);
@@ -94,6 +96,13 @@ fn primary_retain(
     dev: CUdevice,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    let call = || {
+        call()?;
+        if let Some(ctx) = pctx.get() {
+            scheduling::primary_retained(dev, ctx);
+        }
+        Ok(())
+    };
     let Some(t) = tenant() else { return call() };
     let Ok(device) = t.device(dev) else {
         return call();
@@ -112,7 +121,13 @@ fn primary_retain(
 }
 
 fn primary_release(dev: CUdevice, reset: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    if reset {
+        scheduling::primary_resetting(dev);
+    }
     call()?;
+    if !reset {
+        scheduling::primary_released(dev);
+    }
     if let Some(t) = tenant() {
         t.primary_release(dev, reset);
     }

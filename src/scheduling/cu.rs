@@ -16,6 +16,7 @@ crate::driver::real_calls! {
     fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
     fn cuEventSynchronize(event: CUevent);
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
     fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
 }
 

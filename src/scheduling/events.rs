@@ -9,6 +9,7 @@ use super::device::now_ns;
 use super::gate::Sched;
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
@@ -223,8 +224,9 @@ impl Sched {
         }
     }
 
-    /// Waits for a tracked launch taken off the queue by flow control, and accounts it.
-    pub(super) fn wait_completed(&self, t: Tracked) {
+    /// Waits for a tracked launch taken off the queue by flow control (when [`Sched::teardowns`]
+    /// read `teardowns`), and accounts it.
+    pub(super) fn wait_completed(&self, t: Tracked, teardowns: u64) {
         // SAFETY: an event we created and recorded.
         let gone = unsafe { cu::cuEventSynchronize(t.end.event as CUevent) }.is_err();
         if !t.calibration {
@@ -238,15 +240,32 @@ impl Sched {
                 self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
             }
         }
-        self.completed_launch(t, gone);
+        self.completed_launch(t, gone, teardowns);
     }
 
     /// Adds a completed launch's device time to what the next charge takes (or, for an empty pair,
-    /// updates the event overhead), and recycles its events (forgets them when they are gone).
-    fn completed_launch(&self, t: Tracked, gone: bool) {
-        if gone {
+    /// updates the event overhead), and recycles its events. Neither when they are gone, nor when
+    /// a context was let go of since the launch was taken off the queue at `teardowns`: they may be
+    /// that context's, their handles another event's (left to the driver, which frees a context's
+    /// events with it).
+    fn completed_launch(&self, t: Tracked, gone: bool, teardowns: u64) {
+        if gone || self.teardowns.load(Acquire) != teardowns {
             return;
         }
+        self.account(&t);
+        let mut free = self.free_events.lock();
+        if self.teardowns.load(Acquire) != teardowns {
+            return;
+        }
+        free.extend(t.start);
+        if !t.end_shared {
+            free.push(t.end);
+        }
+    }
+
+    /// Adds a completed launch's device time to what the next charge takes (or, for an empty pair,
+    /// updates the event overhead).
+    fn account(&self, t: &Tracked) {
         self.progress_ns.store(now_ns(), Release);
         if let Some(start) = &t.start {
             let mut ms = 0f32;
@@ -279,10 +298,33 @@ impl Sched {
                 }
             }
         }
-        let mut free = self.free_events.lock();
-        free.extend(t.start);
-        if !t.end_shared {
-            free.push(t.end);
+    }
+
+    /// Lets go of every event of context `ctx`, which is being destroyed (`alive`: its events can
+    /// still be asked about) or was: a driver hands a destroyed context's handles out again, so an
+    /// event kept past its context may be a new one, perhaps the program's own. Tracked launches
+    /// there that are known to have completed are accounted; no event of `ctx` is recorded, waited
+    /// for, measured or recycled after this.
+    pub(super) fn forget_context(&self, ctx: usize, alive: bool) {
+        let theirs = {
+            let mut f = self.inflight.lock();
+            self.teardowns.fetch_add(1, AcqRel);
+            let (theirs, others): (VecDeque<Tracked>, VecDeque<Tracked>) = std::mem::take(&mut *f)
+                .into_iter()
+                .partition(|t| t.end.ctx == ctx);
+            *f = others;
+            theirs
+        };
+        self.free_events.lock().retain(|p| p.ctx != ctx);
+        if alive && !theirs.is_empty() {
+            // Called from the program's thread: our queries must not disturb a capture.
+            let _relaxed = cu::RelaxedCapture::enter();
+            for t in theirs
+                .iter()
+                .filter(|t| matches!(query(&t.end), State::Done))
+            {
+                self.account(t);
+            }
         }
     }
 
@@ -303,7 +345,7 @@ impl Sched {
     /// Whether every tracked launch has completed (completed ones are accounted and recycled).
     pub(super) fn completed(&self) -> bool {
         let mut done = Vec::new();
-        let all = {
+        let (all, teardowns) = {
             let mut f = self.inflight.lock();
             // In order per stream: stop at the first one still running.
             while let Some(p) = f.front() {
@@ -314,10 +356,10 @@ impl Sched {
                 };
                 done.extend(f.pop_front().map(|p| (p, gone)));
             }
-            f.is_empty()
+            (f.is_empty(), self.teardowns.load(Acquire))
         };
         for (p, gone) in done {
-            self.completed_launch(p, gone);
+            self.completed_launch(p, gone, teardowns);
         }
         all
     }

@@ -78,6 +78,9 @@ pub struct Sched {
     pub(super) event_overhead_ns: AtomicU64,
     pub(super) last_calibration_ns: AtomicU64,
     pub(super) free_events: Mutex<Vec<Pending>>,
+    /// Contexts whose events were let go of (`forget_context`), counted under the `inflight` lock:
+    /// a tracked launch taken off the queue before one of them does not recycle its events.
+    pub(super) teardowns: AtomicU64,
     /// A key for this device common to every process of the machine, whatever path its device
     /// directory has in the process's mount namespace (a hash of the GPU's UUID).
     pub(super) device_key: u64,
@@ -131,6 +134,7 @@ impl Sched {
             event_overhead_ns: AtomicU64::new(0),
             last_calibration_ns: AtomicU64::new(0),
             free_events: Mutex::new(Vec::new()),
+            teardowns: AtomicU64::new(0),
             device_key,
             stall_since: AtomicU64::new(0),
             pass_episode: AtomicU64::new(0),
@@ -458,11 +462,11 @@ impl Sched {
                 if f.len() < q {
                     return;
                 }
-                f.pop_front()
+                f.pop_front().map(|t| (t, self.teardowns.load(Acquire)))
             };
-            if let Some(p) = oldest {
+            if let Some((p, teardowns)) = oldest {
                 self.flow_waiting.fetch_add(1, SeqCst);
-                self.wait_completed(p);
+                self.wait_completed(p, teardowns);
                 self.flow_waiting.fetch_sub(1, SeqCst);
             }
         }

@@ -23,7 +23,7 @@ pub mod shm;
 
 pub use shm::{Holder, PriorityClass, TenantId, MAX_SLOTS, MAX_TENANTS};
 
-use gpuslice_api::types::CUstream;
+use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
 use gpuslice_api::CUresult;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -50,6 +50,46 @@ pub fn gate(streams: &[CUstream], per_thread: bool, launch: impl FnOnce() -> CUr
     match runtime::participation(streams.first().copied().unwrap_or(std::ptr::null_mut())) {
         Some((sched, ctx)) => sched.gate(streams, ctx, per_thread, launch),
         None => launch(),
+    }
+}
+
+/// The program retained device `dev`'s primary context: its handle, for [`primary_resetting`] and
+/// [`primary_released`].
+pub fn primary_retained(dev: CUdevice, ctx: CUcontext) {
+    runtime::primary_retained(dev, ctx);
+}
+
+/// Context `ctx` is about to be destroyed (`cuCtxDestroy`): the scheduler lets go of its events
+/// there. A driver hands a destroyed context's handles out again, to the next context or event
+/// created: an event of ours kept past its context could be a new one of the program's, whose
+/// timestamps our records would then move.
+pub fn context_ending(ctx: CUcontext) {
+    runtime::each_sched(|s| s.forget_context(ctx as usize, true));
+}
+
+/// Device `dev`'s primary context is about to be reset (`cuDevicePrimaryCtxReset`): as
+/// [`context_ending`].
+pub fn primary_resetting(dev: CUdevice) {
+    if let Some(ctx) = runtime::primary_of(dev) {
+        runtime::each_sched(|s| s.forget_context(ctx, true));
+    }
+}
+
+/// A reference to device `dev`'s primary context was released: when it was the last, the context
+/// is gone, and the scheduler lets go of its events (as [`context_ending`], after the fact).
+pub fn primary_released(dev: CUdevice) {
+    let Some(ctx) = runtime::primary_of(dev) else {
+        return;
+    };
+    if !runtime::participating() {
+        return;
+    }
+    let (mut flags, mut active) = (0, 0);
+    // SAFETY: valid out-parameters.
+    if unsafe { cu::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) }.is_ok()
+        && active == 0
+    {
+        runtime::each_sched(|s| s.forget_context(ctx, false));
     }
 }
 

@@ -11,7 +11,7 @@ use super::gate::Sched;
 use super::{arbiter, TenantId};
 use crate::config::{self, Priority, Setting};
 use crate::log;
-use gpuslice_api::types::{CUcontext, CUstream};
+use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
@@ -231,8 +231,31 @@ pub(super) fn update_pass() {
     PASS.store(pass, Release);
 }
 
+/// Per device ordinal: the handle of its primary context, as `cuDevicePrimaryCtxRetain` last
+/// gave it (0: never seen).
+static PRIMARY: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
+
+pub(super) fn primary_retained(dev: CUdevice, ctx: CUcontext) {
+    if let Some(p) = usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d)) {
+        p.store(ctx as usize, Release);
+    }
+}
+
+/// Device `dev`'s primary context, if it was retained through us.
+pub(super) fn primary_of(dev: CUdevice) -> Option<usize> {
+    let p = PRIMARY.get(usize::try_from(dev).ok()?)?.load(Acquire);
+    (p != 0).then_some(p)
+}
+
+/// Whether the process takes part on any device.
+pub(super) fn participating() -> bool {
+    let mut any = false;
+    each_sched(|_| any = true);
+    any
+}
+
 /// Every participation of this process.
-fn each_sched(mut f: impl FnMut(&'static Sched)) {
+pub(super) fn each_sched(mut f: impl FnMut(&'static Sched)) {
     for d in &DEVICES {
         match d.load(Acquire) {
             UNDECIDED | NOT_PARTICIPATING => {}

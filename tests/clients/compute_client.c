@@ -25,6 +25,12 @@
  *                                      (cuCtxCreate), cuCtxDestroy; reset: the primary context,
  *                                      cuDevicePrimaryCtxReset -- then sets up a new context and spins
  *                                      on to the end (prints torn_down=1 launches_after=...)
+ *   reuse START_NS CYCLES US HOW       CYCLES times: 8 spin kernels of US queued, the context torn down
+ *                                      (HOW as teardown), a new one set up, and two events of this
+ *                                      program timing one kernel; 16 kernels later the events must
+ *                                      still say the same (a driver gives a destroyed context's event
+ *                                      handles to the next events created: a library that kept one
+ *                                      would move this program's timestamps). Prints cycles= moved=
  *   quit START_NS MS US HOW            as `spin` with DEPTH 8, then leaves with those kernels still
  *                                      queued, no synchronisation: HOW = return (from main) or exit
  *                                      (exit(0) from a second thread while this one launches)
@@ -382,6 +388,19 @@ static long spin_until(uint64_t end_ns, uint64_t us) {
     return n;
 }
 
+/* The current context torn down (destroyed, or the primary context reset), then a new one set up. */
+static void tear_down(CUcontext *ctx, CUdevice dev, int destroy) {
+    if (destroy) {
+        CHECK(cuCtxDestroy(*ctx));
+        CHECK(cuCtxCreate(ctx, NULL, 0, dev));
+    } else {
+        CHECK(cuDevicePrimaryCtxReset(dev));
+        CHECK(cuDevicePrimaryCtxRetain(ctx, dev));
+    }
+    CHECK(cuCtxSetCurrent(*ctx));
+    load();
+}
+
 static int mode_teardown(uint64_t start_ns, uint64_t ms, uint64_t us, const char *how) {
     CUdevice dev = device();
     int destroy = strcmp(how, "destroy") == 0;
@@ -396,20 +415,50 @@ static int mode_teardown(uint64_t start_ns, uint64_t ms, uint64_t us, const char
     uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
     long before = spin_until(t0 + ms * 500000ull, us);
     /* Kernels still queued: the context goes with them. */
-    if (destroy) {
-        CHECK(cuCtxDestroy(ctx));
-        CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
-    } else {
-        CHECK(cuDevicePrimaryCtxReset(dev));
-        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    }
-    CHECK(cuCtxSetCurrent(ctx));
-    load();
+    tear_down(&ctx, dev, destroy);
     uint64_t torn = now_ns(CLOCK_REALTIME);
     long after = spin_until(end, us);
     CHECK(cuStreamSynchronize(stream));
     printf("torn_down=1\ntorn_ns=%llu\nlaunches_before=%ld\nlaunches_after=%ld\nend_ns=%llu\n",
            (unsigned long long)torn, before, after, (unsigned long long)now_ns(CLOCK_REALTIME));
+    return 0;
+}
+
+static int mode_reuse(uint64_t start_ns, int cycles, uint64_t us, const char *how) {
+    CUdevice dev = device();
+    int destroy = strcmp(how, "destroy") == 0;
+    CUcontext ctx;
+    if (destroy)
+        CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
+    else
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    load();
+    wait_start(start_ns);
+    int moved = 0;
+    for (int c = 0; c < cycles; c++) {
+        for (int i = 0; i < 8; i++)
+            CHECK(launch(us));
+        tear_down(&ctx, dev, destroy);
+        CUevent a, b;
+        CHECK(cuEventCreate(&a, 0));
+        CHECK(cuEventCreate(&b, 0));
+        CHECK(cuEventRecord(a, stream));
+        CHECK(launch(us));
+        CHECK(cuEventRecord(b, stream));
+        CHECK(cuEventSynchronize(b));
+        float before, after = -1;
+        CHECK(cuEventElapsedTime(&before, a, b));
+        for (int i = 0; i < 16; i++)
+            CHECK(launch(us));
+        CHECK(cuStreamSynchronize(stream));
+        /* Recorded again by someone else, the events may not even be complete or in order. */
+        if (cuEventElapsedTime(&after, a, b) != CUDA_SUCCESS || after != before)
+            moved++;
+        CHECK(cuEventDestroy(a));
+        CHECK(cuEventDestroy(b));
+    }
+    printf("cycles=%d\nmoved=%d\n", cycles, moved);
     return 0;
 }
 
@@ -476,6 +525,9 @@ int main(int argc, char **argv) {
     if (strcmp(m, "teardown") == 0 && argc == 6)
         return mode_teardown(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                              strtoull(argv[4], NULL, 10), argv[5]);
+    if (strcmp(m, "reuse") == 0 && argc == 6)
+        return mode_reuse(strtoull(argv[2], NULL, 10), atoi(argv[3]), strtoull(argv[4], NULL, 10),
+                          argv[5]);
     if (strcmp(m, "quit") == 0 && argc == 6)
         return mode_quit(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                          strtoull(argv[4], NULL, 10), argv[5]);
