@@ -418,6 +418,31 @@ fn contexts_on_two_devices_are_each_charged_on_their_device() {
     }
 }
 
+/// A context handle the driver gives again to a context on another device: a thread that used the
+/// old context and makes the new one current has its allocation charged on the new context's device
+/// (simgpu gives a destroyed context's handle to the next one created).
+#[test]
+fn a_context_handle_given_again_is_charged_on_its_new_device() {
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("reused-handle");
+        let sim = sim("overhead-reused").env("SIMGPU_DEVICES", "2");
+        let run = sim.run_cmd(&mut client(&sim, deploy, &dir, "reused", &["reused", "64"]));
+        run.assert_success();
+        let report = run.report();
+        assert_eq!(run.get("same_handle"), "1", "{deploy:?}\n{report}");
+        assert_eq!(
+            run.get_u64("free1"),
+            QUOTA - SIM_CONTEXT - 64 * MIB,
+            "{deploy:?}: device 1 holds its context and the 64 MiB\n{report}"
+        );
+        assert_eq!(
+            run.get_u64("free0"),
+            QUOTA - SIM_CONTEXT,
+            "{deploy:?}: device 0 holds its primary context only\n{report}"
+        );
+    }
+}
+
 /// Runs the client's two-device `mode` (`peerpool`, `peerstream`) as a process of a tenant with
 /// 4 GiB on device 0 and 1 GiB on device 1, until it reports `ready`; returns what it printed and
 /// what simgpu says the process holds on devices 0 and 1.

@@ -3,7 +3,7 @@
 //! it is destroyed. A primary context is charged on its first retain and returned on its last
 //! release or reset. A context's modules and limits go with it.
 
-use super::tenant::{Device, LAST_CONTEXT};
+use super::tenant::{context_destroyed, Device};
 use super::{Charge, Tenant};
 use gpuslice_api::types::{CUcontext, CUdevice};
 use gpuslice_api::{CUerror, CUresult};
@@ -91,12 +91,8 @@ impl Tenant {
         if let Some(charge) = charge {
             self.release(charge);
         }
+        context_destroyed();
         self.forget_owned_by(ctx);
-        LAST_CONTEXT.with(|c| {
-            if c.get().0 == ctx {
-                c.set((0, -1));
-            }
-        });
         self.reconcile_all();
     }
 
@@ -149,6 +145,7 @@ impl Tenant {
         }
         let gone = r.primary.remove(&ordinal);
         drop(r);
+        context_destroyed();
         if let Some((_, charge, ctx)) = gone {
             self.release(charge);
             self.forget_owned_by(ctx);

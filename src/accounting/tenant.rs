@@ -12,6 +12,7 @@ use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
 use gpuslice_api::CUerror;
 use parking_lot::{Mutex, ReentrantMutex};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// One device as this process sees it.
@@ -56,8 +57,20 @@ pub struct Tenant {
 pub(super) const MAX_ORDINALS: usize = 64;
 
 thread_local! {
-    /// The last (context, device ordinal) this thread resolved: allocations repeat on one context.
-    pub(super) static LAST_CONTEXT: Cell<(usize, CUdevice)> = const { Cell::new((0, -1)) };
+    /// The last (context, device ordinal) this thread resolved, and [`CONTEXTS_DESTROYED`] then:
+    /// allocations repeat on one context.
+    static LAST_CONTEXT: Cell<(usize, CUdevice, u64)> = const { Cell::new((0, -1, 0)) };
+}
+
+/// Contexts of this process destroyed so far (created ones destroyed, primary ones reset or
+/// released for the last time). A driver gives a destroyed context's handle to a later context,
+/// perhaps on another device: what a thread resolved for a handle holds only while this count
+/// has not moved.
+static CONTEXTS_DESTROYED: AtomicU64 = AtomicU64::new(0);
+
+/// A context of this process was destroyed: every thread's [`LAST_CONTEXT`] is to be resolved again.
+pub(super) fn context_destroyed() {
+    CONTEXTS_DESTROYED.fetch_add(1, Ordering::AcqRel);
 }
 
 impl Tenant {
@@ -210,13 +223,16 @@ pub(super) fn current_ordinal() -> Result<CUdevice, CUerror> {
     if ctx.is_null() {
         return Err(CUerror::INVALID_CONTEXT);
     }
-    let (last_ctx, last_ordinal) = LAST_CONTEXT.with(Cell::get);
-    if last_ctx == ctx as usize {
+    // Read after the context: a context made current here after another's destruction was created
+    // after it, so a handle given again is never taken for the context it once named.
+    let destroyed = CONTEXTS_DESTROYED.load(Ordering::Acquire);
+    let (last_ctx, last_ordinal, seen) = LAST_CONTEXT.with(Cell::get);
+    if last_ctx == ctx as usize && seen == destroyed {
         return Ok(last_ordinal);
     }
     let mut ordinal: CUdevice = -1;
     // SAFETY: `ordinal` is a valid out-parameter.
     unsafe { driver::real::cuCtxGetDevice(&mut ordinal) }?;
-    LAST_CONTEXT.with(|c| c.set((ctx as usize, ordinal)));
+    LAST_CONTEXT.with(|c| c.set((ctx as usize, ordinal, destroyed)));
     Ok(ordinal)
 }

@@ -37,6 +37,13 @@
  *                                           set to HEAP_MIB: heap_rc
  *   leave MIB [wait]                        context (with `wait`: ready=1, then wait for a line),
  *                                           MIB allocated, exit without freeing
+ *   reused MIB                              a context created on device 0 is made current in a
+ *                                           second thread, which allocates and frees MIB there; the
+ *                                           context is destroyed and one created on device 1 (a
+ *                                           driver may give it the old handle: same_handle=), which
+ *                                           the second thread makes current and allocates MIB in;
+ *                                           then cuMemGetInfo on device 1 (free1=) and device 0
+ *                                           (free0=, its primary context)
  *   peerpool                                primary contexts on devices 0 and 1, device 0's current;
  *                                           64 MiB blocks from a pool created on device 1 until
  *                                           refused (at most 32), then one from device 1's default
@@ -44,6 +51,7 @@
  */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -173,8 +181,65 @@ static char *ptx_of(unsigned long long mib) {
     return s;
 }
 
+/* `reused`: the second thread's steps, each begun when the main thread lets it. */
+static pthread_barrier_t reused_step;
+static CUcontext reused_ctx;
+static size_t reused_mib;
+
+static void *reused_thread(void *unused) {
+    (void)unused;
+    CUdeviceptr p;
+    pthread_barrier_wait(&reused_step);
+    CHECK(cuCtxSetCurrent(reused_ctx));
+    CHECK(cuMemAlloc(&p, reused_mib * MIB));
+    CHECK(cuMemFree(p));
+    pthread_barrier_wait(&reused_step);
+    /* The context is destroyed and another created meanwhile. */
+    pthread_barrier_wait(&reused_step);
+    CHECK(cuCtxSetCurrent(reused_ctx));
+    CHECK(cuMemAlloc(&p, reused_mib * MIB));
+    pthread_barrier_wait(&reused_step);
+    /* Measured meanwhile. */
+    pthread_barrier_wait(&reused_step);
+    CHECK(cuMemFree(p));
+    return NULL;
+}
+
+static int mode_reused(size_t mib) {
+    CUdevice dev0, dev1;
+    CUcontext old, primary0;
+    pthread_t t;
+    size_t free1, free0, total;
+    reused_mib = mib;
+    CHECK(cuDeviceGet(&dev0, 0));
+    CHECK(cuDeviceGet(&dev1, 1));
+    CHECK(cuCtxCreate(&reused_ctx, 0, dev0));
+    pthread_barrier_init(&reused_step, NULL, 2);
+    pthread_create(&t, NULL, reused_thread, NULL);
+    pthread_barrier_wait(&reused_step);
+    pthread_barrier_wait(&reused_step);
+    old = reused_ctx;
+    CHECK(cuCtxDestroy(old));
+    CHECK(cuCtxCreate(&reused_ctx, 0, dev1));
+    printf("same_handle=%d\n", reused_ctx == old);
+    pthread_barrier_wait(&reused_step);
+    pthread_barrier_wait(&reused_step);
+    CHECK(cuMemGetInfo(&free1, &total));
+    CHECK(cuDevicePrimaryCtxRetain(&primary0, dev0));
+    CHECK(cuCtxSetCurrent(primary0));
+    CHECK(cuMemGetInfo(&free0, &total));
+    printf("free1=%zu\nfree0=%zu\n", free1, free0);
+    pthread_barrier_wait(&reused_step);
+    pthread_join(t, NULL);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "steps";
+    if (strcmp(mode, "reused") == 0 && argc == 3) {
+        CHECK(cuInit(0));
+        return mode_reused(strtoull(argv[2], NULL, 10));
+    }
     CUdevice dev;
     CUcontext ctx;
     CHECK(cuInit(0));
