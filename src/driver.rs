@@ -25,6 +25,16 @@ pub enum Library {
     Nvml,
 }
 
+impl Library {
+    /// The variable that names the real library, and its standard names.
+    fn names(self) -> (&'static str, &'static [&'static CStr]) {
+        match self {
+            Library::Cuda => ("GPUSLICE_REAL_LIBCUDA", CUDA_NAMES),
+            Library::Nvml => ("GPUSLICE_REAL_NVML", NVML_NAMES),
+        }
+    }
+}
+
 extern "C" {
     /// glibc's dlsym, found without going through our interposer (shim-c/interpose.c).
     fn gpuslice_real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
@@ -97,22 +107,45 @@ fn resolve(which: Real) -> Option<*const ()> {
     Some(addr as *const ())
 }
 
-/// The real library's handle (null when it is not to be found).
+/// The real library's handle (null when it is not to be found). The full search (and its error)
+/// happens once per process; after it failed, a call looks only among the libraries the program
+/// has loaded since: a dozen `dlopen`s and an error line at every call would help no one.
 pub fn library_handle(library: Library) -> *mut c_void {
     static HANDLES: [AtomicPtr<c_void>; 2] = [
         AtomicPtr::new(std::ptr::null_mut()),
         AtomicPtr::new(std::ptr::null_mut()),
     ];
+    static SEARCHED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
     let slot = &HANDLES[library as usize];
     let h = slot.load(Ordering::Acquire);
     if !h.is_null() {
         return h;
     }
-    let h = open_library(library);
+    // Threads racing here may each search (and log): none waits on another, which could be
+    // holding the dynamic loader's lock in a library constructor.
+    let h = if SEARCHED[library as usize].swap(true, Ordering::AcqRel) {
+        loaded_since(library)
+    } else {
+        open_library(library)
+    };
     if !h.is_null() {
         slot.store(h, Ordering::Release);
     }
     h
+}
+
+/// The real library if the program loaded it after the search failed (by a path of its own: the
+/// loader then answers to the standard name). Never when a path was given: that choice stands.
+fn loaded_since(library: Library) -> *mut c_void {
+    let (var, names) = library.names();
+    if std::env::var_os(var).is_some() {
+        return std::ptr::null_mut();
+    }
+    names
+        .iter()
+        .map(|name| accept(library, dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD)))
+        .find(|h| !h.is_null())
+        .unwrap_or(std::ptr::null_mut())
 }
 
 fn dlopen(name: &CStr, flags: c_int) -> *mut c_void {
@@ -171,10 +204,7 @@ pub fn deferring() -> bool {
 }
 
 fn open_library(library: Library) -> *mut c_void {
-    let (var, names) = match library {
-        Library::Cuda => ("GPUSLICE_REAL_LIBCUDA", CUDA_NAMES),
-        Library::Nvml => ("GPUSLICE_REAL_NVML", NVML_NAMES),
-    };
+    let (var, names) = library.names();
     if library == Library::Nvml && role() == Role::DropinCuda {
         // The drop-in libcuda reads the real NVML to measure driver memory. Loaded first by its
         // path, the real library would then answer the program's own dlopen("libnvidia-ml.so.1")

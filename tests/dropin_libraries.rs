@@ -231,8 +231,25 @@ fn dropin_never_loads_itself_as_the_driver() {
     let run = sim.run_cmd(&mut cmd);
     assert!(run.status.success(), "{}", run.report());
     assert_eq!(run.get("init"), "3", "{}", run.report());
-    assert!(
-        run.stderr.contains("no real libcuda.so.1 found"),
+    // Said once, however many calls the program makes, each of which fails.
+    assert_eq!(
+        run.stderr.matches("no real libcuda.so.1 found").count(),
+        1,
+        "{}",
+        run.report()
+    );
+    // Also when the program resolves its entry points through cuGetProcAddress, as NVIDIA's
+    // cuda-bindings do.
+    let script = "from cuda.bindings import driver as d\n\
+        for call in (lambda: d.cuInit(0), d.cuDriverGetVersion, d.cuDeviceGetCount):\n\
+        \x20   try:\n        print(call())\n    except Exception as e:\n        print(type(e).__name__)\n";
+    let mut cmd = dropin_command(&sim, venv_python(), &ledger);
+    cmd.env_remove("GPUSLICE_REAL_LIBCUDA").args(["-c", script]);
+    let run = sim.run_cmd(&mut cmd);
+    assert!(run.status.success(), "{}", run.report());
+    assert_eq!(
+        run.stderr.matches("no real libcuda.so.1 found").count(),
+        1,
         "{}",
         run.report()
     );

@@ -6,6 +6,8 @@
  * Modes (argv[1]):
  *   full                         every step of a typical CUDA program, then allocate until OOM
  *   devices                      cuInit, then count, name and UUID of every visible device
+ *                                (when cuInit fails: the return codes of cuDriverGetVersion,
+ *                                cuDeviceGetCount twice and cuMemGetInfo)
  *   spin START_NS MS KERNEL_US   from CLOCK_REALTIME START_NS, launch `spin` kernels back to back
  *                                for MS milliseconds, keeping a few queued; print the interval
  *   async N KERNEL_US            N launches: time spent launching vs. synchronizing
@@ -127,8 +129,16 @@ static CUresult launch_spin(struct setup *s, uint64_t us) {
 static int mode_devices(void) {
     CUresult rc = A.p_cuInit(0);
     printf("init=%d\n", (int)rc);
-    if (rc != CUDA_SUCCESS)
+    if (rc != CUDA_SUCCESS) {
+        /* A program that goes on calling after a failure (each call fails the same way). */
+        int version = 0, count = 0;
+        size_t free_bytes = 0, total_bytes = 0;
+        printf("version_rc=%d\n", (int)A.p_cuDriverGetVersion(&version));
+        printf("count_rc=%d\n", (int)A.p_cuDeviceGetCount(&count));
+        printf("count_again_rc=%d\n", (int)A.p_cuDeviceGetCount(&count));
+        printf("info_rc=%d\n", (int)A.p_cuMemGetInfo(&free_bytes, &total_bytes));
         return 0;
+    }
     int count = -1;
     CHECK(A.p_cuDeviceGetCount(&count));
     printf("device_count=%d\n", count);
