@@ -5,12 +5,15 @@
 #     the newest built for CUDA 12 drivers (13.x requires a CUDA 13 driver); simgpu reports 12080 (12.8),
 #     and 12.9 bindings run on any 12.x driver (entry points newer than the driver are simply absent).
 #   nvidia-ml-py: pynvml, NVIDIA's NVML bindings (ctypes over libnvidia-ml.so.1).
+#   cuda-core 1.2.x: NVIDIA's Pythonic layer over cuda-bindings (devices, memory resources on the
+#     device's pool, object code, launches), with numpy for kernel arguments. Run without NVRTC:
+#     the tests load prebuilt cubins.
 #   jsonschema: validates the CDI specs gpuslice writes against the CDI project's schema (node/tests).
 # Idempotent: a stamp file naming the requirements makes a second run instant.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV=${1:-"$ROOT/target/venv"}
-REQS=("cuda-bindings==12.9.*" "nvidia-ml-py" "jsonschema")
+REQS=("cuda-bindings==12.9.*" "nvidia-ml-py" "jsonschema" "cuda-core==1.2.*" "numpy")
 STAMP="$VENV/.gpuslice-stamp"
 want="${REQS[*]}"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then

@@ -1348,6 +1348,68 @@ const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvml
     cc = nv.c_nvmlMemory_t()\n\
     print(f'cc_rc={nv._nvmlGetFunctionPointer(\"nvmlDeviceGetConfComputeProtectedMemoryUsage\")(h, ctypes.byref(cc))}')\n";
 
+/// NVIDIA's cuda.core (tests/clients/quota_core.py): its device, a cubin loaded as object code,
+/// buffers from the device's pool, a launch, a refused allocation and the pool trimmed; at each step
+/// the driver API and NVML agree with each other and with the charge, and the program exits cleanly
+/// (cuda.core releases its primary context from a thread-local destructor at exit).
+fn cuda_core_sees_its_quota(deploy: Deploy) {
+    let dir = scratch("cuda-core");
+    let sim = sim("overhead-cuda-core");
+    let cubin = fixture("kernel.sm_80.cubin");
+    let run = python_as(
+        &sim,
+        deploy,
+        &dir,
+        "core",
+        &[
+            client_source("quota_core.py").to_str().unwrap(),
+            cubin.to_str().unwrap(),
+        ],
+    );
+    let report = run.report();
+    let kv = run.kv();
+    let at = |s: &str, key: &str| step(&kv, s, key);
+    // The context, one page of module code, 64 MiB of buffers, then the buffers trimmed away.
+    let expected = [
+        ("context", SIM_CONTEXT),
+        ("module", SIM_CONTEXT + GRANULE),
+        ("alloc", SIM_CONTEXT + GRANULE + 64 * MIB),
+        ("launch", SIM_CONTEXT + GRANULE + 64 * MIB),
+        ("closed", SIM_CONTEXT + GRANULE),
+    ];
+    for (s, used) in expected {
+        assert_eq!(at(s, "total"), QUOTA, "{deploy:?} {s}\n{report}");
+        assert_eq!(at(s, "free"), QUOTA - used, "{deploy:?} {s}\n{report}");
+        assert_eq!(at(s, "nvml_total"), QUOTA, "{deploy:?} {s}\n{report}");
+        assert_eq!(at(s, "nvml_used"), used, "{deploy:?} {s}\n{report}");
+        assert_eq!(at(s, "nvml_free"), QUOTA - used, "{deploy:?} {s}\n{report}");
+        assert_eq!(
+            at(s, "v2_reserved") + at(s, "v2_used") + at(s, "v2_free"),
+            at(s, "v2_total"),
+            "{deploy:?} {s}\n{report}"
+        );
+        assert_eq!(at(s, "v2_total"), QUOTA, "{deploy:?} {s}\n{report}");
+        assert_eq!(at(s, "procs_count"), 1, "{deploy:?} {s}\n{report}");
+        assert_eq!(at(s, "procs_used"), used, "{deploy:?} {s}\n{report}");
+    }
+    assert_eq!(run.get("refused"), "1", "{deploy:?}\n{report}");
+    assert!(
+        !run.stderr.contains("panicked"),
+        "{deploy:?}: no panic, the driver's or ours, at exit\n{report}"
+    );
+    assert!(
+        group_peak(&sim.stat(), "core") <= QUOTA,
+        "{deploy:?}\n{report}"
+    );
+}
+
+in_every_deployment!(
+    cuda_core_sees_its_quota:
+    cuda_core_sees_its_quota_preloaded,
+    cuda_core_sees_its_quota_dropin,
+    cuda_core_sees_its_quota_mixed
+);
+
 /// What NVML shows a tenant, through [`NVML_VIEW`].
 fn nvml_view(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str) -> Run {
     python_as(sim, deploy, dir, tenant, &["-c", NVML_VIEW])
