@@ -418,6 +418,48 @@ fn contexts_on_two_devices_are_each_charged_on_their_device() {
     }
 }
 
+/// A context torn down (destroyed, its primary context reset, or released for the last time) takes
+/// the memory allocated in it with it, without a free call: cuMemAlloc, managed, pitch and array
+/// memory never freed goes back to the tenant with the context, and the whole quota is usable again.
+fn allocations_go_with_their_context(deploy: Deploy) {
+    for how in ["destroy", "reset", "release"] {
+        let dir = scratch("torn");
+        let sim = sim("overhead-torn");
+        let run = sim.run_cmd(&mut client(&sim, deploy, &dir, "torn", &["torn", how]));
+        run.assert_success();
+        let report = run.report();
+        let (before, held, after) = (
+            run.get_u64("before"),
+            run.get_u64("held"),
+            run.get_u64("after"),
+        );
+        assert!(
+            held < before,
+            "{deploy:?} {how}: the allocations are charged\n{report}"
+        );
+        assert_eq!(
+            after, before,
+            "{deploy:?} {how}: given back with the context\n{report}"
+        );
+        assert_eq!(
+            run.get_u64("fill_bytes"),
+            QUOTA - SIM_CONTEXT,
+            "{deploy:?} {how}\n{report}"
+        );
+        assert!(
+            group_peak(&sim.stat(), "torn") <= QUOTA,
+            "{deploy:?} {how}\n{report}"
+        );
+    }
+}
+
+in_every_deployment!(
+    allocations_go_with_their_context:
+    allocations_go_with_their_context_preloaded,
+    allocations_go_with_their_context_dropin,
+    allocations_go_with_their_context_mixed
+);
+
 /// A context handle the driver gives again to a context on another device: a thread that used the
 /// old context and makes the new one current has its allocation charged on the new context's device
 /// (simgpu gives a destroyed context's handle to the next one created).

@@ -93,6 +93,7 @@ impl Tenant {
         }
         context_destroyed();
         self.forget_owned_by(ctx);
+        self.release_freed_allocations(ctx);
         self.reconcile_all();
     }
 
@@ -149,6 +150,7 @@ impl Tenant {
         if let Some((_, charge, ctx)) = gone {
             self.release(charge);
             self.forget_owned_by(ctx);
+            self.release_freed_allocations(ctx);
             self.reconcile_all();
         }
     }

@@ -5,6 +5,7 @@ use super::overhead::OverheadRecord;
 use super::pools::PoolCharge;
 use super::vmm::Physical;
 use super::{Charge, Device, Tenant};
+use crate::driver::calls as driver;
 use gpuslice_api::types::CUdevice;
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::{BTreeMap, HashMap};
@@ -56,10 +57,11 @@ impl ChargeTable {
         (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
     }
 
+    /// Records `charge` under `key`; the charge it replaces, if `key` had one.
     #[inline(always)]
-    pub(super) fn insert(&mut self, key: u64, charge: Charge) {
+    pub(super) fn insert(&mut self, key: u64, charge: Charge) -> Option<Charge> {
         if key == 0 {
-            return;
+            return None;
         }
         if (self.len + 1) * 2 > self.keys.len() {
             self.grow();
@@ -72,11 +74,10 @@ impl ChargeTable {
                     self.keys[i] = key;
                     self.charges[i] = charge;
                     self.len += 1;
-                    return;
+                    return None;
                 }
                 k if k == key => {
-                    self.charges[i] = charge;
-                    return;
+                    return Some(std::mem::replace(&mut self.charges[i], charge));
                 }
                 _ => i = (i + 1) & mask,
             }
@@ -102,6 +103,11 @@ impl ChargeTable {
 
     pub(super) fn get(&self, key: u64) -> Option<Charge> {
         self.position(key).map(|i| self.charges[i])
+    }
+
+    /// Every recorded key.
+    fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.keys.iter().copied().filter(|&k| k != 0)
     }
 
     #[inline(always)]
@@ -154,8 +160,8 @@ impl ChargeTable {
 /// `Tenant::allocations`, behind a lock of their own: the allocation hot path).
 #[derive(Default)]
 pub(super) struct Records {
-    /// Array / mipmapped array handle -> charge.
-    pub arrays: KeyMap<usize, Charge>,
+    /// Array / mipmapped array handle -> its charge and its context (destroyed with it).
+    pub arrays: KeyMap<usize, (Charge, usize)>,
     /// VMM generic allocation handle -> physical allocation.
     pub physical: KeyMap<u64, Physical>,
     /// Mapped VA start -> (size, handle).
@@ -190,8 +196,61 @@ impl Tenant {
         call: impl FnOnce() -> Result<u64, CUerror>,
     ) -> CUresult {
         let (key, charge) = self.charge_around(device, bytes, what, call)?;
-        self.allocations.lock().insert(key, charge);
+        // The driver hands out no live allocation's address: a charge already under it is that of
+        // memory freed without a free call (with its context), and goes back.
+        if let Some(stale) = self.allocations.lock().insert(key, charge) {
+            self.release(stale);
+        }
         Ok(())
+    }
+
+    /// Context `ctx` was destroyed, and with it every allocation and array made in it: their
+    /// charges go back. Arrays know their context. Device pointers and pool blocks do not (finding
+    /// it would cost every allocation a driver call): those the driver no longer knows are the
+    /// freed ones, asked pointer by pointer with their records locked, so that an allocation the
+    /// driver makes meanwhile at a freed address is never taken for the freed one (the allocation
+    /// hooks record only after the driver returned).
+    pub(super) fn release_freed_allocations(&self, ctx: usize) {
+        let mut freed: Vec<Charge> = {
+            let mut table = self.allocations.lock();
+            let gone: Vec<u64> = table
+                .keys()
+                .filter(|&key| !driver::pointer_known(key))
+                .collect();
+            gone.into_iter()
+                .filter_map(|key| table.remove(key))
+                .collect()
+        };
+        let blocks: Vec<(usize, u64)> = {
+            let mut r = self.records.lock();
+            r.arrays.retain(|_, &mut (charge, owner)| {
+                let gone = owner == ctx;
+                if gone {
+                    freed.push(charge);
+                }
+                !gone
+            });
+            let gone: Vec<u64> = r
+                .pool_blocks
+                .keys()
+                .copied()
+                .filter(|&key| !driver::pointer_known(key))
+                .collect();
+            gone.into_iter()
+                .filter_map(|key| r.pool_blocks.remove(&key))
+                .collect()
+        };
+        for charge in freed {
+            self.release(charge);
+        }
+        // Blocks of a pool freed with the context are no longer outstanding: the pool is charged
+        // what the driver says it holds from then on.
+        if !blocks.is_empty() {
+            for (pool, bytes) in blocks {
+                self.pool_block_freed(pool, bytes);
+            }
+            self.settle_pools();
+        }
     }
 
     /// Frees through `call`, then returns the allocation's charge (if it was charged). A block of a
@@ -266,12 +325,18 @@ impl Tenant {
         Ok(())
     }
 
-    pub fn record_array(&self, handle: usize, charge: Charge) {
-        self.records.lock().arrays.insert(handle, charge);
+    /// An array created in context `ctx`. A charge already under its handle is that of an array
+    /// destroyed without a destroy call (with its context, whose teardown was not seen), and goes
+    /// back.
+    pub fn record_array(&self, handle: usize, charge: Charge, ctx: usize) {
+        let stale = self.records.lock().arrays.insert(handle, (charge, ctx));
+        if let Some((stale, _)) = stale {
+            self.release(stale);
+        }
     }
 
     pub fn forget_array(&self, handle: usize) {
-        if let Some(charge) = self.records.lock().arrays.remove(&handle) {
+        if let Some((charge, _)) = self.records.lock().arrays.remove(&handle) {
             self.release(charge);
         }
     }

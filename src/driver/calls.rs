@@ -42,6 +42,23 @@ real_calls! {
     fn cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_uint);
     fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
     fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut u64);
+    fn cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: u64);
+}
+
+/// Whether the driver knows `ptr` as device memory (a live allocation's address): asked for its
+/// device ordinal, which NVIDIA's driver refuses (`CUDA_ERROR_INVALID_VALUE`) for an address no
+/// allocation covers, such as one freed with its context.
+pub fn pointer_known(ptr: u64) -> bool {
+    let mut ordinal: c_int = -1;
+    // SAFETY: the attribute is an int; `ordinal` is a valid out-parameter.
+    unsafe {
+        real::cuPointerGetAttribute(
+            (&mut ordinal as *mut c_int).cast(),
+            gpuslice_api::types::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    }
+    .is_ok()
 }
 
 /// NVML functions (a separate library, its own error type).

@@ -402,7 +402,7 @@ fn array_create<H>(
     let reservation = t.reserve(device, bytes, "array creation")?;
     call()?;
     if let Some(h) = handle.get() {
-        t.record_array(h as usize, reservation.commit());
+        t.record_array(h as usize, reservation.commit(), t.current_context());
     }
     Ok(())
 }

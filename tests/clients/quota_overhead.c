@@ -44,6 +44,13 @@
  *                                           the second thread makes current and allocates MIB in;
  *                                           then cuMemGetInfo on device 1 (free1=) and device 0
  *                                           (free0=, its primary context)
+ *   torn HOW                                a context (HOW = destroy: created; reset, release: the
+ *                                           primary one), 64 MiB each from cuMemAlloc,
+ *                                           cuMemAllocManaged, cuMemAllocPitch, cuArrayCreate and
+ *                                           cuMemAllocAsync (the device's pool), never freed; the context torn down (cuCtxDestroy,
+ *                                           cuDevicePrimaryCtxReset, the last
+ *                                           cuDevicePrimaryCtxRelease) and a new one set up; free
+ *                                           (cuMemGetInfo) before=, held=, after=; then fill
  *   peerpool                                primary contexts on devices 0 and 1, device 0's current;
  *                                           64 MiB blocks from a pool created on device 1 until
  *                                           refused (at most 32), then one from device 1's default
@@ -181,6 +188,45 @@ static char *ptx_of(unsigned long long mib) {
     return s;
 }
 
+static int mode_torn(const char *how) {
+    CUdevice dev;
+    CUcontext ctx;
+    size_t before, held, after, total, pitch;
+    CUdeviceptr p;
+    CUarray array;
+    CUDA_ARRAY_DESCRIPTOR desc = {.Width = 4096, .Height = 4096, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    int destroy = strcmp(how, "destroy") == 0;
+    CHECK(cuDeviceGet(&dev, 0));
+    if (destroy)
+        CHECK(cuCtxCreate(&ctx, 0, dev));
+    else
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuMemGetInfo(&before, &total));
+    CHECK(cuMemAlloc(&p, 64 * MIB));
+    CHECK(cuMemAllocManaged(&p, 64 * MIB, CU_MEM_ATTACH_GLOBAL));
+    CHECK(cuMemAllocPitch(&p, &pitch, 4 * MIB, 16, 16));
+    CHECK(cuArrayCreate(&array, &desc));
+    CHECK(cuMemAllocAsync(&p, 64 * MIB, NULL));
+    CHECK(cuStreamSynchronize(NULL));
+    CHECK(cuMemGetInfo(&held, &total));
+    if (destroy) {
+        CHECK(cuCtxDestroy(ctx));
+        CHECK(cuCtxCreate(&ctx, 0, dev));
+    } else {
+        if (strcmp(how, "reset") == 0)
+            CHECK(cuDevicePrimaryCtxReset(dev));
+        else
+            CHECK(cuDevicePrimaryCtxRelease(dev));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+        CHECK(cuCtxSetCurrent(ctx));
+    }
+    CHECK(cuMemGetInfo(&after, &total));
+    printf("before=%zu\nheld=%zu\nafter=%zu\n", before, held, after);
+    printf("fill_bytes=%llu\n", fill());
+    return 0;
+}
+
 /* `reused`: the second thread's steps, each begun when the main thread lets it. */
 static pthread_barrier_t reused_step;
 static CUcontext reused_ctx;
@@ -236,6 +282,10 @@ static int mode_reused(size_t mib) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "steps";
+    if (strcmp(mode, "torn") == 0 && argc == 3) {
+        CHECK(cuInit(0));
+        return mode_torn(argv[2]);
+    }
     if (strcmp(mode, "reused") == 0 && argc == 3) {
         CHECK(cuInit(0));
         return mode_reused(strtoull(argv[2], NULL, 10));
