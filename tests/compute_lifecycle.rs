@@ -64,7 +64,7 @@ fn finish_by(mut child: Child, desc: &str, deadline: Instant) -> Result<Run, Str
             Ok(Some(_)) => return Ok(finish(child, desc)),
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => {
-                let threads = where_threads_wait(child.id());
+                let threads = where_threads_wait(child.id()) + &stacks_of(child.id());
                 let _ = child.kill();
                 let run = finish(child, desc);
                 return Err(format!(
@@ -73,6 +73,27 @@ fn finish_by(mut child: Child, desc: &str, deadline: Instant) -> Result<Run, Str
                 ));
             }
         }
+    }
+}
+
+/// Each thread's user-space stack in process `pid`, from gdb when the machine has it (a hung
+/// client's own frames say which lock it waits for; `/proc` only says that it waits).
+fn stacks_of(pid: u32) -> String {
+    let out = Command::new("timeout")
+        .args(["20", "gdb", "-batch", "-nx", "-p", &pid.to_string()])
+        .args(["-ex", "thread apply all bt 30"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let frames: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("Thread ") || l.starts_with('#'))
+                .take(300)
+                .collect();
+            format!("  stacks (gdb):\n    {}\n", frames.join("\n    "))
+        }
+        _ => String::new(),
     }
 }
 
