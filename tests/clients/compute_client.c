@@ -388,22 +388,8 @@ static long spin_until(uint64_t end_ns, uint64_t us) {
     return n;
 }
 
-/* The current context torn down (destroyed, or the primary context reset), then a new one set up. */
-static void tear_down(CUcontext *ctx, CUdevice dev, int destroy) {
-    if (destroy) {
-        CHECK(cuCtxDestroy(*ctx));
-        CHECK(cuCtxCreate(ctx, NULL, 0, dev));
-    } else {
-        CHECK(cuDevicePrimaryCtxReset(dev));
-        CHECK(cuDevicePrimaryCtxRetain(ctx, dev));
-    }
-    CHECK(cuCtxSetCurrent(*ctx));
-    load();
-}
-
-static int mode_teardown(uint64_t start_ns, uint64_t ms, uint64_t us, const char *how) {
-    CUdevice dev = device();
-    int destroy = strcmp(how, "destroy") == 0;
+/* A context to tear down, current, with the module and stream: created (destroy), or the primary one. */
+static CUcontext set_up(CUdevice dev, int destroy) {
     CUcontext ctx;
     if (destroy)
         CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
@@ -411,6 +397,22 @@ static int mode_teardown(uint64_t start_ns, uint64_t ms, uint64_t us, const char
         CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
     load();
+    return ctx;
+}
+
+/* The current context torn down (destroyed, or the primary context reset), then a new one set up. */
+static void tear_down(CUcontext *ctx, CUdevice dev, int destroy) {
+    if (destroy)
+        CHECK(cuCtxDestroy(*ctx));
+    else
+        CHECK(cuDevicePrimaryCtxReset(dev));
+    *ctx = set_up(dev, destroy);
+}
+
+static int mode_teardown(uint64_t start_ns, uint64_t ms, uint64_t us, const char *how) {
+    CUdevice dev = device();
+    int destroy = strcmp(how, "destroy") == 0;
+    CUcontext ctx = set_up(dev, destroy);
     wait_start(start_ns);
     uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
     long before = spin_until(t0 + ms * 500000ull, us);
@@ -427,13 +429,7 @@ static int mode_teardown(uint64_t start_ns, uint64_t ms, uint64_t us, const char
 static int mode_reuse(uint64_t start_ns, int cycles, uint64_t us, const char *how) {
     CUdevice dev = device();
     int destroy = strcmp(how, "destroy") == 0;
-    CUcontext ctx;
-    if (destroy)
-        CHECK(cuCtxCreate(&ctx, NULL, 0, dev));
-    else
-        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
-    load();
+    CUcontext ctx = set_up(dev, destroy);
     wait_start(start_ns);
     int moved = 0;
     for (int c = 0; c < cycles; c++) {
