@@ -45,20 +45,21 @@ real_calls! {
     fn cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: u64);
 }
 
-/// Whether the driver knows `ptr` as device memory (a live allocation's address): asked for its
-/// device ordinal, which NVIDIA's driver refuses (`CUDA_ERROR_INVALID_VALUE`) for an address no
-/// allocation covers, such as one freed with its context.
+/// Whether the driver may still hold `ptr`: asked for its device ordinal, which NVIDIA's driver
+/// refuses with `CUDA_ERROR_INVALID_VALUE` for an address no allocation covers, such as one freed
+/// with its context. Any other failure says nothing about the memory: it is taken as held (a
+/// charge is never given back on a failed query).
 pub fn pointer_known(ptr: u64) -> bool {
     let mut ordinal: c_int = -1;
     // SAFETY: the attribute is an int; `ordinal` is a valid out-parameter.
-    unsafe {
+    let answer = unsafe {
         real::cuPointerGetAttribute(
             (&mut ordinal as *mut c_int).cast(),
             gpuslice_api::types::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
             ptr,
         )
-    }
-    .is_ok()
+    };
+    answer != Err(CUerror::INVALID_VALUE)
 }
 
 /// NVML functions (a separate library, its own error type).
