@@ -350,6 +350,26 @@ pub fn handle_path(handle: *mut c_void) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
+/// This library's own export `name` (null if it has none).
+pub fn own_export(name: &str) -> *mut c_void {
+    let Some(own) = object_path(own_export as *const c_void).and_then(|p| CString::new(p).ok())
+    else {
+        return std::ptr::null_mut();
+    };
+    let Ok(name) = CString::new(name) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: `own` is NUL-terminated; RTLD_NOLOAD only looks the object up (and takes a reference).
+    let me = unsafe { libc::dlopen(own.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if me.is_null() {
+        return std::ptr::null_mut();
+    }
+    let f = real_dlsym(me, &name);
+    // SAFETY: drops the reference just taken (this library stays loaded: it is running).
+    unsafe { libc::dlclose(me) };
+    f
+}
+
 /// The file the real library was loaded from (for `gpuslice doctor` and logs), if it was found.
 pub fn library_path(library: Library) -> Option<String> {
     let h = library_handle(library);

@@ -239,14 +239,27 @@ fn dropin_never_loads_itself_as_the_driver() {
         run.report()
     );
     // Also when the program resolves its entry points through cuGetProcAddress, as NVIDIA's
-    // cuda-bindings do.
+    // cuda-bindings do: each resolves, and each call answers CUDA_ERROR_NOT_INITIALIZED, which the
+    // program can name (the functions are not missing: the driver is).
     let script = "from cuda.bindings import driver as d\n\
-        for call in (lambda: d.cuInit(0), d.cuDriverGetVersion, d.cuDeviceGetCount):\n\
-        \x20   try:\n        print(call())\n    except Exception as e:\n        print(type(e).__name__)\n";
+        for i, call in enumerate((lambda: d.cuInit(0), d.cuDriverGetVersion, d.cuDeviceGetCount)):\n\
+        \x20   print(f'call{i}={int(call()[0])}')\n\
+        err, name = d.cuGetErrorName(d.CUresult(3))\n\
+        print(f'name_rc={int(err)}\\nname={name.decode()}')\n";
     let mut cmd = dropin_command(&sim, venv_python(), &ledger);
     cmd.env_remove("GPUSLICE_REAL_LIBCUDA").args(["-c", script]);
     let run = sim.run_cmd(&mut cmd);
     assert!(run.status.success(), "{}", run.report());
+    for call in ["call0", "call1", "call2"] {
+        assert_eq!(run.get(call), "3", "{}", run.report());
+    }
+    assert_eq!(run.get("name_rc"), "0", "{}", run.report());
+    assert_eq!(
+        run.get("name"),
+        "CUDA_ERROR_NOT_INITIALIZED",
+        "{}",
+        run.report()
+    );
     assert_eq!(
         run.stderr.matches("no real libcuda.so.1 found").count(),
         1,

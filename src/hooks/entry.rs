@@ -7,6 +7,7 @@
 use super::{hooks, Out};
 use crate::driver::{self, hooked_entry};
 use gpuslice_api::entry_points::variants_of;
+use gpuslice_api::procaddress;
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,18 +15,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 hooks! {
     ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
     fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64)
-        => get_proc_address(symbol, Out::new(pfn), || real::cuGetProcAddress(symbol, pfn, cuda_version, flags));
+        => get_proc_address(symbol, Out::new(pfn), None, (cuda_version, flags),
+                            || real::cuGetProcAddress(symbol, pfn, cuda_version, flags));
     fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64,
                            status: *mut c_int)
-        => get_proc_address(symbol, Out::new(pfn),
+        => get_proc_address(symbol, Out::new(pfn), Some(Out::new(status)), (cuda_version, flags),
                             || real::cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status));
 }
 
+/// `status`: the `_v2` entry point's out-parameter; `request`: (CUDA version, flags).
 fn get_proc_address(
     symbol: *const c_char,
     pfn: Out<*mut c_void>,
+    status: Option<Out<c_int>>,
+    request: (c_int, u64),
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    if let Some(answer) = without_driver(symbol, &pfn, status.as_ref(), request) {
+        return answer;
+    }
     call()?;
     if let (Some(p), false) = (pfn.get(), symbol.is_null()) {
         if !p.is_null() {
@@ -35,6 +43,50 @@ fn get_proc_address(
         }
     }
     Ok(())
+}
+
+/// A drop-in libcuda with no real driver behind it answers lookups as a driver would, with its own
+/// exports, each of which fails with `CUDA_ERROR_NOT_INITIALIZED` (the log says why once). A program
+/// then learns from its first call that the driver cannot be initialised, rather than that the
+/// functions do not exist (NVIDIA's cuda-bindings raised "function cuInit is not found", and the
+/// CUDA runtime would report a driver too old). `None`: there is a driver; ask it.
+fn without_driver(
+    symbol: *const c_char,
+    pfn: &Out<*mut c_void>,
+    status: Option<&Out<c_int>>,
+    (cuda_version, flags): (c_int, u64),
+) -> Option<CUresult> {
+    if driver::role() != driver::Role::DropinCuda
+        || !driver::library_handle(driver::Library::Cuda).is_null()
+    {
+        return None;
+    }
+    if symbol.is_null() || pfn.is_null() {
+        return Some(Err(CUerror::INVALID_VALUE));
+    }
+    // SAFETY: a non-NULL C string from the caller, per the API contract.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+    let resolution = procaddress::resolve(name, cuda_version, flags, u32::MAX);
+    let Some(found) = resolution.status() else {
+        return Some(Err(CUerror::INVALID_VALUE));
+    };
+    let address = match resolution {
+        procaddress::Resolution::Found(entry) => driver::own_export(entry.symbol),
+        _ => std::ptr::null_mut(),
+    };
+    match status {
+        // The 12.x entry point: success, with the outcome in `status` and NULL when not found.
+        Some(status) => {
+            pfn.set(address);
+            status.set(found);
+            Some(Ok(()))
+        }
+        None if address.is_null() => Some(Err(CUerror::NOT_FOUND)),
+        None => {
+            pfn.set(address);
+            Some(Ok(()))
+        }
+    }
 }
 
 /// The hook for the exact variant the real driver resolved `base` to, or `resolved` itself.
