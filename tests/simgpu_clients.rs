@@ -432,3 +432,39 @@ fn the_current_context_is_known_while_a_thread_exits() {
         );
     }
 }
+
+/// `cuOccupancy*` by NVIDIA's occupancy calculation from the function's and the device's
+/// attributes (16 registers per thread, no static shared memory; 2048 threads, 32 blocks, 64 Ki
+/// registers and 228 KiB of shared memory per multiprocessor, 1 KiB reserved per block), as
+/// cuda.core's `Kernel.occupancy` asks for it through cuda-bindings.
+#[test]
+fn occupancy_follows_the_calculation() {
+    let sim = sim("occupancy");
+    let cubin = root().join("tests/fixtures/modules/kernel.sm_80.cubin");
+    let run = sim.run_python("occupancy.py", &[cubin.to_str().unwrap()]);
+    run.assert_success();
+    let report = run.report();
+    for (key, want) in [
+        ("active_32_0", 32),        // the block limit
+        ("active_256_0", 8),        // the thread limit
+        ("active_1024_0", 2),       // the thread limit
+        ("active_256_49152", 4),    // shared memory: 228 KiB / (48 + 1) KiB
+        ("active_2048_0", 0),       // larger than a block may be
+        ("potential_block", 1024),  // every multiprocessor's 64 warps, in the largest blocks
+        ("limited_block", 128),     // up to 200 threads: 16 blocks of 4 warps fill it
+        ("available_4x256", 49152), // 57 KiB each, capped at the function's 48 KiB
+    ] {
+        assert_eq!(run.get_u64(key), want, "{key}\n{report}");
+    }
+    let multiprocessors = run.get_u64("multiprocessors");
+    assert_eq!(
+        run.get_u64("potential_grid"),
+        2 * multiprocessors,
+        "{report}"
+    );
+    assert_eq!(
+        run.get_u64("limited_grid"),
+        16 * multiprocessors,
+        "{report}"
+    );
+}

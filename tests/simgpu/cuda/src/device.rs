@@ -92,7 +92,7 @@ fn pci(physical: u32) -> (u32, u32, u32, u32) {
 
 /// An H100-SXM-like attribute table (values as the real driver reports for that board), with the
 /// per-device values (SM count, compute capability, PCI location) from simgpu's device description.
-fn attribute(attr: c_int, physical: u32) -> Option<i32> {
+pub(crate) fn attribute(attr: c_int, physical: u32) -> Option<i32> {
     let d = info(physical);
     let (domain, bus, device, _) = pci(physical);
     let v = match attr {

@@ -31,6 +31,8 @@ mod launch;
 // Modules, libraries, functions and kernels.
 mod image;
 mod module;
+// Occupancy: blocks resident per multiprocessor.
+mod occupancy;
 // Graphs: captured or built, instantiated, launched.
 mod graph;
 // Graph memory nodes: allocations that get memory when their graph is launched.
@@ -43,7 +45,7 @@ mod exports {
     #[allow(unused_imports)]
     use super::{
         context::*, copy::*, device::*, entry::*, event::*, graph::*, graph_memory::*, launch::*,
-        memory::*, module::*, stream::*,
+        memory::*, module::*, occupancy::*, stream::*,
     };
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }

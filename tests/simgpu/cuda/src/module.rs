@@ -55,6 +55,10 @@ impl Function {
     pub fn name(&self) -> &str {
         self.name.to_str().unwrap_or("")
     }
+    /// The physical device its module was loaded on (`None` once the module is gone).
+    pub fn device(&self) -> Option<u32> {
+        self.module.upgrade().map(|m| m.device)
+    }
     /// `cuFuncGetAttribute` (values plausible for a small kernel on a compute capability 8.0 device).
     pub fn attribute(&self, attr: u32) -> Result<i32, CUerror> {
         if let Some(Some(v)) = lock(&self.attrs).get(attr as usize) {
