@@ -300,16 +300,8 @@ fn is_this_library(handle: *mut c_void) -> bool {
     let Some(own) = object_path(is_this_library as *const c_void) else {
         return false;
     };
-    if let Ok(own_c) = CString::new(own.clone()) {
-        // SAFETY: `own_c` is NUL-terminated; RTLD_NOLOAD only looks the object up (and takes a reference).
-        let me = unsafe { libc::dlopen(own_c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-        if !me.is_null() {
-            // SAFETY: drops the reference just taken.
-            unsafe { libc::dlclose(me) };
-            if me == handle {
-                return true;
-            }
-        }
+    if with_this_library(|me| me == handle) == Some(true) {
+        return true;
     }
     match (handle_path(handle), file_id(&own)) {
         (Some(path), Some(own_id)) => file_id(&path) == Some(own_id),
@@ -352,22 +344,25 @@ pub fn handle_path(handle: *mut c_void) -> Option<String> {
 
 /// This library's own export `name` (null if it has none).
 pub fn own_export(name: &str) -> *mut c_void {
-    let Some(own) = object_path(own_export as *const c_void).and_then(|p| CString::new(p).ok())
-    else {
-        return std::ptr::null_mut();
-    };
     let Ok(name) = CString::new(name) else {
         return std::ptr::null_mut();
     };
+    with_this_library(|me| real_dlsym(me, &name)).unwrap_or(std::ptr::null_mut())
+}
+
+/// `f` of this library's dlopen handle (`None` when the loader cannot name it).
+fn with_this_library<R>(f: impl FnOnce(*mut c_void) -> R) -> Option<R> {
+    let own = object_path(is_this_library as *const c_void)?;
+    let own = CString::new(own).ok()?;
     // SAFETY: `own` is NUL-terminated; RTLD_NOLOAD only looks the object up (and takes a reference).
     let me = unsafe { libc::dlopen(own.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
     if me.is_null() {
-        return std::ptr::null_mut();
+        return None;
     }
-    let f = real_dlsym(me, &name);
+    let r = f(me);
     // SAFETY: drops the reference just taken (this library stays loaded: it is running).
     unsafe { libc::dlclose(me) };
-    f
+    Some(r)
 }
 
 /// The file the real library was loaded from (for `gpuslice doctor` and logs), if it was found.

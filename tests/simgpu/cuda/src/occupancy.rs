@@ -21,6 +21,14 @@ const REGISTER_UNIT: u32 = 256;
 const SHARED_UNIT: u32 = 128;
 const WARP: u32 = 32;
 
+/// The `CUdevice_attribute`s the calculation reads.
+const MULTIPROCESSOR_COUNT: c_int = 16;
+const MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
+const MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: c_int = 81;
+const MAX_REGISTERS_PER_MULTIPROCESSOR: c_int = 82;
+const MAX_BLOCKS_PER_MULTIPROCESSOR: c_int = 106;
+const RESERVED_SHARED_MEMORY_PER_BLOCK: c_int = 111;
+
 /// `CU_OCCUPANCY_DEFAULT`, `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`: the only flags.
 const FLAGS: u32 = 1;
 
@@ -46,19 +54,21 @@ fn active_blocks(f: &Function, block: u32, dynamic: usize) -> u32 {
         return 0;
     }
     let warps = block.div_ceil(WARP);
-    let by_threads = device_attribute(physical, 39) / (warps * WARP); // threads per multiprocessor
-    let by_blocks = device_attribute(physical, 106); // blocks per multiprocessor
+    let by_threads = device_attribute(physical, MAX_THREADS_PER_MULTIPROCESSOR) / (warps * WARP);
+    let by_blocks = device_attribute(physical, MAX_BLOCKS_PER_MULTIPROCESSOR);
     let registers_per_warp = (attribute(f, CU_FUNC_ATTRIBUTE_NUM_REGS) * WARP)
         .div_ceil(REGISTER_UNIT)
         .saturating_mul(REGISTER_UNIT)
         .max(REGISTER_UNIT);
-    let by_registers = (device_attribute(physical, 82) / registers_per_warp) / warps;
+    let by_registers =
+        (device_attribute(physical, MAX_REGISTERS_PER_MULTIPROCESSOR) / registers_per_warp) / warps;
     let shared = (attribute(f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) as usize)
         .saturating_add(dynamic)
-        .saturating_add(device_attribute(physical, 111) as usize) // reserved per block
+        .saturating_add(device_attribute(physical, RESERVED_SHARED_MEMORY_PER_BLOCK) as usize)
         .div_ceil(SHARED_UNIT as usize)
         .saturating_mul(SHARED_UNIT as usize);
-    let by_shared = (device_attribute(physical, 81) as usize / shared.max(1)) as u32;
+    let by_shared = (device_attribute(physical, MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) as usize
+        / shared.max(1)) as u32;
     by_threads.min(by_blocks).min(by_registers).min(by_shared)
 }
 
@@ -111,7 +121,7 @@ fn max_potential_block_size(
         }
         size -= WARP;
     }
-    let multiprocessors = device_attribute(f.device().unwrap_or(0), 16);
+    let multiprocessors = device_attribute(f.device().unwrap_or(0), MULTIPROCESSOR_COUNT);
     *block = best.1 as c_int;
     *grid = best.2.saturating_mul(multiprocessors) as c_int;
     Ok(())
@@ -191,10 +201,12 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
             0
         } else {
             let physical = f.device().unwrap_or(0);
-            let per_block =
-                (device_attribute(physical, 81) / blocks as u32) / SHARED_UNIT * SHARED_UNIT;
+            let per_block = (device_attribute(physical, MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+                / blocks as u32)
+                / SHARED_UNIT
+                * SHARED_UNIT;
             let taken = attribute(&f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-                + device_attribute(physical, 111);
+                + device_attribute(physical, RESERVED_SHARED_MEMORY_PER_BLOCK);
             (per_block.saturating_sub(taken) as usize).min(f.max_dynamic_shared() as usize)
         };
         Ok(())
