@@ -421,8 +421,10 @@ fn contexts_on_two_devices_are_each_charged_on_their_device() {
 /// A context torn down (destroyed, its primary context reset, or released for the last time) takes
 /// the memory allocated in it with it, without a free call: cuMemAlloc, managed, pitch and array
 /// memory never freed goes back to the tenant with the context, and the whole quota is usable again.
+/// A reset keeps the primary context's references: the context it re-creates goes with the last of
+/// them, not the one before.
 fn allocations_go_with_their_context(deploy: Deploy) {
-    for how in ["destroy", "reset", "release"] {
+    for how in ["destroy", "reset", "release", "rereset"] {
         let dir = scratch("torn");
         let sim = sim("overhead-torn");
         let run = sim.run_cmd(&mut client(&sim, deploy, &dir, "torn", &["torn", how]));
@@ -441,6 +443,13 @@ fn allocations_go_with_their_context(deploy: Deploy) {
             after, before,
             "{deploy:?} {how}: given back with the context\n{report}"
         );
+        if how == "rereset" {
+            assert_eq!(
+                run.get_u64("kept"),
+                held,
+                "{deploy:?}: the re-created context and its allocations stay charged while referenced\n{report}"
+            );
+        }
         assert_eq!(
             run.get_u64("fill_bytes"),
             QUOTA - SIM_CONTEXT,

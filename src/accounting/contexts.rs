@@ -5,6 +5,7 @@
 
 use super::tenant::{context_destroyed, Device};
 use super::{Charge, Tenant};
+use crate::driver::calls as driver;
 use gpuslice_api::types::{CUcontext, CUdevice};
 use gpuslice_api::{CUerror, CUresult};
 
@@ -65,7 +66,7 @@ impl Tenant {
         let own = r
             .contexts
             .values()
-            .chain(r.primary.values().map(|(_, charge, _)| charge))
+            .chain(r.primary.values().filter_map(|p| p.charge()))
             .filter(|c| c.device == slot && c.bytes > 0)
             .map(|c| c.bytes)
             .min();
@@ -97,57 +98,70 @@ impl Tenant {
         self.reconcile_all();
     }
 
-    /// A primary context retain: the first one is measured and charged.
+    /// A primary context retain: the one that creates it (the first, or the first after a reset)
+    /// is measured and charged.
     pub fn primary_retain(
         &self,
         device: &Device,
         call: impl FnOnce() -> Result<CUcontext, CUerror>,
         release: impl FnOnce(CUcontext),
     ) -> CUresult {
-        let first = !self.records.lock().primary.contains_key(&device.ordinal);
-        if !first {
+        let live =
+            (self.records.lock().primary.get(&device.ordinal)).is_some_and(|p| p.live.is_some());
+        if live {
             call()?;
-            if let Some(entry) = self.records.lock().primary.get_mut(&device.ordinal) {
-                entry.0 += 1;
-            }
+            self.records
+                .lock()
+                .primary
+                .entry(device.ordinal)
+                .or_default()
+                .refs += 1;
             return Ok(());
         }
         let (ctx, charge) = self.charge_context(device, call, release)?;
         let mut r = self.records.lock();
-        match r.primary.get_mut(&device.ordinal) {
-            Some(entry) => {
-                // Another thread retained it meanwhile and charged it first.
-                entry.0 += 1;
-                drop(r);
-                self.release(charge);
-            }
-            None => {
-                r.primary.insert(device.ordinal, (1, charge, ctx as usize));
-                drop(r);
-                self.reconcile_device(device);
-            }
+        let primary = r.primary.entry(device.ordinal).or_default();
+        primary.refs = primary.refs.saturating_add(1);
+        if primary.live.is_some() {
+            // Another thread retained it meanwhile and charged it first.
+            drop(r);
+            self.release(charge);
+        } else {
+            primary.live = Some((charge, ctx as usize));
+            drop(r);
+            self.reconcile_device(device);
         }
         Ok(())
     }
 
-    /// A primary context release (`reset` drops every reference).
+    /// A primary context released, or reset (`reset`: destroyed, its references kept). A release
+    /// destroys it when it drops the last reference, which the driver tells; by the references
+    /// counted here when it cannot.
     pub fn primary_release(&self, ordinal: CUdevice, reset: bool) {
         let mut r = self.records.lock();
-        let done = match r.primary.get_mut(&ordinal) {
-            Some(entry) if reset || entry.0 <= 1 => true,
-            Some(entry) => {
-                entry.0 -= 1;
-                false
-            }
-            None => false,
-        };
-        if !done {
+        let Some(primary) = r.primary.get_mut(&ordinal) else {
             return;
+        };
+        let destroyed = if reset {
+            true
+        } else {
+            primary.refs = primary.refs.saturating_sub(1);
+            let refs = primary.refs;
+            drop(r);
+            let destroyed = driver::primary_context_active(ordinal).map_or(refs == 0, |a| !a);
+            r = self.records.lock();
+            destroyed
+        };
+        let Some(primary) = r.primary.get_mut(&ordinal) else {
+            return;
+        };
+        let gone = if destroyed { primary.live.take() } else { None };
+        if primary.refs == 0 && primary.live.is_none() {
+            r.primary.remove(&ordinal);
         }
-        let gone = r.primary.remove(&ordinal);
         drop(r);
-        context_destroyed();
-        if let Some((_, charge, ctx)) = gone {
+        if let Some((charge, ctx)) = gone {
+            context_destroyed();
             self.release(charge);
             self.forget_owned_by(ctx);
             self.release_freed_allocations(ctx);

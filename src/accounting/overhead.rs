@@ -368,7 +368,7 @@ impl Tenant {
         let r = self.records.lock();
         let on = |c: &Charge| if c.device == slot { c.bytes } else { 0 };
         let contexts: u64 = r.contexts.values().map(on).sum();
-        let primary: u64 = r.primary.values().map(|(_, c, _)| on(c)).sum();
+        let primary: u64 = r.primary.values().filter_map(|p| p.charge()).map(on).sum();
         let objects: u64 = r.overhead.values().map(|o| on(&o.charge)).sum();
         drop(r);
         let unattributed = self

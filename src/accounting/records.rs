@@ -175,12 +175,27 @@ pub(super) struct Records {
     pub pool_blocks: KeyMap<u64, (usize, u64)>,
     /// Created context -> its measured (or reserved) cost.
     pub contexts: KeyMap<usize, Charge>,
-    /// Device ordinal -> (primary context references, its cost, its handle).
-    pub primary: KeyMap<CUdevice, (u32, Charge, usize)>,
+    /// Device ordinal -> its primary context: references, and what it is charged while it exists.
+    pub primary: KeyMap<CUdevice, PrimaryContext>,
     /// Module, library and context limits -> the driver memory they took.
     pub overhead: KeyMap<(u8, usize), OverheadRecord>,
     /// Module and library loaded lazily -> what of its code is on the device.
     pub lazy_code: KeyMap<(u8, usize), super::overhead::LazyCode>,
+}
+
+/// A device's primary context, as this process retained it.
+#[derive(Default)]
+pub(super) struct PrimaryContext {
+    /// References taken (`cuDevicePrimaryCtxRetain`) and not released.
+    pub refs: u32,
+    /// Its cost and handle while it exists: a reset destroys it and keeps the references.
+    pub live: Option<(Charge, usize)>,
+}
+
+impl PrimaryContext {
+    pub fn charge(&self) -> Option<&Charge> {
+        self.live.as_ref().map(|(charge, _)| charge)
+    }
 }
 
 impl Tenant {

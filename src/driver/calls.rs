@@ -43,6 +43,20 @@ real_calls! {
     fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
     fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut u64);
     fn cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: u64);
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
+}
+
+/// Whether device `dev`'s primary context exists now (`None`: the driver did not say). A release
+/// destroys it only when it drops the last reference, and a reset destroys it while keeping the
+/// references ("resetting the primary context does not release it": NVIDIA's
+/// `cuDevicePrimaryCtxReset`), so only the driver knows.
+pub fn primary_context_active(dev: CUdevice) -> Option<bool> {
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: valid out-parameters.
+    match unsafe { real::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) } {
+        Ok(()) => Some(active != 0),
+        Err(_) => None,
+    }
 }
 
 /// Whether the driver may still hold `ptr`: asked for its device ordinal, which NVIDIA's driver

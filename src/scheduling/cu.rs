@@ -3,7 +3,7 @@
 //! guard that keeps our event calls from disturbing an application's stream capture.
 
 use crate::driver::calls::real::cuDeviceGetCount;
-pub use crate::driver::calls::{capturing, in_context, stream_device};
+pub use crate::driver::calls::{capturing, in_context, primary_context_active, stream_device};
 use gpuslice_api::types::{CUdevice, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::{c_int, c_uint};
@@ -16,7 +16,6 @@ crate::driver::real_calls! {
     fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
     fn cuEventSynchronize(event: CUevent);
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
-    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
     fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
 }
 

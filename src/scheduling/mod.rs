@@ -84,11 +84,7 @@ pub fn primary_released(dev: CUdevice) {
     if !runtime::participating() {
         return;
     }
-    let (mut flags, mut active) = (0, 0);
-    // SAFETY: valid out-parameters.
-    if unsafe { cu::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) }.is_ok()
-        && active == 0
-    {
+    if cu::primary_context_active(dev) == Some(false) {
         runtime::each_sched(|s| s.forget_context(ctx, false));
     }
 }

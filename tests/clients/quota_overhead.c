@@ -44,13 +44,17 @@
  *                                           the second thread makes current and allocates MIB in;
  *                                           then cuMemGetInfo on device 1 (free1=) and device 0
  *                                           (free0=, its primary context)
- *   torn HOW                                a context (HOW = destroy: created; reset, release: the
- *                                           primary one), 64 MiB each from cuMemAlloc,
+ *   torn HOW                                a context (HOW = destroy: created; reset, release,
+ *                                           rereset: the primary one), 64 MiB each from cuMemAlloc,
  *                                           cuMemAllocManaged, cuMemAllocPitch, cuArrayCreate and
  *                                           cuMemAllocAsync (the device's pool), never freed; the context torn down (cuCtxDestroy,
  *                                           cuDevicePrimaryCtxReset, the last
  *                                           cuDevicePrimaryCtxRelease) and a new one set up; free
- *                                           (cuMemGetInfo) before=, held=, after=; then fill
+ *                                           (cuMemGetInfo) before=, held=, after=; then fill.
+ *                                           rereset: reset, which keeps the reference; retained
+ *                                           again (two references), the same allocations in the
+ *                                           context re-created; released once (kept=, the context
+ *                                           still there), then again, the last reference
  *   peerpool                                primary contexts on devices 0 and 1, device 0's current;
  *                                           64 MiB blocks from a pool created on device 1 until
  *                                           refused (at most 32), then one from device 1's default
@@ -188,13 +192,24 @@ static char *ptx_of(unsigned long long mib) {
     return s;
 }
 
-static int mode_torn(const char *how) {
-    CUdevice dev;
-    CUcontext ctx;
-    size_t before, held, after, total, pitch;
+/* `torn`: 64 MiB from each allocation path, in the current context, never freed. */
+static void torn_allocate(void) {
+    size_t pitch;
     CUdeviceptr p;
     CUarray array;
     CUDA_ARRAY_DESCRIPTOR desc = {.Width = 4096, .Height = 4096, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    CHECK(cuMemAlloc(&p, 64 * MIB));
+    CHECK(cuMemAllocManaged(&p, 64 * MIB, CU_MEM_ATTACH_GLOBAL));
+    CHECK(cuMemAllocPitch(&p, &pitch, 4 * MIB, 16, 16));
+    CHECK(cuArrayCreate(&array, &desc));
+    CHECK(cuMemAllocAsync(&p, 64 * MIB, NULL));
+    CHECK(cuStreamSynchronize(NULL));
+}
+
+static int mode_torn(const char *how) {
+    CUdevice dev;
+    CUcontext ctx;
+    size_t before, held, kept, after, total;
     int destroy = strcmp(how, "destroy") == 0;
     CHECK(cuDeviceGet(&dev, 0));
     if (destroy)
@@ -203,16 +218,22 @@ static int mode_torn(const char *how) {
         CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuMemGetInfo(&before, &total));
-    CHECK(cuMemAlloc(&p, 64 * MIB));
-    CHECK(cuMemAllocManaged(&p, 64 * MIB, CU_MEM_ATTACH_GLOBAL));
-    CHECK(cuMemAllocPitch(&p, &pitch, 4 * MIB, 16, 16));
-    CHECK(cuArrayCreate(&array, &desc));
-    CHECK(cuMemAllocAsync(&p, 64 * MIB, NULL));
-    CHECK(cuStreamSynchronize(NULL));
+    torn_allocate();
     CHECK(cuMemGetInfo(&held, &total));
     if (destroy) {
         CHECK(cuCtxDestroy(ctx));
         CHECK(cuCtxCreate(&ctx, 0, dev));
+    } else if (strcmp(how, "rereset") == 0) {
+        CHECK(cuDevicePrimaryCtxReset(dev));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+        CHECK(cuCtxSetCurrent(ctx));
+        torn_allocate();
+        CHECK(cuDevicePrimaryCtxRelease(dev));
+        CHECK(cuMemGetInfo(&kept, &total));
+        printf("kept=%zu\n", kept);
+        CHECK(cuDevicePrimaryCtxRelease(dev));
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+        CHECK(cuCtxSetCurrent(ctx));
     } else {
         if (strcmp(how, "reset") == 0)
             CHECK(cuDevicePrimaryCtxReset(dev));
