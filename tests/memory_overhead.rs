@@ -1054,6 +1054,39 @@ fn pool_attributes_answering_zero_do_not_loosen_the_quota() {
     );
 }
 
+/// A pool whose figures are not believed is charged every block the driver cannot be seen (by its
+/// address) to have cut from memory the pool already had: freed blocks too small for a larger one
+/// do not let the larger one in for free, while smaller ones are still served from them. Near the
+/// quota such a pool is trimmed to nothing, after which it holds only its outstanding blocks.
+#[test]
+fn pool_attributes_answering_zero_do_not_let_larger_blocks_pass_the_quota() {
+    let dir = scratch("pool-zero-sizes");
+    let sim = sim("overhead-pool-zero-sizes").env("SIMGPU_POOL_ATTRIBUTES_ZERO", "1");
+    let run = sim.run_cmd(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "pools",
+        &["mixedasync", "64", "600", "20"],
+    ));
+    run.assert_success();
+    let report = run.report();
+    let peak = group_peak(&sim.stat(), "pools");
+    assert!(
+        peak <= QUOTA,
+        "simgpu's peak {peak} passed the quota:\n{report}"
+    );
+    let room = QUOTA - SIM_CONTEXT;
+    assert_eq!(run.get_u64("blocks_64"), room / (64 * MIB), "{report}");
+    // The freed 64 MiB blocks cannot serve 600: the pool, trimmed to its outstanding blocks
+    // (none) to make room, is charged nothing more, and one 600 MiB block fits.
+    assert_eq!(run.get_u64("blocks_600"), 1, "{report}");
+    assert!(
+        run.get_u64("blocks_20") >= 3 * (room / (64 * MIB)),
+        "20 MiB blocks cut from the freed 64 MiB ones\n{report}"
+    );
+}
+
 #[test]
 fn a_pool_serves_smaller_blocks_from_the_memory_it_holds() {
     // Blocks of one size freed (stream-ordered, not synchronised) and then smaller ones asked for,

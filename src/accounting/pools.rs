@@ -1,6 +1,8 @@
 //! Stream-ordered memory pools: a pool is charged what the driver says it holds (its reserved size),
 //! never less than what is outstanding from it. A driver answer below the outstanding bytes is
-//! impossible: the pool is then charged the larger figure from there on, never less (logged once).
+//! impossible: the pool's figures are then not believed (logged once). It is charged the larger
+//! figure, grows by every block the driver cannot be seen (by the block's address) to have cut from
+//! memory the pool already had, and goes down only when trimmed by us to its outstanding blocks.
 
 use super::{Charge, Tenant};
 use crate::driver::calls as driver;
@@ -8,9 +10,14 @@ use crate::ledger::QuotaExceeded;
 use crate::log;
 use gpuslice_api::types::{CUdevice, CUmemLocation, CU_MEM_LOCATION_TYPE_DEVICE};
 use parking_lot::ReentrantMutexGuard;
+use std::collections::BTreeMap;
+
+/// Most freed ranges kept per pool whose figures are not believed: past them, the smallest is
+/// forgotten (a block later cut from it is charged as growth: more, never less).
+const FREED_RANGES: usize = 1024;
 
 /// What a pool is charged.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct PoolCharge {
     pub device: usize,
     /// Charged in the ledger for the pool.
@@ -20,6 +27,65 @@ pub(super) struct PoolCharge {
     /// The driver once said the pool held less than its outstanding blocks: its figures are not
     /// believed any more, and its charge only grows until the pool is destroyed.
     pub untrusted: bool,
+    /// While untrusted: address -> length of the blocks freed back to it, memory the charge covers.
+    /// A new block inside one of them is memory the pool already had; any other is growth (the
+    /// driver's free memory may be in pieces too small for it, or given back to the device).
+    freed: BTreeMap<u64, u64>,
+    /// What the last block recorded while untrusted added to the pool.
+    last_growth: u64,
+}
+
+impl PoolCharge {
+    fn new(device: usize) -> PoolCharge {
+        PoolCharge {
+            device,
+            bytes: 0,
+            outstanding: 0,
+            untrusted: false,
+            freed: BTreeMap::new(),
+            last_growth: 0,
+        }
+    }
+
+    /// A block of `bytes` at `at`: cut from a freed range (what it added is 0), or new memory.
+    fn place(&mut self, at: u64, bytes: u64) -> u64 {
+        let Some((&start, &len)) = self.freed.range(..=at).next_back() else {
+            return bytes;
+        };
+        let end = start.saturating_add(len);
+        if at.saturating_add(bytes) > end {
+            return bytes;
+        }
+        self.freed.remove(&start);
+        if at > start {
+            self.freed.insert(start, at - start);
+        }
+        let after = at.saturating_add(bytes);
+        if end > after {
+            self.freed.insert(after, end - after);
+        }
+        0
+    }
+
+    /// The block at `at` of `bytes` is back in the pool, next to the ranges it touches.
+    fn freed(&mut self, at: u64, bytes: u64) {
+        let (mut start, mut end) = (at, at.saturating_add(bytes));
+        if let Some((&s, &len)) = self.freed.range(..at).next_back() {
+            if s.saturating_add(len) == at {
+                self.freed.remove(&s);
+                start = s;
+            }
+        }
+        if let Some(len) = self.freed.remove(&end) {
+            end = end.saturating_add(len);
+        }
+        self.freed.insert(start, end - start);
+        if self.freed.len() > FREED_RANGES {
+            if let Some((&smallest, _)) = self.freed.iter().min_by_key(|(_, &len)| len) {
+                self.freed.remove(&smallest);
+            }
+        }
+    }
 }
 
 impl Tenant {
@@ -52,28 +118,53 @@ impl Tenant {
     pub fn record_pool_block(&self, pool: usize, device: usize, ptr: u64, bytes: u64) {
         let mut r = self.records.lock();
         r.pool_blocks.insert(ptr, (pool, bytes));
-        let entry = r.pools.entry(pool).or_insert(PoolCharge {
-            device,
-            bytes: 0,
-            outstanding: 0,
-            untrusted: false,
-        });
+        let entry = r
+            .pools
+            .entry(pool)
+            .or_insert_with(|| PoolCharge::new(device));
         entry.outstanding = entry.outstanding.saturating_add(bytes);
-    }
-
-    /// What a new block from `pool` must reserve: all of it, except from a pool whose figures are
-    /// not believed, whose charge (never lowered) already covers a block up to what it holds beyond
-    /// its outstanding blocks.
-    pub fn pool_block_reservation(&self, pool: usize, bytes: u64) -> u64 {
-        match self.records.lock().pools.get(&pool) {
-            Some(p) if p.untrusted => bytes.saturating_sub(p.bytes.saturating_sub(p.outstanding)),
-            _ => bytes,
+        if entry.untrusted {
+            entry.last_growth = entry.place(ptr, bytes);
         }
     }
 
-    pub(super) fn pool_block_freed(&self, pool: usize, bytes: u64) {
+    /// Whether `pool`'s figures are not believed ([`PoolCharge::untrusted`]).
+    pub fn pool_untrusted(&self, pool: usize) -> bool {
+        self.records
+            .lock()
+            .pools
+            .get(&pool)
+            .is_some_and(|p| p.untrusted)
+    }
+
+    /// `pool`, whose figures are not believed, was just trimmed to nothing (`cuMemPoolTrimTo` 0)
+    /// after its stream was synchronised: it holds only its outstanding blocks, and is charged
+    /// those. Returns whether that lowered its charge.
+    pub fn untrusted_pool_trimmed(&self, pool: usize) -> bool {
+        let mut r = self.records.lock();
+        let Some(entry) = r.pools.get_mut(&pool) else {
+            return false;
+        };
+        if !entry.untrusted || entry.bytes <= entry.outstanding {
+            return false;
+        }
+        let freed = entry.bytes - entry.outstanding;
+        entry.bytes = entry.outstanding;
+        entry.freed.clear();
+        let device = entry.device;
+        drop(r);
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            ledger.release(device, freed);
+        }
+        true
+    }
+
+    pub(super) fn pool_block_freed(&self, pool: usize, at: u64, bytes: u64) {
         if let Some(entry) = self.records.lock().pools.get_mut(&pool) {
             entry.outstanding = entry.outstanding.saturating_sub(bytes);
+            if entry.untrusted {
+                entry.freed(at, bytes);
+            }
         }
     }
 
@@ -89,26 +180,30 @@ impl Tenant {
         reserved: u64,
     ) -> Result<(), QuotaExceeded> {
         let mut r = self.records.lock();
-        let entry = r.pools.entry(pool).or_insert(PoolCharge {
-            device,
-            bytes: 0,
-            outstanding: 0,
-            untrusted: false,
-        });
+        let entry = r
+            .pools
+            .entry(pool)
+            .or_insert_with(|| PoolCharge::new(device));
         let before = entry.bytes;
         let holds = match holds {
             Some(h) if !entry.untrusted && h >= entry.outstanding => h,
+            // Grown by what its last block took beyond its freed ranges (0 when asked after frees).
+            _ if entry.untrusted => {
+                let grown = std::mem::take(&mut entry.last_growth);
+                before.saturating_add(grown).max(entry.outstanding)
+            }
             Some(h) => {
-                if !entry.untrusted {
-                    entry.untrusted = true;
-                    log::warn(format_args!(
-                        "the driver says memory pool {pool:#x} holds {h} bytes, less than the {} \
-                         bytes allocated from it: its figures are no longer believed, and it stays \
-                         charged the larger",
-                        entry.outstanding
-                    ));
-                }
-                before.max(entry.outstanding)
+                entry.untrusted = true;
+                // What it had beyond its blocks is not known to be of any use: no freed range, and
+                // the block just allocated (`reserved`) counts as growth.
+                entry.freed.clear();
+                log::warn(format_args!(
+                    "the driver says memory pool {pool:#x} holds {h} bytes, less than the {} \
+                     bytes allocated from it: its figures are no longer believed, and it stays \
+                     charged the larger",
+                    entry.outstanding
+                ));
+                before.saturating_add(reserved).max(entry.outstanding)
             }
             None => before.saturating_add(reserved),
         };
@@ -141,20 +236,18 @@ impl Tenant {
     /// Re-reads every known pool's reserved size and returns what the driver released.
     pub fn settle_pools(&self) {
         let _serial = self.pool_serial();
-        let pools: Vec<(usize, PoolCharge)> = self
+        let pools: Vec<(usize, usize, u64)> = self
             .records
             .lock()
             .pools
             .iter()
-            .map(|(k, v)| (*k, *v))
+            .filter(|(_, charge)| !charge.untrusted)
+            .map(|(&pool, charge)| (pool, charge.device, charge.bytes))
             .collect();
-        for (pool, charge) in pools {
-            if charge.untrusted {
-                continue;
-            }
+        for (pool, device, bytes) in pools {
             if let Some(holds) = driver::pool_reserved(pool) {
-                if holds < charge.bytes {
-                    let _ = self.pool_now_holds(pool, charge.device, Some(holds), 0);
+                if holds < bytes {
+                    let _ = self.pool_now_holds(pool, device, Some(holds), 0);
                 }
             }
         }

@@ -236,7 +236,7 @@ impl Tenant {
                 .filter_map(|key| table.remove(key))
                 .collect()
         };
-        let blocks: Vec<(usize, u64)> = {
+        let blocks: Vec<(u64, (usize, u64))> = {
             let mut r = self.records.lock();
             r.arrays.retain(|_, &mut (charge, owner)| {
                 let gone = owner == ctx;
@@ -252,7 +252,7 @@ impl Tenant {
                 .filter(|&key| !driver::pointer_known(key))
                 .collect();
             gone.into_iter()
-                .filter_map(|key| r.pool_blocks.remove(&key))
+                .filter_map(|key| Some((key, r.pool_blocks.remove(&key)?)))
                 .collect()
         };
         for charge in freed {
@@ -261,8 +261,8 @@ impl Tenant {
         // Blocks of a pool freed with the context are no longer outstanding: the pool is charged
         // what the driver says it holds from then on.
         if !blocks.is_empty() {
-            for (pool, bytes) in blocks {
-                self.pool_block_freed(pool, bytes);
+            for (key, (pool, bytes)) in blocks {
+                self.pool_block_freed(pool, key, bytes);
             }
             self.settle_pools();
         }
@@ -282,7 +282,7 @@ impl Tenant {
             None => self.take_pool_block(key),
         };
         if let Some((pool, bytes)) = block {
-            self.pool_block_freed(pool, bytes);
+            self.pool_block_freed(pool, key, bytes);
         }
         if let Err(e) = call() {
             if let Some(charge) = charge {

@@ -242,8 +242,17 @@ fn alloc_from_pool(
     // pool reuses is given back right after). Near the quota, memory the pool holds for blocks
     // already freed on this stream is released first -- the stream is synchronised so that those
     // frees have run, and the pool trimmed to what is in use -- rather than refusing.
-    let reserve = t.pool_block_reservation(pool, bytes);
-    let reservation = t.reserve_or_make_room(device, reserve, "cuMemAllocAsync", || {
+    let reservation = t.reserve_or_make_room(device, bytes, "cuMemAllocAsync", || {
+        if t.pool_untrusted(pool) {
+            // Its figures cannot say what trimming would release: trimmed to nothing, it holds
+            // only its outstanding blocks.
+            if sync().is_err() {
+                return false;
+            }
+            // SAFETY: `pool` is the caller's pool handle, valid for this call.
+            let _ = unsafe { driver::real::cuMemPoolTrimTo(pool as CUmemoryPool, 0) };
+            return t.untrusted_pool_trimmed(pool);
+        }
         let (Some(held), Some(used)) = (driver::pool_reserved(pool), driver::pool_used(pool))
         else {
             return false;
@@ -269,10 +278,10 @@ fn alloc_from_pool(
         if t.uncharge(block, || free(block)).is_ok() {
             let _ = sync();
         }
-        if let Some(used) = driver::pool_used(pool) {
-            // SAFETY: `pool` is the caller's pool handle, valid for this call.
-            let _ = unsafe { driver::real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
-        }
+        // Trimming releases only memory no block holds: to 0 when the driver cannot say what is used.
+        let used = driver::pool_used(pool).unwrap_or(0);
+        // SAFETY: `pool` is the caller's pool handle, valid for this call.
+        let _ = unsafe { driver::real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
         let _ = t.pool_now_holds(pool, charge.device, driver::pool_reserved(pool), 0);
         t.refused(device, bytes, "cuMemAllocAsync", refused);
         return Err(CUerror::OUT_OF_MEMORY);
