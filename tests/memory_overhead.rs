@@ -256,6 +256,61 @@ fn free_contexts_leave_the_whole_quota() {
     }
 }
 
+/// Whether another process holds the per-device measurement lock file `path` now (probed with a
+/// lock of our own, at once given back).
+fn measurement_locked(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
+    let taken = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if taken {
+        // SAFETY: as above.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+    }
+    !taken
+}
+
+/// A context measured while another tenant allocates: NVML lists a process once it has a context,
+/// here holding nothing (contexts cost 0), so the context is charged its own figure, nothing,
+/// whatever the device's used memory did meanwhile. (The device-wide figure would charge it the
+/// other tenant's allocation; simgpu used to leave a process holding nothing out of the list.)
+#[test]
+fn a_context_is_not_charged_what_another_tenant_allocates_meanwhile() {
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("ctx-meanwhile");
+        let sim = sim("overhead-meanwhile").env("SIMGPU_CONTEXT_MEMORY", "0");
+        let mut other = sim.spawn(&mut client(&sim, deploy, &dir, "other", &["hold"]));
+        wait_for_key(&mut other, "ready");
+        let lock = std::fs::read_dir(dir.join("devices"))
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "measure"))
+            .expect("the device's measurement lock file, made by the first context");
+        // Its context takes 3 s to create, measured under the device's lock.
+        let slow = sim.spawn(
+            client(&sim, deploy, &dir, "slow", &["views"])
+                .env("SIMGPU_CONTEXT_CREATE_US", "3000000"),
+        );
+        while !measurement_locked(&lock) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        other.stdin.as_mut().unwrap().write_all(b"fill\n").unwrap();
+        let filled = wait_for_key(&mut other, "fill_bytes");
+        let run = finish(slow, "slow");
+        finish(other, "other").assert_success();
+        run.assert_success();
+        let report = run.report();
+        assert_eq!(filled["fill_bytes"], QUOTA.to_string(), "{report}");
+        assert_eq!(
+            run.get_u64("ctx_free"),
+            QUOTA,
+            "{deploy:?}: a context that costs nothing is charged nothing\n{report}"
+        );
+    }
+}
+
 #[test]
 fn contexts_are_charged_what_they_cost() {
     for deploy in [Deploy::Preload, Deploy::Dropin] {

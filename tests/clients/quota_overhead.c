@@ -35,6 +35,7 @@
  *                                           what it holds; refused=N
  *   heapfit ROOM_MIB HEAP_MIB               context, the quota filled but ROOM_MIB; the malloc heap
  *                                           set to HEAP_MIB: heap_rc
+ *   views                                   context; views
  *   leave MIB [wait]                        context (with `wait`: ready=1, then wait for a line),
  *                                           MIB allocated, exit without freeing
  *   reused MIB                              a context created on device 0 is made current in a
@@ -424,6 +425,10 @@ int main(int argc, char **argv) {
     }
     CHECK(cuCtxCreate(&ctx, 0, dev));
     printf("pid=%d\n", (int)getpid());
+    if (strcmp(mode, "views") == 0) {
+        views("ctx");
+        return 0;
+    }
     if (strcmp(mode, "vmmsizes") == 0) {
         /* cuMemCreate's size must be a non-zero multiple of the minimum granularity (NVIDIA's
          * documentation): the driver's own error for the invalid ones, the quota's for the last. */

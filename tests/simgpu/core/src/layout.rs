@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// "SIMGPU" + layout generation; published last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPUst");
 /// Bumped whenever this layout changes.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 pub const MAX_DEVICES: usize = crate::config::MAX_DEVICES as usize;
 pub const MAX_PROCESSES: usize = 256;
 pub const MAX_GROUPS: usize = 64;
@@ -180,6 +180,8 @@ pub struct Usage {
     pub peak: AtomicU64,
     pub busy_ns: AtomicU64,
     pub kernels: AtomicU64,
+    /// Live contexts (a process's, on a device): what puts a process in NVML's process lists.
+    pub contexts: AtomicU64,
 }
 
 /// Slot states.

@@ -41,6 +41,7 @@ pub struct ProcessUsage {
     pub peak: Vec<u64>,
     pub busy_ns: Vec<u64>,
     pub kernels: Vec<u64>,
+    pub contexts: Vec<u64>,
 }
 
 /// A process's accounting-mode record on one device.
@@ -352,7 +353,7 @@ impl Shared {
             s.start_ns.store(sys::realtime_ns(), Relaxed);
             s.end_ns.store(0, Relaxed);
             for u in &s.usage {
-                for a in [&u.used, &u.peak, &u.busy_ns, &u.kernels] {
+                for a in [&u.used, &u.peak, &u.busy_ns, &u.kernels, &u.contexts] {
                     a.store(0, Relaxed);
                 }
             }
@@ -535,6 +536,21 @@ impl Shared {
             }
         }
         sub_saturating(&dev.used, bytes);
+    }
+
+    /// A context of this process came to life on `device` (`created`), or went.
+    pub fn count_context(&self, device: u32, created: bool) {
+        if device >= self.devices {
+            return;
+        }
+        if let Some(s) = self.slot() {
+            let contexts = &self.st().slots[s].usage[device as usize].contexts;
+            if created {
+                contexts.fetch_add(1, AcqRel);
+            } else {
+                sub_saturating(contexts, 1);
+            }
+        }
     }
 
     /// Returns everything this process holds on every device (it is exiting).
@@ -764,6 +780,7 @@ fn processes(st: &State, devices: usize, alive: impl Fn(usize) -> bool) -> Vec<P
             peak: usage.iter().map(|u| u.peak.load(Acquire)).collect(),
             busy_ns: usage.iter().map(|u| u.busy_ns.load(Acquire)).collect(),
             kernels: usage.iter().map(|u| u.kernels.load(Acquire)).collect(),
+            contexts: usage.iter().map(|u| u.contexts.load(Acquire)).collect(),
         });
     }
     out

@@ -188,9 +188,11 @@ fn activate(ctx: &Context) -> CUresult {
     if setup > 0 {
         std::thread::sleep(std::time::Duration::from_micros(setup));
     }
-    if !shared()?.try_reserve(ctx.device, simgpu_core::config().context_memory) {
+    let shared = shared()?;
+    if !shared.try_reserve(ctx.device, simgpu_core::config().context_memory) {
         return Err(CUerror::OUT_OF_MEMORY);
     }
+    shared.count_context(ctx.device, true);
     ctx.active.store(true, Ordering::Release);
     Ok(())
 }
@@ -211,6 +213,7 @@ fn deactivate(ctx: &Context) {
                 ctx.device,
                 simgpu_core::config().context_memory.saturating_add(limits),
             );
+            s.count_context(ctx.device, false);
         }
     }
 }

@@ -706,18 +706,18 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     })
 }
 
-/// Processes using `device`'s memory: (pid, bytes), by pid.
+/// Processes "with a compute context on a device" (NVIDIA's `nvmlDeviceGetComputeRunningProcesses`),
+/// or holding its memory: (pid, bytes), by pid. A context is listed whatever it costs
+/// (`SIMGPU_CONTEXT_MEMORY=0` too).
 fn running(device: nvmlDevice_t) -> Result<Vec<(u32, u64)>, NvmlError> {
     let d = self::device(device)?.ordinal as usize;
     let mut v: Vec<(u32, u64)> = state()?
         .processes()
         .into_iter()
         .filter_map(|p| {
-            p.used
-                .get(d)
-                .copied()
-                .filter(|u| *u > 0)
-                .map(|u| (p.pid, u))
+            let used = p.used.get(d).copied().unwrap_or(0);
+            let contexts = p.contexts.get(d).copied().unwrap_or(0);
+            (used > 0 || contexts > 0).then_some((p.pid, used))
         })
         .collect();
     v.sort_unstable();
