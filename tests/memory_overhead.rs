@@ -256,6 +256,27 @@ fn free_contexts_leave_the_whole_quota() {
     }
 }
 
+/// Each allocation is charged what the driver spends on it at least: its size rounded up to the
+/// 256 bytes every allocation is aligned to (CUDA C++ Programming Guide, "Device Memory Accesses";
+/// simgpu spends that). One-byte allocations fill the last MiB of the quota 4096 at a time, and
+/// never take the tenant past it.
+#[test]
+fn small_allocations_are_charged_the_driver_alignment() {
+    for deploy in [Deploy::Preload, Deploy::Dropin] {
+        let dir = scratch("tiny");
+        let sim = sim("overhead-tiny").env("SIMGPU_CONTEXT_MEMORY", "0");
+        let run = sim.run_cmd(&mut client(&sim, deploy, &dir, "tiny", &["tiny", "1"]));
+        run.assert_success();
+        let report = run.report();
+        assert_eq!(run.get_u64("tiny"), MIB / 256, "{deploy:?}\n{report}");
+        assert_eq!(run.get_u64("tiny_free"), 0, "{deploy:?}\n{report}");
+        assert!(
+            group_peak(&sim.stat(), "tiny") <= QUOTA,
+            "{deploy:?}: simgpu's peak passed the quota\n{report}"
+        );
+    }
+}
+
 /// Whether another process holds the per-device measurement lock file `path` now (probed with a
 /// lock of our own, at once given back).
 fn measurement_locked(path: &Path) -> bool {

@@ -31,6 +31,19 @@ pub mod vmm;
 pub use reservation::{Reservation, REFUSALS_LOGGED_PER_SECOND};
 pub use tenant::{Device, Tenant};
 
+/// What an allocation of `bytes` takes on the device: every address the driver's allocation
+/// routines return "is always aligned to at least 256 bytes" (CUDA C++ Programming Guide, "Device
+/// Memory Accesses"), so the driver spends at least that per allocation. Charging the request
+/// alone would let many small allocations take the tenant past its quota.
+#[inline(always)]
+pub const fn allocation_size(bytes: u64) -> u64 {
+    const ALIGNMENT: u64 = 256;
+    match bytes.checked_add(ALIGNMENT - 1) {
+        Some(b) => b & !(ALIGNMENT - 1),
+        None => u64::MAX,
+    }
+}
+
 /// What the shim does in this process.
 pub enum Mode {
     /// Nothing is configured anywhere and there is no ledger to join: every call is the driver's own.

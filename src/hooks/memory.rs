@@ -8,7 +8,7 @@
 //! `array_bytes`).
 
 use super::{hooks, In, Out, Word};
-use crate::accounting::{tenant, Device, Tenant};
+use crate::accounting::{allocation_size, tenant, Device, Tenant};
 use crate::driver::calls as driver;
 use gpuslice_api::types::{
     CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
@@ -132,7 +132,7 @@ fn alloc<P: Word>(
     if dptr.is_null() {
         return call();
     }
-    t.charged(device, bytes, what, || {
+    t.charged(device, allocation_size(bytes), what, || {
         call()?;
         Ok(dptr.get().map_or(0, Word::to_u64))
     })
@@ -221,6 +221,7 @@ fn alloc_from_pool(
     if capturing() {
         return call();
     }
+    let bytes = allocation_size(bytes);
     let Some(pool) = pool.or_else(|| driver::current_pool(device.ordinal)) else {
         // No pool to watch: charge the allocation itself, returned by its free.
         return t.charged(device, bytes, "cuMemAllocAsync", || {

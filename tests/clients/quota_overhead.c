@@ -36,6 +36,8 @@
  *   heapfit ROOM_MIB HEAP_MIB               context, the quota filled but ROOM_MIB; the malloc heap
  *                                           set to HEAP_MIB: heap_rc
  *   views                                   context; views
+ *   tiny ROOM_MIB                           context, the quota filled but ROOM_MIB; then 1-byte
+ *                                           cuMemAlloc until refused (tiny=), views
  *   leave MIB [wait]                        context (with `wait`: ready=1, then wait for a line),
  *                                           MIB allocated, exit without freeing
  *   reused MIB                              a context created on device 0 is made current in a
@@ -529,6 +531,13 @@ int main(int argc, char **argv) {
         leave_room(strtoull(argv[2], 0, 10));
         CUresult rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(strtoull(argv[3], 0, 10) * MIB));
         printf("heap_rc=%d\n", (int)rc);
+    } else if (strcmp(mode, "tiny") == 0 && argc > 2) {
+        leave_room(strtoull(argv[2], 0, 10));
+        CUdeviceptr p;
+        long n = 0;
+        while (n < (1L << 21) && cuMemAlloc(&p, 1) == CUDA_SUCCESS) n++;
+        printf("tiny=%ld\n", n);
+        views("tiny");
     } else if (strcmp(mode, "leave") == 0 && argc > 2) {
         if (argc > 3) {
             char line[64];
