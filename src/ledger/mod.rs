@@ -239,6 +239,7 @@ pub struct Ledger {
     /// When the file's size was last compared with the layout's (`fstat`).
     last_size_check_ms: AtomicU64,
     warned_underflow: AtomicBool,
+    warned_impossible_slot: AtomicBool,
     warned_damage: AtomicBool,
     /// Keeps the fd open: closing it would drop our lock. Only touched at open, fork and drop.
     fds: parking_lot::Mutex<Vec<OwnedFd>>,
@@ -335,6 +336,7 @@ impl Ledger {
             last_sweep_ms: AtomicU64::new(0),
             last_size_check_ms: AtomicU64::new(0),
             warned_underflow: AtomicBool::new(false),
+            warned_impossible_slot: AtomicBool::new(false),
             warned_damage: AtomicBool::new(false),
             fds: parking_lot::Mutex::new(fd.into_iter().collect()),
         }
@@ -700,6 +702,19 @@ impl Ledger {
     }
 
     #[cold]
+    fn report_impossible_slot(&self, slot: usize, excess: u64) {
+        if !self.warned_impossible_slot.swap(true, Ordering::Relaxed) {
+            log::warn(format_args!(
+                "ledger {}: the dead process of slot {slot} claimed {excess} bytes more than its \
+                 devices count beyond the other processes (the file was written by something else): \
+                 only what it could hold was given back, the live processes' charges stay \
+                 (reported once)",
+                self.path.display()
+            ));
+        }
+    }
+
+    #[cold]
     fn report_underflow(&self, dev: usize, bytes: u64) {
         if !self.warned_underflow.swap(true, Ordering::Relaxed) {
             log::warn(format_args!(
@@ -723,8 +738,13 @@ impl Ledger {
                 continue;
             }
             // Its holder is gone when its lock can be taken: we alone hold it then.
-            if slotfile::take_dead_slot::<Layout, _>(fd, i, || l.reclaim_slot(i)) == Some(true) {
+            if let Some(Some(excess)) =
+                slotfile::take_dead_slot::<Layout, _>(fd, i, || l.reclaim_slot(i))
+            {
                 n += 1;
+                if excess > 0 {
+                    self.report_impossible_slot(i, excess);
+                }
             }
         }
         self.sweeping.store(false, Ordering::Release);

@@ -475,13 +475,14 @@ impl Layout {
     }
 
     /// Gives a dead (or our own, on exit) slot's usage back to the devices and frees it. The caller
-    /// holds the slot's lock, so no other process can be reclaiming or claiming it. Returns whether
-    /// this call did the reclaim (false if the slot was FREE).
-    pub fn reclaim_slot(&self, slot: usize) -> bool {
+    /// holds the slot's lock, so no other process can be reclaiming or claiming it. Returns `None`
+    /// if the slot was FREE, else the bytes the slot claimed beyond what its devices could owe it
+    /// (0 unless the file was written by something else).
+    pub fn reclaim_slot(&self, slot: usize) -> Option<u64> {
         let s = &self.slots[slot];
         let state = s.state.load(Ordering::Acquire);
         if state == SLOT_FREE {
-            return false;
+            return None;
         }
         // ACTIVE -> RECLAIMING; a slot already RECLAIMING was left by a cleaner that died: finish it.
         if state != SLOT_RECLAIMING
@@ -489,19 +490,41 @@ impl Layout {
                 .compare_exchange(state, SLOT_RECLAIMING, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
         {
-            return false;
+            return None;
         }
         // swap(0) first: whatever happens next, no amount is given back twice.
+        let mut excess = 0u64;
         for dev in 0..MAX_DEVICES {
             let n = s.used[dev].swap(0, Ordering::AcqRel);
             if n > 0 {
-                saturating_sub(&self.devices[dev].used, n);
+                let owed = n.min(self.unowned(dev, slot));
+                excess = excess.saturating_add(n - owed);
+                saturating_sub(&self.devices[dev].used, owed);
             }
         }
         s.pid.store(0, Ordering::Relaxed);
         s.state.store(SLOT_FREE, Ordering::Release);
         self.header.reclaims.fetch_add(1, Ordering::AcqRel);
-        true
+        Some(excess)
+    }
+
+    /// What device `dev` counts beyond the other slots' (all but `slot`) usage: the most `slot` can
+    /// hold there. Reservations raise the device before the slot and releases lower the slot
+    /// first, so the slots never add up to more than the device: a slot claiming more (a value
+    /// written into the file) is given back only this much, and the live processes' charges stay.
+    fn unowned(&self, dev: usize, slot: usize) -> u64 {
+        let others = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|&(i, s)| i != slot && s.state.load(Ordering::Acquire) != SLOT_FREE)
+            .fold(0u64, |sum, (_, s)| {
+                sum.saturating_add(s.used[dev].load(Ordering::Acquire))
+            });
+        self.devices[dev]
+            .used
+            .load(Ordering::Acquire)
+            .saturating_sub(others)
     }
 }
 

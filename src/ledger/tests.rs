@@ -337,6 +337,37 @@ fn sigkilled_child_is_reclaimed() {
 }
 
 #[test]
+fn a_dead_slot_claiming_more_than_it_can_hold_leaves_the_live_charges() {
+    let _serial = crate::slotfile::serial_test();
+    let path = ledger_path("impossible-slot");
+    let live = Ledger::open(&path, &limited(GIB)).unwrap();
+    let d = live.device_index(UUID_A).unwrap();
+    live.try_reserve(d, 700 * MIB).unwrap();
+    let child = fork_child(|| {
+        let mine = Ledger::open(&path, &limited(0)).unwrap();
+        let ok = mine.try_reserve(d, 100 * MIB).is_ok();
+        std::mem::forget(mine); // dies holding it, as a killed process
+        ok
+    });
+    assert_eq!(wait(child), 0, "child could not reserve");
+    assert_eq!(live.used(d), 800 * MIB);
+    let dead = live
+        .snapshot()
+        .processes
+        .iter()
+        .find(|p| p.pid == child as u32)
+        .map(|p| p.slot)
+        .expect("the dead child's slot");
+    // Something else writes an impossible figure into the dead process's slot.
+    live.layout().slots[dead].used[d].store(4 * GIB, Ordering::Release);
+    assert_eq!(live.sweep(), 1);
+    // Only what the dead slot could hold (the device's count beyond the live slot) went back.
+    assert_eq!(live.used(d), 700 * MIB);
+    assert!(live.try_reserve(d, 400 * MIB).is_err());
+    live.try_reserve(d, 324 * MIB).unwrap();
+}
+
+#[test]
 fn drop_gives_usage_back() {
     let _serial = crate::slotfile::serial_test();
     let path = ledger_path("drop");
