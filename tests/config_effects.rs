@@ -120,6 +120,54 @@ fn settings_that_refuse_nothing_say_what_happens() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A limit list that names no device the process can see (`7=1GiB` on a one-GPU machine, a UUID
+/// of another machine's GPU) refuses every allocation, and an error line names the variable, its
+/// value, the keys and the devices that are visible; each refusal says why.
+#[test]
+fn a_limit_list_naming_no_visible_device_says_so() {
+    let sim = Sim::new("nomatch");
+    let dir = private_dir("nomatch");
+    for (i, value) in ["7=1GiB", "GPU-99999999-0000-1111-2222-333344445555=1GiB"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut cmd = sim.command(compile(&ROBUST));
+        cmd.env("LD_PRELOAD", shim())
+            .env("GPUSLICE_LEDGER", dir.join(format!("{i}.ledger")))
+            .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+            .env("GPUSLICE_MEMORY_LIMIT", value)
+            .env("GPUSLICE_CONTEXT_RESERVE", "0")
+            .arg("cmd");
+        let run = feed(sim.spawn(&mut cmd), "alloc 64\nexit\n", value);
+        assert_eq!(
+            run.get("alloc"),
+            "2",
+            "CUDA_ERROR_OUT_OF_MEMORY\n{}",
+            run.report()
+        );
+        let said = format!("GPUSLICE_MEMORY_LIMIT={value:?}: the memory limit lists devices");
+        let errors: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|l| l.contains("error") && l.contains(&said))
+            .collect();
+        assert_eq!(errors.len(), 1, "one error line:\n{}", run.report());
+        assert!(
+            errors[0].contains("none of them is visible") && errors[0].contains("visible: 0=GPU-"),
+            "{}",
+            run.report()
+        );
+        assert!(
+            run.stderr
+                .lines()
+                .any(|l| l.contains("cuMemAlloc of 64 MiB") && l.contains(&said)),
+            "the refusal says why:\n{}",
+            run.report()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Aliases are read from the real environment as from the loader's tests: HAMi's per-device
 /// `CUDA_DEVICE_MEMORY_LIMIT_<i>` (probed only when a variable has that prefix) limits device 0, and
 /// a `GPUSLICE_*` variable that is set wins over its alias, with a line saying which was ignored.

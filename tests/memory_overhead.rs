@@ -2096,6 +2096,51 @@ fn memory_spent_outside_any_call_is_charged_by_reconciliation() {
     }
 }
 
+/// The processes `gpuslice status --json` lists in `tenant`'s ledger under `dir` (alive or not).
+fn ledger_pids(sim: &Sim, dir: &Path, tenant: &str) -> Vec<u64> {
+    let mut cmd = Command::new(common::gpuslice_bin());
+    cmd.args(["status", "--json", "--ledger"])
+        .arg(dir.join(format!("{tenant}.ledger")))
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"));
+    let run = sim.run_cmd(&mut cmd);
+    run.assert_success();
+    let doc = Json::parse(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()));
+    let Json::Arr(processes) = doc.at("memory.processes") else {
+        panic!("no memory.processes in {}", run.stdout)
+    };
+    processes.iter().map(|p| p.u64("pid")).collect()
+}
+
+/// A process takes one of its tenant's ledger slots (256), however many of gpuslice's libraries it
+/// loads (the drop-in libcuda and libnvidia-ml each carry the library), and only once it charges
+/// something: an NVML-only program (a monitoring tool) takes none.
+fn one_slot_per_process(deploy: Deploy) {
+    let dir = scratch("slots");
+    let sim = sim("overhead-slots");
+    // A program using both libraries (its context charged): one entry.
+    let mut holder = sim.spawn(&mut client(&sim, deploy, &dir, "slots", &["hold"]));
+    let pid: u64 = wait_for_key(&mut holder, "ready")["pid"].parse().unwrap();
+    assert_eq!(ledger_pids(&sim, &dir, "slots"), vec![pid], "{deploy:?}");
+    // A tool reading NVML only, run to its end beside it: it leaves no entry, alive or dead.
+    let viewer = nvml_view(&sim, deploy, &dir, "slots");
+    assert_eq!(viewer.get_u64("total"), QUOTA, "{}", viewer.report());
+    assert_eq!(
+        viewer.get("procs"),
+        format!("{pid}:{SIM_CONTEXT}"),
+        "{}",
+        viewer.report()
+    );
+    assert_eq!(ledger_pids(&sim, &dir, "slots"), vec![pid], "{deploy:?}");
+    finish(holder, "holder").assert_success();
+}
+
+in_every_deployment!(
+    one_slot_per_process:
+    one_slot_per_process_preloaded,
+    one_slot_per_process_dropin,
+    one_slot_per_process_mixed
+);
+
 /// `gpuslice status` shows each process's allocations and driver overhead apart: a process that
 /// loads a module, raises its limits and fills its quota is shown with what it allocated and what
 /// the driver spent for it, both as simgpu counts them (its used memory less the allocations).

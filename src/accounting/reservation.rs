@@ -178,6 +178,21 @@ impl Tenant {
             0 => String::new(),
             n => format!(" ({n} earlier refusals not logged)"),
         };
+        if e.closed {
+            let ledger = self
+                .ledger()
+                .map_or_else(|_| "its ledger".into(), |l| l.path().display().to_string());
+            log::warn(format_args!(
+                "tenant {}: {what} of {} on {} (device {}) refused: {ledger} cannot be charged \
+                 here (damaged, read-only, or every process slot taken: see the error logged \
+                 before){more}",
+                self.config.tenant,
+                config::format_bytes(requested),
+                device.uuid,
+                device.ordinal,
+            ));
+            return;
+        }
         log::warn(format_args!(
             "tenant {}: {what} of {} on {} (device {}) refused: {} of {} in use{more}",
             self.config.tenant,
@@ -229,6 +244,7 @@ impl Tenant {
             requested: bytes,
             used: used.saturating_sub(bytes),
             limit: ceiling,
+            closed: false,
         })
     }
 

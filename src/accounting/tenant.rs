@@ -205,6 +205,9 @@ impl Tenant {
         if let Limit::Invalid(why) = self.config.memory_limit_for(ordinal as u32, uuid) {
             return Err(why);
         }
+        if let Some(why) = crate::ledger::unmatched_keys(self.config, &driver::visible_devices()) {
+            return Err(why);
+        }
         let ledger = self.ledger().map_err(str::to_owned)?;
         ledger.device_index(uuid).ok_or_else(|| {
             format!(

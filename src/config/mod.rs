@@ -110,6 +110,9 @@ pub struct Config {
     pub quota_file: Option<PathBuf>,
     /// Per-device memory limits in bytes.
     pub memory: PerDevice<u64>,
+    /// Where the memory limits came from (`GPUSLICE_MEMORY_LIMIT="..."`, `file:line`), for errors
+    /// found later (a list naming no visible device); empty when none is set.
+    pub memory_source: String,
     pub log_level: LogLevel,
     /// Bytes charged to the quota per CUDA context (`GPUSLICE_CONTEXT_RESERVE`), never measured;
     /// `None` = measured (docs/MEMORY.md), [`DEFAULT_CONTEXT_RESERVE`] when nothing can be measured;

@@ -25,6 +25,7 @@ pub(super) fn memory_limit(b: &mut Builder, tier: &Tier) -> bool {
     let Some(first) = tier.first() else {
         return false;
     };
+    b.cfg.memory_source = first.label.clone();
     b.cfg.memory = match first.source {
         Source::Hami(_) => {
             let mut out = PerDevice::default();

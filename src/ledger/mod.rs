@@ -53,6 +53,9 @@ pub struct QuotaExceeded {
     /// `UNLIMITED` (u64::MAX) = no limit; 0 with nothing used also covers "denied" (bad device,
     /// read-only ledger, invalid configuration).
     pub limit: u64,
+    /// Refused whatever the usage: the ledger is damaged or read-only, the device is not set up in
+    /// it, or every process slot is taken (each logged when found).
+    pub closed: bool,
 }
 
 /// Why [`Ledger::try_reserve_checked`] refused.
@@ -65,6 +68,13 @@ enum Refusal {
 
 impl fmt::Display for QuotaExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.closed {
+            return write!(
+                f,
+                "memory refused: requested {}; the tenant's ledger cannot be charged here",
+                format_bytes(self.requested)
+            );
+        }
         write!(
             f,
             "memory quota exceeded: requested {}, {} of {} in use",
@@ -128,7 +138,7 @@ impl LedgerOptions {
 /// When the memory limit is a list of per-device keys none of which names a visible device (a
 /// typo in a UUID, index 1 on a one-GPU machine, a MIG key), the message that refuses allocations:
 /// the keys given and the devices visible. A list that matches at least one visible device is valid.
-fn unmatched_keys(cfg: &Config, visible: &[(u32, String)]) -> Option<String> {
+pub(crate) fn unmatched_keys(cfg: &Config, visible: &[(u32, String)]) -> Option<String> {
     let m = &cfg.memory;
     if m.poison.is_some() || m.all.is_some() || (m.by_index.is_empty() && m.by_uuid.is_empty()) {
         return None;
@@ -150,7 +160,8 @@ fn unmatched_keys(cfg: &Config, visible: &[(u32, String)]) -> Option<String> {
         .collect();
     let seen: Vec<String> = visible.iter().map(|(i, u)| format!("{i}={u}")).collect();
     Some(format!(
-        "the memory limit lists devices {} but none of them is visible to this process (visible: {}); no device would have a limit, so allocations are refused",
+        "{}: the memory limit lists devices {} but none of them is visible to this process (visible: {}); no device would have a limit",
+        cfg.memory_source,
         keys.join(", "),
         seen.join(", ")
     ))
@@ -227,8 +238,12 @@ pub struct Ledger {
     created: bool,
     /// Our open file description (owns our slot lock). Replaced after a fork.
     fd: AtomicI32,
-    /// Our slot (`NO_SLOT` if none: read-only or admin).
+    /// Our slot (`NO_SLOT` if none: read-only, admin, or nothing reserved yet). Claimed at the
+    /// first reservation: a process that only reads (NVML alone, the drop-in NVML library beside
+    /// the drop-in CUDA one) takes none of the ledger's slots.
     slot: AtomicUsize,
+    /// A thread of this process is claiming `slot` (reset in a fork child).
+    claiming: AtomicBool,
     /// Process that owns `slot`; differs from getpid() in a fork child until it reattaches.
     owner_pid: AtomicU32,
     /// `sys::forks_seen()` when `owner_pid` was last checked.
@@ -240,6 +255,7 @@ pub struct Ledger {
     last_size_check_ms: AtomicU64,
     warned_underflow: AtomicBool,
     warned_impossible_slot: AtomicBool,
+    warned_full: AtomicBool,
     warned_damage: AtomicBool,
     /// Keeps the fd open: closing it would drop our lock. Only touched at open, fork and drop.
     fds: parking_lot::Mutex<Vec<OwnedFd>>,
@@ -289,7 +305,6 @@ impl Ledger {
             }
         }
         ledger.sweep();
-        ledger.claim()?;
         ledger.owner_pid.store(sys::getpid(), Ordering::Release);
         Ok(ledger)
     }
@@ -337,6 +352,8 @@ impl Ledger {
             last_size_check_ms: AtomicU64::new(0),
             warned_underflow: AtomicBool::new(false),
             warned_impossible_slot: AtomicBool::new(false),
+            warned_full: AtomicBool::new(false),
+            claiming: AtomicBool::new(false),
             warned_damage: AtomicBool::new(false),
             fds: parking_lot::Mutex::new(fd.into_iter().collect()),
         }
@@ -397,6 +414,40 @@ impl Ledger {
 
     fn raw_fd(&self) -> RawFd {
         self.fd.load(Ordering::Acquire)
+    }
+
+    /// Our slot, claimed now if this process has none yet (one thread claims; the others wait for
+    /// it). `None`: every slot is in use (logged once).
+    #[cold]
+    fn own_slot(&self) -> Option<usize> {
+        loop {
+            if let Some(s) = self.slot() {
+                return Some(s);
+            }
+            if self
+                .claiming
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let claimed = match self.slot() {
+                    Some(s) => Ok(s),
+                    None => self.claim().map(|()| self.slot().unwrap_or(NO_SLOT)),
+                };
+                self.claiming.store(false, Ordering::Release);
+                return match claimed {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        if !self.warned_full.swap(true, Ordering::Relaxed) {
+                            log::error(format_args!(
+                                "{e}; allocations in this process are refused"
+                            ));
+                        }
+                        None
+                    }
+                };
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Claims a free slot (taking its lock first, so no cleaner can mistake it for dead).
@@ -566,8 +617,10 @@ impl Ledger {
     /// decide.
     #[inline]
     pub fn reserve_quickly(&self, dev: usize, bytes: u64) -> bool {
+        let slot = self.slot.load(Ordering::Acquire);
         if !self.writable
             || dev >= MAX_DEVICES
+            || slot == NO_SLOT
             || self.fork_pending()
             || self.warned_damage.load(Ordering::Relaxed)
             || now_ms().saturating_sub(self.last_size_check_ms.load(Ordering::Relaxed))
@@ -579,7 +632,7 @@ impl Ledger {
         if l.device_state(dev) != shm::DEV_READY || l.reserve(dev, bytes).is_err() {
             return false;
         }
-        self.charge_slot(dev, bytes);
+        l.slot_add(slot, dev, bytes);
         // Checked once, after the updates: faults only add up and the header is read now, so this
         // also covers a file damaged before them, whose repaired (or private) zeros the updates
         // touched harmlessly.
@@ -600,6 +653,7 @@ impl Ledger {
             requested: bytes,
             used: 0,
             limit: 0,
+            closed: true,
         });
         if !self.writable || dev >= MAX_DEVICES {
             return Err(deny);
@@ -626,6 +680,10 @@ impl Ledger {
             if !check_size {
                 self.damaged(true);
             }
+            return Err(deny);
+        }
+        // This process's first reservation claims its slot.
+        if self.own_slot().is_none() {
             return Err(deny);
         }
         let refused = match l.reserve(dev, bytes) {
@@ -660,6 +718,7 @@ impl Ledger {
             requested: bytes,
             used: refused.used,
             limit: refused.limit,
+            closed: false,
         }))
     }
 
@@ -691,10 +750,11 @@ impl Ledger {
         // Slot first: dying between the two leaves the device over-counted (fails closed), never under.
         // Only what the slot held leaves the device: the rest is charged to another process's slot
         // (a fork child freeing its parent's allocation), and its sweep gives that back.
-        let mut short = 0;
-        if let Some(s) = self.slot() {
-            short = l.slot_sub(s, dev, bytes);
-        }
+        // No slot: this process (a fork child) reserved nothing, so nothing of it leaves.
+        let short = match self.slot() {
+            Some(s) => l.slot_sub(s, dev, bytes),
+            None => bytes,
+        };
         let dev_short = l.release(dev, bytes - short);
         if short > 0 || dev_short > 0 {
             self.report_underflow(dev, bytes);
@@ -807,6 +867,7 @@ impl Ledger {
         .map_err(io_err(&self.path, "reopen after fork"))?;
         // Locks taken by other threads of the parent at fork time do not matter in the child.
         self.sweeping.store(false, Ordering::Release);
+        self.claiming.store(false, Ordering::Release);
         self.slot.store(NO_SLOT, Ordering::Release);
         self.fd.store(fd.as_raw_fd(), Ordering::Release);
         {
@@ -819,7 +880,8 @@ impl Ledger {
             fds.clear();
             fds.push(fd);
         }
-        self.claim()
+        // The child's own slot is claimed at its first reservation.
+        Ok(())
     }
 
     /// A consistent-enough view of everything (each number is read atomically).

@@ -75,7 +75,9 @@ fn create_and_join() {
     assert_eq!(da, db);
     assert_eq!(b.limit(db), 4 * GIB);
     assert_eq!(c.limit(db), 4 * GIB);
-    assert_ne!(a.slot(), b.slot());
+    // Slots are claimed at a process's first reservation: joining reads only.
+    assert_eq!((a.slot(), b.slot(), c.slot()), (None, None, None));
+    assert!(a.snapshot().processes.is_empty());
 
     // One quota shared by all.
     a.try_reserve(da, 3 * GIB).unwrap();
@@ -85,7 +87,8 @@ fn create_and_join() {
         QuotaExceeded {
             requested: 2 * GIB,
             used: 3 * GIB,
-            limit: 4 * GIB
+            limit: 4 * GIB,
+            closed: false,
         }
     );
     assert_eq!(
@@ -93,6 +96,9 @@ fn create_and_join() {
         "memory quota exceeded: requested 2 GiB, 3 GiB of 4 GiB in use"
     );
     b.try_reserve(db, GIB).unwrap();
+    assert!(a.slot().is_some() && b.slot().is_some() && c.slot().is_none());
+    assert_ne!(a.slot(), b.slot());
+    assert_eq!(c.snapshot().processes.len(), 2);
     assert_eq!(a.used(da), 4 * GIB);
     assert_eq!(b.used_by_me(db), GIB);
     b.release(db, GIB);
@@ -259,16 +265,18 @@ fn dead_child_is_reclaimed_exactly_once() {
     let _serial = crate::slotfile::serial_test();
     let path = ledger_path("exit");
     let parent = Ledger::open(&path, &limited(GIB + 256 * MIB)).unwrap();
-    let other = Ledger::open(&path, &limited(0)).unwrap(); // a second live participant
+    let other = Ledger::open(&path, &limited(0)).unwrap();
     let d = parent.device_index(UUID_A).unwrap();
+    other.try_reserve(d, 0).unwrap(); // a second live participant
     parent.try_reserve(d, 256 * MIB).unwrap();
     let before = parent.snapshot().reclaims;
 
     // The child inherits `parent` (fork without exec): it must get a slot of its own.
     let child = fork_child(|| {
         parent.reattach_after_fork().is_ok()
-            && parent.slot().is_some()
+            && parent.slot().is_none()
             && parent.try_reserve(d, GIB).is_ok()
+            && parent.slot().is_some()
             && parent.used_by_me(d) == GIB
     });
     assert_eq!(wait(child), 0, "child failed");
@@ -378,7 +386,8 @@ fn drop_gives_usage_back() {
         b.try_reserve(d, GIB).unwrap();
     }
     assert_eq!(a.used(d), 0);
-    assert_eq!(a.snapshot().processes.len(), 1);
+    // b's slot is free again; a, which reserved nothing, never took one.
+    assert!(a.snapshot().processes.is_empty());
 }
 
 #[test]
