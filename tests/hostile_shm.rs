@@ -158,6 +158,15 @@ fn tenant_ledger_truncated_under_running_programs_fails_closed_without_a_signal(
                 );
                 ask(c, "free", "free");
             }
+            // Its figures are gone: no room shown, out of the configured quota (not the card).
+            c.stdin.as_mut().unwrap().write_all(b"info\n").unwrap();
+            let info = wait_for_key(c, "info");
+            assert_eq!(
+                (info["info"].as_str(), info["info_free"].as_str()),
+                ("0", "0"),
+                "cut to {cut}: {info:?}"
+            );
+            assert_eq!(info["info_total"], (4u64 << 30).to_string(), "cut to {cut}");
         }
         for (c, name) in [(a, "a"), (b, "b")] {
             let run = feed(c, "exit\n", name);

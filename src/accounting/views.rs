@@ -78,6 +78,18 @@ impl Tenant {
     ) -> Option<(u64, u64)> {
         let slot = *device.slot.as_ref().ok()?;
         let ledger = self.ledger().ok()?;
+        if ledger.found_damaged() {
+            // Its figures are gone and nothing can be allocated: no room, out of the quota this
+            // process was configured with (else the node's ceiling), never the whole card.
+            let limit = match self
+                .config
+                .memory_limit_for(device.ordinal as u32, &device.uuid)
+            {
+                Limit::Bytes(limit) => Some(limit),
+                _ => device.ceiling,
+            };
+            return Some((0, limit.unwrap_or(driver_total).min(driver_total)));
+        }
         let limit = self.effective_limit(ledger, slot, device.ordinal as u32, &device.uuid);
         if limit == UNLIMITED {
             return None;
@@ -93,6 +105,12 @@ impl Tenant {
         let Some(ledger) = self.existing_ledger() else {
             return self.limit_before_any_charge(uuid).map(|limit| (0, limit));
         };
+        if ledger.found_damaged() {
+            // As `shown_memory`: all of the configured quota in use, none of it free.
+            return self
+                .limit_before_any_charge(uuid)
+                .map(|limit| (limit, limit));
+        }
         let dev = ledger.device_index(uuid)?;
         let limit = self.effective_limit(ledger, dev, u32::MAX, uuid);
         (limit != UNLIMITED).then(|| (ledger.used(dev), limit))

@@ -471,6 +471,12 @@ impl Ledger {
         }
     }
 
+    /// This process found the file damaged (truncated, replaced, overwritten): its numbers mean
+    /// nothing any more, and every reservation is refused.
+    pub fn found_damaged(&self) -> bool {
+        self.warned_damage.load(Ordering::Relaxed)
+    }
+
     /// The ledger's path.
     pub fn path(&self) -> &Path {
         &self.path
