@@ -376,6 +376,30 @@ fn a_dead_slot_claiming_more_than_it_can_hold_leaves_the_live_charges() {
 }
 
 #[test]
+fn a_full_slot_table_refuses_only_the_processes_without_a_slot() {
+    let _serial = crate::slotfile::serial_test();
+    let path = ledger_path("full");
+    let joined: Vec<Ledger> = (0..MAX_SLOTS)
+        .map(|_| Ledger::open(&path, &limited(GIB)).unwrap())
+        .collect();
+    let d = joined[0].device_index(UUID_A).unwrap();
+    for l in &joined {
+        l.try_reserve(d, MIB).unwrap();
+    }
+    // One more joins (reading needs no slot), and its first reservation finds none.
+    let late = Ledger::open(&path, &limited(GIB)).unwrap();
+    assert_eq!(late.used(d), MAX_SLOTS as u64 * MIB);
+    let refused = late.try_reserve(d, MIB).unwrap_err();
+    assert!(refused.closed, "{refused:?}");
+    assert_eq!(late.used(d), MAX_SLOTS as u64 * MIB);
+    // The others go on; once one leaves, the late one gets its slot.
+    joined[1].try_reserve(d, MIB).unwrap();
+    drop(joined);
+    late.try_reserve(d, MIB).unwrap();
+    assert_eq!(late.used(d), MIB);
+}
+
+#[test]
 fn drop_gives_usage_back() {
     let _serial = crate::slotfile::serial_test();
     let path = ledger_path("drop");
