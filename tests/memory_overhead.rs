@@ -1163,6 +1163,28 @@ fn pool_attributes_answering_zero_do_not_let_larger_blocks_pass_the_quota() {
     );
 }
 
+/// A pool destroyed while a block of it is still allocated lives on until that block is freed
+/// (NVIDIA's `cuMemPoolDestroy`), charged: its 600 MiB leave no room for another 600 until then.
+#[test]
+fn a_pool_destroyed_with_a_block_allocated_stays_charged_until_it_is_freed() {
+    for zero in ["0", "1"] {
+        let dir = scratch("pool-destroy");
+        let sim = sim("overhead-pool-destroy").env("SIMGPU_POOL_ATTRIBUTES_ZERO", zero);
+        let run = sim.run_cmd(&mut client(
+            &sim,
+            Deploy::Preload,
+            &dir,
+            "pools",
+            &["pooldestroy"],
+        ));
+        run.assert_success();
+        let report = run.report();
+        assert_eq!(run.get("after_destroy_rc"), "2", "out of memory\n{report}");
+        assert_eq!(run.get("after_free_rc"), "0", "{report}");
+        assert!(group_peak(&sim.stat(), "pools") <= QUOTA, "{report}");
+    }
+}
+
 #[test]
 fn a_pool_serves_smaller_blocks_from_the_memory_it_holds() {
     // Blocks of one size freed (stream-ordered, not synchronised) and then smaller ones asked for,

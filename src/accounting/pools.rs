@@ -33,6 +33,10 @@ pub(super) struct PoolCharge {
     freed: BTreeMap<u64, u64>,
     /// What the last block recorded while untrusted added to the pool.
     last_growth: u64,
+    /// Destroyed with blocks still allocated: the driver releases the pool "once there are no more
+    /// outstanding allocations" (`cuMemPoolDestroy`), and it stays charged until then. Kept under a
+    /// key no pool handle can be (the driver may give the handle to a new pool).
+    destroyed: bool,
 }
 
 impl PoolCharge {
@@ -44,6 +48,7 @@ impl PoolCharge {
             untrusted: false,
             freed: BTreeMap::new(),
             last_growth: 0,
+            destroyed: false,
         }
     }
 
@@ -236,12 +241,30 @@ impl Tenant {
     /// Re-reads every known pool's reserved size and returns what the driver released.
     pub fn settle_pools(&self) {
         let _serial = self.pool_serial();
+        let drained: Vec<PoolCharge> = {
+            let mut r = self.records.lock();
+            let keys: Vec<usize> = r
+                .pools
+                .iter()
+                .filter(|(_, p)| p.destroyed && p.outstanding == 0)
+                .map(|(&k, _)| k)
+                .collect();
+            keys.iter().filter_map(|k| r.pools.remove(k)).collect()
+        };
+        // A destroyed pool whose last block was freed: released by the driver once that free ran,
+        // which a synchronisation (this call) is taken to have waited for.
+        for pool in drained {
+            self.release(Charge {
+                device: pool.device,
+                bytes: pool.bytes,
+            });
+        }
         let pools: Vec<(usize, usize, u64)> = self
             .records
             .lock()
             .pools
             .iter()
-            .filter(|(_, charge)| !charge.untrusted)
+            .filter(|(_, charge)| !charge.untrusted && !charge.destroyed)
             .map(|(&pool, charge)| (pool, charge.device, charge.bytes))
             .collect();
         for (pool, device, bytes) in pools {
@@ -258,6 +281,20 @@ impl Tenant {
         let mut r = self.records.lock();
         r.pool_places.remove(&pool);
         let charge = r.pools.remove(&pool);
+        if let Some(mut draining) = charge.clone().filter(|c| c.outstanding > 0) {
+            // Blocks still allocated: the pool lives on, charged, under a key of its own.
+            static DESTROYED: std::sync::atomic::AtomicUsize =
+                std::sync::atomic::AtomicUsize::new(0);
+            let key = usize::MAX - DESTROYED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            draining.destroyed = true;
+            r.pools.insert(key, draining);
+            for (p, _) in r.pool_blocks.values_mut() {
+                if *p == pool {
+                    *p = key;
+                }
+            }
+            return;
+        }
         r.pool_blocks.retain(|_, (p, _)| *p != pool);
         drop(r);
         if let Some(c) = charge {

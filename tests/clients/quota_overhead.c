@@ -36,6 +36,9 @@
  *   heapfit ROOM_MIB HEAP_MIB               context, the quota filled but ROOM_MIB; the malloc heap
  *                                           set to HEAP_MIB: heap_rc
  *   views                                   context; views
+ *   pooldestroy                             context; 600 MiB from a pool created, the pool
+ *                                           destroyed, cuMemAlloc 600 MiB (after_destroy_rc=);
+ *                                           the block freed, synchronised, again (after_free_rc=)
  *   tiny ROOM_MIB                           context, the quota filled but ROOM_MIB; then 1-byte
  *                                           cuMemAlloc until refused (tiny=), views
  *   leave MIB [wait]                        context (with `wait`: ready=1, then wait for a line),
@@ -531,6 +534,30 @@ int main(int argc, char **argv) {
         leave_room(strtoull(argv[2], 0, 10));
         CUresult rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(strtoull(argv[3], 0, 10) * MIB));
         printf("heap_rc=%d\n", (int)rc);
+    } else if (strcmp(mode, "pooldestroy") == 0) {
+        /* NVIDIA: a pool destroyed with allocations outstanding is released "once there are no
+         * more outstanding allocations". */
+        CUmemPoolProps props;
+        CUmemoryPool pool;
+        CUstream s;
+        CUdeviceptr block, p;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = dev;
+        CHECK(cuMemPoolCreate(&pool, &props));
+        CHECK(cuStreamCreate(&s, 0));
+        CHECK(cuMemAllocFromPoolAsync(&block, 600 * MIB, pool, s));
+        CHECK(cuStreamSynchronize(s));
+        CHECK(cuMemPoolDestroy(pool));
+        CUresult rc = cuMemAlloc(&p, 600 * MIB);
+        printf("after_destroy_rc=%d\n", (int)rc);
+        if (rc == CUDA_SUCCESS) CHECK(cuMemFree(p));
+        CHECK(cuMemFreeAsync(block, s));
+        CHECK(cuStreamSynchronize(s));
+        rc = cuMemAlloc(&p, 600 * MIB);
+        printf("after_free_rc=%d\n", (int)rc);
+        views("pooldestroy");
     } else if (strcmp(mode, "tiny") == 0 && argc > 2) {
         leave_room(strtoull(argv[2], 0, 10));
         CUdeviceptr p;
