@@ -283,7 +283,9 @@ fn capture_modes_decide_which_calls_invalidate_a_capture() {
 /// capture time; the graph's launch allocates (counted in the device's memory in use), a free node
 /// or a later free returns it, AUTO_FREE_ON_LAUNCH frees before a relaunch, a relaunch with the
 /// allocation still held fails (CUDA_ERROR_INVALID_VALUE = 1), and a graph whose allocation does
-/// not fit captures fine but fails to launch (CUDA_ERROR_OUT_OF_MEMORY = 2).
+/// not fit captures fine but fails to launch (CUDA_ERROR_OUT_OF_MEMORY = 2). A graph with memory
+/// nodes has at most one executable graph at a time (a second instantiation fails,
+/// CUDA_ERROR_INVALID_VALUE, until the first is destroyed).
 #[test]
 fn graph_memory_is_allocated_when_the_graph_is_launched() {
     let sim = Sim::new("graphmem")
@@ -320,7 +322,9 @@ fn graph_memory_is_allocated_when_the_graph_is_launched() {
     assert_eq!(run.get("add_free"), "0", "{r}");
     assert_eq!(run.get("add_free_twice"), "1", "{r}");
     assert_eq!(run.get("add_free_unknown"), "1", "{r}");
+    assert_eq!(run.get("instantiate_twice"), "1", "{r}");
     assert_eq!(run.get("launch_built"), "0", "{r}");
+    assert_eq!(run.get("instantiate_after_destroy"), "0", "{r}");
     assert_eq!(mib("built_used_mib"), start, "{r}");
     assert_eq!(run.get("capture_big"), "0", "{r}");
     assert_eq!(run.get("end_big"), "0", "{r}");

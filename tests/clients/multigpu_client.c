@@ -343,9 +343,14 @@ static int mode_graphmem(unsigned long long mib) {
     printf("add_free_twice=%d\n", (int)cuGraphAddMemFreeNode(&fn_, g, &an, 1, ap.dptr));
     printf("add_free_unknown=%d\n", (int)cuGraphAddMemFreeNode(&fn_, g, &an, 1, ap.dptr + 64));
     CHECK(cuGraphInstantiate(&e, g, 0));
+    /* "at most one executable graph in existence for that graph at a time" */
+    CUgraphExec second;
+    printf("instantiate_twice=%d\n", (int)cuGraphInstantiate(&second, g, 0));
     printf("launch_built=%d\n", (int)cuGraphLaunch(e, s));
     CHECK(cuStreamSynchronize(s));
     print_mem("built");
+    CHECK(cuGraphExecDestroy(e));
+    printf("instantiate_after_destroy=%d\n", (int)cuGraphInstantiate(&e, g, 0));
 
     /* 5. Larger than the device: capturing works (no memory yet), launching does not. */
     size_t total_b, free_b;

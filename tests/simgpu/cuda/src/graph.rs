@@ -79,6 +79,10 @@ pub struct GraphExec {
     allocs: Vec<Arc<GraphAlloc>>,
     /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
     auto_free: bool,
+    /// The graph it was made from, when that has memory nodes: "there can be at most one executable
+    /// graph in existence for that graph at a time" (`cuGraphInstantiate`). A `Weak` keeps the
+    /// graph's address from being reused while this exists.
+    memory_source: Option<std::sync::Weak<Graph>>,
 }
 
 static GRAPHS: Mutex<BTreeMap<usize, Arc<Graph>>> = Mutex::new(BTreeMap::new());
@@ -381,6 +385,10 @@ unsafe fn kernel_node(
 fn instantiate(hg: CUgraph, flags: u64) -> Result<CUgraphExec, CUerror> {
     let g = graph(hg)?;
     let nodes = lock(&g.nodes).clone();
+    let memory_nodes = nodes
+        .iter()
+        .any(|n| matches!(n.kind, NodeKind::MemAlloc(_) | NodeKind::MemFree(_)));
+    let memory_source = memory_nodes.then(|| Arc::downgrade(&g));
     let allocs = nodes
         .iter()
         .filter_map(|n| match &n.kind {
@@ -392,9 +400,22 @@ fn instantiate(hg: CUgraph, flags: u64) -> Result<CUgraphExec, CUerror> {
         nodes,
         allocs,
         auto_free: flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH != 0,
+        memory_source,
     });
+    let mut execs = lock(&EXECS);
+    if let Some(source) = &e.memory_source {
+        let taken = execs.values().any(|other| {
+            other
+                .memory_source
+                .as_ref()
+                .is_some_and(|w| w.ptr_eq(source))
+        });
+        if taken {
+            return Err(CUerror::INVALID_VALUE);
+        }
+    }
     let h = Arc::as_ptr(&e) as usize;
-    lock(&EXECS).insert(h, e);
+    execs.insert(h, e);
     Ok(h as CUgraphExec)
 }
 
