@@ -1163,6 +1163,38 @@ fn pool_attributes_answering_zero_do_not_let_larger_blocks_pass_the_quota() {
     );
 }
 
+/// A block freed on a stream still busy stays in its pool until the stream reaches the free: a pool
+/// whose figures are not believed is trimmed to its outstanding blocks only once the streams of its
+/// frees have been waited for, so a block on another stream never slips in beside the freed one.
+#[test]
+fn a_free_still_pending_on_another_stream_is_waited_for() {
+    for zero in ["0", "1"] {
+        let dir = scratch("pending-free");
+        let sim = sim("overhead-pending-free").env("SIMGPU_POOL_ATTRIBUTES_ZERO", zero);
+        let run = sim.run_cmd(&mut client(
+            &sim,
+            Deploy::Preload,
+            &dir,
+            "pools",
+            &["pendingfree"],
+        ));
+        run.assert_success();
+        let report = run.report();
+        if zero == "1" {
+            // Made room for by waiting for the free. (With the driver's figures, the pool has
+            // nothing idle to trim until the free runs: refused, as on a GPU of the quota's size,
+            // unless the free ran first.)
+            assert_eq!(
+                run.get("second_rc"),
+                "0",
+                "it fits once the free ran\n{report}"
+            );
+        }
+        let peak = group_peak(&sim.stat(), "pools");
+        assert!(peak <= QUOTA, "zero={zero}: peak {peak}\n{report}");
+    }
+}
+
 /// A pool destroyed while a block of it is still allocated lives on until that block is freed
 /// (NVIDIA's `cuMemPoolDestroy`), charged: its 600 MiB leave no room for another 600 until then.
 #[test]

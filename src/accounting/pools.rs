@@ -33,10 +33,42 @@ pub(super) struct PoolCharge {
     freed: BTreeMap<u64, u64>,
     /// What the last block recorded while untrusted added to the pool.
     last_growth: u64,
+    /// While untrusted: the streams blocks were freed on (`cuMemFreeAsync`) since the pool was last
+    /// trimmed, and how many bytes. The pool holds such a block until its stream reaches the free,
+    /// so they are waited for before the pool is taken to hold only its outstanding blocks.
+    pending_frees: Vec<(PendingFree, u64)>,
     /// Destroyed with blocks still allocated: the driver releases the pool "once there are no more
     /// outstanding allocations" (`cuMemPoolDestroy`), and it stays charged until then. Kept under a
     /// key no pool handle can be (the driver may give the handle to a new pool).
     destroyed: bool,
+}
+
+/// A stream a pool block was freed on: its handle, whether through a `_ptsz` entry point, and for
+/// a per-thread default stream (a different stream in every thread) the freeing thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingFree {
+    pub stream: usize,
+    pub per_thread: bool,
+    pub thread: Option<i32>,
+}
+
+impl PendingFree {
+    pub fn new(stream: usize, per_thread: bool) -> PendingFree {
+        // CU_STREAM_PER_THREAD, or the null stream through a `_ptsz` entry point.
+        let per_thread_default = stream == 2 || (per_thread && stream == 0);
+        PendingFree {
+            stream,
+            per_thread,
+            // SAFETY: gettid takes no arguments and cannot fail.
+            thread: per_thread_default.then(|| unsafe { libc::gettid() }),
+        }
+    }
+
+    /// Whether the calling thread can wait for this stream (not another thread's default stream).
+    pub fn reachable(&self) -> bool {
+        // SAFETY: as above.
+        self.thread.map_or(true, |t| t == unsafe { libc::gettid() })
+    }
 }
 
 impl PoolCharge {
@@ -48,6 +80,7 @@ impl PoolCharge {
             untrusted: false,
             freed: BTreeMap::new(),
             last_growth: 0,
+            pending_frees: Vec::new(),
             destroyed: false,
         }
     }
@@ -143,18 +176,25 @@ impl Tenant {
     }
 
     /// `pool`, whose figures are not believed, was just trimmed to nothing (`cuMemPoolTrimTo` 0)
-    /// after its stream was synchronised: it holds only its outstanding blocks, and is charged
-    /// those. Returns whether that lowered its charge.
-    pub fn untrusted_pool_trimmed(&self, pool: usize) -> bool {
+    /// after the streams of its frees (`waited`) were synchronised: it holds only its outstanding
+    /// blocks and those freed on other streams since, and is charged that. Returns whether that
+    /// lowered its charge.
+    pub fn untrusted_pool_trimmed(&self, pool: usize, waited: &[PendingFree]) -> bool {
         let mut r = self.records.lock();
         let Some(entry) = r.pools.get_mut(&pool) else {
             return false;
         };
-        if !entry.untrusted || entry.bytes <= entry.outstanding {
+        entry.pending_frees.retain(|(on, _)| !waited.contains(on));
+        let pending = entry
+            .pending_frees
+            .iter()
+            .fold(0u64, |sum, (_, bytes)| sum.saturating_add(*bytes));
+        let holds = entry.outstanding.saturating_add(pending);
+        if !entry.untrusted || entry.bytes <= holds {
             return false;
         }
-        let freed = entry.bytes - entry.outstanding;
-        entry.bytes = entry.outstanding;
+        let freed = entry.bytes - holds;
+        entry.bytes = holds;
         entry.freed.clear();
         let device = entry.device;
         drop(r);
@@ -164,13 +204,36 @@ impl Tenant {
         true
     }
 
-    pub(super) fn pool_block_freed(&self, pool: usize, at: u64, bytes: u64) {
+    pub(super) fn pool_block_freed(
+        &self,
+        pool: usize,
+        at: u64,
+        bytes: u64,
+        on: Option<PendingFree>,
+    ) {
         if let Some(entry) = self.records.lock().pools.get_mut(&pool) {
             entry.outstanding = entry.outstanding.saturating_sub(bytes);
             if entry.untrusted {
                 entry.freed(at, bytes);
+                if let Some(on) = on {
+                    match entry.pending_frees.iter_mut().find(|(p, _)| *p == on) {
+                        Some((_, pending)) => *pending = pending.saturating_add(bytes),
+                        None => entry.pending_frees.push((on, bytes)),
+                    }
+                }
             }
         }
+    }
+
+    /// The streams blocks of `pool` were freed on since it was last trimmed (see
+    /// [`PoolCharge::pending_frees`]), for the caller to wait for.
+    pub fn untrusted_pending_frees(&self, pool: usize) -> Vec<PendingFree> {
+        self.records
+            .lock()
+            .pools
+            .get(&pool)
+            .map(|p| p.pending_frees.iter().map(|(on, _)| *on).collect())
+            .unwrap_or_default()
     }
 
     /// Sets the charge of a memory pool to what the driver says it holds now (`None`: it cannot say,

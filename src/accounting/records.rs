@@ -2,7 +2,7 @@
 //! pointers (`cuMemAlloc*`, pitch, managed, stream-ordered without a pool) and arrays.
 
 use super::overhead::OverheadRecord;
-use super::pools::PoolCharge;
+use super::pools::{PendingFree, PoolCharge};
 use super::vmm::Physical;
 use super::{Charge, Device, Tenant};
 use crate::driver::calls as driver;
@@ -262,7 +262,7 @@ impl Tenant {
         // what the driver says it holds from then on.
         if !blocks.is_empty() {
             for (key, (pool, bytes)) in blocks {
-                self.pool_block_freed(pool, key, bytes);
+                self.pool_block_freed(pool, key, bytes, None);
             }
             self.settle_pools();
         }
@@ -272,6 +272,17 @@ impl Tenant {
     /// memory pool returns to its pool, whose charge stays what the pool holds.
     #[inline(always)]
     pub fn uncharge(&self, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+        self.uncharge_on(key, None, call)
+    }
+
+    /// [`Tenant::uncharge`] of a free enqueued on a stream (`cuMemFreeAsync`).
+    #[inline(always)]
+    pub fn uncharge_on(
+        &self,
+        key: u64,
+        on: Option<PendingFree>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
         // The record goes before the driver frees: from then on the driver may hand the same
         // address to another thread's allocation, whose new record must not be the one removed.
         // A pool block stops counting as outstanding before the driver frees it: what is counted
@@ -282,7 +293,7 @@ impl Tenant {
             None => self.take_pool_block(key),
         };
         if let Some((pool, bytes)) = block {
-            self.pool_block_freed(pool, key, bytes);
+            self.pool_block_freed(pool, key, bytes, on);
         }
         if let Err(e) = call() {
             if let Some(charge) = charge {

@@ -8,7 +8,7 @@
 //! `array_bytes`).
 
 use super::{hooks, In, Out, Word};
-use crate::accounting::{allocation_size, tenant, Device, Tenant};
+use crate::accounting::{allocation_size, tenant, Device, PendingFree, Tenant};
 use crate::driver::calls as driver;
 use gpuslice_api::types::{
     CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
@@ -74,8 +74,8 @@ hooks! {
         => alloc_from_pool(Out::new(dptr), bytesize as u64, stream, Some(pool as usize), || driver::capturing(stream, true),
                            || real::cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream),
                            |p| real::cuMemFreeAsync_ptsz(p, stream), || real::cuStreamSynchronize_ptsz(stream));
-    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync(dptr, stream));
-    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free(dptr, || real::cuMemFreeAsync_ptsz(dptr, stream));
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => free_on(dptr, stream, false, || real::cuMemFreeAsync(dptr, stream));
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free_on(dptr, stream, true, || real::cuMemFreeAsync_ptsz(dptr, stream));
     fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps)
         => pool_create(Out::new(pool), In::new(props), || real::cuMemPoolCreate(pool, props));
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => settle_after(|| real::cuMemPoolTrimTo(pool, keep));
@@ -198,6 +198,49 @@ fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
     }
 }
 
+/// A free enqueued on `stream` (`per_thread`: through a `_ptsz` entry point).
+fn free_on(
+    dptr: CUdeviceptr,
+    stream: CUstream,
+    per_thread: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    match tenant() {
+        Some(t) => t.uncharge_on(
+            dptr,
+            Some(PendingFree::new(stream as usize, per_thread)),
+            call,
+        ),
+        None => call(),
+    }
+}
+
+/// Waits for the frees enqueued on other streams since `pool` was last trimmed: a pool whose
+/// figures are not believed is then trimmed to its outstanding blocks. Returns the streams waited
+/// for; `None` when one cannot be waited for now (another thread's default stream, a stream
+/// capturing, a failed wait).
+fn wait_for_pending_frees(t: &Tenant, pool: usize) -> Option<Vec<PendingFree>> {
+    let pending = t.untrusted_pending_frees(pool);
+    for p in &pending {
+        let stream = p.stream as CUstream;
+        if !p.reachable() || driver::capturing(stream, p.per_thread) {
+            return None;
+        }
+        // SAFETY: a stream handle the program freed on; a destroyed one answers an error.
+        let waited = unsafe {
+            if p.per_thread {
+                real::cuStreamSynchronize_ptsz(stream)
+            } else {
+                real::cuStreamSynchronize(stream)
+            }
+        };
+        if waited.is_err() {
+            return None;
+        }
+    }
+    Some(pending)
+}
+
 static POOLS_USED: AtomicBool = AtomicBool::new(false);
 
 /// A stream-ordered allocation. Captured into a graph (`capturing`), it allocates nothing now: the
@@ -245,14 +288,17 @@ fn alloc_from_pool(
     // frees have run, and the pool trimmed to what is in use -- rather than refusing.
     let reservation = t.reserve_or_make_room(device, bytes, "cuMemAllocAsync", || {
         if t.pool_untrusted(pool) {
-            // Its figures cannot say what trimming would release: trimmed to nothing, it holds
-            // only its outstanding blocks.
+            // Its figures cannot say what trimming would release: trimmed to nothing once every
+            // enqueued free has run, it holds only its outstanding blocks.
             if sync().is_err() {
                 return false;
             }
+            let Some(waited) = wait_for_pending_frees(t, pool) else {
+                return false;
+            };
             // SAFETY: `pool` is the caller's pool handle, valid for this call.
             let _ = unsafe { driver::real::cuMemPoolTrimTo(pool as CUmemoryPool, 0) };
-            return t.untrusted_pool_trimmed(pool);
+            return t.untrusted_pool_trimmed(pool, &waited);
         }
         let (Some(held), Some(used)) = (driver::pool_reserved(pool), driver::pool_used(pool))
         else {

@@ -36,6 +36,9 @@
  *   heapfit ROOM_MIB HEAP_MIB               context, the quota filled but ROOM_MIB; the malloc heap
  *                                           set to HEAP_MIB: heap_rc
  *   views                                   context; views
+ *   pendingfree                             context; 600 MiB from the device's pool on stream 2,
+ *                                           freed there behind a 1 s kernel; then 300 MiB on
+ *                                           stream 1 (second_rc=); views
  *   pooldestroy                             context; 600 MiB from a pool created, the pool
  *                                           destroyed, cuMemAlloc 600 MiB (after_destroy_rc=);
  *                                           the block freed, synchronised, again (after_free_rc=)
@@ -534,6 +537,28 @@ int main(int argc, char **argv) {
         leave_room(strtoull(argv[2], 0, 10));
         CUresult rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, (size_t)(strtoull(argv[3], 0, 10) * MIB));
         printf("heap_rc=%d\n", (int)rc);
+    } else if (strcmp(mode, "pendingfree") == 0) {
+        /* A block freed on a stream still busy (simgpu's `spin` kernel: its parameter in
+         * microseconds), then another allocated from the same pool on a second stream. */
+        const char *ptx = ".version 7.0\n.target sm_80\n.address_size 64\n"
+                          ".visible .entry spin(.param .u64 us)\n{ ret; }\n";
+        CUmodule mod;
+        CUfunction spin;
+        CUstream s1, s2;
+        CUdeviceptr a, b;
+        unsigned long long us = 1000000;
+        void *params[] = {&us};
+        CHECK(cuModuleLoadData(&mod, ptx));
+        CHECK(cuModuleGetFunction(&spin, mod, "spin"));
+        CHECK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+        CHECK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+        CHECK(cuMemAllocAsync(&a, 600 * MIB, s2));
+        CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s2, params, NULL));
+        CHECK(cuMemFreeAsync(a, s2));
+        CUresult rc = cuMemAllocAsync(&b, 300 * MIB, s1);
+        printf("second_rc=%d\n", (int)rc);
+        CHECK(cuCtxSynchronize());
+        views("pendingfree");
     } else if (strcmp(mode, "pooldestroy") == 0) {
         /* NVIDIA: a pool destroyed with allocations outstanding is released "once there are no
          * more outstanding allocations". */
