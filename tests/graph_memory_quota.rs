@@ -71,6 +71,10 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
         "held_end",
         "transient_capture",
         "transient_end",
+        "first_capture",
+        "first_end",
+        "second_capture",
+        "second_end",
     ] {
         expect(
             k,
@@ -106,6 +110,17 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
         "0",
         "an allocation the graph frees itself is not held after its launch",
     );
+    expect("first_launch", "0", "fits alone");
+    expect(
+        "second_launch_beside_first",
+        OUT_OF_MEMORY,
+        "the first graph holds its allocation until its free node runs, 3 s after its launch",
+    );
+    expect(
+        "second_launch_after_first",
+        "0",
+        "the first graph's allocation went back once its work completed",
+    );
     // The refusals are logged: one line each, naming the graph launch.
     let lines: Vec<&str> = run
         .stderr
@@ -114,7 +129,7 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
         .collect();
     assert_eq!(
         lines.len(),
-        2,
+        3,
         "one refusal line per refused launch:\n{report}"
     );
     assert!(

@@ -94,6 +94,7 @@ impl Tenant {
         }
         context_destroyed();
         self.forget_owned_by(ctx);
+        self.graph_memory_context_gone(ctx);
         self.release_freed_allocations(ctx);
         self.reconcile_all();
     }
@@ -164,6 +165,7 @@ impl Tenant {
             context_destroyed();
             self.release(charge);
             self.forget_owned_by(ctx);
+            self.graph_memory_context_gone(ctx);
             self.release_freed_allocations(ctx);
             self.reconcile_all();
         }

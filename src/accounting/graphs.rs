@@ -16,16 +16,20 @@
 //!   or by the launch of another graph that frees it. Relaunching a graph instantiated with
 //!   `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH` frees and allocates it again: the charge stays.
 //! - An allocation the graph frees itself lives only during the launch's execution: it must fit at
-//!   the launch (reserved for the call), and is not held afterwards.
+//!   the launch, and stays charged until the launch's work has completed (an event recorded on the
+//!   stream after the launch, looked at whenever a reservation is refused, a graph is launched or the
+//!   program synchronises), as does an allocation of another graph that this one frees. Two such
+//!   graphs running at once hold both.
 
-use super::{tenant, Tenant};
-use crate::driver::calls::real;
+use super::{tenant, Charge, Tenant};
+use crate::driver::calls::{self as driver, real};
+use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::types::{CUdevice, CU_MEM_LOCATION_TYPE_DEVICE};
 use gpuslice_api::types::{
     CUgraph, CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
     CU_GRAPH_NODE_TYPE_MEM_FREE,
 };
-use gpuslice_api::CUresult;
+use gpuslice_api::{CUerror, CUresult};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -54,6 +58,21 @@ pub struct Plan {
 static PLANS: Mutex<BTreeMap<usize, Arc<Plan>>> = Mutex::new(BTreeMap::new());
 /// Some executable graph has memory nodes: graph launches look their plan up.
 static ANY: AtomicBool = AtomicBool::new(false);
+
+/// Graph memory a launched graph frees itself (or frees for another graph), held until the launch's
+/// work has completed: `event` was recorded on the launch's stream, in context `ctx`, right after it.
+struct Running {
+    event: usize,
+    ctx: usize,
+    charges: Vec<Charge>,
+}
+
+static RUNNING: Mutex<Vec<Running>> = Mutex::new(Vec::new());
+/// `RUNNING` is not empty (one load where nothing is running).
+static ANY_RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// `CU_EVENT_DISABLE_TIMING` (cuda.h).
+const EVENT_DISABLE_TIMING: u32 = 2;
 
 /// Whether any executable graph of this process allocates memory (one load; graph launches of a
 /// process without graph memory skip everything here).
@@ -141,15 +160,55 @@ pub fn instantiated(exec: usize, graph: CUgraph) {
 
 /// Launches an executable graph (`launch`, the driver's `cuGraphLaunch`): its allocations are
 /// reserved first; over the quota the launch is refused and nothing runs.
-pub fn launch(exec: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
+pub fn launch(
+    exec: usize,
+    stream: CUstream,
+    per_thread: bool,
+    launch: impl FnOnce() -> CUresult,
+) -> CUresult {
     let (Some(t), Some(plan)) = (tenant(), PLANS.lock().get(&exec).cloned()) else {
         return launch();
     };
-    t.launch_graph(&plan, launch)
+    t.launch_graph(&plan, stream, per_thread, launch)
+}
+
+/// An event recorded on `stream` now, in the current context: (event, context). `None` when the
+/// stream is capturing (the launch went into the capture, not to the GPU) or the driver refused.
+fn mark(stream: CUstream, per_thread: bool) -> Option<(usize, usize)> {
+    if driver::capturing(stream, per_thread) {
+        return None;
+    }
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter.
+    unsafe { real::cuCtxGetCurrent(&mut ctx) }.ok()?;
+    let mut event: CUevent = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter.
+    unsafe { real::cuEventCreate(&mut event, EVENT_DISABLE_TIMING) }.ok()?;
+    // SAFETY: our event, the program's stream (not capturing, checked above).
+    let recorded = unsafe {
+        if per_thread {
+            real::cuEventRecord_ptsz(event, stream)
+        } else {
+            real::cuEventRecord(event, stream)
+        }
+    };
+    if recorded.is_err() {
+        // SAFETY: our event, never recorded.
+        let _ = unsafe { real::cuEventDestroy_v2(event) };
+        return None;
+    }
+    Some((event as usize, ctx as usize))
 }
 
 impl Tenant {
-    fn launch_graph(&self, plan: &Plan, launch: impl FnOnce() -> CUresult) -> CUresult {
+    fn launch_graph(
+        &self,
+        plan: &Plan,
+        stream: CUstream,
+        per_thread: bool,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        self.release_finished_graph_memory();
         // Graphs with memory nodes only: a reservation per allocation (their memory is allocated
         // by this very call).
         let mut held = Vec::with_capacity(plan.allocs.len());
@@ -165,20 +224,83 @@ impl Tenant {
             held.push((reservation, a));
         }
         launch()?;
+        // Freed by the graph's own free nodes, or by them for another graph: held until the
+        // launch's work has run.
+        let mut freed = Vec::new();
         for (reservation, a) in held {
-            if a.freed_in_graph {
-                // Freed by the graph itself: it fitted; not held past the launch.
-                continue;
-            }
             let charge = reservation.commit();
-            self.allocations.lock().insert(a.ptr, charge);
+            if a.freed_in_graph {
+                freed.push(charge);
+            } else {
+                self.allocations.lock().insert(a.ptr, charge);
+            }
         }
         for &ptr in &plan.frees_elsewhere {
             let charge = self.allocations.lock().remove(ptr);
-            if let Some(charge) = charge {
-                self.release(charge);
+            freed.extend(charge);
+        }
+        if freed.is_empty() {
+            return Ok(());
+        }
+        match mark(stream, per_thread) {
+            Some((event, ctx)) => {
+                RUNNING.lock().push(Running {
+                    event,
+                    ctx,
+                    charges: freed,
+                });
+                ANY_RUNNING.store(true, Relaxed);
             }
+            None => freed.into_iter().for_each(|c| self.release(c)),
         }
         Ok(())
+    }
+
+    /// Returns the graph memory of launches whose work has completed. True if any was returned.
+    pub fn release_finished_graph_memory(&self) -> bool {
+        if !ANY_RUNNING.load(Relaxed) {
+            return false;
+        }
+        let done: Vec<Running> = {
+            let mut running = RUNNING.lock();
+            let mut done = Vec::new();
+            let mut i = 0;
+            while i < running.len() {
+                // SAFETY: our event, alive until destroyed below.
+                match unsafe { real::cuEventQuery(running[i].event as CUevent) } {
+                    Err(CUerror::NOT_READY) => i += 1,
+                    // Complete, or an error (its work cannot be waited for): returned.
+                    _ => done.push(running.swap_remove(i)),
+                }
+            }
+            ANY_RUNNING.store(!running.is_empty(), Relaxed);
+            done
+        };
+        let released = !done.is_empty();
+        for r in done {
+            // SAFETY: our event, completed.
+            let _ = unsafe { real::cuEventDestroy_v2(r.event as CUevent) };
+            r.charges.into_iter().for_each(|c| self.release(c));
+        }
+        released
+    }
+
+    /// Context `ctx` was destroyed, with its work and events: its launches' graph memory goes back.
+    pub(super) fn graph_memory_context_gone(&self, ctx: usize) {
+        if !ANY_RUNNING.load(Relaxed) {
+            return;
+        }
+        let gone: Vec<Running> = {
+            let mut running = RUNNING.lock();
+            let (gone, kept) = std::mem::take(&mut *running)
+                .into_iter()
+                .partition(|r| r.ctx == ctx);
+            *running = kept;
+            ANY_RUNNING.store(!running.is_empty(), Relaxed);
+            gone
+        };
+        for r in gone {
+            r.charges.into_iter().for_each(|c| self.release(c));
+        }
     }
 }

@@ -555,6 +555,7 @@ impl Tenant {
     /// a kernel's first launch, graph memory) is charged before the program sizes itself from the
     /// figure. Only once the process has driver overhead (it then has NVML loaded).
     pub fn reconcile_before_query(&self, device: &Device) {
+        self.release_finished_graph_memory();
         if self.context_reserve_is_explicit()
             || self.overhead_on(device.slot.as_ref().ok().copied()) == 0
         {

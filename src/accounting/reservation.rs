@@ -102,8 +102,12 @@ impl Tenant {
         let mut attempt = ledger.try_reserve_making_room(slot, bytes, || {
             if !settled {
                 settled = true;
+                let graphs = self.release_finished_graph_memory();
                 if self.has_pools() {
                     self.settle_pools();
+                    return true;
+                }
+                if graphs {
                     return true;
                 }
             }

@@ -3,8 +3,8 @@
 
 use super::real_calls;
 use gpuslice_api::types::{
-    CUcontext, CUdevice, CUgraph, CUgraphNode, CUlibrary, CUmemAllocationProp, CUmemoryPool,
-    CUmodule, CUstream, CUuuid, CUDA_MEM_ALLOC_NODE_PARAMS,
+    CUcontext, CUdevice, CUevent, CUgraph, CUgraphNode, CUlibrary, CUmemAllocationProp,
+    CUmemoryPool, CUmodule, CUstream, CUuuid, CUDA_MEM_ALLOC_NODE_PARAMS,
 };
 use gpuslice_api::{CUerror, CUresult, NvmlReturn};
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -44,6 +44,11 @@ real_calls! {
     fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut u64);
     fn cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: u64);
     fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
+    fn cuEventCreate(event: *mut CUevent, flags: c_uint);
+    fn cuEventRecord(event: CUevent, stream: CUstream);
+    fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
+    fn cuEventQuery(event: CUevent);
+    fn cuEventDestroy_v2(event: CUevent);
 }
 
 /// Whether device `dev`'s primary context exists now (`None`: the driver did not say). A release

@@ -17,7 +17,7 @@ hooks! {
     ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED),
     fast = crate::scheduling::launch_passes() && !graphs::any();
     fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream)
-        => gate(&[stream], false, || graphs::launch(exec as usize, || real::cuGraphLaunch(exec, stream)));
+        => gate(&[stream], false, || graphs::launch(exec as usize, stream, false, || real::cuGraphLaunch(exec, stream)));
     fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream)
-        => gate(&[stream], true, || graphs::launch(exec as usize, || real::cuGraphLaunch_ptsz(exec, stream)));
+        => gate(&[stream], true, || graphs::launch(exec as usize, stream, true, || real::cuGraphLaunch_ptsz(exec, stream)));
 }

@@ -343,6 +343,9 @@ fn settle_after(call: impl FnOnce() -> CUresult) -> CUresult {
             t.settle_pools();
         }
     }
+    if let Some(t) = tenant() {
+        t.release_finished_graph_memory();
+    }
     Ok(())
 }
 

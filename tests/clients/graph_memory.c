@@ -10,6 +10,8 @@
  *                    held; cuMemFreeAsync of the graph's allocation; BIG_MIB again.
  *   transient graph: capture cuMemAllocAsync(GRAPH_MIB) + cuMemFreeAsync of it (freed in the graph);
  *                    launch it beside BIG_MIB, then alone; BIG_MIB after it.
+ *   two at once:     two such graphs with a 3 s kernel (simgpu's `spin`) between the allocation and
+ *                    its free, launched on two streams; then the second alone once both ran.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -18,6 +20,8 @@
 #include "check.h"
 
 static CUstream stream;
+static CUfunction spin;
+static unsigned long long spin_us = 3000000;
 
 /* One step whose result is the subject: printed, never fatal. */
 static CUresult step(const char *name, CUresult r) {
@@ -32,6 +36,10 @@ static CUgraphExec capture(size_t bytes, int free_in_graph, const char *name, CU
     CUresult r = cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
     if (r == CUDA_SUCCESS)
         r = cuMemAllocAsync(&p, bytes, stream);
+    if (r == CUDA_SUCCESS && free_in_graph == 2) {
+        void *params[] = {&spin_us};
+        r = cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+    }
     if (r == CUDA_SUCCESS && free_in_graph)
         r = cuMemFreeAsync(p, stream);
     CUresult e = cuStreamEndCapture(stream, &graph);
@@ -90,6 +98,22 @@ int main(int argc, char **argv) {
         CHECK(cuStreamSynchronize(stream));
     if (step("big_after_transient", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
         CHECK(cuMemFree(b));
+
+    /* Two at once: each holds its allocation until its free node runs, 3 s after its launch. */
+    CUmodule mod;
+    CHECK(cuModuleLoadData(&mod, ".version 7.0\n.target sm_80\n.address_size 64\n"
+                                 ".visible .entry spin(.param .u64 us)\n{ ret; }\n"));
+    CHECK(cuModuleGetFunction(&spin, mod, "spin"));
+    CUstream other;
+    CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr t1, t2;
+    CUgraphExec first = capture(graph, 2, "first", &t1);
+    CUgraphExec second = capture(graph, 2, "second", &t2);
+    step("first_launch", cuGraphLaunch(first, stream));
+    step("second_launch_beside_first", cuGraphLaunch(second, other));
+    CHECK(cuCtxSynchronize());
+    step("second_launch_after_first", cuGraphLaunch(second, other));
+    CHECK(cuCtxSynchronize());
     printf("done=1\n");
     return 0;
 }
