@@ -883,6 +883,23 @@ fn forked_and_execd_children_are_counted_and_their_memory_returns() {
     // Both children exit without freeing: their memory comes back to the tenant within a second.
     assert_eq!(c.ask("reap", "reaped"), "0");
     assert_eq!(c.ask("reap", "reaped"), "0");
+    // What the parent is shown comes back too, without any allocation of its own: cuMemGetInfo
+    // gives the dead processes' memory back before it answers (at most every 200 ms).
+    let want_free = (2 * GIB - CONTEXT - 256 * MIB).to_string();
+    let shown = Instant::now();
+    loop {
+        c.send("info");
+        let info = c.until("info");
+        if info["info_free"] == want_free {
+            break;
+        }
+        assert!(
+            shown.elapsed() < Duration::from_secs(30),
+            "the parent is still shown the dead children's memory: {info:?}\n{}",
+            c.report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let t0 = Instant::now();
     loop {
         match c.ask("alloc 1024", "alloc").as_str() {

@@ -78,6 +78,7 @@ impl Tenant {
     ) -> Option<(u64, u64)> {
         let slot = *device.slot.as_ref().ok()?;
         let ledger = self.ledger().ok()?;
+        ledger.sweep_before_showing();
         if ledger.found_damaged() {
             // Its figures are gone and nothing can be allocated: no room, out of the quota this
             // process was configured with (else the node's ceiling), never the whole card.
@@ -105,6 +106,7 @@ impl Tenant {
         let Some(ledger) = self.existing_ledger() else {
             return self.limit_before_any_charge(uuid).map(|limit| (0, limit));
         };
+        ledger.sweep_before_showing();
         if ledger.found_damaged() {
             // As `shown_memory`: all of the configured quota in use, none of it free.
             return self

@@ -708,15 +708,7 @@ impl Ledger {
         if !check_size && self.damaged(true) {
             return Err(deny);
         }
-        let last = self.last_sweep_ms.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= SWEEP_INTERVAL_MS
-            && self
-                .last_sweep_ms
-                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            && self.sweep() > 0
-            && l.reserve(dev, bytes).is_ok()
-        {
+        if self.sweep_if_due(now) > 0 && l.reserve(dev, bytes).is_ok() {
             self.charge_slot(dev, bytes);
             return Ok(());
         }
@@ -788,6 +780,27 @@ impl Ledger {
                 self.path.display()
             ));
         }
+    }
+
+    /// [`Ledger::sweep`], at most once per `SWEEP_INTERVAL_MS` in this process (`now`: `now_ms`).
+    fn sweep_if_due(&self, now: u64) -> usize {
+        let last = self.last_sweep_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= SWEEP_INTERVAL_MS
+            && self
+                .last_sweep_ms
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return self.sweep();
+        }
+        0
+    }
+
+    /// Before the tenant's usage is shown (`cuMemGetInfo`, NVML): the memory of its processes that
+    /// died is given back first (at most every `SWEEP_INTERVAL_MS`), so that what is shown free is
+    /// what can be had.
+    pub fn sweep_before_showing(&self) {
+        self.sweep_if_due(now_ms());
     }
 
     /// Reclaims the slots of dead processes; returns how many. Never waits on another process.
