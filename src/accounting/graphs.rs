@@ -178,6 +178,8 @@ fn mark(stream: CUstream, per_thread: bool) -> Option<(usize, usize)> {
     if driver::capturing(stream, per_thread) {
         return None;
     }
+    // Not an unsafe call for another thread's global-mode capture.
+    let _relaxed = driver::RelaxedCapture::enter();
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: a valid out-parameter.
     unsafe { real::cuCtxGetCurrent(&mut ctx) }.ok()?;
@@ -262,6 +264,7 @@ impl Tenant {
             return false;
         }
         let done: Vec<Running> = {
+            let _relaxed = driver::RelaxedCapture::enter();
             let mut running = RUNNING.lock();
             let mut done = Vec::new();
             let mut i = 0;

@@ -49,6 +49,34 @@ real_calls! {
     fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
     fn cuEventQuery(event: CUevent);
     fn cuEventDestroy_v2(event: CUevent);
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
+}
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h).
+const CAPTURE_MODE_RELAXED: c_uint = 2;
+
+/// While alive, the calling thread's stream-capture interaction mode is RELAXED: event queries and
+/// synchronisation we make from an application thread are not "potentially unsafe API calls" that
+/// would invalidate another thread's `CU_STREAM_CAPTURE_MODE_GLOBAL` capture (cuda.h, documentation of
+/// `cuThreadExchangeStreamCaptureMode`). The thread's own mode is restored on drop.
+pub struct RelaxedCapture(Option<c_uint>);
+
+impl RelaxedCapture {
+    pub fn enter() -> RelaxedCapture {
+        let mut mode = CAPTURE_MODE_RELAXED;
+        // SAFETY: valid in/out parameter; only the calling thread's mode changes.
+        let ok = unsafe { real::cuThreadExchangeStreamCaptureMode(&mut mode) }.is_ok();
+        RelaxedCapture(ok.then_some(mode))
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.0 {
+            // SAFETY: as above; puts back the mode we replaced.
+            let _ = unsafe { real::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
 }
 
 /// Whether device `dev`'s primary context exists now (`None`: the driver did not say). A release

@@ -221,6 +221,7 @@ fn free_on(
 /// capturing, a failed wait).
 fn wait_for_pending_frees(t: &Tenant, pool: usize) -> Option<Vec<PendingFree>> {
     let pending = t.untrusted_pending_frees(pool);
+    let _relaxed = driver::RelaxedCapture::enter();
     for p in &pending {
         let stream = p.stream as CUstream;
         if !p.reachable() || driver::capturing(stream, p.per_thread) {

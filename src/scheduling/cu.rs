@@ -3,7 +3,9 @@
 //! guard that keeps our event calls from disturbing an application's stream capture.
 
 use crate::driver::calls::real::cuDeviceGetCount;
-pub use crate::driver::calls::{capturing, in_context, primary_context_active, stream_device};
+pub use crate::driver::calls::{
+    capturing, in_context, primary_context_active, stream_device, RelaxedCapture,
+};
 use gpuslice_api::types::{CUdevice, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::{c_int, c_uint};
@@ -16,13 +18,9 @@ crate::driver::real_calls! {
     fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
     fn cuEventSynchronize(event: CUevent);
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
-    fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
 }
 
 pub use real::*;
-
-/// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h).
-const CAPTURE_MODE_RELAXED: c_uint = 2;
 
 /// How many devices the process sees (0 before `cuInit` or on error).
 pub fn device_count() -> u32 {
@@ -37,28 +35,4 @@ pub fn device_count() -> u32 {
 /// `GPU-...` for a device ordinal.
 pub fn device_uuid(ordinal: u32) -> Option<String> {
     crate::driver::calls::device_uuid(CUdevice::try_from(ordinal).ok()?).ok()
-}
-
-/// While alive, the calling thread's stream-capture interaction mode is RELAXED: event queries and
-/// synchronisation we make from an application thread are not "potentially unsafe API calls" that
-/// would invalidate another thread's `CU_STREAM_CAPTURE_MODE_GLOBAL` capture (cuda.h, documentation of
-/// `cuThreadExchangeStreamCaptureMode`). The thread's own mode is restored on drop.
-pub struct RelaxedCapture(Option<c_uint>);
-
-impl RelaxedCapture {
-    pub fn enter() -> RelaxedCapture {
-        let mut mode = CAPTURE_MODE_RELAXED;
-        // SAFETY: valid in/out parameter; only the calling thread's mode changes.
-        let ok = unsafe { real::cuThreadExchangeStreamCaptureMode(&mut mode) }.is_ok();
-        RelaxedCapture(ok.then_some(mode))
-    }
-}
-
-impl Drop for RelaxedCapture {
-    fn drop(&mut self) {
-        if let Some(mut mode) = self.0 {
-            // SAFETY: as above; puts back the mode we replaced.
-            let _ = unsafe { real::cuThreadExchangeStreamCaptureMode(&mut mode) };
-        }
-    }
 }
