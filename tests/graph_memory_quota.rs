@@ -110,6 +110,24 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
         "0",
         "an allocation the graph frees itself is not held after its launch",
     );
+    expect("keeper_launch", "0", "fits alone");
+    expect(
+        "freer_launch_captured",
+        "0",
+        "a launch into a capture is recorded",
+    );
+    expect("freer_capture_end", "0", "the capture ends");
+    expect(
+        "big_after_captured_free",
+        OUT_OF_MEMORY,
+        "a free recorded into a capture has not run: the keeper's 1 GiB is still held",
+    );
+    expect("freer_launch", "0", "launched for real");
+    expect(
+        "big_after_free",
+        "0",
+        "the keeper's allocation went back with its free",
+    );
     expect("first_launch", "0", "fits alone");
     expect(
         "second_launch_beside_first",
@@ -132,6 +150,12 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
         3,
         "one refusal line per refused launch:\n{report}"
     );
+    let refused_big: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("cuMemAlloc") && l.contains("refused"))
+        .collect();
+    assert!(!refused_big.is_empty(), "{report}");
     assert!(
         lines
             .iter()

@@ -1195,6 +1195,25 @@ fn a_free_still_pending_on_another_stream_is_waited_for() {
     }
 }
 
+/// A stream destroyed before its free ran cannot be waited for: once everything has run, the pool
+/// (whose figures are not believed) serves an allocation at the latest at the second asking.
+#[test]
+fn a_free_on_a_stream_destroyed_since_is_counted_once_it_ran() {
+    let dir = scratch("pending-destroyed");
+    let sim = sim("overhead-pending-destroyed").env("SIMGPU_POOL_ATTRIBUTES_ZERO", "1");
+    let run = sim.run_cmd(&mut client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "pools",
+        &["pendingfree", "destroyed"],
+    ));
+    run.assert_success();
+    let report = run.report();
+    assert_eq!(run.get("after_destroyed_rc"), "0", "{report}");
+    assert!(group_peak(&sim.stat(), "pools") <= QUOTA, "{report}");
+}
+
 /// A pool destroyed while a block of it is still allocated lives on until that block is freed
 /// (NVIDIA's `cuMemPoolDestroy`), charged: its 600 MiB leave no room for another 600 until then.
 #[test]

@@ -169,6 +169,11 @@ pub fn launch(
     let (Some(t), Some(plan)) = (tenant(), PLANS.lock().get(&exec).cloned()) else {
         return launch();
     };
+    if driver::capturing(stream, per_thread) {
+        // Launched into a capture: recorded as a node of the graph being captured, it allocates
+        // and frees nothing now (the shim never refuses inside a capture).
+        return launch();
+    }
     t.launch_graph(&plan, stream, per_thread, launch)
 }
 
@@ -239,7 +244,16 @@ impl Tenant {
         }
         for &ptr in &plan.frees_elsewhere {
             let charge = self.allocations.lock().remove(ptr);
-            freed.extend(charge);
+            match charge {
+                Some(charge) => freed.push(charge),
+                // A stream-ordered block whose `cuMemFreeAsync` was captured into this graph: back
+                // to its pool now (which stays charged what it holds).
+                None => {
+                    if let Some((pool, bytes)) = self.take_pool_block(ptr) {
+                        self.pool_block_freed(pool, ptr, bytes, None);
+                    }
+                }
+            }
         }
         if freed.is_empty() {
             return Ok(());

@@ -175,6 +175,15 @@ impl Tenant {
             .is_some_and(|p| p.untrusted)
     }
 
+    /// A stream of `pool`'s pending frees that can no longer be waited for (destroyed since): its
+    /// free runs once the stream's last work has, which the driver does on its own. Forgotten, so
+    /// that a later trim counts it as run.
+    pub fn forget_pending_free(&self, pool: usize, on: PendingFree) {
+        if let Some(p) = self.records.lock().pools.get_mut(&pool) {
+            p.pending_frees.retain(|(p, _)| *p != on);
+        }
+    }
+
     /// `pool`, whose figures are not believed, was just trimmed to nothing (`cuMemPoolTrimTo` 0)
     /// after the streams of its frees (`waited`) were synchronised: it holds only its outstanding
     /// blocks and those freed on other streams since, and is charged that. Returns whether that

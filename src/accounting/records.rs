@@ -312,7 +312,7 @@ impl Tenant {
 
     /// The pool block at `key`, no longer outstanding from its pool.
     #[inline(never)]
-    fn take_pool_block(&self, key: u64) -> Option<(usize, u64)> {
+    pub(super) fn take_pool_block(&self, key: u64) -> Option<(usize, u64)> {
         let mut r = self.records.lock();
         if r.pool_blocks.is_empty() {
             None

@@ -206,6 +206,9 @@ fn free_on(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     match tenant() {
+        // Captured, the free is a node of the graph being made: it frees when that graph runs
+        // (accounting::graphs), not now.
+        Some(_) if driver::capturing(stream, per_thread) => call(),
         Some(t) => t.uncharge_on(
             dptr,
             Some(PendingFree::new(stream as usize, per_thread)),
@@ -236,6 +239,9 @@ fn wait_for_pending_frees(t: &Tenant, pool: usize) -> Option<Vec<PendingFree>> {
             }
         };
         if waited.is_err() {
+            // A stream destroyed since: its free runs on its own; refused this time, counted as run
+            // the next.
+            t.forget_pending_free(pool, *p);
             return None;
         }
     }

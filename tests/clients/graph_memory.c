@@ -10,6 +10,9 @@
  *                    held; cuMemFreeAsync of the graph's allocation; BIG_MIB again.
  *   transient graph: capture cuMemAllocAsync(GRAPH_MIB) + cuMemFreeAsync of it (freed in the graph);
  *                    launch it beside BIG_MIB, then alone; BIG_MIB after it.
+ *   freed in a capture: a graph holding its GRAPH_MIB allocation, launched; a graph freeing it,
+ *                    launched into a stream being captured (recorded, not run); BIG_MIB then; the
+ *                    freeing graph launched for real; BIG_MIB again.
  *   two at once:     two such graphs with a 3 s kernel (simgpu's `spin`) between the allocation and
  *                    its free, launched on two streams; then the second alone once both ran.
  */
@@ -97,6 +100,29 @@ int main(int argc, char **argv) {
     if (step("transient_launch_alone", cuGraphLaunch(transient, stream)) == CUDA_SUCCESS)
         CHECK(cuStreamSynchronize(stream));
     if (step("big_after_transient", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
+        CHECK(cuMemFree(b));
+
+    /* Freed in a capture: recorded into the captured graph, the free does not run now. */
+    CUdeviceptr k;
+    CUgraphExec keeper = capture(graph, 0, "keeper", &k);
+    step("keeper_launch", cuGraphLaunch(keeper, stream));
+    CHECK(cuStreamSynchronize(stream));
+    CUgraph fg, cg;
+    CUgraphExec freer;
+    CHECK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuMemFreeAsync(k, stream));
+    CHECK(cuStreamEndCapture(stream, &fg));
+    CHECK(cuGraphInstantiate(&freer, fg, 0));
+    CUstream capturing;
+    CHECK(cuStreamCreate(&capturing, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamBeginCapture(capturing, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    step("freer_launch_captured", cuGraphLaunch(freer, capturing));
+    step("freer_capture_end", cuStreamEndCapture(capturing, &cg));
+    if (step("big_after_captured_free", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
+        CHECK(cuMemFree(b));
+    step("freer_launch", cuGraphLaunch(freer, stream));
+    CHECK(cuStreamSynchronize(stream));
+    if (step("big_after_free", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
         CHECK(cuMemFree(b));
 
     /* Two at once: each holds its allocation until its free node runs, 3 s after its launch. */

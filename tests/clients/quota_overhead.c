@@ -36,9 +36,11 @@
  *   heapfit ROOM_MIB HEAP_MIB               context, the quota filled but ROOM_MIB; the malloc heap
  *                                           set to HEAP_MIB: heap_rc
  *   views                                   context; views
- *   pendingfree                             context; 600 MiB from the device's pool on stream 2,
+ *   pendingfree [destroyed]                 context; 600 MiB from the device's pool on stream 2,
  *                                           freed there behind a 1 s kernel; then 300 MiB on
- *                                           stream 1 (second_rc=); views
+ *                                           stream 1 (second_rc=); views. destroyed: stream 2
+ *                                           destroyed, the context synchronised, then 300 MiB on
+ *                                           stream 1, asked again once if refused (after_destroyed_rc=)
  *   pooldestroy                             context; 600 MiB from a pool created, the pool
  *                                           destroyed, cuMemAlloc 600 MiB (after_destroy_rc=);
  *                                           the block freed, synchronised, again (after_free_rc=)
@@ -555,6 +557,17 @@ int main(int argc, char **argv) {
         CHECK(cuMemAllocAsync(&a, 600 * MIB, s2));
         CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s2, params, NULL));
         CHECK(cuMemFreeAsync(a, s2));
+        if (argc > 2 && strcmp(argv[2], "destroyed") == 0) {
+            /* The stream goes before its free has run; then everything has run. */
+            CHECK(cuStreamDestroy(s2));
+            CHECK(cuCtxSynchronize());
+            CUresult first = cuMemAllocAsync(&b, 300 * MIB, s1);
+            if (first != CUDA_SUCCESS) first = cuMemAllocAsync(&b, 300 * MIB, s1);
+            printf("after_destroyed_rc=%d\n", (int)first);
+            CHECK(cuCtxSynchronize());
+            views("pendingfree");
+            return 0;
+        }
         CUresult rc = cuMemAllocAsync(&b, 300 * MIB, s1);
         printf("second_rc=%d\n", (int)rc);
         CHECK(cuCtxSynchronize());
