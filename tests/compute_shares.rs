@@ -672,22 +672,7 @@ fn priority_scenario() -> Vec<String> {
         r.assert_success();
         r.get_u64("p99_us")
     };
-    let scene = Scene::new("compute", "prio");
-    let start = start_in(700);
-    let h = scene.spawn(
-        "h",
-        &[("GPUSLICE_PRIORITY", "high")],
-        &[s("request"), s(start), s(6000), s(20), s(10), s(100)],
-    );
-    let n = scene.spawn(
-        "n",
-        &[("GPUSLICE_COMPUTE_SHARE", "50")],
-        &[s("spin"), s(start), s(6000), s(2000), s(2)],
-    );
-    let rh = finish(h, "h");
-    let rn = finish(n, "n");
-    rh.assert_success();
-    rn.assert_success();
+    let (scene, rh, rn) = requests_beside_kernels("prio", ("GPUSLICE_PRIORITY", "high"));
     let p99 = rh.get_u64("p99_us");
     let wall = rn.get_u64("end_ns") - rn.get_u64("start_ns");
     let (hb, nb) = (scene.busy("h"), scene.busy("n"));
@@ -704,7 +689,9 @@ fn priority_scenario() -> Vec<String> {
         // same requests without priority, beside the same kernels and on the same machine now,
         // wait behind the queued kernels and the slice (2 ms and more above the bound). Priority
         // that works still beats that by a clear millisecond; priority that does not, cannot.
-        let normal = priority_control(start_in(700));
+        let (_, control, _) =
+            requests_beside_kernels("prio-control", ("GPUSLICE_COMPUTE_SHARE", "50"));
+        let normal = control.get_u64("p99_us");
         println!("compute-table: priority: past the bound; the same requests without priority: p99 {normal} us");
         if p99 + 1000 > normal {
             failures.push(format!(
@@ -722,13 +709,15 @@ fn priority_scenario() -> Vec<String> {
     failures
 }
 
-/// The p99 of the priority scenario's requests made without priority (a tenant of share 50 beside
-/// the same normal tenant), started at `start`.
-fn priority_control(start: u64) -> u64 {
-    let scene = Scene::new("compute", "prio-control");
+/// The priority scenario's run, for 6 s: tenant h (with `h_setting`) making a request every 20 ms
+/// (10 kernels of 100 µs, then a synchronisation) beside tenant n (share 50) keeping two 2 ms
+/// kernels queued. Returns the scene and both runs, each a success.
+fn requests_beside_kernels(tag: &str, h_setting: (&str, &str)) -> (Scene, Run, Run) {
+    let scene = Scene::new("compute", tag);
+    let start = start_in(700);
     let h = scene.spawn(
         "h",
-        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[h_setting],
         &[s("request"), s(start), s(6000), s(20), s(10), s(100)],
     );
     let n = scene.spawn(
@@ -736,10 +725,11 @@ fn priority_control(start: u64) -> u64 {
         &[("GPUSLICE_COMPUTE_SHARE", "50")],
         &[s("spin"), s(start), s(6000), s(2000), s(2)],
     );
-    let rh = finish(h, "h without priority");
-    finish(n, "n").assert_success();
+    let rh = finish(h, "h");
+    let rn = finish(n, "n");
     rh.assert_success();
-    rh.get_u64("p99_us")
+    rn.assert_success();
+    (scene, rh, rn)
 }
 
 fn stop_scenario(name: &str, sig: i32) -> Vec<String> {
