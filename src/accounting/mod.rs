@@ -28,7 +28,7 @@ pub mod tenant;
 pub mod views;
 pub mod vmm;
 
-pub use pools::PendingFree;
+pub use pools::{FreedOn, PendingFree};
 pub use reservation::{Reservation, REFUSALS_LOGGED_PER_SECOND};
 pub use tenant::{Device, Tenant};
 

@@ -52,8 +52,16 @@ pub struct PendingFree {
     pub thread: Option<i32>,
 }
 
+/// The stream a free was enqueued on (`cuMemFreeAsync`): its handle, and whether through a `_ptsz`
+/// entry point. Made a [`PendingFree`] only for a pool whose figures are not believed.
+#[derive(Clone, Copy, Debug)]
+pub struct FreedOn {
+    pub stream: usize,
+    pub per_thread: bool,
+}
+
 impl PendingFree {
-    pub fn new(stream: usize, per_thread: bool) -> PendingFree {
+    fn new(FreedOn { stream, per_thread }: FreedOn) -> PendingFree {
         // CU_STREAM_PER_THREAD, or the null stream through a `_ptsz` entry point.
         let per_thread_default = stream == 2 || (per_thread && stream == 0);
         PendingFree {
@@ -213,18 +221,12 @@ impl Tenant {
         true
     }
 
-    pub(super) fn pool_block_freed(
-        &self,
-        pool: usize,
-        at: u64,
-        bytes: u64,
-        on: Option<PendingFree>,
-    ) {
+    pub(super) fn pool_block_freed(&self, pool: usize, at: u64, bytes: u64, on: Option<FreedOn>) {
         if let Some(entry) = self.records.lock().pools.get_mut(&pool) {
             entry.outstanding = entry.outstanding.saturating_sub(bytes);
             if entry.untrusted {
                 entry.freed(at, bytes);
-                if let Some(on) = on {
+                if let Some(on) = on.map(PendingFree::new) {
                     match entry.pending_frees.iter_mut().find(|(p, _)| *p == on) {
                         Some((_, pending)) => *pending = pending.saturating_add(bytes),
                         None => entry.pending_frees.push((on, bytes)),

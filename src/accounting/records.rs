@@ -2,7 +2,7 @@
 //! pointers (`cuMemAlloc*`, pitch, managed, stream-ordered without a pool) and arrays.
 
 use super::overhead::OverheadRecord;
-use super::pools::{PendingFree, PoolCharge};
+use super::pools::{FreedOn, PoolCharge};
 use super::vmm::Physical;
 use super::{Charge, Device, Tenant};
 use crate::driver::calls as driver;
@@ -280,7 +280,7 @@ impl Tenant {
     pub fn uncharge_on(
         &self,
         key: u64,
-        on: Option<PendingFree>,
+        on: Option<FreedOn>,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         // The record goes before the driver frees: from then on the driver may hand the same

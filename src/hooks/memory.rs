@@ -8,7 +8,7 @@
 //! `array_bytes`).
 
 use super::{hooks, In, Out, Word};
-use crate::accounting::{allocation_size, tenant, Device, PendingFree, Tenant};
+use crate::accounting::{allocation_size, tenant, Device, FreedOn, PendingFree, Tenant};
 use crate::driver::calls as driver;
 use gpuslice_api::types::{
     CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
@@ -211,7 +211,10 @@ fn free_on(
         Some(_) if driver::capturing(stream, per_thread) => call(),
         Some(t) => t.uncharge_on(
             dptr,
-            Some(PendingFree::new(stream as usize, per_thread)),
+            Some(FreedOn {
+                stream: stream as usize,
+                per_thread,
+            }),
             call,
         ),
         None => call(),
@@ -345,12 +348,10 @@ fn alloc_from_pool(
 
 fn settle_after(call: impl FnOnce() -> CUresult) -> CUresult {
     call()?;
-    if POOLS_USED.load(Ordering::Relaxed) {
-        if let Some(t) = tenant() {
+    if let Some(t) = tenant() {
+        if POOLS_USED.load(Ordering::Relaxed) {
             t.settle_pools();
         }
-    }
-    if let Some(t) = tenant() {
         t.release_finished_graph_memory();
     }
     Ok(())
