@@ -42,10 +42,16 @@ fn main() {
         .compile("gpuslice_interpose");
     // The C interposers are named `gpuslice_interposed_*` in the object, which the rlib carries into
     // every program that links gpuslice (the command line, the node tools): there a definition named
-    // `dlsym` would take over the program's own lookups. Only the preloaded library binds the libc
-    // names to them, and exports them (rustc's version script exports only Rust items).
-    for name in ["dlsym", "dlvsym", "dlopen"] {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,--defsym={name}=gpuslice_interposed_{name}");
+    // `dlsym` would take over the program's own lookups. Only the preloaded library defines the libc
+    // names (`shim-c/interpose-names.S`: one jump each, an object passed to the cdylib's link alone), and
+    // exports them (rustc's version script exports only Rust items).
+    println!("cargo:rerun-if-changed=shim-c/interpose-names.S");
+    let names = cc::Build::new()
+        .file("shim-c/interpose-names.S")
+        .cargo_metadata(false)
+        .compile_intermediates();
+    for object in names {
+        println!("cargo:rustc-cdylib-link-arg={}", object.display());
     }
     let exports = Path::new(&out_dir).join("c-exports.map");
     std::fs::write(&exports, "{ global: dlsym; dlvsym; dlopen; };\n").unwrap();

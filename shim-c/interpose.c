@@ -19,7 +19,7 @@
  * caller ('$'): glibc reads the caller from the return address, which must stay the caller's.
  *
  * The interposers are named gpuslice_interposed_dlsym, _dlvsym and _dlopen here; only libgpuslice.so
- * exports them as dlsym, dlvsym and dlopen (build.rs: --defsym, for the cdylib alone). This object
+ * exports them as dlsym, dlvsym and dlopen (interpose-names.S, linked into the cdylib alone). This object
  * also travels in the gpuslice rlib, which the command line and the node tools link: a definition
  * named dlsym there would bind those programs' own dlsym calls (libloading's) to the interposer,
  * and their NVML lookups to gpuslice's hooks. Those programs are not tenants: their lookups must
@@ -40,6 +40,9 @@
 
 #include <sys/mman.h>
 #include <unistd.h>
+
+/* Hidden: interpose-names.S jumps to them directly, and no other object needs their names. */
+#define GPUSLICE_HIDDEN __attribute__((visibility("hidden")))
 
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef void *(*dlopen_fn)(const char *, int);
@@ -168,7 +171,7 @@ static inline int may_hook(const char *name) {
   return name && name[0] == 'c' && name[1] == 'u' ? 1 : name && strncmp(name, "nvml", 4) == 0;
 }
 
-void *gpuslice_interposed_dlsym(void *handle, const char *name) {
+GPUSLICE_HIDDEN void *gpuslice_interposed_dlsym(void *handle, const char *name) {
   if (may_hook(name)) {
     int answered = 0;
     void *p = gpuslice_dlsym_hook(handle, name, NULL, &answered);
@@ -180,7 +183,7 @@ void *gpuslice_interposed_dlsym(void *handle, const char *name) {
   return f(handle, name);
 }
 
-void *gpuslice_interposed_dlvsym(void *handle, const char *name, const char *version) {
+GPUSLICE_HIDDEN void *gpuslice_interposed_dlvsym(void *handle, const char *name, const char *version) {
   if (may_hook(name)) {
     int answered = 0;
     void *p = gpuslice_dlsym_hook(handle, name, version, &answered);
@@ -277,7 +280,7 @@ static inline int caller_relative(const char *file) {
   return file == NULL || strchr(file, '/') == NULL || strchr(file, '$') != NULL;
 }
 
-void *gpuslice_interposed_dlopen(const char *file, int flags) {
+GPUSLICE_HIDDEN void *gpuslice_interposed_dlopen(const char *file, int flags) {
   dlopen_fn f = get_real_dlopen();
   if (!f) return NULL;
   if (!(flags & RTLD_DEEPBIND) || caller_relative(file)) return f(file, flags); /* tail call */
@@ -290,7 +293,7 @@ void *gpuslice_interposed_dlopen(const char *file, int flags) {
   return handle;
 }
 #else
-void *gpuslice_interposed_dlopen(const char *file, int flags) {
+GPUSLICE_HIDDEN void *gpuslice_interposed_dlopen(const char *file, int flags) {
   dlopen_fn f = get_real_dlopen();
   return f ? f(file, flags) : NULL;
 }
