@@ -67,16 +67,21 @@ impl PendingFree {
         PendingFree {
             stream,
             per_thread,
-            // SAFETY: gettid takes no arguments and cannot fail.
-            thread: per_thread_default.then(|| unsafe { libc::gettid() }),
+            thread: per_thread_default.then(thread_id),
         }
     }
 
     /// Whether the calling thread can wait for this stream (not another thread's default stream).
     pub fn reachable(&self) -> bool {
-        // SAFETY: as above.
-        self.thread.map_or(true, |t| t == unsafe { libc::gettid() })
+        self.thread.map_or(true, |t| t == thread_id())
     }
+}
+
+/// The calling thread's id. The system call, not glibc's `gettid` wrapper: that one is glibc 2.30's,
+/// and the library loads into programs of glibc 2.28 (scripts/check-glibc).
+fn thread_id() -> libc::pid_t {
+    // SAFETY: gettid takes no arguments and cannot fail; a thread id fits a pid_t.
+    unsafe { libc::syscall(libc::SYS_gettid) as libc::pid_t }
 }
 
 impl PoolCharge {
