@@ -2,11 +2,11 @@
 //! every user gets its own quota, and no user can deny another its ledger. Runs as root and
 //! starts the clients as other uids with `setpriv`; the ledger directory is a private one created
 //! the way the library creates `/dev/shm/gpuslice` (its parent is sticky and world-writable, as
-//! `/dev/shm` is).
+//! `/dev/shm` is). What the clients run (their program, the library, simgpu) is copied into the
+//! machine's directory, which other uids can traverse wherever the tree is.
 
 mod common;
 
-use common::libgpuslice as shim_lib;
 use common::*;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -37,12 +37,35 @@ fn machine(tag: &str) -> (Sim, PathBuf) {
     (sim, ledger_dir)
 }
 
-/// `program args` run as `uid` (its own group, no supplementary groups).
+/// The machine's copies, for other uids, of what they run (`reachable_copy`).
+fn reachable(sim: &Sim) -> PathBuf {
+    sim.dir.join("reachable")
+}
+
+/// The library under test, where other uids can open it.
+fn shim_lib(sim: &Sim) -> PathBuf {
+    reachable_copy(&libgpuslice(), &reachable(sim).join("libgpuslice.so"))
+}
+
+/// `program args` run as `uid` (its own group, no supplementary groups); a program of the build
+/// tree, and simgpu, come from copies that uid can reach.
 fn as_user(sim: &Sim, uid: u32, program: &Path) -> Command {
+    let program = if program.starts_with(root()) || program.starts_with(target_dir()) {
+        reachable_copy(
+            program,
+            &reachable(sim).join(program.file_name().expect("a program")),
+        )
+    } else {
+        program.to_path_buf()
+    };
     let mut cmd = sim.command("setpriv");
     let id = uid.to_string();
     cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
-        .arg(program);
+        .arg(program)
+        .env(
+            "LD_LIBRARY_PATH",
+            reachable_simgpu(&reachable(sim).join("simgpu")),
+        );
     cmd
 }
 
@@ -50,7 +73,7 @@ fn as_user(sim: &Sim, uid: u32, program: &Path) -> Command {
 fn client(sim: &Sim, uid: u32, ledger_dir: &Path) -> Child {
     let mut cmd = as_user(sim, uid, &compile(&ROBUST));
     cmd.arg("cmd")
-        .env("LD_PRELOAD", shim_lib())
+        .env("LD_PRELOAD", shim_lib(sim))
         .env("GPUSLICE_LEDGER_DIR", ledger_dir)
         .env("GPUSLICE_MEMORY_LIMIT", "256MiB")
         .env("GPUSLICE_CONTEXT_RESERVE", "0")
@@ -206,7 +229,7 @@ fn another_users_ledger_is_reported_not_used() {
     let shared = sim.dir.join("team.ledger");
     let mut cmd = as_user(&sim, MALLORY, &compile(&ROBUST));
     cmd.arg("cmd")
-        .env("LD_PRELOAD", shim_lib())
+        .env("LD_PRELOAD", shim_lib(&sim))
         .env("GPUSLICE_LEDGER", &shared)
         .env("GPUSLICE_MEMORY_LIMIT", "1MiB")
         .env("GPUSLICE_CONTEXT_RESERVE", "0");
@@ -216,7 +239,7 @@ fn another_users_ledger_is_reported_not_used() {
 
     let mut cmd = as_user(&sim, ALICE, &compile(&ROBUST));
     cmd.arg("cmd")
-        .env("LD_PRELOAD", shim_lib())
+        .env("LD_PRELOAD", shim_lib(&sim))
         .env("GPUSLICE_LEDGER", &shared)
         .env("GPUSLICE_LEDGER_DIR", &ledger_dir)
         .env("GPUSLICE_MEMORY_LIMIT", "256MiB")

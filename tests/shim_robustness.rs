@@ -559,7 +559,7 @@ fn bad_memory_limit_values_fail_closed() {
     let cases = [
         (
             "4 GB",
-            "GPUSLICE_MEMORY_LIMIT=\"4 GB\": unknown unit \"GB\" (expected B, KiB, MiB, GiB, TiB, K, M, G, T)".to_string(),
+            "GPUSLICE_MEMORY_LIMIT=\"4 GB\": unknown unit \"GB\" (expected B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T)".to_string(),
         ),
         ("-1", format!("GPUSLICE_MEMORY_LIMIT=\"-1\": not a number {size_hint}")),
         ("abc", format!("GPUSLICE_MEMORY_LIMIT=\"abc\": not a number {size_hint}")),

@@ -10,19 +10,27 @@ mod run;
 mod status;
 mod tenant;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
+
+/// `gpuslice --version`: the package version and the commit it was built from (cli/build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("GPUSLICE_COMMIT"),
+    ")"
+);
 
 /// GPU sharing for unmodified CUDA programs: device-memory quotas and compute shares.
 #[derive(Parser)]
-#[command(name = "gpuslice", version, after_help = AFTER_HELP)]
+#[command(name = "gpuslice", version = VERSION, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
 const AFTER_HELP: &str =
-    "SIZE: 4GiB, 4096MiB, 4G, 1.5GiB or bytes. Environment: see docs/CONFIGURATION.md.";
+    "SIZE: 4GiB, 4096MiB, 4Gi, 4G, 1.5GiB or bytes (all binary units). Environment: see docs/CONFIGURATION.md.";
 
 #[derive(Subcommand)]
 enum Command {
@@ -50,6 +58,11 @@ enum Command {
     InstallLibrary(tenant::InstallArgs),
     /// Kubernetes device plugin: GPUs as slices, a tenant per allocation (root).
     DevicePlugin(tenant::DevicePluginArgs),
+    /// Print a completion script for SHELL (e.g. `gpuslice completions bash > /etc/bash_completion.d/gpuslice`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Which tenant ledger a subcommand works on.
@@ -103,6 +116,10 @@ fn main() {
         Command::Cdi(c) => tenant::cdi(c),
         Command::InstallLibrary(a) => tenant::install(a),
         Command::DevicePlugin(a) => tenant::device_plugin(a),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "gpuslice", &mut std::io::stdout());
+            Ok(0)
+        }
     };
     let code = match result {
         Ok(code) => code,

@@ -116,7 +116,7 @@ fn bad_input_leaves_nothing_behind() {
         "--clear-groups",
         "--inh-caps=-all",
     ])
-    .arg(gpuslice_bin())
+    .arg(scene.reachable_program(&gpuslice_bin()))
     .args(["tenant", "create", "t9", "--memory", "1GiB", "--state-dir"])
     .arg(&scene.state);
     let r = run(&mut cmd);

@@ -4,7 +4,8 @@
 /// aliases borrowed from HAMi and MPS accept their conventions too (both mean powers of 1024).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Units {
-    /// `B, KiB, MiB, GiB, TiB, K, M, G, T` (all powers of 1024).
+    /// `B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T` (all powers of 1024; `Ki`..`Ti` are
+    /// Kubernetes' spelling of the binary units, as in `resources.limits`).
     Gpuslice,
     /// gpuslice units plus HAMi's lower-case `k`, `m`, `g`, `t`.
     Hami,
@@ -15,19 +16,19 @@ pub enum Units {
 impl Units {
     fn expected(self) -> &'static str {
         match self {
-            Units::Gpuslice => "B, KiB, MiB, GiB, TiB, K, M, G, T",
-            Units::Hami => "B, KiB, MiB, GiB, TiB, K, M, G, T, k, m, g, t",
-            Units::Mps => "B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB",
+            Units::Gpuslice => "B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T",
+            Units::Hami => "B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T, k, m, g, t",
+            Units::Mps => "B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T, KB, MB, GB, TB",
         }
     }
 
     fn shift(self, unit: &str) -> Option<u32> {
         let common = match unit {
             "" | "B" => Some(0),
-            "K" | "KiB" => Some(10),
-            "M" | "MiB" => Some(20),
-            "G" | "GiB" => Some(30),
-            "T" | "TiB" => Some(40),
+            "K" | "KiB" | "Ki" => Some(10),
+            "M" | "MiB" | "Mi" => Some(20),
+            "G" | "GiB" | "Gi" => Some(30),
+            "T" | "TiB" | "Ti" => Some(40),
             _ => None,
         };
         common.or(match (self, unit) {
@@ -170,11 +171,11 @@ mod tests {
         let table: &[(&str, &str)] = &[
             (
                 "4 GB",
-                "unknown unit \"GB\" (expected B, KiB, MiB, GiB, TiB, K, M, G, T)",
+                "unknown unit \"GB\" (expected B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T)",
             ),
             (
                 "4g",
-                "unknown unit \"g\" (expected B, KiB, MiB, GiB, TiB, K, M, G, T)",
+                "unknown unit \"g\" (expected B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T)",
             ),
             (
                 "",
@@ -214,6 +215,34 @@ mod tests {
         for (text, want) in table {
             assert_eq!(parse_size(text, g), Err(want.to_string()), "{text}");
         }
+    }
+
+    /// Kubernetes' binary suffixes (`4Gi`, as a pod's `resources.limits` writes them), for every
+    /// spelling set; its other suffixes (`Pi`, `Ei`, decimal `k`) stay errors that list the units.
+    #[test]
+    fn kubernetes_units() {
+        let table: &[(&str, u64)] = &[
+            ("4Gi", 4 * GIB),
+            ("512Mi", 512 << 20),
+            ("64Ki", 64 << 10),
+            ("1Ti", 1 << 40),
+            ("1.5Gi", 3 * GIB / 2),
+            (" 2 Gi ", 2 * GIB),
+        ];
+        for units in [Units::Gpuslice, Units::Hami, Units::Mps] {
+            for (text, want) in table {
+                assert_eq!(parse_size(text, units), Ok(*want), "{text} ({units:?})");
+            }
+        }
+        assert_eq!(
+            parse_size("1Pi", Units::Gpuslice),
+            Err(
+                "unknown unit \"Pi\" (expected B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T)"
+                    .into()
+            )
+        );
+        assert!(parse_size("4gi", Units::Gpuslice).is_err());
+        assert!(parse_size("4GI", Units::Gpuslice).is_err());
     }
 
     #[test]

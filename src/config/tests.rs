@@ -76,7 +76,7 @@ fn per_device_limits() {
 #[test]
 fn bad_values_fail_closed() {
     let c = cfg(&[("GPUSLICE_MEMORY_LIMIT", "4 GB")]);
-    let msg = "GPUSLICE_MEMORY_LIMIT=\"4 GB\": unknown unit \"GB\" (expected B, KiB, MiB, GiB, TiB, K, M, G, T)";
+    let msg = "GPUSLICE_MEMORY_LIMIT=\"4 GB\": unknown unit \"GB\" (expected B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T)";
     assert_eq!(c.memory_limit_for(0, UUID_A), Limit::Invalid(msg.into()));
     assert_eq!(c.errors, vec![msg.to_string()]);
     assert!(c.is_configured());
@@ -283,8 +283,8 @@ fn bad_file_names_file_and_line() {
     let f = temp_file("bad-value.toml", text);
     let c = cfg_with_file(&[], &f);
     let fp = f.display();
-    let m_all = format!("{fp}:2: memory_limit=\"4 GB\": unknown unit \"GB\" (expected B, KiB, MiB, GiB, TiB, K, M, G, T)");
-    let m_0 = format!("{fp}:4: 0=\"1x\": device 0: unknown unit \"x\" (expected B, KiB, MiB, GiB, TiB, K, M, G, T)");
+    let m_all = format!("{fp}:2: memory_limit=\"4 GB\": unknown unit \"GB\" (expected B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T)");
+    let m_0 = format!("{fp}:4: 0=\"1x\": device 0: unknown unit \"x\" (expected B, KiB, MiB, GiB, TiB, Ki, Mi, Gi, Ti, K, M, G, T)");
     assert_eq!(c.memory_limit_for(0, UUID_A), Limit::Invalid(m_0.clone()));
     assert_eq!(c.memory_limit_for(1, UUID_A), Limit::Invalid(m_all.clone()));
     assert!(

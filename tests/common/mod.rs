@@ -142,6 +142,53 @@ pub fn venv_python() -> PathBuf {
     )
 }
 
+/// `src` at `dest`, where processes of other uids can open it; `dest`'s missing directories are made
+/// 0755. Clients a test starts as other uids (`setpriv`) need the library, simgpu and their own
+/// programs, and the tree they are built in may be one only its owner can traverse (a clone under
+/// `/root`, a 0700 home directory): they get copies in the test's own private, world-traversable
+/// directory instead. A hard link where `dest` is on the same file system (no copy of a large
+/// binary), else a copy; a symbolic link is followed. Done once: an existing `dest` is kept.
+pub fn reachable_copy(src: &Path, dest: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = dest.parent().expect("a file path");
+    for dir in parent.ancestors().collect::<Vec<_>>().into_iter().rev() {
+        if !dir.exists() {
+            std::fs::create_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    if dest.exists() {
+        return dest.to_path_buf();
+    }
+    let src = std::fs::canonicalize(src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    if std::fs::hard_link(&src, dest).is_err() {
+        let tmp = parent.join(format!(
+            ".{}.{}",
+            dest.file_name().unwrap().to_string_lossy(),
+            std::process::id()
+        ));
+        std::fs::copy(&src, &tmp)
+            .unwrap_or_else(|e| panic!("copying {} to {}: {e}", src.display(), tmp.display()));
+        std::fs::rename(&tmp, dest).unwrap();
+    }
+    dest.to_path_buf()
+}
+
+/// simgpu's libraries (`simgpu_lib_dir`) copied by [`reachable_copy`] into `dir`, for the
+/// `LD_LIBRARY_PATH` of clients that run as other uids.
+pub fn reachable_simgpu(dir: &Path) -> PathBuf {
+    let from = simgpu_lib_dir();
+    for name in [
+        "libcuda.so.1",
+        "libcuda.so",
+        "libnvidia-ml.so.1",
+        "libnvidia-ml.so",
+    ] {
+        reachable_copy(&from.join(name), &dir.join(name));
+    }
+    dir.to_path_buf()
+}
+
 /// A file under `tests/clients/`.
 pub fn client_source(name: &str) -> PathBuf {
     require(root().join("tests/clients").join(name), "client source")

@@ -1,7 +1,9 @@
 //! What the node tests share: the workspace's built programs, a private scene (state, CDI and
 //! simgpu state under one temporary directory), and running a tenant's program the way a container
 //! runtime would: in its own mount and PID namespaces with the CDI spec's mounts, as another uid
-//! with the spec's groups.
+//! with the spec's groups. What those programs load or run from the build tree (the library,
+//! simgpu, the workspace's programs) comes from copies in the scene's directory, which other uids can
+//! traverse wherever the tree is (a clone under `/root` or in a 0700 home directory).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -12,8 +14,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 mod common;
 #[allow(unused_imports)] // each test file uses a different part
 pub use common::{
-    finish, gpuslice_bin, require, root, run_command as run, simgpu_lib_dir, start_in, target_dir,
-    venv_python, wait_for_key, Run, GIB, MIB,
+    finish, gpuslice_bin, reachable_copy, reachable_simgpu, require, root, run_command as run,
+    simgpu_lib_dir, start_in, target_dir, venv_python, wait_for_key, Run, GIB, MIB,
 };
 
 pub fn workload_bin() -> PathBuf {
@@ -63,9 +65,11 @@ fn c_client(dir: &Path, name: &str, cuda: &str) -> PathBuf {
 }
 
 /// One node: a private directory (0755, so other uids can reach the state dir) holding the state
-/// directory, the CDI directory and simgpu's state file.
+/// directory, the CDI directory, simgpu's state file, and (in `reachable/`) the copies of what
+/// programs of other uids load and run.
 pub struct Scene {
     pub dir: PathBuf,
+    pub reachable: PathBuf,
     pub state: PathBuf,
     pub cdi: PathBuf,
     pub simgpu_state: PathBuf,
@@ -96,11 +100,15 @@ impl Scene {
             "GPUSLICE_LEDGER_DIR".into(),
             dir.join("default-ledgers").display().to_string(),
         ));
+        let reachable = dir.join("reachable");
         env.push((
             "LD_LIBRARY_PATH".into(),
-            simgpu_lib_dir().display().to_string(),
+            reachable_simgpu(&reachable.join("simgpu"))
+                .display()
+                .to_string(),
         ));
         Scene {
+            reachable,
             state: dir.join("state"),
             cdi: dir.join("cdi"),
             simgpu_state,
@@ -142,6 +150,25 @@ impl Scene {
         serde_json::from_str(&text).unwrap()
     }
 
+    /// The library under test, where other uids can open it.
+    pub fn library(&self) -> PathBuf {
+        reachable_copy(&library(), &self.reachable.join("libgpuslice.so"))
+    }
+
+    /// `program` (and `gpuslice`'s probe beside it) where other uids can run it, when it is in the
+    /// build tree; any other program as it is.
+    pub fn reachable_program(&self, program: &Path) -> PathBuf {
+        if !(program.starts_with(root()) || program.starts_with(target_dir())) {
+            return program.to_path_buf();
+        }
+        let name = program.file_name().expect("a program");
+        if name == "gpuslice" {
+            let probe = program.with_file_name("gpuslice-probe");
+            reachable_copy(&probe, &self.reachable.join("bin/gpuslice-probe"));
+        }
+        reachable_copy(program, &self.reachable.join("bin").join(name))
+    }
+
     /// `program args` as `uid` in a fresh mount + PID namespace that has the tenant's CDI mounts
     /// (those under /run/gpuslice: a tmpfs on /run holds their mount points, so nothing of the
     /// machine's /run is touched) and the spec's groups. The library comes by LD_PRELOAD (its host
@@ -179,9 +206,9 @@ impl Scene {
         let mut cmd = self.command("unshare");
         cmd.args(["--mount", "--pid", "--fork", "--propagation", "private"])
             .args(["sh", "-c", &script, "container"])
-            .arg(program)
+            .arg(self.reachable_program(program))
             .args(args)
-            .env("LD_PRELOAD", library())
+            .env("LD_PRELOAD", self.library())
             .env("SIMGPU_GROUP", tenant);
         cmd
     }
