@@ -117,7 +117,12 @@ fn main() {
         Command::InstallLibrary(a) => tenant::install(a),
         Command::DevicePlugin(a) => tenant::device_plugin(a),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "gpuslice", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "gpuslice",
+                &mut std::io::stdout(),
+            );
             Ok(0)
         }
     };
