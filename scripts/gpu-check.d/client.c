@@ -26,9 +26,11 @@
  *                                cuMemCreate (POSIX fd), the fd sent over the Unix socket SOCK
  *                                (SCM_RIGHTS); the importer maps it; views before and after
  *   launch KERNELS N             host ns per cuLaunchKernel of `trivial` (N launches, 8 batches)
- *   chain KERNELS N US HOW       N spin(US) kernels back to back on one stream; HOW: plain, event (an
+ *   chain KERNELS N US HOW       N spin(US) kernels back to back on one stream, queued behind a 200 ms
+ *                                kernel; HOW: plain, event (an
  *                                event recorded between them), pdl (programmatic stream
- *                                serialization allowed); gap_us = wall per kernel - US
+ *                                serialization allowed); gap_us = device time (events around
+ *                                the chain) per kernel - US; host_gap_us the same from wall time
  *   spin KERNELS MS US           spin(US) kernels back to back for MS ms; kernels=, per_s=
  *   slice KERNELS MS US          spin(US) kernels each followed by an event, for MS ms; the gaps
  *                                between consecutive events longer than 3 x US: gaps=, gap_median_us=
@@ -189,6 +191,19 @@ static long long nvml_dev_used(void) {
     return (long long)m[2];
 }
 
+static void nvml_pids(const char *name) {
+    if (nvml_dev == NULL || nvml_procs == NULL)
+        return;
+    nvml_proc_v2 p[256];
+    unsigned int n = 256;
+    if (nvml_procs(nvml_dev, &n, p) != 0)
+        return;
+    printf("%s_pids=", name);
+    for (unsigned int i = 0; i < n; i++)
+        printf("%s%u", i ? "," : "", p[i].pid);
+    printf("\n%s_getpid=%d\n", name, (int)getpid());
+}
+
 static void view(const char *name) {
     size_t free_b = 0, total_b = 0;
     CUresult rc = A.cuMemGetInfo(&free_b, &total_b);
@@ -324,6 +339,7 @@ int main(int argc, char **argv) {
         view("start");
         context();
         view("context");
+        nvml_pids("context");
         CUfunction f0, f1;
         if (strcmp(how, "library") == 0) {
             CUlibrary lib;
@@ -548,7 +564,14 @@ int main(int argc, char **argv) {
         CK(A.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
         spin_on(f, s, us);
         CK(A.cuStreamSynchronize(s));
+        /* A 200 ms kernel first: the chain is queued behind it, so the device runs it at its own pace
+         * whatever the host's. */
+        spin_on(f, s, 200000);
         int pdl_rc = 0;
+        CUevent ta, tb;
+        CK(A.cuEventCreate(&ta, 0));
+        CK(A.cuEventCreate(&tb, 0));
+        CK(A.cuEventRecord(ta, s));
         double t0 = now_ns();
         for (int i = 0; i < n; i++) {
             if (strcmp(how, "pdl") == 0 && A.cuLaunchKernelEx != NULL) {
@@ -576,10 +599,14 @@ int main(int argc, char **argv) {
             if (strcmp(how, "event") == 0)
                 CK(A.cuEventRecord(e, s));
         }
+        CK(A.cuEventRecord(tb, s));
         CK(A.cuStreamSynchronize(s));
         double wall_us = (now_ns() - t0) / 1e3;
-        printf("pdl_rc=%d\nwall_us=%.1f\nper_kernel_us=%.3f\ngap_us=%.3f\n", pdl_rc, wall_us, wall_us / n,
-               wall_us / n - (double)us);
+        float dev_ms = 0;
+        CK(((elapsed_fn)(void *)A.cuEventElapsedTime)(&dev_ms, ta, tb));
+        double dev_us = dev_ms * 1000.0;
+        printf("pdl_rc=%d\nwall_us=%.1f\ndevice_us=%.1f\nper_kernel_us=%.3f\ngap_us=%.3f\nhost_gap_us=%.3f\n", pdl_rc,
+               wall_us, dev_us, dev_us / n, dev_us / n - (double)us, wall_us / n - (double)us);
     } else if (strcmp(mode, "spin") == 0 || strcmp(mode, "slice") == 0) {
         char *ptx = read_file(ARG(2));
         double ms = atof(ARG(3));
@@ -589,24 +616,30 @@ int main(int argc, char **argv) {
         CUfunction f = kernel(ptx, "spin");
         CUstream s;
         CK(A.cuStreamCreate(&s, 0));
-        enum { MAXEV = 20000 };
-        CUevent *evs = slice ? calloc(MAXEV, sizeof(CUevent)) : NULL;
-        int nev = 0;
+        /* Kernels are kept WINDOW deep in the stream (an event after each, the one WINDOW back
+         * waited for): the context always has work queued, as a busy program does. */
+        enum { MAXEV = 40000, WINDOW = 16 };
+        CUevent *evs = calloc(MAXEV, sizeof(CUevent));
+        long nev = 0;
         printf("ready=1\n");
         double t0 = now_ns(), end = t0 + ms * 1e6;
         long kernels = 0;
         while (now_ns() < end) {
-            for (int i = 0; i < 4; i++) {
-                spin_on(f, s, us);
-                kernels++;
-                if (slice && nev < MAXEV) {
-                    CK(A.cuEventCreate(&evs[nev], 0));
-                    CK(A.cuEventRecord(evs[nev], s));
-                    nev++;
-                }
+            spin_on(f, s, us);
+            kernels++;
+            long slot = slice ? nev : nev % (WINDOW + 1);
+            if (slice && nev >= MAXEV)
+                break;
+            if (evs[slot] == NULL)
+                CK(A.cuEventCreate(&evs[slot], 0));
+            CK(A.cuEventRecord(evs[slot], s));
+            nev++;
+            if (nev > WINDOW) {
+                long back = slice ? nev - 1 - WINDOW : (nev - 1 - WINDOW) % (WINDOW + 1);
+                CK(A.cuEventSynchronize(evs[back]));
             }
-            CK(A.cuStreamSynchronize(s));
         }
+        CK(A.cuStreamSynchronize(s));
         double wall = (now_ns() - t0) / 1e9;
         printf("kernels=%ld\nper_s=%.1f\nwall_s=%.3f\n", kernels, (double)kernels / wall, wall);
         if (slice && nev > 1) {

@@ -121,7 +121,7 @@ class Runner:
     # ---- processes ----
     def spawn(self, argv, env, stdin=subprocess.PIPE):
         p = subprocess.Popen(
-            argv,
+            [str(a) for a in argv],
             env=env,
             stdin=stdin,
             stdout=subprocess.PIPE,
@@ -575,25 +575,29 @@ def p_limits(r):
 @probe(
     "graph_memory",
     "a CUDA graph with memory nodes, and cuDeviceGraphMemTrim",
-    "a graph's memory stays reserved in the device's graph pool after its free node until "
-    "cuDeviceGraphMemTrim gives it back (charged meanwhile)",
-    "src/accounting/graphs.rs, docs/MEMORY.md (Graph memory)",
+    "a graph's memory node is charged when the graph is launched; what the driver's graph memory pool "
+    "keeps after the free node (simgpu: nothing, as if trimmed every time) is driver memory the "
+    "reconciliation charges, and cuDeviceGraphMemTrim gives it back",
+    "src/accounting/graphs.rs, docs/MEMORY.md (Graph memory), tests/simgpu/cuda/src/graph_memory.rs",
     timeout=90,
 )
 def p_graph(r):
     raw, under, spent, rows, bad = memory_probe(r, ["graphmem", 256], ["before", "launched", "trimmed"])
     held, trimmed = spent.get("launched"), spent.get("trimmed")
     why = []
-    if held is not None and held < 250:
-        why.append("the graph pool holds %s MiB after the graph ran, not the 256 MiB of its node" % held)
-    if trimmed is not None and trimmed > -250:
-        why.append("cuDeviceGraphMemTrim gave back %s MiB, not the 256 MiB" % (-trimmed))
+    if raw.get("trim_rc") != "0":
+        why.append("cuDeviceGraphMemTrim answers %s" % raw.get("trim_rc"))
+    if held is not None and trimmed is not None and held > 2 and held + trimmed > 2:
+        why.append("the graph pool keeps %s MiB after the run and the trim gives back only %s MiB" % (held, -trimmed))
     if bad:
         why.append("less charged than NVML says the process holds: %s" % rows)
+    model = ""
+    if held is not None and held > 2:
+        model = " (the pool caches it: simgpu does not model this, tests/simgpu/cuda/src/graph_memory.rs)"
     return dict(
         status="fail" if why else "pass",
-        figure="held after the run %s MiB, after trim %s MiB; charged %s then %s MiB"
-        % (held, trimmed, rows.get("launched", {}).get("charged_mib"), rows.get("trimmed", {}).get("charged_mib")),
+        figure="kept by the graph pool after the run %s MiB%s, after the trim %s MiB; charged %s then %s MiB"
+        % (held, model, trimmed, rows.get("launched", {}).get("charged_mib"), rows.get("trimmed", {}).get("charged_mib")),
         measured={"spent_mib": spent, "under_gpuslice": rows, "trim_rc": raw.get("trim_rc")},
         contradiction="; ".join(why),
     )
@@ -654,7 +658,7 @@ def p_fd(r):
     "pid_namespace",
     "the same process seen from a PID namespace",
     "NVML lists a process in a child PID namespace under its host PID (not getpid()), so gpuslice "
-    "measures its overhead with the device figure and still charges its context",
+    "measures its overhead with the device figure and still charges its context there",
     "src/driver/measure.rs (pid_is_the_drivers), docs/MEMORY.md (Containers)",
     timeout=90,
 )
@@ -675,16 +679,18 @@ def p_pidns(r):
         raise Failed("client in the namespace: %s %s" % (d.get("error", ""), d["_stderr"][-800:]))
     listed = num(d, "context_proc", -1) >= 0
     charged = mib(num(d, "context_total") - num(d, "context_free"))
-    ok = (not listed) and ctx_cost is not None and charged is not None and charged + 2 >= ctx_cost
     why = []
-    if listed:
-        why.append("NVML lists the process under its namespace PID: src/driver/measure.rs assumes the host PID")
-    if charged is not None and ctx_cost is not None and charged + 2 < ctx_cost:
+    if listed and not r.simgpu:
+        # simgpu names a process by its PID in /proc's namespace (tests/simgpu/README.md), which
+        # --mount-proc makes the child's: there it lists the namespace PID by design.
+        why.append("NVML lists the process under its namespace PID: src/driver/measure.rs and docs/MEMORY.md assume the host PID")
+    if charged is None or ctx_cost is None or charged + 2 < ctx_cost:
         why.append("in the namespace the context (%s MiB) is charged %s MiB" % (ctx_cost, charged))
     return dict(
-        status="pass" if ok else "fail",
-        figure="NVML lists it under its namespace PID: %s; context %s MiB, charged %s MiB there" % ("yes" if listed else "no", ctx_cost, charged),
-        measured={"listed_under_namespace_pid": listed, "context_mib": ctx_cost, "charged_mib": charged},
+        status="fail" if why else "pass",
+        figure="NVML lists it under its namespace PID (%s among %s): %s%s; context %s MiB, charged %s MiB there"
+        % (d.get("context_getpid"), d.get("context_pids"), "yes" if listed else "no", " (simgpu: /proc is the namespace's)" if r.simgpu and listed else "", ctx_cost, charged),
+        measured={"listed_under_namespace_pid": listed, "nvml_pids": d.get("context_pids"), "getpid": d.get("context_getpid"), "context_mib": ctx_cost, "charged_mib": charged},
         contradiction="; ".join(why),
     )
 
@@ -729,20 +735,26 @@ def p_launch(r):
     "kernel_chain",
     "5 us kernels back to back, with and without an event between them (PDL on and off)",
     "an event recorded between kernels (as gpuslice's scheduler does) costs the device little: at most "
-    "2 us per kernel more than none",
+    "2 us per kernel more than none (device time, events around the chain)",
     "src/scheduling/events.rs, tests/simgpu/README.md (the device timeline)",
     timeout=120,
 )
 def p_chain(r):
     m = {}
     for how in ("plain", "event", "pdl"):
-        d = r.client("chain", KERNELS, 2000, 5, how, timeout=60)
+        d = r.client("chain", KERNELS, 1000, 5, how, timeout=60)
         m[how] = num(d, "gap_us")
-        m[how + "_rc"] = d.get("pdl_rc")
-    under = r.client("chain", KERNELS, 2000, 5, "plain", env=r.tenant(share=50), timeout=60)
+        m[how + "_host"] = num(d, "host_gap_us")
+        if how == "pdl":
+            m["pdl_rc"] = d.get("pdl_rc")
+    under = r.client("chain", KERNELS, 1000, 5, "plain", env=r.tenant(share=50), timeout=60)
     m["gpuslice_plain"] = num(under, "gap_us")
     extra = None if m["event"] is None or m["plain"] is None else round(m["event"] - m["plain"], 2)
     ok = extra is not None and extra <= 2
+    if r.simgpu:
+        # simgpu's device timeline starts an op when its host worker hands it over, if later than the
+        # previous op's end: on a loaded host these gaps are the host's pace, not a device's.
+        return dict(status="info", figure="(simgpu: host-paced) gap per 5 us kernel: plain %s us, with an event %s us, PDL %s us, under gpuslice %s us" % (m["plain"], m["event"], m["pdl"], m["gpuslice_plain"]), measured=m, contradiction="")
     return dict(
         status="pass" if ok else "fail",
         figure="gap per 5 us kernel: plain %s us, with an event %s us, PDL %s us, under gpuslice %s us" % (m["plain"], m["event"], m["pdl"], m["gpuslice_plain"]),
