@@ -128,7 +128,8 @@ fn field<'a>(probe: &'a Json, key: &str) -> Option<&'a str> {
 #[test]
 fn packed_check_runs_on_simgpu_from_a_fresh_directory() {
     let simgpu = common::simgpu_lib_dir();
-    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("gpu-check-{}", std::process::id()));
+    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("gpu-check-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
 
@@ -147,7 +148,10 @@ fn packed_check_runs_on_simgpu_from_a_fresh_directory() {
         String::from_utf8_lossy(&out.stderr)
     );
     let size: u64 = walk_size(&packed);
-    assert!(size < 30 << 20, "the packed folder is {size} bytes, not well under 30 MiB");
+    assert!(
+        size < 30 << 20,
+        "the packed folder is {size} bytes, not well under 30 MiB"
+    );
 
     // A fresh directory, as on the GPU machine: nothing of the build tree on any path.
     let fresh = work.join("fresh");
@@ -167,16 +171,28 @@ fn packed_check_runs_on_simgpu_from_a_fresh_directory() {
     let run = common::run_command(&mut cmd);
     run.assert_success();
     let left = processes_under(&fresh);
-    assert!(left.is_empty(), "the check left processes running: {left:?}");
-    assert_eq!(shm_entries(), shm_before, "the check left files in /dev/shm");
+    assert!(
+        left.is_empty(),
+        "the check left processes running: {left:?}"
+    );
+    assert_eq!(
+        shm_entries(),
+        shm_before,
+        "the check left files in /dev/shm"
+    );
 
     let text = std::fs::read_to_string(reports.join("report.json")).expect("report.json");
-    let doc = Json::parse(&text).unwrap_or_else(|e| panic!("report.json is not JSON ({e}):\n{text}"));
+    let doc =
+        Json::parse(&text).unwrap_or_else(|e| panic!("report.json is not JSON ({e}):\n{text}"));
     let md = std::fs::read_to_string(reports.join("report.md")).expect("report.md");
     let probes = doc.arr("probes");
     let ids: Vec<&str> = probes.iter().filter_map(|p| field(p, "id")).collect();
     for want in PROBES {
-        assert!(ids.contains(want), "probe {want} is not in the report: {ids:?}\n{}", run.report());
+        assert!(
+            ids.contains(want),
+            "probe {want} is not in the report: {ids:?}\n{}",
+            run.report()
+        );
     }
     for p in probes {
         let id = field(p, "id").unwrap();
@@ -184,22 +200,41 @@ fn packed_check_runs_on_simgpu_from_a_fresh_directory() {
         let figure = field(p, "figure").unwrap_or("");
         let reason = field(p, "reason").unwrap_or("");
         let where_ = field(p, "where").unwrap_or("");
-        assert!(!where_.is_empty() && !field(p, "validates").unwrap_or("").is_empty(), "{id}: no assumption or place in the code");
-        assert!(md.contains(&format!("| {id} | {status} |")), "{id} is not in report.md:\n{md}");
+        assert!(
+            !where_.is_empty() && !field(p, "validates").unwrap_or("").is_empty(),
+            "{id}: no assumption or place in the code"
+        );
+        assert!(
+            md.contains(&format!("| {id} | {status} |")),
+            "{id} is not in report.md:\n{md}"
+        );
         match status {
-            "pass" | "fail" | "info" => assert!(!figure.is_empty(), "{id}: {status} without a figure"),
-            "skip" => assert!(reason.starts_with("skipped: "), "{id}: a skip without its reason: {reason:?}"),
+            "pass" | "fail" | "info" => {
+                assert!(!figure.is_empty(), "{id}: {status} without a figure")
+            }
+            "skip" => assert!(
+                reason.starts_with("skipped: "),
+                "{id}: a skip without its reason: {reason:?}"
+            ),
             _ => panic!("{id}: {status}: {reason}\n{}", run.report()),
         }
         if RUN_ON_SIMGPU.contains(&id) {
             assert_ne!(status, "skip", "{id} did not run on simgpu: {reason}");
         }
         if PASS_ON_SIMGPU.contains(&id) {
-            assert_eq!(status, "pass", "{id} on simgpu: {figure} -- {}", field(p, "contradiction").unwrap_or(""));
+            assert_eq!(
+                status,
+                "pass",
+                "{id} on simgpu: {figure} -- {}",
+                field(p, "contradiction").unwrap_or("")
+            );
         }
         if status == "fail" {
             let said = field(p, "contradiction").unwrap_or("");
-            assert!(!said.is_empty() && md.contains(id), "{id} failed without saying which assumption");
+            assert!(
+                !said.is_empty() && md.contains(id),
+                "{id} failed without saying which assumption"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&work);
