@@ -329,13 +329,18 @@ pub(crate) struct DevicePluginArgs {
     kubelet_dir: PathBuf,
     #[command(flatten)]
     node: NodeArgs,
-    /// Slices offered per GPU.
-    #[arg(long, value_name = "N", default_value_t = 10)]
-    slices: u32,
+    /// Slices offered per GPU (each 1/N of its GPU's memory and compute); default 10.
+    #[arg(long, value_name = "N", conflicts_with = "slice_memory")]
+    slices: Option<u32>,
+    /// A slice is SIZE of memory on every GPU (as many slices as fit; compute share proportional
+    /// to SIZE over the GPU's memory), e.g. 4GiB.
+    #[arg(long, value_name = "SIZE")]
+    slice_memory: Option<String>,
     /// The extended resource pods request.
     #[arg(long, value_name = "NAME", default_value = "gpuslice.io/slice")]
     resource: String,
-    /// The kubelet's PodResources socket (tenants of pods that are gone are removed).
+    /// The kubelet's PodResources socket (tenants of pods that are gone are removed; GPUs also
+    /// allocated through --nvidia-resource are reported).
     #[arg(
         long,
         value_name = "PATH",
@@ -345,6 +350,33 @@ pub(crate) struct DevicePluginArgs {
     /// Seconds between PodResources and health checks (a gone pod's tenant goes after two).
     #[arg(long, value_name = "S", default_value_t = 5)]
     sweep_seconds: u64,
+    /// Name NVIDIA's CDI device for the GPU (`nvidia.com/gpu=<UUID>`) in Allocate answers: auto
+    /// (when NVIDIA's CDI spec is in a --cdi-spec-dir), on, off.
+    #[arg(long, value_name = "auto|on|off", default_value = "auto")]
+    nvidia_cdi: gpuslice_node::plugin::NvidiaCdi,
+    /// Where NVIDIA's CDI spec is looked for (repeatable).
+    #[arg(long, value_name = "DIR", default_values = ["/etc/cdi", "/var/run/cdi"])]
+    cdi_spec_dir: Vec<PathBuf>,
+    /// The GPUs this plugin offers, by UUID or NVML index (comma-separated or repeated); default
+    /// all. Give the others to NVIDIA's device plugin.
+    #[arg(long, value_name = "GPU,...", value_delimiter = ',')]
+    gpus: Vec<String>,
+    /// NVIDIA's device-plugin resource, watched for GPUs allocated twice.
+    #[arg(long, value_name = "NAME", default_value = "nvidia.com/gpu")]
+    nvidia_resource: String,
+    /// Seconds an Allocate call may take before it is refused.
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    allocate_timeout_seconds: u64,
+    /// Node Feature Discovery's local features directory (e.g.
+    /// /etc/kubernetes/node-feature-discovery/features.d): node labels saying what a slice is.
+    #[arg(long, value_name = "DIR")]
+    nfd_features_dir: Option<PathBuf>,
+    /// Log format: text or json (timestamps and levels in both).
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    log_format: gpuslice_node::plugin::LogFormat,
+    /// Log level or filter: error, warn, info, debug, trace.
+    #[arg(long, value_name = "LEVEL", default_value = "info")]
+    log_level: String,
     /// Hold each Allocate answer back this long after its tenants are created (tests only: lets a
     /// test's kubelet go away mid-call).
     #[arg(long, value_name = "MS", default_value_t = 0, hide = true)]
@@ -352,15 +384,27 @@ pub(crate) struct DevicePluginArgs {
 }
 
 pub(crate) fn device_plugin(a: DevicePluginArgs) -> Result<i32, String> {
+    use gpuslice_node::plugin::{self, Config, Slicing};
+    plugin::init_logging(a.log_format, &a.log_level)?;
     require_root("device-plugin")?;
-    gpuslice_node::plugin::run_blocking(gpuslice_node::plugin::Config {
-        kubelet_dir: a.kubelet_dir,
-        node: a.node.node(),
-        slices: a.slices,
-        resource: a.resource,
-        pod_resources_socket: Some(a.pod_resources_socket),
-        sweep_interval: std::time::Duration::from_secs(a.sweep_seconds.max(1)),
-        answer_delay: std::time::Duration::from_millis(a.allocate_answer_delay_ms),
-    })?;
+    let slicing = match (&a.slice_memory, a.slices) {
+        (Some(text), _) => Slicing::Memory(
+            gpuslice::config::parse_size(text, gpuslice::config::Units::Gpuslice)
+                .map_err(|e| format!("--slice-memory {text}: {e}"))?,
+        ),
+        (None, n) => Slicing::Count(n.unwrap_or(10)),
+    };
+    let mut cfg = Config::new(a.kubelet_dir, a.node.node(), slicing);
+    cfg.resource = a.resource;
+    cfg.pod_resources_socket = Some(a.pod_resources_socket);
+    cfg.sweep_interval = std::time::Duration::from_secs(a.sweep_seconds.max(1));
+    cfg.answer_delay = std::time::Duration::from_millis(a.allocate_answer_delay_ms);
+    cfg.allocate_timeout = std::time::Duration::from_secs(a.allocate_timeout_seconds.max(1));
+    cfg.nvidia_cdi = a.nvidia_cdi;
+    cfg.cdi_spec_dirs = a.cdi_spec_dir;
+    cfg.own_gpus = a.gpus;
+    cfg.nvidia_resource = a.nvidia_resource;
+    cfg.features_dir = a.nfd_features_dir;
+    plugin::run_blocking(cfg)?;
     Ok(0)
 }

@@ -251,3 +251,138 @@ pub fn install_library(from: &Path, dir: &Path) -> Result<PathBuf, String> {
         })?;
     Ok(versioned)
 }
+
+/// The CDI kind of NVIDIA's GPUs (nvidia-container-toolkit's `nvidia-ctk cdi generate`, the GPU
+/// Operator's default since 25.10): devices `nvidia.com/gpu=<UUID>`, `=<index>`, `=all`.
+pub const NVIDIA_KIND: &str = "nvidia.com/gpu";
+/// Where CDI specs live (the CDI specification's default spec directories).
+pub const SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+/// Largest CDI spec read when looking for NVIDIA's (a spec of a large node is well under 1 MiB).
+const MAX_SPEC_FILE: u64 = 4 << 20;
+
+/// NVIDIA's CDI spec as found on the node: the file and the names of its `nvidia.com/gpu` devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvidiaSpec {
+    pub path: PathBuf,
+    pub names: std::collections::BTreeSet<String>,
+}
+
+impl NvidiaSpec {
+    /// The CDI device naming a GPU: by UUID if the spec has it, else by NVML index.
+    pub fn device_for(&self, uuid: &str, index: u32) -> Option<String> {
+        if self.names.contains(uuid) {
+            return Some(format!("{NVIDIA_KIND}={uuid}"));
+        }
+        let i = index.to_string();
+        self.names
+            .contains(&i)
+            .then(|| format!("{NVIDIA_KIND}={i}"))
+    }
+}
+
+/// NVIDIA's CDI specs in `dirs` (files `*.json`, `*.yaml`, `*.yml` whose kind is `nvidia.com/gpu`),
+/// their device names merged. Every file is read without following a link, as a regular file of at
+/// most 4 MiB; unreadable files are skipped. `None`: no such spec.
+pub fn find_nvidia(dirs: &[PathBuf]) -> Option<NvidiaSpec> {
+    let mut found: Option<NvidiaSpec> = None;
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+        files.sort();
+        for path in files {
+            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if !matches!(ext, "json" | "yaml" | "yml") {
+                continue;
+            }
+            let Ok(text) = crate::plugin::read_untrusted(&path, MAX_SPEC_FILE) else {
+                continue;
+            };
+            let Some(names) = nvidia_device_names(&text, ext == "json") else {
+                continue;
+            };
+            match &mut found {
+                Some(f) => f.names.extend(names),
+                None => found = Some(NvidiaSpec { path, names }),
+            }
+        }
+    }
+    found
+}
+
+/// The device names of a spec of kind `nvidia.com/gpu` (JSON parsed; YAML read line by line:
+/// the top-level `kind:` and every `name:` key, which in a CDI spec only devices have).
+pub fn nvidia_device_names(text: &str, json: bool) -> Option<std::collections::BTreeSet<String>> {
+    if json {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        if v.get("kind")?.as_str()? != NVIDIA_KIND {
+            return None;
+        }
+        return Some(
+            v.get("devices")?
+                .as_array()?
+                .iter()
+                .filter_map(|d| d.get("name")?.as_str().map(str::to_string))
+                .collect(),
+        );
+    }
+    let unquote = |v: &str| {
+        let v = v.split(" #").next().unwrap_or("").trim();
+        v.trim_matches(|c| c == '"' || c == '\'').to_string()
+    };
+    let mut kind = None;
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("kind:") {
+            kind = Some(unquote(v));
+            continue;
+        }
+        let t = line.trim_start().trim_start_matches("- ").trim_start();
+        if let Some(v) = t.strip_prefix("name:") {
+            let n = unquote(v);
+            if !n.is_empty() {
+                names.insert(n);
+            }
+        }
+    }
+    (kind.as_deref() == Some(NVIDIA_KIND)).then_some(names)
+}
+
+#[cfg(test)]
+mod nvidia_tests {
+    use super::*;
+
+    #[test]
+    fn nvidia_specs_in_both_spellings() {
+        let yaml = "---\ncdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n- name: GPU-1234\n  containerEdits: {}\n- name: all\ncontainerEdits:\n  hooks:\n  - hookName: createContainer\n    path: /usr/bin/nvidia-cdi-hook\n";
+        let names = nvidia_device_names(yaml, false).unwrap();
+        assert_eq!(
+            names.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["0", "GPU-1234", "all"]
+        );
+        let json = r#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{"name":"GPU-9","containerEdits":{}}]}"#;
+        let spec = NvidiaSpec {
+            path: "x".into(),
+            names: nvidia_device_names(json, true).unwrap(),
+        };
+        assert_eq!(
+            spec.device_for("GPU-9", 3).as_deref(),
+            Some("nvidia.com/gpu=GPU-9")
+        );
+        assert_eq!(spec.device_for("GPU-8", 3), None);
+        let by_index = NvidiaSpec {
+            path: "x".into(),
+            names: nvidia_device_names(yaml, false).unwrap(),
+        };
+        assert_eq!(
+            by_index.device_for("GPU-7", 0).as_deref(),
+            Some("nvidia.com/gpu=0")
+        );
+        // Another vendor's spec, or ours, is not NVIDIA's.
+        assert!(
+            nvidia_device_names("kind: gpuslice.io/tenant\ndevices:\n- name: a\n", false).is_none()
+        );
+        assert!(nvidia_device_names("{not json", true).is_none());
+    }
+}

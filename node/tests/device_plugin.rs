@@ -328,7 +328,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
                 .await
         })
         .unwrap_err();
-    assert!(err.message().contains("more than one GPU"), "{err:?}");
+    assert!(err.message().contains("must be on one GPU"), "{err:?}");
     assert!(
         !scene.state.join("tenants").exists()
             || std::fs::read_dir(scene.state.join("tenants"))
@@ -356,7 +356,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
                 .await
         })
         .unwrap_err();
-    assert!(err.message().contains("more than one GPU"), "{err:?}");
+    assert!(err.message().contains("must be on one GPU"), "{err:?}");
     let left: Vec<_> = std::fs::read_dir(scene.state.join("tenants"))
         .unwrap()
         .chain(std::fs::read_dir(&scene.cdi).into_iter().flatten())
@@ -600,7 +600,11 @@ fn kubelet_going_away_mid_call() {
     };
     let tenant_dir = scene.state.join(format!("tenants/{tenant}"));
     wait_until("the tenant created", Duration::from_secs(60), || {
-        tenant_dir.join("slices").exists()
+        scene
+            .state
+            .join(format!("device-plugin/{tenant}.slices"))
+            .exists()
+            && tenant_dir.join(format!("{tenant}.ledger")).exists()
     });
     assert_eq!(device_share(&scene, &tenant), Some(30));
     call.abort();
@@ -653,6 +657,513 @@ fn kubelet_going_away_mid_call() {
         "{stderr}"
     );
     assert!(stderr.contains("the kubelet restarted"), "{stderr}");
+}
+
+/// One Allocate call of one container, and how long it took.
+fn allocate(
+    rt: &tokio::runtime::Runtime,
+    kubelet: &Path,
+    ids: Vec<String>,
+) -> (
+    Result<dp::ContainerAllocateResponse, tonic::Status>,
+    Duration,
+) {
+    let start = Instant::now();
+    let r = rt.block_on(async {
+        plugin_client(kubelet)
+            .await
+            .allocate(dp::AllocateRequest {
+                container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }],
+            })
+            .await
+    });
+    (
+        r.map(|r| r.into_inner().container_responses.remove(0)),
+        start.elapsed(),
+    )
+}
+
+/// The plugin's socket answers (it serves before it registers, so no kubelet is needed).
+fn wait_for_socket(kubelet: &Path, plugin: &PluginProcess) {
+    wait_until("the plugin serving", Duration::from_secs(60), || {
+        assert!(
+            !plugin.stderr_so_far().contains("gpuslice: "),
+            "{}",
+            plugin.stderr_so_far()
+        );
+        kubelet.join("gpuslice.sock").exists()
+    });
+}
+
+fn cdi_names(resp: &dp::ContainerAllocateResponse) -> Vec<String> {
+    resp.cdi_devices.iter().map(|d| d.name.clone()).collect()
+}
+
+/// A CDI-default cluster: once NVIDIA's CDI spec (kind `nvidia.com/gpu`) is in a CDI spec
+/// directory, Allocate names NVIDIA's device for the GPU beside ours; before it, and with
+/// `--nvidia-cdi off`, it does not; with `--nvidia-cdi on` it names the GPU by UUID regardless.
+#[test]
+fn nvidia_cdi_device_beside_ours() {
+    let scene = Scene::new(
+        "nvcdi",
+        &[("SIMGPU_DEVICES", "2"), ("SIMGPU_MEMORY", "8GiB")],
+    );
+    let kubelet = scene.dir.join("kubelet");
+    let specs = scene.dir.join("etc-cdi");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    std::fs::create_dir_all(&specs).unwrap();
+    let rt = kubelet_runtime();
+    let _guard = rt.enter();
+    let spec_dir = specs.display().to_string();
+    let plugin = start_plugin(
+        &scene,
+        &kubelet,
+        &scene.dir.join("no-pod-resources.sock"),
+        &["--cdi-spec-dir", &spec_dir],
+    );
+    wait_for_socket(&kubelet, &plugin);
+    let devices = rt.block_on(first_device_list(&kubelet));
+    let uuid = devices[0].id.split("::").next().unwrap().to_string();
+    let other = devices
+        .iter()
+        .map(|d| d.id.split("::").next().unwrap().to_string())
+        .find(|u| *u != uuid)
+        .unwrap();
+
+    // No NVIDIA spec yet: our device only.
+    let (r, _) = allocate(&rt, &kubelet, vec![format!("{uuid}::0")]);
+    let resp = r.unwrap();
+    let ours = format!("gpuslice.io/tenant=k8s-{uuid}-0");
+    assert_eq!(cdi_names(&resp), vec![ours.clone()]);
+
+    // NVIDIA's spec appears (as the GPU Operator's toolkit writes it, YAML, names by index and
+    // UUID): the next Allocate names NVIDIA's device for its GPU.
+    std::fs::write(
+        specs.join("nvidia.yaml"),
+        format!(
+            "---\ncdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n- name: {uuid}\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n- name: \"1\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia1\ncontainerEdits:\n  deviceNodes:\n  - path: /dev/nvidiactl\n"
+        ),
+    )
+    .unwrap();
+    wait_until("NVIDIA's spec found", Duration::from_secs(30), || {
+        plugin
+            .stderr_so_far()
+            .contains("NVIDIA's CDI spec found at")
+    });
+    let (r, _) = allocate(&rt, &kubelet, vec![format!("{uuid}::1")]);
+    assert_eq!(
+        cdi_names(&r.unwrap()),
+        vec![
+            format!("gpuslice.io/tenant=k8s-{uuid}-1"),
+            format!("nvidia.com/gpu={uuid}")
+        ]
+    );
+    // The other GPU is named by index only in the spec: by index.
+    let (r, _) = allocate(&rt, &kubelet, vec![format!("{other}::0")]);
+    let names = cdi_names(&r.unwrap());
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names[1] == "nvidia.com/gpu=1" || names[1] == "nvidia.com/gpu=0",
+        "{names:?}"
+    );
+    let stderr = plugin.stop();
+    assert!(stderr.contains("no NVIDIA CDI spec in"), "{stderr}");
+
+    // Off: never; on: by UUID even without a spec.
+    for (mode, want) in [
+        ("off", None),
+        ("on", Some(format!("nvidia.com/gpu={uuid}"))),
+    ] {
+        let _ = std::fs::remove_file(specs.join("nvidia.yaml"));
+        let _ = std::fs::remove_file(kubelet.join("gpuslice.sock"));
+        let plugin = start_plugin(
+            &scene,
+            &kubelet,
+            &scene.dir.join("no-pod-resources.sock"),
+            &["--cdi-spec-dir", &spec_dir, "--nvidia-cdi", mode],
+        );
+        wait_for_socket(&kubelet, &plugin);
+        let (r, _) = allocate(&rt, &kubelet, vec![format!("{uuid}::5")]);
+        let names = cdi_names(&r.unwrap());
+        assert_eq!(
+            names.get(1).cloned(),
+            want,
+            "--nvidia-cdi {mode}: {names:?}"
+        );
+        plugin.stop();
+    }
+}
+
+/// A container root's and a kubelet's worst: the plugin answers every Allocate within 2 s and
+/// refuses what it must.
+/// * one slice ID sent several times (it would be the whole GPU) is refused;
+/// * the `slices` file of a tenant replaced by a FIFO, or by a link to /dev/zero (and the
+///   plugin's own record likewise): Allocate and the sweep go on;
+/// * the next pod given the same slices gets a new tenant with a new ledger, not the previous
+///   pod's (whose ledger the departing pod had wrecked).
+#[test]
+fn hostile_files_and_requests() {
+    let scene = Scene::new("hostile", &[("SIMGPU_MEMORY", "16GiB")]);
+    let kubelet = scene.dir.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    let podres_sock = scene.dir.join("pod-resources.sock");
+    let rt = kubelet_runtime();
+    let _guard = rt.enter();
+    let pods = PodResources::default();
+    let listener = tokio::net::UnixListener::bind(&podres_sock).unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let plugin = start_plugin(&scene, &kubelet, &podres_sock, &[]);
+    wait_for_socket(&kubelet, &plugin);
+    let devices = rt.block_on(first_device_list(&kubelet));
+    let uuid = devices[0].id.split("::").next().unwrap().to_string();
+    let id = |i: u32| format!("{uuid}::{i}");
+    let within = |d: Duration, what: &str| {
+        assert!(d < Duration::from_secs(2), "{what}: answered after {d:?}");
+    };
+
+    // Duplicate IDs: refused, nothing created.
+    let (r, took) = allocate(&rt, &kubelet, vec![id(3); 10]);
+    within(took, "duplicate IDs");
+    let e = r.unwrap_err();
+    assert!(e.message().contains("more than once"), "{e:?}");
+    assert!(node_files(&scene).is_empty(), "{:?}", node_files(&scene));
+
+    // A tenant no pod holds (yet).
+    let (r, took) = allocate(&rt, &kubelet, vec![id(0), id(1)]);
+    within(took, "first pod");
+    let tenant = format!("k8s-{uuid}-0");
+    assert_eq!(
+        cdi_names(&r.unwrap()),
+        vec![format!("gpuslice.io/tenant={tenant}")]
+    );
+    let hold = |ids: Vec<String>, name: &str| pr::PodResources {
+        name: name.into(),
+        namespace: "ml".into(),
+        containers: vec![pr::ContainerResources {
+            name: "main".into(),
+            devices: vec![pr::ContainerDevices {
+                resource_name: "gpuslice.io/slice".into(),
+                device_ids: ids,
+            }],
+        }],
+    };
+    *pods.0.lock().unwrap() = vec![hold(vec![id(0), id(1)], "first")];
+
+    // Container root plants a FIFO and a link to /dev/zero where a tenant's `slices` file was,
+    // and the same over the plugin's own record.
+    let tenant_dir = scene.state.join(format!("tenants/{tenant}"));
+    let record = scene.state.join(format!("device-plugin/{tenant}.slices"));
+    assert!(record.is_file(), "{}", record.display());
+    let mkfifo = |p: &Path| {
+        let _ = std::fs::remove_file(p);
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    };
+    mkfifo(&tenant_dir.join("slices"));
+    mkfifo(&record);
+    let (r, took) = allocate(&rt, &kubelet, vec![id(4)]);
+    within(took, "a FIFO planted");
+    r.unwrap();
+    std::fs::remove_file(&record).unwrap();
+    std::fs::remove_file(tenant_dir.join("slices")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &record).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", tenant_dir.join("slices")).unwrap();
+    let (r, took) = allocate(&rt, &kubelet, vec![id(5)]);
+    within(took, "a link to /dev/zero planted");
+    r.unwrap();
+    // Sweeps over the planted files: the plugin lives and answers; the tenant whose record is
+    // unreadable counts as holding nothing, so (no process of it alive) it goes.
+    wait_until(
+        "the tenant with a wrecked record removed",
+        Duration::from_secs(30),
+        || !tenant_dir.exists(),
+    );
+    let (r, took) = allocate(&rt, &kubelet, vec![id(6)]);
+    within(took, "after sweeps over planted files");
+    r.unwrap();
+    let stderr = plugin.stderr_so_far();
+    assert!(
+        stderr.contains("a FIFO, expected a regular file")
+            || stderr.contains("a symbolic link (not followed)"),
+        "{stderr}"
+    );
+
+    // The next pod after a pod with the same slices: a pod's tenant, held by its pod, wrecks its
+    // ledger and ends; the kubelet gives the same slices to the next pod before any sweep saw the
+    // first pod go.
+    let (r, _) = allocate(&rt, &kubelet, vec![id(8), id(9)]);
+    let first = r.unwrap();
+    let tenant = format!("k8s-{uuid}-8");
+    assert_eq!(
+        cdi_names(&first),
+        vec![format!("gpuslice.io/tenant={tenant}")]
+    );
+    *pods.0.lock().unwrap() = vec![hold(vec![id(8), id(9)], "first")];
+    let ledger = scene
+        .state
+        .join(format!("tenants/{tenant}/{tenant}.ledger"));
+    let first_id = gpuslice::ledger::Ledger::open_readonly(&ledger)
+        .unwrap()
+        .id()
+        .unwrap();
+    std::fs::write(&ledger, b"wrecked").unwrap();
+    let (r, took) = allocate(&rt, &kubelet, vec![id(8), id(9)]);
+    within(took, "the next pod");
+    let next = r.unwrap();
+    *pods.0.lock().unwrap() = vec![hold(vec![id(8), id(9)], "next")];
+    let next_tenant = cdi_names(&next)[0]
+        .strip_prefix("gpuslice.io/tenant=")
+        .unwrap()
+        .to_string();
+    let next_ledger = scene
+        .state
+        .join(format!("tenants/{next_tenant}/{next_tenant}.ledger"));
+    let next_id = gpuslice::ledger::Ledger::open_readonly(&next_ledger)
+        .expect("the next pod's tenant has a ledger of its own")
+        .id()
+        .unwrap();
+    assert_ne!(
+        next_id, first_id,
+        "the next pod got the previous pod's tenant"
+    );
+    let r = run_allocated(&scene, &next, &["--chunk", "2"]);
+    r.assert_success();
+    assert_eq!(
+        r.get_u64("total"),
+        slice_memory(16 << 30, 2, 10),
+        "{}",
+        r.report()
+    );
+    assert_eq!(
+        r.get("outcome"),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "{}",
+        r.report()
+    );
+    plugin.stop();
+}
+
+/// `--slice-memory 4GiB`: 2 slices on an 8 GiB GPU, 4 on a 16 GiB one, each 4 GiB with a share
+/// proportional to it; node labels for NFD say so; 3 slices over two GPUs of 2 free slices each
+/// are refused naming why. No kubelet: the log has a start-up summary and retry lines naming the
+/// missing socket, with timestamps and levels (and as JSON with --log-format json).
+#[test]
+fn slices_by_memory_and_a_daemon_log() {
+    for (memory, per_gpu, share) in [("8GiB", 2u32, 50u64), ("16GiB", 4, 25)] {
+        let scene = Scene::new(
+            "bysize",
+            &[("SIMGPU_DEVICES", "2"), ("SIMGPU_MEMORY", memory)],
+        );
+        let kubelet = scene.dir.join("kubelet");
+        std::fs::create_dir_all(&kubelet).unwrap();
+        let features = scene.dir.join("features.d");
+        let rt = kubelet_runtime();
+        let _guard = rt.enter();
+        let json = memory == "16GiB";
+        let mut args = vec![
+            "--slice-memory",
+            "4GiB",
+            "--nfd-features-dir",
+            features.to_str().unwrap(),
+        ];
+        if json {
+            args.extend(["--log-format", "json"]);
+        }
+        let plugin = start_plugin(
+            &scene,
+            &kubelet,
+            &scene.dir.join("no-pod-resources.sock"),
+            &args,
+        );
+        wait_for_socket(&kubelet, &plugin);
+        let devices = rt.block_on(first_device_list(&kubelet));
+        assert_eq!(devices.len() as u32, 2 * per_gpu, "{memory}: {devices:?}");
+        let mut uuids: Vec<String> = devices
+            .iter()
+            .map(|d| d.id.split("::").next().unwrap().to_string())
+            .collect();
+        uuids.dedup();
+        assert_eq!(uuids.len(), 2);
+        let labels = std::fs::read_to_string(features.join("gpuslice")).unwrap();
+        assert!(
+            labels.contains("gpuslice.io/slice.memory-mib=4096\n"),
+            "{labels}"
+        );
+        assert!(
+            labels.contains(&format!("gpuslice.io/slice.count={}\n", 2 * per_gpu)),
+            "{labels}"
+        );
+
+        // One slice: 4 GiB and the proportional share, whatever the GPU's size.
+        let (r, _) = allocate(&rt, &kubelet, vec![format!("{}::0", uuids[0])]);
+        let resp = r.unwrap();
+        let tenant = format!("k8s-{}-0", uuids[0]);
+        let policy =
+            std::fs::read_to_string(scene.state.join(format!("tenants/{tenant}/policy.toml")))
+                .unwrap();
+        assert!(
+            policy.contains(&format!("memory = {}", 4u64 << 30)),
+            "{policy}"
+        );
+        assert_eq!(device_share(&scene, &tenant), Some(share));
+        drop(resp);
+
+        if memory == "8GiB" {
+            // GPU 0 has slice 1 free, GPU 1 both: a request of 3 fits no single GPU.
+            let ids = vec![
+                format!("{}::1", uuids[0]),
+                format!("{}::0", uuids[1]),
+                format!("{}::1", uuids[1]),
+            ];
+            let (r, took) = allocate(&rt, &kubelet, ids);
+            assert!(took < Duration::from_secs(2), "{took:?}");
+            let e = r.unwrap_err();
+            let m = e.message();
+            assert!(m.contains("3 slices requested"), "{m}");
+            assert!(m.contains("fit on no single GPU"), "{m}");
+            assert!(m.contains(&format!("{} has 1 of 2 free", uuids[0])), "{m}");
+            assert!(m.contains(&format!("{} has 2 of 2 free", uuids[1])), "{m}");
+        }
+
+        let stderr = plugin.stop();
+        let sock = kubelet.join("kubelet.sock").display().to_string();
+        let summary = stderr
+            .lines()
+            .find(|l| l.contains("starting: resource gpuslice.io/slice"))
+            .unwrap_or_else(|| panic!("no start-up summary: {stderr}"));
+        assert!(summary.contains("4GiB on every GPU"), "{summary}");
+        assert!(summary.contains(&format!("{per_gpu} slices")), "{summary}");
+        let retry = stderr
+            .lines()
+            .find(|l| l.contains("registering with the kubelet"))
+            .unwrap_or_else(|| panic!("no retry line: {stderr}"));
+        assert!(retry.contains(&sock), "{retry}");
+        assert!(retry.contains("No such file or directory"), "{retry}");
+        assert!(retry.contains("retrying in"), "{retry}");
+        if json {
+            let v: serde_json::Value = serde_json::from_str(retry).unwrap();
+            assert_eq!(v["level"], "WARN", "{retry}");
+            assert!(
+                v["timestamp"].as_str().is_some_and(|t| t.starts_with("20")),
+                "{retry}"
+            );
+        } else {
+            assert!(retry.contains(" WARN "), "{retry}");
+            // RFC 3339 timestamp first.
+            assert!(
+                retry.starts_with("20") && retry.as_bytes()[10] == b'T',
+                "{retry}"
+            );
+            assert!(summary.contains(" INFO "), "{summary}");
+        }
+    }
+}
+
+/// Beside NVIDIA's device plugin: a GPU an `nvidia.com/gpu` pod holds (PodResources) is reported
+/// (log, `<state>/device-plugin/conflicts`) and its slices turn unhealthy until the pod is gone;
+/// `--gpus` keeps the plugin to its own GPUs.
+#[test]
+fn gpu_also_allocated_through_nvidia() {
+    let scene = Scene::new(
+        "twice",
+        &[("SIMGPU_DEVICES", "2"), ("SIMGPU_MEMORY", "8GiB")],
+    );
+    let kubelet = scene.dir.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    let podres_sock = scene.dir.join("pod-resources.sock");
+    let rt = kubelet_runtime();
+    let _guard = rt.enter();
+    let pods = PodResources::default();
+    let listener = tokio::net::UnixListener::bind(&podres_sock).unwrap();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let plugin = start_plugin(&scene, &kubelet, &podres_sock, &[]);
+    wait_for_socket(&kubelet, &plugin);
+    let mut stream = rt
+        .block_on(async {
+            plugin_client(&kubelet)
+                .await
+                .list_and_watch(dp::Empty {})
+                .await
+        })
+        .unwrap()
+        .into_inner();
+    let first = rt.block_on(stream.message()).unwrap().unwrap().devices;
+    assert!(first.iter().all(|d| d.health == "Healthy"));
+    let uuid = first[0].id.split("::").next().unwrap().to_string();
+    *pods.0.lock().unwrap() = vec![pr::PodResources {
+        name: "whole-gpu".into(),
+        namespace: "ml".into(),
+        containers: vec![pr::ContainerResources {
+            name: "cuda".into(),
+            devices: vec![pr::ContainerDevices {
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: vec![uuid.clone()],
+            }],
+        }],
+    }];
+    let next = rt
+        .block_on(tokio::time::timeout(
+            Duration::from_secs(30),
+            stream.message(),
+        ))
+        .expect("a new device list within 30 s")
+        .unwrap()
+        .unwrap()
+        .devices;
+    for d in &next {
+        let want = if d.id.starts_with(&uuid) {
+            "Unhealthy"
+        } else {
+            "Healthy"
+        };
+        assert_eq!(d.health, want, "{d:?}");
+    }
+    let conflicts = std::fs::read_to_string(scene.state.join("device-plugin/conflicts")).unwrap();
+    assert_eq!(conflicts, format!("{uuid}\tml\twhole-gpu\tcuda\n"));
+    pods.0.lock().unwrap().clear();
+    let healed = rt
+        .block_on(tokio::time::timeout(
+            Duration::from_secs(30),
+            stream.message(),
+        ))
+        .expect("a new device list within 30 s")
+        .unwrap()
+        .unwrap()
+        .devices;
+    assert!(healed.iter().all(|d| d.health == "Healthy"), "{healed:?}");
+    let stderr = plugin.stop();
+    assert!(
+        stderr.contains(&format!(
+            "GPU {uuid} is also allocated through nvidia.com/gpu to ml/whole-gpu (cuda)"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains(" ERROR "), "{stderr}");
+
+    // --gpus: only the GPU named is offered.
+    let _ = std::fs::remove_file(kubelet.join("gpuslice.sock"));
+    let plugin = start_plugin(&scene, &kubelet, &podres_sock, &["--gpus", "1"]);
+    wait_for_socket(&kubelet, &plugin);
+    let devices = rt.block_on(first_device_list(&kubelet));
+    assert_eq!(devices.len(), 10);
+    assert!(
+        devices.iter().all(|d| !d.id.starts_with(&uuid)),
+        "{devices:?}"
+    );
+    plugin.stop();
 }
 
 /// The runtime the kubelet stand-in's gRPC servers and clients run on.

@@ -107,8 +107,45 @@ impl Sources {
             tenants,
             devices,
             owners,
+            also_allocated: read_conflicts(&self.state_dir.join("device-plugin/conflicts")),
         }
     }
+}
+
+/// GPUs the device plugin found also allocated through NVIDIA's resource
+/// (`<state>/device-plugin/conflicts`: `<uuid>\t<namespace>\t<pod>\t<container>` lines, root's).
+/// Read without following a link or blocking, a regular file of at most 64 KiB; anything else, or
+/// no file, is nothing.
+pub fn read_conflicts(path: &Path) -> Vec<(String, Kubernetes)> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const MAX: u64 = 64 << 10;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    else {
+        return Vec::new();
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file() && m.len() <= MAX) {
+        return Vec::new();
+    }
+    let mut text = String::new();
+    if f.take(MAX).read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split('\t');
+            let uuid = it.next()?.to_string();
+            let k = Kubernetes {
+                namespace: it.next()?.to_string(),
+                pod: it.next()?.to_string(),
+                container: it.next()?.to_string(),
+            };
+            uuid.starts_with("GPU-").then_some((uuid, k))
+        })
+        .collect()
 }
 
 /// The non-hidden entries of `dir`, sorted; nothing when it does not exist or cannot be listed.
@@ -160,6 +197,8 @@ pub struct Reading {
     pub devices: Vec<DeviceReading>,
     /// Node tenants' Kubernetes owners by tenant name (to label their compute series too).
     pub owners: BTreeMap<String, Option<Kubernetes>>,
+    /// GPUs also allocated through NVIDIA's resource, and to whom ([`read_conflicts`]).
+    pub also_allocated: Vec<(String, Kubernetes)>,
 }
 
 impl Reading {

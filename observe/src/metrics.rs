@@ -64,6 +64,7 @@ struct Families {
     handovers: IntCounterVec,
     revocations: IntCounterVec,
     valid: IntGaugeVec,
+    also: IntGaugeVec,
     build: IntGaugeVec,
 }
 
@@ -130,6 +131,11 @@ impl Families {
                 "1: the ledger was read; 0: it exists but cannot be read as a ledger (corrupt, wrong version, unreadable).",
                 LEDGER,
             ),
+            also: int_gauge(
+                "gpuslice_gpu_also_allocated",
+                "1: the GPU, offered in slices by the device plugin, is also allocated whole through nvidia.com/gpu to this pod (handed out twice).",
+                &["gpu", "UUID", "namespace", "pod", "container"],
+            ),
             build: int_gauge(
                 "gpuslice_build_info",
                 "Version of the exporter, and the ledger layout version it reads.",
@@ -194,7 +200,7 @@ impl Families {
 
     fn registry(self) -> Registry {
         let registry = Registry::new();
-        let all: [Box<dyn Collector>; 13] = [
+        let all: [Box<dyn Collector>; 14] = [
             Box::new(self.limit),
             Box::new(self.used),
             Box::new(self.peak),
@@ -207,6 +213,7 @@ impl Families {
             Box::new(self.handovers),
             Box::new(self.revocations),
             Box::new(self.valid),
+            Box::new(self.also),
             Box::new(self.build),
         ];
         for c in all {
@@ -234,6 +241,12 @@ pub fn encode(reading: &Reading, gpus: &mut GpuIndex) -> String {
     }
     for d in &reading.devices {
         f.device(d, reading, gpus);
+    }
+    for (uuid, k) in &reading.also_allocated {
+        let gpu = gpus.label(uuid);
+        f.also
+            .with_label_values(&[&gpu, uuid, &k.namespace, &k.pod, &k.container])
+            .set(1);
     }
     let mut out = Vec::new();
     // Encoding into a Vec fails only on invalid metric families, which the definitions above rule out.
