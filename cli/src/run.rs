@@ -59,6 +59,69 @@ pub(crate) struct RunArgs {
     command: Vec<String>,
 }
 
+/// A program joining an existing ledger obeys that ledger's limits, not its own: `--memory` would
+/// be a promise `run` cannot keep. Refused, naming the ledger and its larger limit, when the ledger
+/// the program would join (the library's own choice of path, from the same settings) exists with a
+/// limit above what `--memory` asks for on any device.
+fn refuse_larger_ledger(a: &RunArgs, memory: &str) -> Result<(), String> {
+    use gpuslice::config::{format_bytes, Setting};
+    let env = |name: &str| -> Option<String> {
+        match name {
+            "GPUSLICE_MEMORY_LIMIT" => Some(memory.to_string()),
+            "GPUSLICE_TENANT" if a.tenant.is_some() => a.tenant.clone(),
+            "GPUSLICE_LEDGER" if a.ledger.is_some() => {
+                a.ledger.as_ref().map(|p| p.display().to_string())
+            }
+            _ => std::env::var(name).ok(),
+        }
+    };
+    let cfg = gpuslice::config::load_from(&env, std::path::Path::new(gpuslice::config::DEFAULT_QUOTA_FILE));
+    if cfg.policy.is_some() {
+        // A node tenant: the node's policy rules, and the library says so itself.
+        return Ok(());
+    }
+    let Ok(ledger) = gpuslice::ledger::Ledger::open_readonly(&cfg.ledger_path) else {
+        return Ok(());
+    };
+    let snap = ledger.snapshot();
+    let shown = |l: u64| {
+        if l == gpuslice::ledger::UNLIMITED {
+            "no limit".to_string()
+        } else {
+            format_bytes(l)
+        }
+    };
+    let mut larger = Vec::new();
+    for d in &snap.devices {
+        if let Setting::Value(want) = cfg.memory.get(u32::MAX, &d.uuid) {
+            if d.limit > want {
+                larger.push(format!("{} on {} (asked: {})", shown(d.limit), d.uuid, format_bytes(want)));
+            }
+        }
+    }
+    if let Setting::Value(want) = cfg.memory.get_default() {
+        if snap.default_limit > want {
+            larger.push(format!(
+                "{} on devices it has not seen yet (asked: {})",
+                shown(snap.default_limit),
+                format_bytes(want)
+            ));
+        }
+    }
+    if larger.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "--memory {memory:?}: the ledger {} (tenant {:?}) already exists with a larger limit: {}; \
+         a program joining it obeys the ledger's limits, not --memory. Name another tenant \
+         (--tenant) or ledger (--ledger), or lower the ledger's limit first (gpuslice set --ledger {} --memory {memory})",
+        cfg.ledger_path.display(),
+        snap.tenant,
+        larger.join(", "),
+        cfg.ledger_path.display()
+    ))
+}
+
 pub(crate) fn run(a: RunArgs) -> Result<i32, String> {
     let Some((program, program_args)) = a.command.split_first() else {
         return Err("run: no command given (gpuslice run --memory 4GiB -- CMD ARGS...)".into());
@@ -78,6 +141,7 @@ pub(crate) fn run(a: RunArgs) -> Result<i32, String> {
             return Err(format!("--memory {m:?}: {reason}"));
         }
         cmd.env("GPUSLICE_MEMORY_LIMIT", m);
+        refuse_larger_ledger(&a, m)?;
     }
     if let Some(l) = &a.ledger {
         cmd.env("GPUSLICE_LEDGER", l);

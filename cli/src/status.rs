@@ -191,14 +191,16 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         println!("{text}");
     } else {
+        // Labels and names come from files tenants write: escaped for the terminal.
+        use gpuslice_observe::top::printable;
         if let Some(Ok(snap)) = &memory {
-            print!("{}", table(snap));
+            print!("{}", printable(&table(snap)));
         }
         if let Some(Ok(rows)) = &compute {
             if matches!(memory, Some(Ok(_))) {
                 println!();
             }
-            print!("{}", compute::table(rows));
+            print!("{}", printable(&compute::table(rows)));
         }
     }
     if shown {

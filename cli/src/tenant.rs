@@ -71,6 +71,9 @@ pub(crate) struct CreateArgs {
     /// A GPU (UUID or NVML index); repeat for several; default: every GPU.
     #[arg(long = "gpu", value_name = "UUID|INDEX")]
     gpus: Vec<String>,
+    /// Allow quotas summing past a GPU's memory and shares summing past 100% (refused otherwise).
+    #[arg(long)]
+    overcommit: bool,
     #[command(flatten)]
     node: NodeArgs,
 }
@@ -150,7 +153,7 @@ fn create(a: CreateArgs) -> Result<i32, String> {
         created: Created::Cli,
         kubernetes: None,
     };
-    let t = tenant::create(&a.node.node(), &req, &gpus)?;
+    let t = tenant::create_with(&a.node.node(), &req, &gpus, a.overcommit)?;
     println!(
         "tenant {} created: {} on {}, share {}%, gid {}, CDI device {}{}",
         t.policy.name,
@@ -275,7 +278,7 @@ pub(crate) fn guard_set(
         return Ok(());
     };
     let path = dir.join("policy.toml");
-    if !path.exists() {
+    if std::fs::symlink_metadata(&path).is_err() {
         return Ok(());
     }
     // SAFETY: no arguments; cannot fail.
@@ -286,35 +289,30 @@ pub(crate) fn guard_set(
             path.display()
         ));
     }
-    let mut p = gpuslice_node::policy::Policy::read(&path)?;
-    if let Some(m) = memory {
-        if device.is_some() {
-            return Err(
-                "set: a node-created tenant has one memory size for all its GPUs (drop --device)"
-                    .into(),
-            );
-        }
-        p.memory = m;
+    if memory.is_some() && device.is_some() {
+        return Err(
+            "set: a node-created tenant has one memory size for all its GPUs (drop --device)".into(),
+        );
     }
     let pct = |v: &str| v.trim_end_matches('%').parse::<u8>().ok();
-    if let Some(s) = share.and_then(pct) {
-        p.share = s.clamp(1, 100);
-    }
-    match limit {
-        Some("none") => p.limit = 0,
-        Some(v) => p.limit = pct(v).unwrap_or(p.limit).min(100),
-        None => {}
-    }
-    match priority {
-        Some("high") => p.priority = Priority::High,
-        Some("normal") => p.priority = Priority::Normal,
-        _ => {}
-    }
-    gpuslice_node::policy::write(&path, &p)?;
-    // The GPUs' compute policies follow (the library re-reads them within a sweep, 100 ms).
-    gpuslice_node::tenant::publish_compute_policies(&gpuslice_node::policy::Layout::of_policy(
-        &path,
-    ))
+    tenant::change_policy(ledger, |p| {
+        if let Some(m) = memory {
+            p.memory = m;
+        }
+        if let Some(s) = share.and_then(pct) {
+            p.share = s.clamp(1, 100);
+        }
+        match limit {
+            Some("none") => p.limit = 0,
+            Some(v) => p.limit = pct(v).unwrap_or(p.limit).min(100),
+            None => {}
+        }
+        match priority {
+            Some("high") => p.priority = Priority::High,
+            Some("normal") => p.priority = Priority::Normal,
+            _ => {}
+        }
+    })
 }
 
 /// `gpuslice device-plugin`.

@@ -3,9 +3,14 @@
 //!
 //! A tenant's container gets: the library (the versioned file the installed symlink names, so a later
 //! install never changes what a running container mapped), `/etc/ld.so.preload` naming it, the
-//! tenant's directory at `/run/gpuslice/tenant` with its policy mounted read-only over it, the device
-//! directory at `/run/gpuslice/devices`, and the tenant's and the device group (`additionalGids`,
-//! which needs cdiVersion 0.7.0).
+//! tenant's directory at `/run/gpuslice/tenant`, the device directory at `/run/gpuslice/devices`,
+//! and the tenant's and the device group (`additionalGids`, which needs cdiVersion 0.7.0).
+//!
+//! Both directories are mounted **read-only**: root writes into them (policies, compute policies,
+//! temporaries), and a container's root is host uid 0 unless the runtime maps it elsewhere (user
+//! namespaces), so a writable mount would let it replace policies or plant links where root
+//! writes. What a tenant must write is bind-mounted read-write over them, one file each: its
+//! memory ledger, and the device ledger of each of its GPUs (docs/SECURITY.md).
 
 use crate::files::write_atomically;
 use crate::policy::Policy;
@@ -112,9 +117,10 @@ pub fn library_file(library: &Path) -> PathBuf {
 /// Where containers find the `gpuslice` command and its probe (for `gpuslice doctor`).
 pub const CONTAINER_TOOLS: &str = "/usr/lib/gpuslice/bin";
 
-/// Edits every gpuslice container gets: library, preload list, device ledgers, and the tools
-/// directory (`gpuslice`, `gpuslice-probe`) when the node has one.
-fn node_edits(node: &Node) -> Edits {
+/// Edits every gpuslice container gets: library, preload list, the device directory (read-only)
+/// with the device ledgers of `gpus` (read-write, one mount each), and the tools directory
+/// (`gpuslice`, `gpuslice-probe`) when the node has one.
+fn node_edits(node: &Node, gpus: &[String]) -> Edits {
     let mut edits = Edits {
         env: Vec::new(),
         mounts: vec![
@@ -124,7 +130,8 @@ fn node_edits(node: &Node) -> Edits {
                 "/etc/ld.so.preload",
                 false,
             ),
-            mount(&node.layout.devices_dir(), CONTAINER_DEVICE_DIR, true),
+            // Read-only: root writes here (compute policies); see the module's documentation.
+            mount(&node.layout.devices_dir(), CONTAINER_DEVICE_DIR, false),
         ],
         additional_gids: if node.cdi_groups {
             vec![DEVICE_GID]
@@ -132,10 +139,34 @@ fn node_edits(node: &Node) -> Edits {
             Vec::new()
         },
     };
+    // The device ledgers themselves, writable (every tenant of a GPU writes its device ledger).
+    for uuid in gpus {
+        edits.mounts.push(mount(
+            &node.layout.device_ledger(uuid),
+            &format!("{CONTAINER_DEVICE_DIR}/{uuid}.dev"),
+            true,
+        ));
+    }
     if let Some(tools) = node.tools.as_ref().filter(|t| t.is_dir()) {
         edits.mounts.push(mount(tools, CONTAINER_TOOLS, false));
     }
     edits
+}
+
+/// The GPUs with a device ledger on the node (regular `<devices>/<GPU-UUID>.dev` files), sorted.
+fn device_ledgers(node: &Node) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(node.layout.devices_dir())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter_map(|n| n.strip_suffix(".dev").map(str::to_string))
+                .filter(|u| gpuslice::config::canonical_uuid(u).as_deref() == Some(u.as_str()))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
 }
 
 /// `<state>/ld.so.preload`: the file mounted as the container's `/etc/ld.so.preload`.
@@ -155,14 +186,25 @@ pub fn write_preload(state: &Path) -> Result<(), String> {
 /// The spec of a tenant's device.
 pub fn tenant_spec(node: &Node, policy: &Policy, gid: u32) -> Spec {
     let layout = &node.layout;
-    let mut edits = node_edits(node);
+    let gpus = if policy.gpus.is_empty() {
+        device_ledgers(node)
+    } else {
+        policy.gpus.clone()
+    };
+    let mut edits = node_edits(node, &gpus);
+    // Read-only: root writes the policy here; only the tenant's ledger is writable, by its own
+    // mount over the directory's.
     edits
         .mounts
-        .push(mount(&layout.tenant_dir(&policy.name), POLICY_DIR, true));
-    // Over the writable directory: the policy itself read-only, even for root in the container.
+        .push(mount(&layout.tenant_dir(&policy.name), POLICY_DIR, false));
     edits
         .mounts
         .push(mount(&layout.policy_path(&policy.name), POLICY_FILE, false));
+    edits.mounts.push(mount(
+        &layout.ledger_path(&policy.name),
+        &format!("{POLICY_DIR}/{}.ledger", policy.name),
+        true,
+    ));
     if node.cdi_groups {
         edits.additional_gids.insert(0, gid);
     }
@@ -186,7 +228,7 @@ pub fn node_spec(node: &Node) -> Spec {
         kind: NODE_KIND.into(),
         devices: vec![Device {
             name: "library".into(),
-            container_edits: node_edits(node),
+            container_edits: node_edits(node, &device_ledgers(node)),
         }],
         container_edits: Edits::default(),
     };
@@ -201,9 +243,18 @@ pub fn tenant_spec_name(name: &str) -> String {
 
 /// A spec's host paths must exist: a runtime refuses a container whose mount source is missing.
 pub fn check_sources(spec: &Spec) -> Result<(), String> {
+    check_sources_except(spec, None)
+}
+
+/// [`check_sources`], except for paths under `pending` (a tenant published after its spec).
+fn check_sources_except(spec: &Spec, pending: Option<&Path>) -> Result<(), String> {
     for d in &spec.devices {
         for m in &d.container_edits.mounts {
-            if !Path::new(&m.host_path).exists() {
+            let host = Path::new(&m.host_path);
+            if pending.is_some_and(|p| host.starts_with(p)) {
+                continue;
+            }
+            if !host.exists() {
                 return Err(format!(
                     "CDI spec {}={}: {} does not exist (for {}; install the library with `gpuslice install-library` or name it with --library)",
                     spec.kind, d.name, m.host_path, m.container_path
@@ -218,11 +269,26 @@ pub fn check_sources(spec: &Spec) -> Result<(), String> {
 /// returns its path.
 pub fn write_spec(dir: &Path, file: &str, spec: &Spec) -> Result<PathBuf, String> {
     check_sources(spec)?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let path = dir.join(file);
+    write_checked_spec(dir, file, spec)
+}
+
+/// [`write_spec`] for a tenant whose directory `tenant_dir` is published after its spec (`tenant
+/// create`: a tenant never exists without its spec).
+pub fn write_tenant_spec(
+    dir: &Path,
+    file: &str,
+    spec: &Spec,
+    tenant_dir: &Path,
+) -> Result<PathBuf, String> {
+    check_sources_except(spec, Some(tenant_dir))?;
+    write_checked_spec(dir, file, spec)
+}
+
+fn write_checked_spec(dir: &Path, file: &str, spec: &Spec) -> Result<PathBuf, String> {
+    let d = crate::files::Dir::open_or_create(dir)?;
     let text = serde_json::to_string_pretty(spec).map_err(|e| e.to_string())?;
-    write_atomically(&path, text.as_bytes(), 0o644)?;
-    Ok(path)
+    d.write_file(file, text.as_bytes(), 0o644, crate::files::root_owned())?;
+    Ok(dir.join(file))
 }
 
 /// Installs the library `from` into `dir` as `libgpuslice.so.<content hash>` (never overwritten: a
@@ -234,21 +300,13 @@ pub fn install_library(from: &Path, dir: &Path) -> Result<PathBuf, String> {
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
     });
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let d = crate::files::Dir::open_or_create(dir)?;
     let name = format!("libgpuslice.so.{hash:016x}");
     let versioned = dir.join(&name);
-    if !versioned.exists() {
-        write_atomically(&versioned, &bytes, 0o755)?;
+    if d.stat(&name).is_none() {
+        d.write_file(&name, &bytes, 0o755, crate::files::root_owned())?;
     }
-    let link = dir.join("libgpuslice.so");
-    let tmp_link = dir.join(format!(".libgpuslice.so.{}.link", std::process::id()));
-    let _ = std::fs::remove_file(&tmp_link);
-    std::os::unix::fs::symlink(&name, &tmp_link)
-        .and_then(|()| std::fs::rename(&tmp_link, &link))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp_link);
-            format!("pointing {} at {name}: {e}", link.display())
-        })?;
+    d.replace_with_symlink("libgpuslice.so", &name)?;
     Ok(versioned)
 }
 

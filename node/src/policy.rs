@@ -8,18 +8,27 @@ use std::path::Path;
 
 /// Writes a policy atomically (temporary file + rename), root-readable by all (0644). The text is
 /// read back before it is written: the node never writes a policy the library would refuse.
+/// The directory is reached without following anything another user could have planted, and the
+/// file is written under an unpredictable temporary name and renamed (`crate::files`).
 pub fn write(path: &Path, policy: &Policy) -> Result<(), String> {
+    let (dir, _) = crate::files::split(path)?;
+    write_in(&crate::files::Dir::open(dir)?, policy)
+}
+
+/// [`write`] as `policy.toml` in an opened directory, root:root 0644.
+pub fn write_in(dir: &crate::files::Dir, policy: &Policy) -> Result<(), String> {
+    let path = dir.path().join("policy.toml");
     let text = policy
         .to_toml()
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    let back = Policy::parse(path, &text)?;
+    let back = Policy::parse(&path, &text)?;
     if &back != policy {
         return Err(format!(
             "{}: the policy would read back as {back:?}, not {policy:?}",
             path.display()
         ));
     }
-    crate::files::write_atomically(path, text.as_bytes(), 0o644)
+    dir.write_file("policy.toml", text.as_bytes(), 0o644, crate::files::root_owned())
 }
 
 /// Serialises a policy (JSON of `tenant create/list --json`) as the table its file holds, so the

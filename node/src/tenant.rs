@@ -1,9 +1,17 @@
 //! Tenants created by the node (`gpuslice tenant create/list/delete`).
 //!
 //! A tenant is published in one step: its directory (policy + ledger) is built under a temporary
-//! name and renamed into place without replacing anything, so a failure (bad input, full or
-//! read-only filesystem) leaves no half-created tenant; what was added to the device ledgers and
-//! the CDI directory is taken back.
+//! name (`tenants/.new-<NAME>.<random>`), its device-ledger entries, its GPUs' compute policies
+//! and its CDI spec are written, and only then is the directory renamed into place without
+//! replacing anything. A failure takes back what was added; a create killed at any point leaves a
+//! temporary directory that the next `tenant create`, `delete` or `list` (run as root) finds and
+//! rolls back ([`recover`]): no tenant is ever published without its CDI spec, no group stays taken.
+//! A delete first renames the tenant's directory to `tenants/.del-<NAME>.<random>` (unpublishing
+//! it in one step), then takes the rest back; a killed delete is finished the same way. Creates and
+//! deletes of one node run one at a time (`<state>/.node.lock`, root 0600).
+//!
+//! Every file and directory root writes here is reached through directory descriptors, never
+//! through a link, and changed on its own descriptor (`crate::files`).
 //!
 //! Ownership (docs/KUBERNETES.md, "Who can write what"): the tenant's directory is root:<its gid>
 //! 0750, its policy root 0644, its ledger root:<its gid> 0660; the device directory root:<device
@@ -19,7 +27,9 @@ use gpuslice::ledger::{Ledger, LedgerOptions};
 use gpuslice::scheduling::device::DeviceLedger;
 use gpuslice::scheduling::TenantId;
 use serde::Serialize;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use crate::files::Dir;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Group of the device directory and device ledgers (given to every tenant's container).
@@ -116,43 +126,37 @@ fn io(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> String {
     move |e| format!("{msg}: {e}")
 }
 
-/// `dir` with this owner group and mode, created if missing.
-fn ensure_dir(dir: &Path, gid: u32, mode: u32) -> Result<(), String> {
-    match std::fs::DirBuilder::new().mode(mode).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
-        Err(e) => return Err(io("creating", dir)(e)),
-    }
-    let meta = std::fs::metadata(dir).map_err(io("reading", dir))?;
-    if meta.gid() != gid || meta.uid() != 0 {
-        std::os::unix::fs::chown(dir, Some(0), Some(gid)).map_err(io("chown of", dir))?;
-    }
-    if meta.mode() & 0o7777 != mode {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
-            .map_err(io("chmod of", dir))?;
-    }
-    Ok(())
+/// The state directory's skeleton, opened: `<state>` and `tenants/` root 0755, `devices/`
+/// root:DEVICE_GID 0750; each reached without following anything another user could plant.
+pub struct StateDirs {
+    pub state: Dir,
+    pub tenants: Dir,
+    pub devices: Dir,
+}
+
+/// Opens (creating what is missing) the state directory's skeleton.
+pub fn state_dirs(layout: &Layout) -> Result<StateDirs, String> {
+    let state = Dir::open_or_create(&layout.state)?;
+    state.fix(Some(0), Some(0), Some(0o755))?;
+    let tenants = state.subdir("tenants", 0, 0o755, false)?;
+    let devices = state.subdir("devices", DEVICE_GID, 0o750, false)?;
+    Ok(StateDirs {
+        state,
+        tenants,
+        devices,
+    })
 }
 
 /// The state directory's skeleton: `<state>` and `tenants/` 0755 root, `devices/` root:DEVICE_GID 0750.
 pub fn ensure_state(layout: &Layout) -> Result<(), String> {
-    std::fs::create_dir_all(&layout.state).map_err(io("creating", &layout.state))?;
-    ensure_dir(&layout.state, 0, 0o755)?;
-    ensure_dir(&layout.tenants_dir(), 0, 0o755)?;
-    ensure_dir(&layout.devices_dir(), DEVICE_GID, 0o750)
+    state_dirs(layout).map(|_| ())
 }
 
 /// The device ledger of `gpu`, created (root:DEVICE_GID 0660) if missing.
-fn device_ledger(layout: &Layout, uuid: &str) -> Result<DeviceLedger, String> {
+fn device_ledger(layout: &Layout, devices: &Dir, uuid: &str) -> Result<DeviceLedger, String> {
     let path = layout.device_ledger(uuid);
     let l = DeviceLedger::open(&path, uuid, true).map_err(|e| e.to_string())?;
-    let meta = std::fs::metadata(&path).map_err(io("reading", &path))?;
-    if meta.gid() != DEVICE_GID || meta.mode() & 0o777 != 0o660 {
-        std::os::unix::fs::chown(&path, Some(0), Some(DEVICE_GID))
-            .map_err(io("chown of", &path))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660))
-            .map_err(io("chmod of", &path))?;
-    }
+    devices.fix_file(&format!("{uuid}.dev"), 0, DEVICE_GID, 0o660)?;
     Ok(l)
 }
 
@@ -160,36 +164,24 @@ fn device_ledger(layout: &Layout, uuid: &str) -> Result<DeviceLedger, String> {
 /// missing. Every tenant's processes `flock` it around an operation whose driver memory they
 /// measure (docs/MEMORY.md), so that the tenants of the GPU measure one at a time; they cannot
 /// create files in the device directory, and need only read it.
-fn measure_lock(layout: &Layout, uuid: &str) -> Result<(), String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = layout.measure_lock(uuid);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(io("creating", &path))?;
-    let meta = file.metadata().map_err(io("reading", &path))?;
-    if meta.uid() != 0 || meta.gid() != DEVICE_GID {
-        std::os::unix::fs::fchown(&file, Some(0), Some(DEVICE_GID))
-            .map_err(io("chown of", &path))?;
-    }
-    if meta.mode() & 0o7777 != 0o640 {
-        file.set_permissions(std::fs::Permissions::from_mode(0o640))
-            .map_err(io("chmod of", &path))?;
-    }
-    Ok(())
+fn measure_lock(devices: &Dir, uuid: &str) -> Result<(), String> {
+    let name = gpuslice::config::paths::measure_lock(Path::new(""), uuid);
+    let name = name.to_string_lossy();
+    devices.create_file(&name, 0, DEVICE_GID, 0o640).map(drop)
 }
 
 /// Adds (or resets) the tenant's entry in a device ledger, and makes sure the GPU has its
 /// measurement lock. `id` is the tenant's identity (its memory ledger's): device ledgers know
 /// tenants by it.
-fn add_to_device(layout: &Layout, uuid: &str, p: &Policy, id: TenantId) -> Result<(), String> {
-    let l = device_ledger(layout, uuid)?;
-    measure_lock(layout, uuid)?;
+fn add_to_device(
+    layout: &Layout,
+    devices: &Dir,
+    uuid: &str,
+    p: &Policy,
+    id: TenantId,
+) -> Result<(), String> {
+    let l = device_ledger(layout, devices, uuid)?;
+    measure_lock(devices, uuid)?;
     l.sweep(None);
     let slot = l
         .claim_slot(usize::MAX >> 1)
@@ -215,43 +207,45 @@ fn add_to_device(layout: &Layout, uuid: &str, p: &Policy, id: TenantId) -> Resul
     Ok(())
 }
 
-/// Live processes of tenant `name` in a device ledger (slots whose lock is held).
-fn device_processes(l: &DeviceLedger, name: &str) -> usize {
-    use std::sync::atomic::Ordering::Acquire;
-    let Some(t) = l.find_tenant(name) else {
-        return 0;
-    };
-    l.layout()
-        .slots
-        .iter()
-        .enumerate()
-        .filter(|(i, s)| {
-            s.state.load(Acquire) != 0
-                && s.tenant.load(Acquire) as usize == t
-                && l.slot_alive(*i, None)
-        })
-        .count()
-}
-
-/// Removes the tenant's entry from a device ledger unless a process of it is alive.
-fn remove_from_device(layout: &Layout, uuid: &str, name: &str) {
+/// Removes the tenant's entry (by identity where known, else by label) from a device ledger. The
+/// caller has made sure no process of the tenant is alive (or was told to go on regardless).
+fn remove_from_device(layout: &Layout, uuid: &str, name: &str, id: Option<TenantId>) {
     let Ok(l) = DeviceLedger::open(&layout.device_ledger(uuid), uuid, false) else {
         return;
     };
-    if device_processes(&l, name) > 0 {
-        return;
-    }
     l.sweep(None);
     let Some(slot) = l.claim_slot(usize::MAX >> 1) else {
         return;
     };
     let g = l.lock(slot);
-    if let Some(t) = l.find_tenant(name) {
+    let found = match id {
+        Some(id) => l.find_tenant_by_id(id),
+        None => l.find_tenant(name),
+    };
+    if let Some(t) = found {
         l.layout().tenants[t]
             .state
             .store(0, std::sync::atomic::Ordering::Release);
     }
     drop(g);
+}
+
+/// The GPUs with a device ledger (`<devices>/<GPU-UUID>.dev`, regular files only).
+fn device_uuids(devices: &Dir) -> Vec<String> {
+    let mut out: Vec<String> = devices
+        .names()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| {
+            devices
+                .stat(n)
+                .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
+        })
+        .filter_map(|n| n.strip_suffix(".dev").map(str::to_string))
+        .filter(|u| gpuslice::config::canonical_uuid(u).as_deref() == Some(u.as_str()))
+        .collect();
+    out.sort();
+    out
 }
 
 /// Writes every GPU's compute policy (`<devices>/<GPU-UUID>.policy`, root 0644, atomically) from
@@ -260,6 +254,17 @@ fn remove_from_device(layout: &Layout, uuid: &str, name: &str) {
 /// tenant of the GPU can write (docs/SECURITY.md). A tenant whose policy or ledger cannot be read
 /// is left out (it is then scheduled with share 1).
 pub fn publish_compute_policies(layout: &Layout) -> Result<(), String> {
+    let dirs = state_dirs(layout)?;
+    let _lock = lock_node(&dirs.state)?;
+    publish_with(layout, &dirs.devices, None)
+}
+
+/// [`publish_compute_policies`], with a tenant not yet published (`pending`) counted in.
+fn publish_with(
+    layout: &Layout,
+    devices: &Dir,
+    pending: Option<(&Policy, TenantId)>,
+) -> Result<(), String> {
     use gpuslice::scheduling::policy::{self as compute, Record};
     let mut tenants = Vec::new();
     for name in layout.tenant_names().unwrap_or_default() {
@@ -274,15 +279,10 @@ pub fn publish_compute_policies(layout: &Layout) -> Result<(), String> {
         };
         tenants.push((p, TenantId(id)));
     }
-    let dir = layout.devices_dir();
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Ok(());
-    };
-    for uuid in entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter_map(|n| n.strip_suffix(".dev").map(str::to_string))
-    {
+    if let Some((p, id)) = pending {
+        tenants.push((p.clone(), id));
+    }
+    for uuid in device_uuids(devices) {
         let records: Vec<Record> = tenants
             .iter()
             .filter(|(p, _)| p.gpus.is_empty() || p.gpus.contains(&uuid))
@@ -295,59 +295,271 @@ pub fn publish_compute_policies(layout: &Layout) -> Result<(), String> {
             })
             .collect();
         let path = compute::path_for_ledger(&layout.device_ledger(&uuid));
-        crate::files::write_atomically(&path, compute::render(&records).as_bytes(), 0o644)?;
+        let (_, name) = crate::files::split(&path)?;
+        devices.write_file(name, compute::render(&records).as_bytes(), 0o644, crate::files::root_owned())?;
         // A GPU set up before the node made measurement locks gets its own at the next change.
-        measure_lock(layout, &uuid)?;
+        measure_lock(devices, &uuid)?;
     }
     Ok(())
 }
 
 /// The tenant's group: the group of its directory.
 pub fn tenant_gid(layout: &Layout, name: &str) -> Option<u32> {
-    std::fs::metadata(layout.tenant_dir(name))
+    std::fs::symlink_metadata(layout.tenant_dir(name))
         .ok()
+        .filter(|m| m.is_dir())
         .map(|m| m.gid())
 }
 
-fn free_gid(layout: &Layout) -> Result<u32, String> {
-    let used: Vec<u32> = std::fs::read_dir(layout.tenants_dir())
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.gid())
-                .collect()
-        })
-        .unwrap_or_default();
+/// A group no directory in `tenants/` has (published tenants and creates under way alike).
+fn free_gid(tenants: &Dir) -> Result<u32, String> {
+    let used: Vec<u32> = tenants
+        .names()?
+        .iter()
+        .filter_map(|n| tenants.stat(n))
+        .map(|st| st.st_gid)
+        .collect();
     TENANT_GIDS
         .clone()
         .find(|g| !used.contains(g))
         .ok_or_else(|| "no free tenant group left (61001..=61999)".into())
 }
 
-/// Renames `from` to `to` unless `to` exists.
-fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let a = std::ffi::CString::new(from.as_os_str().as_bytes())?;
-    let b = std::ffi::CString::new(to.as_os_str().as_bytes())?;
-    // SAFETY: two valid NUL-terminated paths.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+/// The node's lock (`<state>/.node.lock`, root 0600): creates, deletes and policy changes of one
+/// node run one at a time. Only root can open the file, so no tenant or user can hold it. Released
+/// when dropped (or when the process dies).
+pub struct NodeLock(#[allow(dead_code)] std::fs::File);
+
+/// How long a create or delete waits for another one to finish.
+const NODE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Takes the node's lock (waiting up to [`NODE_LOCK_WAIT`]).
+pub fn lock_node(state: &Dir) -> Result<NodeLock, String> {
+    let f = state.create_file(".node.lock", 0, 0, 0o600)?;
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: a valid descriptor.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(NodeLock(f));
+        }
+        if start.elapsed() >= NODE_LOCK_WAIT {
+            return Err(format!(
+                "{}: another tenant create or delete has held the node's lock for {NODE_LOCK_WAIT:?}",
+                state.path().join(".node.lock").display()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
-/// Creates a tenant. `gpus` is what NVML reports. All or nothing.
+/// Changes the policy of the node's tenant whose ledger is `ledger` (`gpuslice set` as root), then
+/// the GPUs' compute policies, under the node's lock. Refused unless `ledger` is
+/// `<state>/tenants/<NAME>/<NAME>.ledger` in a directory tree no one but root can change, with a
+/// root-owned `policy.toml` beside it: a `policy.toml` someone else put beside their own ledger is
+/// not the node's, and root never writes where another user could redirect it.
+pub fn change_policy(ledger: &Path, change: impl FnOnce(&mut Policy)) -> Result<(), String> {
+    let refuse = |why: String| {
+        format!(
+            "set: {} is not a node tenant's ledger ({why}); a policy.toml beside it is not the node's, and root does not act on it",
+            ledger.display()
+        )
+    };
+    let (dir, file) = crate::files::split(ledger)?;
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| refuse("no tenant directory".into()))?;
+    check_name(name).map_err(refuse)?;
+    if file != format!("{name}.ledger") {
+        return Err(refuse(format!("not named {name}.ledger")));
+    }
+    let policy_path = dir.join("policy.toml");
+    let layout = Layout::of_policy(&policy_path);
+    if layout.tenant_dir(name) != dir {
+        return Err(refuse("not in <state>/tenants/<NAME>/".into()));
+    }
+    let tenant_dir = Dir::open(dir).map_err(refuse)?;
+    let st = tenant_dir
+        .stat("policy.toml")
+        .ok_or_else(|| refuse("no policy.toml".into()))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != 0 {
+        return Err(refuse(format!(
+            "policy.toml is not a regular file of root's (uid {})",
+            st.st_uid
+        )));
+    }
+    let dirs = state_dirs(&layout).map_err(refuse)?;
+    let _lock = lock_node(&dirs.state)?;
+    let mut p = Policy::read(&policy_path)?;
+    change(&mut p);
+    policy::write_in(&tenant_dir, &p)?;
+    // The GPUs' compute policies follow (the library re-reads them within a sweep, 100 ms).
+    publish_with(&layout, &dirs.devices, None)
+}
+
+/// Prefixes of the temporary names of a create under way and of a delete under way in `tenants/`.
+const NEW_PREFIX: &str = ".new-";
+const DEL_PREFIX: &str = ".del-";
+
+/// The tenant a create or delete temporary belongs to: `.new-<NAME>.<hex>` / `.del-<NAME>.<hex>`.
+fn temporary_tenant(entry: &str) -> Option<&str> {
+    let rest = entry
+        .strip_prefix(NEW_PREFIX)
+        .or_else(|| entry.strip_prefix(DEL_PREFIX))?;
+    let (name, hex) = rest.rsplit_once('.')?;
+    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()) && check_name(name).is_ok())
+        .then_some(name)
+}
+
+fn temporary_dir_name(prefix: &str, name: &str) -> String {
+    let t = crate::files::temporary_name(name);
+    // `.gs-<name>.<hex>.tmp` → `<prefix><name>.<hex>`
+    let hex = &t[t.len() - 20..t.len() - 4];
+    format!("{prefix}{name}.{hex}")
+}
+
+/// Takes back what a killed `tenant create` or `tenant delete` left (the caller holds the node's
+/// lock, so none is under way): each temporary tenant directory is removed with the device-ledger
+/// entries and the CDI spec of its tenant, unless that tenant is published; stale temporary files
+/// are removed from the state directories; grown ledgers are cut back ([`reclaim_space`]).
+/// Returns what it did, one line each.
+pub fn recover(node: &Node, dirs: &StateDirs) -> Vec<String> {
+    let layout = &node.layout;
+    let mut done = Vec::new();
+    let entries = dirs.tenants.names().unwrap_or_default();
+    for entry in &entries {
+        let Some(name) = temporary_tenant(entry) else {
+            continue;
+        };
+        let tmp = dirs.tenants.path().join(entry);
+        let id = Ledger::open_readonly(&tmp.join(format!("{name}.ledger")))
+            .ok()
+            .and_then(|l| l.id())
+            .map(TenantId);
+        let published = layout.policy_path(name).exists();
+        if !published {
+            for uuid in device_uuids(&dirs.devices) {
+                remove_from_device(layout, &uuid, name, id);
+            }
+            if let Some(cdi_dir) = &node.cdi_dir {
+                if let Ok(d) = Dir::open(cdi_dir) {
+                    let _ = d.remove_file(&cdi::tenant_spec_name(name));
+                }
+            }
+        }
+        match dirs.tenants.remove_tree(entry) {
+            Ok(()) => done.push(format!("removed {} (an interrupted create or delete)", tmp.display())),
+            Err(e) => done.push(e),
+        }
+    }
+    // Under the node's lock, temporaries of what only a create or delete writes are left over
+    // whatever their age; others' (the device plugin's files, `cdi generate`) after a minute.
+    let now = std::time::Duration::ZERO;
+    let minute = std::time::Duration::from_secs(60);
+    dirs.state.sweep_temporaries(now, Some("ld.so.preload"));
+    dirs.state.sweep_temporaries(minute, None);
+    dirs.tenants.sweep_temporaries(now, None);
+    dirs.devices.sweep_temporaries(now, None);
+    for name in layout.tenant_names().unwrap_or_default() {
+        if let Ok(d) = dirs.tenants.open_subdir(&name) {
+            d.sweep_temporaries(now, Some("policy.toml"));
+            d.sweep_temporaries(minute, None);
+        }
+    }
+    if let Some(d) = node.cdi_dir.as_ref().and_then(|c| Dir::open(c).ok()) {
+        d.sweep_temporaries(now, Some("gpuslice.io-tenant-"));
+        d.sweep_temporaries(minute, None);
+    }
+    done.extend(reclaim_space(layout, dirs));
+    if !done.is_empty() {
+        let _ = publish_with(layout, &dirs.devices, None);
+    }
+    done
+}
+
+/// Cuts every tenant ledger and device ledger back to its layout's size: a tenant can write these
+/// files (and so grow them, `truncate -s` or writes past the end), and the state directory is
+/// usually a small tmpfs shared by the whole node. The library maps only the layout's size, so the
+/// cut never takes anything a process uses. Returns what was cut, one line each.
+pub fn reclaim_space(layout: &Layout, dirs: &StateDirs) -> Vec<String> {
+    let mut done = Vec::new();
+    let mut cut = |dir: &Dir, name: &str, size: usize| {
+        let Some(st) = dir.stat(name) else { return };
+        let used = (st.st_blocks as u64).saturating_mul(512);
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG
+            || (st.st_size as u64 <= size as u64 && used <= (size as u64).saturating_add(1 << 20))
+        {
+            return;
+        }
+        match dir.open_file(name, true) {
+            Ok(f) => {
+                // Past the layout, then back: punches out what was written beyond it.
+                if f.set_len(size as u64).is_ok() {
+                    done.push(format!(
+                        "{}: {} bytes ({} in use) cut back to {size}",
+                        dir.path().join(name).display(),
+                        st.st_size,
+                        used
+                    ));
+                }
+            }
+            Err(e) => done.push(e),
+        }
+    };
+    for name in layout.tenant_names().unwrap_or_default() {
+        if let Ok(d) = dirs.tenants.open_subdir(&name) {
+            cut(
+                &d,
+                &format!("{name}.ledger"),
+                size_of::<gpuslice::ledger::Layout>(),
+            );
+        }
+    }
+    for uuid in device_uuids(&dirs.devices) {
+        cut(
+            &dirs.devices,
+            &format!("{uuid}.dev"),
+            gpuslice::scheduling::shm::TOTAL_SIZE,
+        );
+    }
+    done
+}
+
+/// What each GPU already has: tenants, memory promised and shares promised (every tenant that
+/// names it, or names no GPU).
+fn promised(layout: &Layout, uuid: &str) -> (usize, u64, u32) {
+    let mut n = 0;
+    let mut memory = 0u64;
+    let mut shares = 0u32;
+    for name in layout.tenant_names().unwrap_or_default() {
+        let Ok(p) = Policy::read(&layout.policy_path(&name)) else {
+            // An unreadable tenant still holds its place on every GPU.
+            n += 1;
+            continue;
+        };
+        if p.gpus.is_empty() || p.gpus.iter().any(|g| g == uuid) {
+            n += 1;
+            memory = memory.saturating_add(p.memory);
+            shares = shares.saturating_add(u32::from(p.share));
+        }
+    }
+    (n, memory, shares)
+}
+
+/// Creates a tenant. `gpus` is what NVML reports. All or nothing. Memory and shares past a GPU's
+/// are refused ([`create_with`] with `overcommit` allows them).
 pub fn create(node: &Node, req: &Request, gpus: &[Gpu]) -> Result<Tenant, String> {
+    create_with(node, req, gpus, false)
+}
+
+/// Creates a tenant; `overcommit`: quotas summing past a GPU's memory and shares summing past 100%
+/// are allowed.
+pub fn create_with(
+    node: &Node,
+    req: &Request,
+    gpus: &[Gpu],
+    overcommit: bool,
+) -> Result<Tenant, String> {
     check_name(&req.name)?;
     if !(1..=100).contains(&req.share) {
         return Err(format!("--share {}: expected 1..=100", req.share));
@@ -374,15 +586,56 @@ pub fn create(node: &Node, req: &Request, gpus: &[Gpu]) -> Result<Tenant, String
         }
     }
     let layout = &node.layout;
+    let dirs = state_dirs(layout)?;
+    let _lock = lock_node(&dirs.state)?;
+    recover(node, &dirs);
     let dir = layout.tenant_dir(&req.name);
-    if dir.exists() {
+    if dirs.tenants.stat(&req.name).is_some() {
         return Err(format!(
             "tenant {:?} already exists ({}); delete it first",
             req.name,
             dir.display()
         ));
     }
-    ensure_state(layout)?;
+    for g in &selected {
+        let (n, memory, shares) = promised(layout, &g.uuid);
+        if n >= gpuslice::scheduling::MAX_TENANTS {
+            return Err(format!(
+                "tenant {:?} not created: GPU {} {} already has {n} tenants, the most one GPU's \
+                 compute policy holds ({}); delete one first",
+                req.name,
+                g.index,
+                g.uuid,
+                gpuslice::scheduling::MAX_TENANTS
+            ));
+        }
+        let fmt = gpuslice::config::format_bytes;
+        if !overcommit && memory.saturating_add(req.memory) > g.memory {
+            return Err(format!(
+                "tenant {:?} not created: --memory {} on GPU {} {} would promise {} of its {} \
+                 ({} already promised to other tenants); use --overcommit to allow it",
+                req.name,
+                fmt(req.memory),
+                g.index,
+                g.uuid,
+                fmt(memory.saturating_add(req.memory)),
+                fmt(g.memory),
+                fmt(memory)
+            ));
+        }
+        if !overcommit && shares + u32::from(req.share) > 100 {
+            return Err(format!(
+                "tenant {:?} not created: --share {} on GPU {} {} would make its shares sum to \
+                 {}% ({}% already promised to other tenants); use --overcommit to allow it",
+                req.name,
+                req.share,
+                g.index,
+                g.uuid,
+                shares + u32::from(req.share),
+                shares
+            ));
+        }
+    }
     let policy = Policy {
         gpus: if req.gpus.is_empty() {
             Vec::new()
@@ -391,16 +644,14 @@ pub fn create(node: &Node, req: &Request, gpus: &[Gpu]) -> Result<Tenant, String
         },
         ..req.clone()
     };
-    let gid = free_gid(layout)?;
-    let tmp = layout
-        .tenants_dir()
-        .join(format!(".{}.{}.tmp", req.name, std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let mut added_devices: Vec<String> = Vec::new();
+    let gid = free_gid(&dirs.tenants)?;
+    let tmp_name = temporary_dir_name(NEW_PREFIX, &req.name);
+    let tmp = dirs.tenants.path().join(&tmp_name);
+    let mut id = None;
     let mut spec = None;
     let result = (|| -> Result<(), String> {
-        ensure_dir(&tmp, gid, 0o750)?;
-        policy::write(&tmp.join("policy.toml"), &policy)?;
+        let tmp_dir = dirs.tenants.subdir(&tmp_name, gid, 0o750, true)?;
+        policy::write_in(&tmp_dir, &policy)?;
         let opts = LedgerOptions {
             tenant: req.name.clone(),
             default_limit: gpuslice::config::Limit::Bytes(if policy.gpus.is_empty() {
@@ -414,44 +665,53 @@ pub fn create(node: &Node, req: &Request, gpus: &[Gpu]) -> Result<Tenant, String
                 .collect(),
             group: Some(gid.to_string()),
         };
-        let ledger_tmp = tmp.join(format!("{}.ledger", req.name));
-        let id = Ledger::open(&ledger_tmp, &opts)
+        let ledger_name = format!("{}.ledger", req.name);
+        let ledger_tmp = tmp.join(&ledger_name);
+        let tid = Ledger::open(&ledger_tmp, &opts)
             .map_err(|e| e.to_string())?
             .id()
             .map(TenantId)
             .ok_or_else(|| format!("{}: no tenant identity", ledger_tmp.display()))?;
+        tmp_dir.fix_file(&ledger_name, 0, gid, 0o660)?;
+        id = Some(tid);
         for g in &selected {
-            added_devices.push(g.uuid.clone());
-            add_to_device(layout, &g.uuid, &policy, id)?;
+            add_to_device(layout, &dirs.devices, &g.uuid, &policy, tid)?;
         }
-        rename_noreplace(&tmp, &dir).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                format!("tenant {:?} already exists ({})", req.name, dir.display())
-            } else {
-                format!("publishing {}: {e}", dir.display())
-            }
-        })?;
-        publish_compute_policies(layout)?;
+        // The GPUs' compute policies list the tenant before it is published.
+        publish_with(layout, &dirs.devices, Some((&policy, tid)))?;
         if let Some(cdi_dir) = &node.cdi_dir {
             cdi::write_preload(&layout.state)?;
             let s = cdi::tenant_spec(node, &policy, gid);
-            spec = Some(cdi::write_spec(
+            spec = Some(cdi::write_tenant_spec(
                 cdi_dir,
                 &cdi::tenant_spec_name(&req.name),
                 &s,
+                &dir,
             )?);
         }
-        Ok(())
+        // Published in one step, never over anything.
+        dirs.tenants
+            .rename_noreplace(&tmp_name, &dirs.tenants, &req.name)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    format!("tenant {:?} already exists ({})", req.name, dir.display())
+                } else {
+                    format!("publishing {}: {e}", dir.display())
+                }
+            })
     })();
     if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&tmp);
-        if spec.is_none() && dir.exists() && tenant_gid(layout, &req.name) == Some(gid) {
-            let _ = std::fs::remove_dir_all(&dir);
+        let _ = dirs.tenants.remove_tree(&tmp_name);
+        if let (Some(path), Some(cdi_dir)) = (&spec, &node.cdi_dir) {
+            if let Ok(d) = Dir::open(cdi_dir) {
+                let _ = d.remove_file(&cdi::tenant_spec_name(&req.name));
+            }
+            let _ = path;
         }
-        for uuid in &added_devices {
-            remove_from_device(layout, uuid, &req.name);
+        for g in &selected {
+            remove_from_device(layout, &g.uuid, &req.name, id);
         }
-        let _ = publish_compute_policies(layout);
+        let _ = publish_with(layout, &dirs.devices, None);
         return Err(format!("tenant {:?} not created: {e}", req.name));
     }
     Ok(Tenant {
@@ -481,21 +741,14 @@ pub struct Listed {
     pub error: Option<String>,
 }
 
-/// Live processes of a tenant: its memory ledger's and the device ledgers'.
+/// Live processes of a tenant: processes holding a slot lock in its memory ledger. The kernel's
+/// own evidence (an OFD lock lives exactly as long as its process's open file description), in a
+/// file only the tenant's group can open: no other tenant can make it look alive, and device
+/// ledgers (which every tenant of a GPU writes) are not asked.
 pub fn live_processes(layout: &Layout, name: &str) -> usize {
-    let memory = Ledger::open_readonly(&layout.ledger_path(name))
+    Ledger::open_readonly(&layout.ledger_path(name))
         .map(|l| l.snapshot().processes.iter().filter(|p| p.alive).count())
-        .unwrap_or(0);
-    let devices: usize = std::fs::read_dir(layout.devices_dir())
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| e.path().extension().is_some_and(|x| x == "dev"))
-                .filter_map(|e| DeviceLedger::open_readonly(&e.path()).ok())
-                .map(|l| device_processes(&l, name))
-                .sum()
-        })
-        .unwrap_or(0);
-    memory.max(devices)
+        .unwrap_or(0)
 }
 
 /// Every tenant of the node.
@@ -530,12 +783,20 @@ pub fn list(layout: &Layout) -> Result<Vec<Listed>, String> {
 }
 
 /// Deletes a tenant: refused while a process of it is alive, unless `force` (its device-ledger
-/// entries then stay until its processes are gone).
+/// entries then stay until its processes are gone). The tenant is unpublished in one step (its
+/// directory renamed to a temporary name) before anything else is taken back.
 pub fn delete(node: &Node, name: &str, force: bool) -> Result<(), String> {
     check_name(name)?;
     let layout = &node.layout;
+    let dirs = state_dirs(layout)?;
+    let _lock = lock_node(&dirs.state)?;
+    recover(node, &dirs);
     let dir = layout.tenant_dir(name);
-    if !dir.exists() {
+    if !dirs
+        .tenants
+        .stat(name)
+        .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+    {
         return Err(format!(
             "no tenant {name:?} in {}",
             layout.tenants_dir().display()
@@ -547,25 +808,24 @@ pub fn delete(node: &Node, name: &str, force: bool) -> Result<(), String> {
             "tenant {name:?} has {alive} live process(es); stop them first, or --force"
         ));
     }
-    let gpus: Vec<String> = std::fs::read_dir(layout.devices_dir())
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter_map(|n| n.strip_suffix(".dev").map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    for uuid in &gpus {
-        remove_from_device(layout, uuid, name);
-    }
-    if let Some(cdi_dir) = &node.cdi_dir {
-        let spec = cdi_dir.join(cdi::tenant_spec_name(name));
-        match std::fs::remove_file(&spec) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("removing {}: {e}", spec.display())),
+    let id = Ledger::open_readonly(&layout.ledger_path(name))
+        .ok()
+        .and_then(|l| l.id())
+        .map(TenantId);
+    let gone = temporary_dir_name(DEL_PREFIX, name);
+    dirs.tenants
+        .rename_noreplace(name, &dirs.tenants, &gone)
+        .map_err(io("unpublishing", &dir))?;
+    if alive == 0 {
+        for uuid in device_uuids(&dirs.devices) {
+            remove_from_device(layout, &uuid, name, id);
         }
     }
-    std::fs::remove_dir_all(&dir).map_err(io("removing", &dir))?;
-    publish_compute_policies(layout)
+    if let Some(cdi_dir) = &node.cdi_dir {
+        if let Ok(d) = Dir::open(cdi_dir) {
+            d.remove_file(&cdi::tenant_spec_name(name))?;
+        }
+    }
+    dirs.tenants.remove_tree(&gone)?;
+    publish_with(layout, &dirs.devices, None)
 }

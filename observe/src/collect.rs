@@ -17,6 +17,7 @@ use gpuslice::scheduling::shm::SLOT_ACTIVE;
 use gpuslice::scheduling::{Holder, MAX_TENANTS};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;
 
@@ -68,16 +69,24 @@ impl Sources {
         }
     }
 
-    /// Reads every ledger now.
+    /// Reads every ledger now. Ledgers are taken only where the node and the library put them:
+    /// plain files (never a link, never a file with another name too: a hard link of someone
+    /// else's ledger is not a tenant), in plain directories, owned by whoever must own them
+    /// ([`plain_file`]); each file once; a name a node tenant has is never taken by another ledger.
     pub fn read(&self) -> Reading {
         let mut tenants = Vec::new();
-        let mut seen: HashSet<PathBuf> = HashSet::new();
+        let mut seen: HashSet<(u64, u64)> = HashSet::new();
         let mut owners: BTreeMap<String, Option<Kubernetes>> = BTreeMap::new();
         let layout = Layout::new(&self.state_dir);
+        // Node tenants' files are the owner's of the tenants directory (root on a node).
+        let node_owner = plain_dir(&layout.tenants_dir(), None);
         for dir in visible_entries(&layout.tenants_dir()) {
             let Some(dir_name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
                 continue;
             };
+            if node_owner.is_none() || plain_dir(&dir, node_owner).is_none() {
+                continue;
+            }
             // The layout names the ledger after the directory; the policy names the tenant (the
             // same name when the node wrote both). A policy that cannot be read (missing, being
             // replaced, corrupt) costs this tenant its pod labels only.
@@ -86,21 +95,35 @@ impl Sources {
             let k8s = policy.as_ref().and_then(|p| p.kubernetes.clone());
             let name = policy.map_or(dir_name, |p| p.name);
             owners.insert(name.clone(), k8s.clone());
-            seen.insert(ledger.clone());
+            let Some(id) = plain_file(&ledger, node_owner, false) else {
+                continue;
+            };
+            seen.insert(id);
             if let Some(t) = read_tenant(&ledger, Some(name), k8s) {
                 tenants.push(t);
             }
         }
-        for path in ledger_files(&self.ledger_dir) {
-            if !seen.contains(&path) {
-                if let Some(t) = read_tenant(&path, None, None) {
+        let mut others = 0;
+        for (path, owner) in ledger_files(&self.ledger_dir) {
+            let Some(id) = plain_file(&path, owner, true) else {
+                continue;
+            };
+            if others >= MAX_LEDGERS || !seen.insert(id) {
+                continue;
+            }
+            others += 1;
+            if let Some(t) = read_tenant(&path, None, None) {
+                if !owners.contains_key(&t.tenant) {
                     tenants.push(t);
                 }
             }
         }
+        let node_devices = self.device_dir == layout.devices_dir();
         let devices = visible_entries(&self.device_dir)
             .into_iter()
             .filter(|p| p.extension().is_some_and(|x| x == "dev"))
+            .filter(|p| plain_file(p, None, !node_devices).is_some())
+            .take(MAX_LEDGERS)
             .filter_map(|p| read_device(&p))
             .collect();
         Reading {
@@ -148,32 +171,63 @@ pub fn read_conflicts(path: &Path) -> Vec<(String, Kubernetes)> {
         .collect()
 }
 
+/// Most ledgers (and device ledgers) read outside the node's tenants in one scrape.
+pub const MAX_LEDGERS: usize = 4096;
+
+/// `path` is a directory, not a link, owned by `owner` when given; its owner.
+fn plain_dir(path: &Path, owner: Option<u32>) -> Option<u32> {
+    let m = std::fs::symlink_metadata(path).ok()?;
+    (m.file_type().is_dir() && owner.map_or(true, |o| m.uid() == o)).then_some(m.uid())
+}
+
+/// `path` is a regular file, not a link, owned by `owner` when given and (`single`) with no other
+/// name: its identity (device, inode).
+fn plain_file(path: &Path, owner: Option<u32>, single: bool) -> Option<(u64, u64)> {
+    let m = std::fs::symlink_metadata(path).ok()?;
+    let ok = m.file_type().is_file()
+        && owner.map_or(true, |o| m.uid() == o)
+        && (!single || m.nlink() == 1);
+    ok.then_some((m.dev(), m.ino()))
+}
+
 /// The non-hidden entries of `dir`, sorted; nothing when it does not exist or cannot be listed.
 /// The `*.ledger` files of the ledger directory and of its per-user directories: `uid-<uid>/` and
 /// `group-<group>/` in it, `<dir>-uid-<uid>/` beside it (docs/CONFIGURATION.md, "Several users").
-fn ledger_files(dir: &Path) -> Vec<PathBuf> {
-    let named = |p: &Path, prefix: &str| {
-        p.file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
-            && p.is_dir()
+/// Each with the uid that must own it: `uid-<uid>/`'s and `<dir>-uid-<uid>/`'s are that user's (the
+/// directory too); others' owner is not fixed.
+fn ledger_files(dir: &Path) -> Vec<(PathBuf, Option<u32>)> {
+    let uid_of = |p: &Path, prefix: &str| -> Option<u32> {
+        let n = p.file_name()?.to_string_lossy().into_owned();
+        let uid = n.strip_prefix(prefix)?.parse::<u32>().ok()?;
+        plain_dir(p, Some(uid)).map(|_| uid)
     };
-    let mut dirs = vec![dir.to_path_buf()];
-    dirs.extend(
-        visible_entries(dir)
-            .into_iter()
-            .filter(|p| named(p, "uid-") || named(p, "group-")),
-    );
+    let group = |p: &Path| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("group-"))
+            && plain_dir(p, None).is_some()
+    };
+    let mut dirs: Vec<(PathBuf, Option<u32>)> = Vec::new();
+    if plain_dir(dir, None).is_some() {
+        dirs.push((dir.to_path_buf(), None));
+    }
+    for p in visible_entries(dir) {
+        if let Some(uid) = uid_of(&p, "uid-") {
+            dirs.push((p, Some(uid)));
+        } else if group(&p) {
+            dirs.push((p, None));
+        }
+    }
     if let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) {
         let beside = format!("{}-uid-", name.to_string_lossy());
-        dirs.extend(
-            visible_entries(parent)
-                .into_iter()
-                .filter(|p| named(p, &beside)),
-        );
+        for p in visible_entries(parent) {
+            if let Some(uid) = uid_of(&p, &beside) {
+                dirs.push((p, Some(uid)));
+            }
+        }
     }
     dirs.iter()
-        .flat_map(|d| visible_entries(d))
-        .filter(|p| p.extension().is_some_and(|x| x == "ledger"))
+        .flat_map(|(d, owner)| visible_entries(d).into_iter().map(move |p| (p, *owner)))
+        .filter(|(p, _)| p.extension().is_some_and(|x| x == "ledger"))
         .collect()
 }
 

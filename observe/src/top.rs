@@ -111,6 +111,24 @@ fn bar(used: u64, limit: Option<u64>) -> String {
     )
 }
 
+/// `text` safe for a terminal: control characters (escape sequences, carriage returns, backspaces),
+/// Unicode's invisible format characters (bidirectional overrides, zero-width ones) and
+/// separators other than the space are written as `\u{..}` escapes; tabs and newlines are kept.
+/// Tenants' labels and names come from files tenants write.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let invisible = matches!(c as u32,
+            0x00AD | 0x061C | 0x180E | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB);
+        if (c.is_control() && c != '\n' && c != '\t') || invisible {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// One frame as text lines; also the counters for the next frame's rates.
 fn frame(sources: &Sources, gpus: &mut GpuIndex, prev: &mut Previous, hint: &str) -> Vec<String> {
     let now = Instant::now();
@@ -189,7 +207,7 @@ fn frame(sources: &Sources, gpus: &mut GpuIndex, prev: &mut Previous, hint: &str
         out.push(format!("unreadable: {b}"));
     }
     prev.at = Some(now);
-    out
+    out.iter().map(|l| printable(l)).collect()
 }
 
 /// Runs until `q`/Esc/Ctrl-C (terminal) or forever (plain lines); `once`: one frame, then returns.
@@ -289,5 +307,20 @@ impl Drop for Screen {
             crossterm::terminal::LeaveAlternateScreen
         );
         let _ = crossterm::terminal::disable_raw_mode();
+    }
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::printable;
+
+    #[test]
+    fn escapes_reach_the_terminal_as_text() {
+        assert_eq!(printable("ok name-1"), "ok name-1");
+        assert_eq!(printable("a\x1b[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(printable("x\ry\u{8}"), "x\\u{d}y\\u{8}");
+        assert_eq!(printable("\u{202e}evil"), "\\u{202e}evil");
+        assert_eq!(printable("\u{9b}31m"), "\\u{9b}31m");
+        assert_eq!(printable("a\tb\nc"), "a\tb\nc");
     }
 }
