@@ -166,7 +166,7 @@ fn green_create(
             if let Some(green) = phctx.get() {
                 // SAFETY: the green context was just created by this call and is not the
                 // program's yet; destroying it releases the primary context it retained.
-                let _ = unsafe { driver::real::cuGreenCtxDestroy(green) };
+                let _ = unsafe { real::cuGreenCtxDestroy(green) };
             }
         },
     )
@@ -177,7 +177,7 @@ fn green_create(
 fn primary_handle(dev: CUdevice) -> CUcontext {
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-parameter; the reference taken is released just after.
-    if unsafe { driver::real::cuDevicePrimaryCtxRetain(&mut ctx, dev) }.is_ok() {
+    if unsafe { real::cuDevicePrimaryCtxRetain(&mut ctx, dev) }.is_ok() {
         // SAFETY: drops the reference just taken.
         let _ = unsafe { driver::real::cuDevicePrimaryCtxRelease_v2(dev) };
     }
