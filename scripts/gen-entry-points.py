@@ -27,7 +27,7 @@ NVML_TSV = os.path.join(ROOT, "src", "api", "nvml_entry_points.tsv")
 ERRORS_TSV = os.path.join(ROOT, "src", "api", "errors.tsv")
 
 TYPEDEF_RE = re.compile(
-    r"typedef\s+CUresult\s+\(CUDAAPI\s+\*PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?\)\((.*?)\);", re.S
+    r"typedef\s+CUresult\s*\(\s*CUDAAPI\s+\*PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?\)\((.*?)\);", re.S
 )
 
 

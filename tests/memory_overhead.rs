@@ -2508,3 +2508,94 @@ fn a_context_measured_while_another_process_frees_is_not_charged_less_than_it_co
         run.report()
     );
 }
+
+/// [`client`] in a container of its own, as a Kubernetes pod runs it: its namespace's init, with a
+/// PID namespace and its own `/proc` (`unshare --pid --fork --mount-proc`). The host's `/proc` is
+/// bind-mounted first where simgpu alone reads it (`SIMGPU_HOST_PROC`): a real driver lives in the
+/// kernel and still lists the process under its host PID, which the process cannot read.
+fn client_in_container(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
+    let host_proc = dir.join(format!("hostproc-{tenant}"));
+    std::fs::create_dir_all(&host_proc).unwrap();
+    let program = compile(&CLIENT);
+    let mut inner = vec![
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        r#"mount --bind /proc "$SIMGPU_HOST_PROC" && mount -t proc proc /proc && exec "$0" "$@""#,
+        program.to_str().unwrap(),
+    ];
+    inner.extend_from_slice(args);
+    let mut cmd = tenant_command(
+        PathBuf::from("unshare"),
+        sim,
+        Deploy::Preload,
+        dir,
+        tenant,
+        &inner,
+    );
+    cmd.env("SIMGPU_HOST_PROC", &host_proc);
+    cmd
+}
+
+/// A context created in a container (its own PID namespace and `/proc`: the process cannot find
+/// itself in NVML's lists by its PID) while another tenant allocates 1 GiB every 10 ms: the
+/// device's used memory grows by gigabytes during the 300 ms the context takes, none of which is
+/// this context's. It is charged what simgpu spent on it, to one granule, and its first
+/// allocations fail only at its quota.
+#[test]
+fn a_context_created_in_a_container_is_not_charged_a_neighbours_allocations() {
+    let dir = scratch("container-neighbour");
+    let sim = Sim::new("overhead-container")
+        .env("SIMGPU_MEMORY", "64GiB")
+        .env("SIMGPU_CONTEXT_CREATE_US", "300000");
+    let mut neighbour = client(&sim, Deploy::Preload, &dir, "neighbour", &["churn", "1024", "10"]);
+    let mut neighbour = sim.spawn(neighbour.env("GPUSLICE_MEMORY_LIMIT", "48GiB"));
+    wait_for_key(&mut neighbour, "churning");
+    let before = sim.stat();
+    let mut pod = sim.spawn(&mut client_in_container(&sim, &dir, "pod", &["hold"]));
+    let ready = wait_for_key(&mut pod, "ready");
+    assert_eq!(ready["pid"], "1", "the client is its container's init: {ready:?}");
+    let after = sim.stat();
+    let Json::Arr(procs) = after.at("processes") else {
+        panic!("simgpu-stat: no processes in {after}")
+    };
+    let ours = procs
+        .iter()
+        .find(|p| p.at("group") == &Json::Str("pod".to_string()))
+        .unwrap_or_else(|| panic!("the pod's process in {after}"));
+    assert_ne!(ours.u64("pid"), 1, "simgpu lists its host PID: {after}");
+    assert_eq!(ours.u64("used.0"), SIM_CONTEXT, "{after}");
+    let moved = after.u64("devices.0.used") as i128 - before.u64("devices.0.used") as i128;
+    let pid = ours.u64("pid").to_string();
+    let overhead = gpuslice::ledger::Ledger::open_readonly(&dir.join("pod.ledger"))
+        .expect("the pod's ledger")
+        .snapshot()
+        .processes
+        .iter()
+        .map(|p| p.overhead.iter().map(|(_, b)| b).sum::<u64>())
+        .sum::<u64>();
+    assert!(
+        near(overhead, SIM_CONTEXT),
+        "the context charged {overhead} bytes, it cost {SIM_CONTEXT} (process {pid}; the device's \
+         used memory moved {moved} bytes meanwhile)"
+    );
+    pod.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let fill: u64 = wait_for_key(&mut pod, "fill_bytes")["fill_bytes"]
+        .parse()
+        .unwrap();
+    let _ = neighbour.kill();
+    let _ = neighbour.wait();
+    let run = finish(pod, "pod");
+    run.assert_success();
+    assert!(
+        fill <= QUOTA - SIM_CONTEXT && fill + GRANULE >= QUOTA - SIM_CONTEXT,
+        "{fill} allocated beside a {SIM_CONTEXT}-byte context under a {QUOTA}-byte quota\n{}",
+        run.report()
+    );
+    assert!(group_peak(&sim.stat(), "pod") <= QUOTA, "{}", run.report());
+}

@@ -49,7 +49,7 @@ impl Tenant {
             || self.expected_context_cost(device, fallback),
             0,
             call,
-            undo,
+            Some(undo),
         )
     }
 
@@ -169,6 +169,35 @@ impl Tenant {
             self.release_freed_allocations(ctx);
             self.reconcile_all();
         }
+    }
+
+    /// A green context created on `device` (`call` creates it and returns the primary context it
+    /// retains, `green` then names it): the driver retains the device's primary context for it
+    /// ("This API will retain the primary context on device dev, which will is released when the
+    /// green context is destroyed", `cuGreenCtxCreate`), charged as any retain, once while it
+    /// lives; `undo` destroys the green context when the quota has no room for a primary context
+    /// it created.
+    pub fn green_create(
+        &self,
+        device: &Device,
+        call: impl FnOnce() -> Result<CUcontext, CUerror>,
+        green: impl FnOnce() -> usize,
+        undo: impl FnOnce(CUcontext),
+    ) -> CUresult {
+        self.primary_retain(device, call, undo)?;
+        self.records
+            .lock()
+            .green
+            .insert(green(), device.ordinal);
+        Ok(())
+    }
+
+    /// A green context destroyed: the primary context it retained is released. `None` for a green
+    /// context this process never saw created.
+    pub fn green_destroyed(&self, green: usize) -> Option<CUdevice> {
+        let ordinal = self.records.lock().green.remove(&green)?;
+        self.primary_release(ordinal, false);
+        Some(ordinal)
     }
 
     /// The context a module or limit belongs to: the calling thread's current one (0: none).

@@ -67,16 +67,31 @@ pub(super) struct State {
 }
 
 /// One reading of the driver's figures (and of what this process charged) on a device.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Sample {
     process: ProcessFigure,
     device: Option<u64>,
+    /// NVML's whole process list (driver PIDs and their used memory), read only while this process
+    /// does not know the PID the driver lists it under (a child PID namespace).
+    listed: Option<Vec<(u32, u64)>>,
     /// What this process had charged on the device in the ledger, read just before and just after
     /// the driver's figures. Other threads' allocations and frees may run meanwhile; as a
     /// reservation precedes the driver's allocation and a release follows its free, the larger of
     /// the two is at least what the driver held for them when it answered.
     charged_low: u64,
     charged: u64,
+}
+
+/// What [`Tenant::spent`] found an operation cost.
+#[derive(Clone, Copy, Debug)]
+struct Spent {
+    bytes: i128,
+    /// From this process's own figure; else from the device's used memory, which also moves with
+    /// every other process's allocations and frees meanwhile.
+    exact: bool,
+    /// The most the operation can have cost by NVML's process list (the largest process that
+    /// appeared meanwhile, this one among them).
+    bound: Option<u64>,
 }
 
 /// How long a measurement waits for another process's measurement on the same device.
@@ -86,6 +101,8 @@ static WARNED_IMPOSSIBLE: AtomicBool = AtomicBool::new(false);
 static WARNED_LOCK: AtomicBool = AtomicBool::new(false);
 static WARNED_UNCHARGED: AtomicBool = AtomicBool::new(false);
 static WARNED_DISTURBED: AtomicBool = AtomicBool::new(false);
+static WARNED_NEIGHBOUR: AtomicBool = AtomicBool::new(false);
+static WARNED_UNDOABLE: AtomicBool = AtomicBool::new(false);
 
 fn warn_once(flag: &AtomicBool, args: std::fmt::Arguments<'_>) {
     if !flag.swap(true, Ordering::Relaxed) {
@@ -185,11 +202,17 @@ impl Tenant {
         };
         let first = charged();
         let process = measure::process_used(&device.uuid);
+        let listed = if measure::driver_pid_unknown() {
+            measure::processes(&device.uuid)
+        } else {
+            None
+        };
         let device_used = measure::device_used(&device.uuid);
         let last = charged();
         Sample {
             process,
             device: device_used,
+            listed,
             charged_low: first.min(last),
             charged: first.max(last),
         }
@@ -205,23 +228,60 @@ impl Tenant {
         before: &Sample,
         after: &Sample,
         reserved: u64,
-    ) -> Option<i128> {
+    ) -> Option<Spent> {
         // The most this process's own allocations can have moved: an error here under-measures the
         // operation, never over-charges it; reconciliation then charges what is left.
         let ours = i128::from(after.charged) - i128::from(before.charged_low);
-        let process = match (before.process, after.process) {
+        let mut process = match (before.process, after.process) {
             (ProcessFigure::Listed(b), ProcessFigure::Listed(a)) => Some((b, a)),
             // Not listed before: it held nothing there yet.
             (ProcessFigure::NotListed, ProcessFigure::Listed(a)) => Some((0, a)),
             _ => None,
         };
+        // In another PID namespace, before this process knows its driver PID: the processes that
+        // appeared in NVML's list during the operation. Under the measurement lock a process that
+        // gets its first context on the device appears there; when it is the only newcomer, it is
+        // this process (found once for its life), and its figure is exact. Several newcomers (a
+        // process outside gpuslice started meanwhile): this process is one of them, so it spent
+        // no more than the largest one holds.
+        let mut bound = None;
+        if let (None, Some(b), Some(a)) = (process, &before.listed, &after.listed) {
+            let new: Vec<(u32, u64)> = a
+                .iter()
+                .filter(|(pid, _)| !b.iter().any(|(p, _)| p == pid))
+                .copied()
+                .collect();
+            match new.as_slice() {
+                [(pid, used)] if *used != gpuslice_api::nvml::NVML_VALUE_NOT_AVAILABLE => {
+                    measure::identify_driver_pid(*pid);
+                    log::info(format_args!(
+                        "the driver lists this process as PID {pid} on {} (another PID \
+                         namespace): its per-process figures are used from now on",
+                        device.uuid
+                    ));
+                    process = Some((0, *used));
+                }
+                [] => {}
+                several => {
+                    bound = several
+                        .iter()
+                        .map(|&(_, used)| used)
+                        .filter(|&u| u != gpuslice_api::nvml::NVML_VALUE_NOT_AVAILABLE)
+                        .max();
+                }
+            }
+        }
         let allocated = after
             .charged
             .saturating_sub(reserved)
             .saturating_sub(self.overhead_on(device.slot.as_ref().ok().copied()));
         if let Some((b, a)) = process {
             if a >= allocated {
-                return Some(i128::from(a) - i128::from(b) - ours);
+                return Some(Spent {
+                    bytes: i128::from(a) - i128::from(b) - ours,
+                    exact: true,
+                    bound: None,
+                });
             }
             warn_once(
                 &WARNED_IMPOSSIBLE,
@@ -233,7 +293,11 @@ impl Tenant {
             );
         }
         match (before.device, after.device) {
-            (Some(b), Some(a)) if a >= allocated => Some(i128::from(a) - i128::from(b) - ours),
+            (Some(b), Some(a)) if a >= allocated => Some(Spent {
+                bytes: i128::from(a) - i128::from(b) - ours,
+                exact: false,
+                bound,
+            }),
             _ => None,
         }
     }
@@ -249,7 +313,10 @@ impl Tenant {
     /// the lock) sees this one's charge and can expect what it cost.
     /// `current` is what the object is charged already (a limit changed again): the result is the
     /// object's new charge, the ledger moved by the difference. Over the quota, `undo` reverses the
-    /// operation and the call fails with out-of-memory. The caller records the charge, then calls
+    /// operation and the call fails with out-of-memory; without `undo` (an operation that cannot be
+    /// undone) the call succeeds as the driver answered, charged what was reserved for it.
+    /// Measured from the device's used memory (another PID namespace), the charge never passes
+    /// what the operation can cost: `expected`, else `fallback`. The caller records the charge, then calls
     /// [`Tenant::reconcile_device`].
     #[allow(clippy::too_many_arguments)]
     pub fn charge_measured<T: Copy>(
@@ -262,7 +329,7 @@ impl Tenant {
         expected: impl FnOnce() -> u64,
         current: u64,
         call: impl FnOnce() -> Result<T, CUerror>,
-        undo: impl FnOnce(T),
+        undo: Option<impl FnOnce(T)>,
     ) -> Result<(T, Charge), CUerror> {
         // An explicit charge, or the least the change takes, is reserved before the driver is asked,
         // as any allocation: over the quota, the driver never sees the call.
@@ -293,7 +360,8 @@ impl Tenant {
             ));
         }
         let lock = MeasureLock::acquire(&self.config.device_dir, &device.uuid);
-        let predicted = match expected().saturating_sub(known) {
+        let expected = expected();
+        let predicted = match expected.saturating_sub(known) {
             0 => None,
             more => Some(self.reserve(device, more, what)?),
         };
@@ -304,36 +372,73 @@ impl Tenant {
         let before = self.sample(device);
         let value = call()?;
         let after = self.sample(device);
-        let delta = match (explicit, self.spent(device, &before, &after, reserved)) {
-            (Some(bytes), _) => i128::from(bytes) - i128::from(current),
+        // What the operation can cost at most, for a figure that also moves with other processes:
+        // what it is expected to cost (a context as this tenant's others on the GPU, a module its
+        // image's pages, a limit what NVIDIA documents), else the fallback estimate.
+        let cap = expected.max(fallback);
+        let delta = match self.spent(device, &before, &after, reserved) {
             // A new object (a context, a module) cannot have given memory back: the figures moved
             // with another process's frees (the device figure), and are not believed.
-            (None, Some(delta)) if delta < 0 && current == 0 && floor.is_none() => {
+            Some(s) if s.bytes < 0 && current == 0 && floor.is_none() => {
                 warn_once(
                     &WARNED_DISTURBED,
                     format_args!(
-                        "{what} on {} measured {delta} bytes (memory freed by another process \
+                        "{what} on {} measured {} bytes (memory freed by another process \
                          meanwhile): charged the estimate of {fallback} bytes instead",
-                        device.uuid
+                        device.uuid, s.bytes
                     ),
                 );
                 i128::from(fallback)
             }
-            (None, Some(delta)) => delta,
-            (None, None) => i128::from(fallback),
+            // The device's used memory also grew by what other processes allocated meanwhile
+            // (a neighbour loading its weights while this context is created): never charged
+            // beyond what the operation can cost.
+            Some(s) if !s.exact && s.bytes > i128::from(s.bound.unwrap_or(u64::MAX).min(cap)) => {
+                let most = s.bound.unwrap_or(u64::MAX).min(cap);
+                warn_once(
+                    &WARNED_NEIGHBOUR,
+                    format_args!(
+                        "{what} on {} measured {} bytes from the device's used memory (other \
+                         processes allocated meanwhile): charged at most {most} bytes, what it can \
+                         cost",
+                        device.uuid, s.bytes
+                    ),
+                );
+                i128::from(most) - i128::from(current)
+            }
+            Some(s) => s.bytes,
+            None => i128::from(fallback),
         };
         let delta = floor.map_or(delta, |f| delta.max(f));
         let cost = u64::try_from((i128::from(current) + delta).max(0)).unwrap_or(u64::MAX);
         let have = current.saturating_add(reserved);
+        let mut cost = cost;
         if cost > have {
             match self.reserve(device, cost - have, what) {
                 Ok(more) => {
                     more.commit();
                 }
-                Err(e) => {
-                    undo(value);
-                    return Err(e);
-                }
+                Err(e) => match undo {
+                    Some(undo) => {
+                        undo(value);
+                        return Err(e);
+                    }
+                    None => {
+                        // Done, and cannot be undone (code the driver loaded for a lookup that
+                        // succeeded): the call succeeds as the driver answered; what the quota has
+                        // no room for is left to reconciliation.
+                        warn_once(
+                            &WARNED_UNDOABLE,
+                            format_args!(
+                                "{what} on {} cost {} bytes beyond the {have} reserved for it, \
+                                 and the quota has no room for them: charged what was reserved",
+                                device.uuid,
+                                cost - have
+                            ),
+                        );
+                        cost = have;
+                    }
+                },
             }
         }
         upfront.commit();

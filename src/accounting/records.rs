@@ -181,6 +181,8 @@ pub(super) struct Records {
     pub overhead: KeyMap<(u8, usize), OverheadRecord>,
     /// Module and library loaded lazily -> what of its code is on the device.
     pub lazy_code: KeyMap<(u8, usize), super::overhead::LazyCode>,
+    /// Green context -> the device ordinal whose primary context it retains.
+    pub green: KeyMap<usize, CUdevice>,
 }
 
 /// A device's primary context, as this process retained it.

@@ -78,12 +78,17 @@ pub fn device_used(uuid: &str) -> Option<u64> {
     (total > 0).then(|| (total as u64).saturating_sub(free as u64))
 }
 
+/// The initial PID namespace's inode number (`PROC_PID_INIT_INO`, include/linux/proc_ns.h), which
+/// `/proc/self/ns/pid` names as `pid:[4026531836]` in the namespace the driver sees PIDs in.
+const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
+
 /// Whether NVML can list this process under `getpid()`. NVML reports every process by its PID in
 /// the initial PID namespace (the driver's); a process in a child PID namespace is listed under
 /// another PID, and a PID of its own namespace found in the list is another process's.
 /// `/proc/self` names the process as `/proc`'s PID namespace sees it: another number than
-/// `getpid()`, a child namespace. (A container that mounts its own `/proc` reads its own PID there:
-/// see docs/MEMORY.md.) One `readlink` per process (a forked child may be in a new namespace).
+/// `getpid()`, a child namespace. A container that mounts its own `/proc` (every Kubernetes pod)
+/// reads its own PID there: its PID namespace (`/proc/self/ns/pid`) is then not the initial one.
+/// One `readlink` or two per process (a forked child may be in a new namespace).
 fn pid_is_the_drivers() -> bool {
     // getpid << 1 | answer; 0: not read yet.
     static KNOWN: AtomicU64 = AtomicU64::new(0);
@@ -93,24 +98,54 @@ fn pid_is_the_drivers() -> bool {
         return known & 1 == 1;
     }
     // Without `/proc`: as the PID reads.
-    let answer = std::fs::read_link("/proc/self").map_or(true, |seen| {
+    let same = std::fs::read_link("/proc/self").map_or(true, |seen| {
         seen.to_str()
             .and_then(|s| s.parse::<u32>().ok())
             .is_some_and(|pid| pid == me)
     });
+    let initial = std::fs::read_link("/proc/self/ns/pid")
+        .map_or(true, |ns| ns.to_str() == Some(INITIAL_PID_NAMESPACE));
+    let answer = same && initial;
     KNOWN.store(u64::from(me) << 1 | u64::from(answer), Ordering::Relaxed);
     answer
 }
 
-/// This process's used memory on the device, from NVML's list of compute processes.
-pub fn process_used(uuid: &str) -> ProcessFigure {
-    if !pid_is_the_drivers() {
-        return ProcessFigure::Unavailable;
-    }
-    let Some(device) = nvml_device(uuid) else {
-        return ProcessFigure::Unavailable;
-    };
+/// getpid << 32 | the PID the driver lists this process under, once found
+/// ([`identify_driver_pid`]); 0: not found.
+static DRIVER_PID: AtomicU64 = AtomicU64::new(0);
+
+/// The PID NVML lists this process under: `getpid()` in the initial PID namespace, else the one
+/// found by [`identify_driver_pid`] (for this process, not a parent it was forked from).
+pub fn driver_pid() -> Option<u32> {
     let me = std::process::id();
+    if pid_is_the_drivers() {
+        return Some(me);
+    }
+    let known = DRIVER_PID.load(Ordering::Relaxed);
+    (known != 0 && known >> 32 == u64::from(me)).then_some(known as u32)
+}
+
+/// Whether this process must find the PID the driver lists it under before its per-process
+/// figures can be read (a child PID namespace, not found yet).
+pub fn driver_pid_unknown() -> bool {
+    driver_pid().is_none()
+}
+
+/// Records the PID the driver lists this process under (another PID namespace's): the one process
+/// that appeared in NVML's list while this process created its first context there under the
+/// device's measurement lock (see `accounting::overhead`).
+pub fn identify_driver_pid(pid: u32) {
+    let me = std::process::id();
+    if pid == 0 || pid_is_the_drivers() {
+        return;
+    }
+    DRIVER_PID.store(u64::from(me) << 32 | u64::from(pid), Ordering::Relaxed);
+}
+
+/// Every compute process NVML lists on the device, by the driver's PID, with its used memory
+/// (`None` when it cannot be read; a process whose figure is not available is left out).
+pub fn processes(uuid: &str) -> Option<Vec<(u32, u64)>> {
+    let device = nvml_device(uuid)?;
     let mut capacity = 64u32;
     for _ in 0..4 {
         let mut infos = vec![nvmlProcessInfo_t::default(); capacity as usize];
@@ -120,22 +155,37 @@ pub fn process_used(uuid: &str) -> ProcessFigure {
             nvml::nvmlDeviceGetComputeRunningProcesses_v3(device, &mut count, infos.as_mut_ptr())
         } {
             Ok(()) => {
-                return infos
-                    .iter()
-                    .take(count.min(capacity) as usize)
-                    .find(|p| p.pid == me)
-                    .map_or(ProcessFigure::NotListed, |p| {
-                        // Drivers that cannot say (e.g. without the privilege) answer "not available".
-                        if p.usedGpuMemory == gpuslice_api::nvml::NVML_VALUE_NOT_AVAILABLE {
-                            ProcessFigure::Unavailable
-                        } else {
-                            ProcessFigure::Listed(p.usedGpuMemory)
-                        }
-                    });
+                return Some(
+                    infos
+                        .iter()
+                        .take(count.min(capacity) as usize)
+                        .map(|p| (p.pid, p.usedGpuMemory))
+                        .collect(),
+                );
             }
             Err(e) if e == NvmlError::INSUFFICIENT_SIZE => capacity = count.max(capacity * 2),
-            Err(_) => return ProcessFigure::Unavailable,
+            Err(_) => return None,
         }
     }
-    ProcessFigure::Unavailable
+    None
+}
+
+/// This process's used memory on the device, from NVML's list of compute processes.
+pub fn process_used(uuid: &str) -> ProcessFigure {
+    let Some(me) = driver_pid() else {
+        return ProcessFigure::Unavailable;
+    };
+    let Some(list) = processes(uuid) else {
+        return ProcessFigure::Unavailable;
+    };
+    list.iter()
+        .find(|p| p.0 == me)
+        .map_or(ProcessFigure::NotListed, |&(_, used)| {
+            // Drivers that cannot say (e.g. without the privilege) answer "not available".
+            if used == gpuslice_api::nvml::NVML_VALUE_NOT_AVAILABLE {
+                ProcessFigure::Unavailable
+            } else {
+                ProcessFigure::Listed(used)
+            }
+        })
 }

@@ -11,8 +11,8 @@ use crate::accounting::{tenant, Device, Tenant};
 use crate::driver::calls as driver;
 use crate::scheduling;
 use gpuslice_api::types::{
-    CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUfunction, CUkernel, CUlibrary,
-    CUmodule,
+    CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUfunction, CUgreenCtx, CUkernel,
+    CUlibrary, CUmodule,
 };
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -35,6 +35,9 @@ hooks! {
     fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) => primary_release(dev, false, || real::cuDevicePrimaryCtxRelease_v2(dev));
     fn cuDevicePrimaryCtxReset(dev: CUdevice) => primary_release(dev, true, || real::cuDevicePrimaryCtxReset(dev));
     fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) => primary_release(dev, true, || real::cuDevicePrimaryCtxReset_v2(dev));
+    fn cuGreenCtxCreate(phctx: *mut CUgreenCtx, desc: *mut c_void, dev: CUdevice, flags: c_uint)
+        => green_create(Out::new(phctx), dev, || real::cuGreenCtxCreate(phctx, desc, dev, flags));
+    fn cuGreenCtxDestroy(hctx: CUgreenCtx) => green_destroy(hctx, || real::cuGreenCtxDestroy(hctx));
 
     fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char)
         => module_load(Out::new(module), Image::File(fname), || real::cuModuleLoad(module, fname));
@@ -134,6 +137,63 @@ fn primary_release(dev: CUdevice, reset: bool, call: impl FnOnce() -> CUresult) 
     Ok(())
 }
 
+/// A green context created: the driver retains the device's primary context for it, charged as a
+/// retain of the program's would be (once, on the retain that creates it).
+fn green_create(
+    phctx: Out<CUgreenCtx>,
+    dev: CUdevice,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let call = || {
+        call()?;
+        let primary = primary_handle(dev);
+        if !primary.is_null() {
+            scheduling::primary_retained(dev, primary);
+        }
+        Ok(primary)
+    };
+    let Some(t) = tenant() else {
+        return call().map(|_| ());
+    };
+    let Ok(device) = t.device(dev) else {
+        return call().map(|_| ());
+    };
+    t.green_create(
+        device,
+        call,
+        || phctx.get().map_or(0, |g| g as usize),
+        |_| {
+            if let Some(green) = phctx.get() {
+                // SAFETY: the green context was just created by this call and is not the
+                // program's yet; destroying it releases the primary context it retained.
+                let _ = unsafe { real::cuGreenCtxDestroy(green) };
+            }
+        },
+    )
+}
+
+/// The device's primary context, which a green context on it holds a reference to (taken and
+/// given back at once: it is not created, the green context keeps it alive).
+fn primary_handle(dev: CUdevice) -> CUcontext {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-parameter; the reference taken is released just after.
+    if unsafe { real::cuDevicePrimaryCtxRetain(&mut ctx, dev) }.is_ok() {
+        // SAFETY: drops the reference just taken.
+        let _ = unsafe { driver::real::cuDevicePrimaryCtxRelease_v2(dev) };
+    }
+    ctx
+}
+
+fn green_destroy(green: CUgreenCtx, call: impl FnOnce() -> CUresult) -> CUresult {
+    call()?;
+    if let Some(t) = tenant() {
+        if let Some(dev) = t.green_destroyed(green as usize) {
+            scheduling::primary_released(dev);
+        }
+    }
+    Ok(())
+}
+
 /// The tenant and the device of the current context (or, for a library loaded without one, the
 /// first device), or `None` when quotas do not apply.
 fn overhead_device(need_context: bool) -> Option<(&'static Tenant, &'static Device)> {
@@ -208,7 +268,7 @@ fn load<H>(
             call()?;
             Ok(handle.get().unwrap_or(std::ptr::null_mut()))
         },
-        unload,
+        Some(unload),
     )?;
     t.record_overhead(kind, loaded as usize, owner, charge);
     if lazy {
@@ -251,9 +311,9 @@ fn lookup(
         || expected,
         0,
         call,
-        // Loaded code cannot be unloaded on its own: what the quota has no room for is left to
-        // reconciliation.
-        |()| {},
+        // Loaded code cannot be unloaded on its own, and the driver answered: the lookup succeeds,
+        // what the quota has no room for beyond what was reserved is left to reconciliation.
+        None::<fn(())>,
     )?;
     t.lazy_code_loaded(kind, handle, kernel, charge);
     t.reconcile_device(device);
@@ -311,10 +371,10 @@ fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUr
         || 0,
         current,
         call,
-        |()| {
+        Some(|()| {
             // SAFETY: puts back the value this call replaced.
             let _ = unsafe { driver::real::cuCtxSetLimit(limit, old) };
-        },
+        }),
     )?;
     t.record_overhead(Overhead::Limits, ctx, ctx, charge);
     t.reconcile_device(device);

@@ -66,6 +66,9 @@
  *                                           again (two references), the same allocations in the
  *                                           context re-created; released once (kept=, the context
  *                                           still there), then again, the last reference
+ *   churn MIB PERIOD_MS                     context; then for ever: MIB allocated every PERIOD_MS and
+ *                                           held, all freed when one is refused; churning=1 after
+ *                                           the first (a neighbour streaming its weights in)
  *   peerpool                                primary contexts on devices 0 and 1, device 0's current;
  *                                           64 MiB blocks from a pool created on device 1 until
  *                                           refused (at most 32), then one from device 1's default
@@ -78,6 +81,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MIB (1024ull * 1024ull)
@@ -435,6 +439,24 @@ int main(int argc, char **argv) {
     }
     CHECK(cuCtxCreate(&ctx, 0, dev));
     printf("pid=%d\n", (int)getpid());
+    if (strcmp(mode, "churn") == 0 && argc > 3) {
+        size_t bytes = (size_t)(strtoull(argv[2], 0, 10) * MIB);
+        long period_ms = atol(argv[3]);
+        static CUdeviceptr held[4096];
+        int n = 0;
+        for (;;) {
+            if (n < 4096 && cuMemAlloc(&held[n], bytes) == CUDA_SUCCESS) {
+                if (n++ == 0) {
+                    printf("churning=1\n");
+                    fflush(stdout);
+                }
+            } else {
+                while (n > 0) CHECK(cuMemFree(held[--n]));
+            }
+            struct timespec ts = {period_ms / 1000, (period_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
     if (strcmp(mode, "views") == 0) {
         views("ctx");
         return 0;

@@ -175,10 +175,15 @@ pub fn install_fork_handler() {
 /// reports every process by its PID in the initial PID namespace, so a program in a container
 /// with its own PID namespace never finds its `getpid()` in NVML's process lists; simgpu takes the
 /// PID namespace of `/proc` as the initial one (a container that mounts its own `/proc` is seen as
-/// the host). Without `/proc`: `getpid()`.
+/// the host), unless `SIMGPU_HOST_PROC` names where the initial namespace's `/proc` is mounted
+/// (a test's container bind-mounts it there before mounting its own `/proc`: the kernel-side
+/// driver still sees the host PID). Without `/proc`: `getpid()`.
 pub fn host_pid() -> u32 {
     let own = std::process::id();
-    std::fs::read_to_string("/proc/self/status")
+    let proc = std::env::var_os("SIMGPU_HOST_PROC")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| std::path::PathBuf::from("/proc"), std::path::PathBuf::from);
+    std::fs::read_to_string(proc.join("self/status"))
         .ok()
         .and_then(|status| {
             status

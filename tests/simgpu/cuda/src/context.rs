@@ -31,6 +31,9 @@ pub struct Context {
     /// tags, and runs kernels of one tag concurrently).
     pub tag: u64,
     pub primary: bool,
+    /// The `CUcontext` a green context converts to (`cuCtxFromGreenCtx`): its memory is the
+    /// primary context's, which the green context retains (see `green`).
+    pub green: bool,
     flags: AtomicU32,
     /// Created contexts: until destroyed. Primary: while retained (the object outlives it because
     /// its handle is stable across release/retain, as in the real driver).
@@ -151,6 +154,10 @@ fn with_stack<R>(f: impl FnOnce(&mut Vec<Arc<Context>>) -> R) -> R {
 }
 
 fn new_context(device: u32, flags: u32, primary: bool) -> Arc<Context> {
+    new_context_of(device, flags, primary, false)
+}
+
+fn new_context_of(device: u32, flags: u32, primary: bool, green: bool) -> Arc<Context> {
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
     let ctx = Arc::new(Context {
         handle: HANDLES.take(),
@@ -160,6 +167,7 @@ fn new_context(device: u32, flags: u32, primary: bool) -> Arc<Context> {
         // Without the shared state kernels run unaccounted and the tag is not used.
         tag: simgpu_core::shared().map_or(0, |s| s.new_context_tag()),
         primary,
+        green,
         flags: AtomicU32::new(flags),
         active: AtomicBool::new(false),
         limits: Mutex::new(DEFAULT_LIMITS),
@@ -216,6 +224,26 @@ fn deactivate(ctx: &Context) {
             s.count_context(ctx.device, false);
         }
     }
+}
+
+/// The context a new green context on `device` converts to: active at once, costing nothing of
+/// its own (its memory is the primary context's, retained by the caller).
+pub(crate) fn new_green(device: u32) -> Arc<Context> {
+    let ctx = new_context_of(device, 0, false, true);
+    ctx.active.store(true, Ordering::Release);
+    ctx
+}
+
+/// A green context destroyed: its work waited for, its streams and events invalidated, its handle
+/// given to the next context. What was allocated through it stays with the primary context.
+pub(crate) fn destroy_green(ctx: &Arc<Context>) {
+    if ctx.active.swap(false, Ordering::AcqRel) {
+        let _ = crate::stream::synchronize_context(ctx);
+        crate::stream::invalidate_context(ctx);
+        crate::event::invalidate_context(ctx.id);
+    }
+    forget(ctx);
+    with_stack(|s| s.retain(|c| !Arc::ptr_eq(c, ctx)));
 }
 
 /// The calling thread's current context.
@@ -346,7 +374,8 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 pub unsafe extern "C" fn cuCtxDestroy_v2(h: CUcontext) -> CUresult {
     crate::call("cuCtxDestroy_v2", || {
         let ctx = from_handle(h)?;
-        if ctx.primary {
+        if ctx.primary || ctx.green {
+            // A green context's handle goes with cuGreenCtxDestroy.
             return Err(CUerror::INVALID_CONTEXT);
         }
         deactivate(&ctx);
@@ -528,7 +557,7 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
 
 // ---- Primary contexts ----
 
-fn primary_retain(dev: CUdevice) -> Result<CUcontext, CUerror> {
+pub(crate) fn primary_retain(dev: CUdevice) -> Result<CUcontext, CUerror> {
     let device = crate::device::physical(dev)?;
     let mut primaries = lock(primaries());
     let p = &mut primaries[device as usize];
@@ -546,7 +575,7 @@ fn primary_retain(dev: CUdevice) -> Result<CUcontext, CUerror> {
     Ok(handle_of(&ctx))
 }
 
-fn primary_release(dev: CUdevice) -> CUresult {
+pub(crate) fn primary_release(dev: CUdevice) -> CUresult {
     let device = crate::device::physical(dev)?;
     let ctx = {
         let mut primaries = lock(primaries());

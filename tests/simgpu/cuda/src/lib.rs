@@ -37,6 +37,8 @@ mod occupancy;
 mod graph;
 // Graph memory nodes: allocations that get memory when their graph is launched.
 mod graph_memory;
+// Green contexts: device resources, green contexts retaining the primary context.
+mod green;
 
 mod exports {
     #![allow(non_upper_case_globals)]
@@ -44,8 +46,8 @@ mod exports {
     use super::Export;
     #[allow(unused_imports)]
     use super::{
-        context::*, copy::*, device::*, entry::*, event::*, graph::*, graph_memory::*, launch::*,
-        memory::*, module::*, occupancy::*, stream::*,
+        context::*, copy::*, device::*, entry::*, event::*, graph::*, graph_memory::*, green::*,
+        launch::*, memory::*, module::*, occupancy::*, stream::*,
     };
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }

@@ -583,7 +583,12 @@ fn create(flags: u32, priority: i32) -> Result<CUstream, CUerror> {
     if flags & !CU_STREAM_NON_BLOCKING != 0 {
         return Err(CUerror::INVALID_VALUE);
     }
-    let ctx = context::current()?;
+    create_in(&context::current()?, flags, priority)
+}
+
+/// A stream created in `ctx` (the current context, or a green context's).
+pub(crate) fn create_in(ctx: &Arc<Context>, flags: u32, priority: i32) -> Result<CUstream, CUerror> {
+    let ctx = ctx.clone();
     // Like the real driver, out-of-range priorities are clamped to the range.
     let priority = priority.clamp(PRIORITY_GREATEST, PRIORITY_LEAST);
     let s = Stream::new(StreamKind::Created, flags, priority, &ctx);

@@ -1,0 +1,140 @@
+//! Green contexts (CUDA 12.4+) under a quota: a C client (tests/clients/green_context.c) calling
+//! `cuGreenCtxCreate` and its family links against, and runs through, the drop-in and the preloaded
+//! library; the primary context each green context retains is charged once, and given back when
+//! the last of them and the program's own reference go. Judged by simgpu's counters.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+
+const QUOTA: u64 = GIB;
+/// The driver reserves device memory in 2 MiB pages: measured charges are exact to one of them.
+const GRANULE: u64 = 2 * MIB;
+/// simgpu's default context cost (SIMGPU_CONTEXT_MEMORY).
+const SIM_CONTEXT: u64 = 300 * MIB;
+
+const CLIENT: CBuild = CBuild {
+    name: "green-context",
+    source: "green_context.c",
+    include: "cu12",
+    link_cuda: true,
+};
+
+#[derive(Clone, Copy, Debug)]
+enum Deploy {
+    Preload,
+    Dropin,
+}
+
+/// The client as a process of tenant `t` (quota 1 GiB, ledger and device directory in `dir`).
+fn client(sim: &Sim, deploy: Deploy, dir: &Path, args: &[&str]) -> Command {
+    let program = compile(&CLIENT);
+    let mut cmd = match deploy {
+        Deploy::Preload => {
+            let mut cmd = sim.command(program);
+            cmd.env("LD_PRELOAD", libgpuslice());
+            cmd
+        }
+        Deploy::Dropin => {
+            let simgpu = simgpu_lib_dir();
+            let mut cmd = sim.command_with_driver(program, &dropin_dir());
+            cmd.env(
+                "LD_LIBRARY_PATH",
+                format!("{}:{}", dropin_dir().display(), simgpu.display()),
+            )
+            .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"))
+            .env("GPUSLICE_REAL_NVML", simgpu.join("libnvidia-ml.so.1"));
+            cmd
+        }
+    };
+    cmd.args(args)
+        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+        .env("GPUSLICE_TENANT", "t")
+        .env("GPUSLICE_LEDGER", dir.join("t.ledger"))
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+        .env("SIMGPU_GROUP", "t");
+    cmd
+}
+
+/// What a live process uses on device 0 by simgpu's counters.
+fn process_used(stat: &Json, pid: &str) -> u64 {
+    let Json::Arr(procs) = stat.at("processes") else {
+        panic!("simgpu-stat: no processes in {stat}")
+    };
+    procs
+        .iter()
+        .find(|p| p.u64("pid").to_string() == pid)
+        .map_or_else(
+            || panic!("process {pid} not in {stat}"),
+            |p| p.u64("used.0"),
+        )
+}
+
+/// The driver overhead the process published in the tenant's ledger.
+fn ledger_overhead(dir: &Path, pid: &str) -> u64 {
+    let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join("t.ledger"))
+        .expect("the tenant's ledger");
+    let snapshot = ledger.snapshot();
+    let process = snapshot
+        .processes
+        .iter()
+        .find(|p| p.pid.to_string() == pid)
+        .unwrap_or_else(|| panic!("process {pid} not in the ledger: {snapshot:?}"));
+    process.overhead.iter().map(|(_, bytes)| bytes).sum()
+}
+
+fn green_contexts_retain_the_primary_context_charged_once(deploy: Deploy, n: usize) {
+    let sim = Sim::new("green").env("SIMGPU_MEMORY", "4GiB");
+    let dir = sim.dir.join("tenant");
+    std::fs::create_dir_all(&dir).unwrap();
+    let n_arg = n.to_string();
+    let mut child = sim.spawn(&mut client(&sim, deploy, &dir, &["green", &n_arg]));
+    let kv = wait_for_key(&mut child, "ready");
+    let pid = kv["pid"].clone();
+    assert_eq!(kv["stream_green_ok"], "1", "{deploy:?}: {kv:?}");
+    assert_eq!(kv["stream_ctx_ok"], "1", "{deploy:?}: {kv:?}");
+    // simgpu spent one primary context for the process, whatever the number of green contexts.
+    let used = process_used(&sim.stat(), &pid);
+    assert_eq!(used, SIM_CONTEXT, "{deploy:?}, {n} green contexts");
+    let overhead = ledger_overhead(&dir, &pid);
+    assert!(
+        overhead.abs_diff(SIM_CONTEXT) <= GRANULE,
+        "{deploy:?}, {n} green contexts: the primary context charged {overhead} bytes, it cost \
+         {SIM_CONTEXT}"
+    );
+    let free0: u64 = kv["free0"].parse().unwrap();
+    assert!(
+        free0.abs_diff(QUOTA - SIM_CONTEXT) <= GRANULE,
+        "{deploy:?}: cuMemGetInfo shows {free0} free beside the primary context ({kv:?})"
+    );
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let kv = wait_for_key(&mut child, "ready2");
+    let fill: u64 = kv["fill_bytes"].parse().unwrap();
+    assert!(
+        fill <= QUOTA - SIM_CONTEXT && fill + GRANULE >= QUOTA - SIM_CONTEXT,
+        "{deploy:?}, {n} green contexts: {fill} allocated beside a {SIM_CONTEXT}-byte primary \
+         context under a {QUOTA}-byte quota"
+    );
+    assert_eq!(kv["primary_active"], "0", "{deploy:?}: {kv:?}");
+    // The last green context and the program's reference gone: so is the charge.
+    assert_eq!(process_used(&sim.stat(), &pid), 0, "{deploy:?}");
+    assert_eq!(ledger_overhead(&dir, &pid), 0, "{deploy:?}");
+    drop(child.stdin.take());
+    let run = finish(child, "green client");
+    run.assert_success();
+}
+
+#[test]
+fn a_green_context_through_the_preloaded_library_charges_its_primary_context_once() {
+    green_contexts_retain_the_primary_context_charged_once(Deploy::Preload, 1);
+    green_contexts_retain_the_primary_context_charged_once(Deploy::Preload, 3);
+}
+
+#[test]
+fn a_green_context_through_the_dropin_links_and_charges_its_primary_context_once() {
+    green_contexts_retain_the_primary_context_charged_once(Deploy::Dropin, 1);
+    green_contexts_retain_the_primary_context_charged_once(Deploy::Dropin, 3);
+}
