@@ -563,7 +563,7 @@ mod ledger_file_tests {
         }
         let mut found: Vec<String> = ledger_files(&dir)
             .iter()
-            .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+            .map(|(p, _)| p.strip_prefix(&root).unwrap().display().to_string())
             .collect();
         found.sort();
         assert_eq!(
