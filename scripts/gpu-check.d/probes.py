@@ -99,7 +99,9 @@ class Runner:
         return e
 
     def tenant(self, name=None, memory=QUOTA, share=None, priority=None, extra=None):
-        """The environment of a process of a gpuslice tenant (its own ledger directory per run)."""
+        """The environment of a process of a gpuslice tenant. Without a name, a new tenant: a tenant's
+        share and priority are its ledger's (set by its first process), so a name is never reused
+        with other settings."""
         if name is None:
             self.tenants += 1
             name = "t%d" % self.tenants
@@ -899,9 +901,9 @@ def share_pair(r, shares, seconds):
     us = 1000
     alone = []
     for i, s in enumerate(shares):
-        d = r.client("spin", KERNELS, seconds * 500, us, env=r.tenant(name="alone%d" % i, share=s), timeout=seconds + 30)
+        d = r.client("spin", KERNELS, seconds * 500, us, env=r.tenant(share=s), timeout=seconds + 30)
         alone.append(num(d, "per_s"))
-    procs = [r.spawn([CLIENT, "spin", KERNELS, seconds * 1000, us], r.tenant(name="pair%d" % i, share=s)) for i, s in enumerate(shares)]
+    procs = [r.spawn([CLIENT, "spin", KERNELS, seconds * 1000, us], r.tenant(share=s)) for s in shares]
     together = []
     try:
         for p in procs:
@@ -971,9 +973,9 @@ def torch_shares(r, shares, graph):
     need_module(r, "torch")
     secs = 5
     extra = {"GC_SECONDS": str(secs), "GC_GRAPH": "1" if graph else "0"}
-    alone = [num(r.python(TORCH_LOOP, r.tenant(name="ta%d" % i, share=s, extra=extra), timeout=90), "per_s") for i, s in enumerate(shares)]
+    alone = [num(r.python(TORCH_LOOP, r.tenant(share=s, extra=extra), timeout=90), "per_s") for s in shares]
     py = shutil.which("python3", path=r.env().get("PATH")) or sys.executable
-    procs = [r.spawn([py, "-c", TORCH_LOOP], r.tenant(name="tp%d" % i, share=s, extra=extra)) for i, s in enumerate(shares)]
+    procs = [r.spawn([py, "-c", TORCH_LOOP], r.tenant(share=s, extra=extra)) for s in shares]
     together = []
     try:
         for p in procs:
