@@ -338,6 +338,48 @@ def p_resolution(r):
 
 
 @probe(
+    "resolution_dropin",
+    "the same lookups through the drop-in libcuda.so.1 / libnvidia-ml.so.1 (no preload)",
+    "with gpuslice's drop-in libraries first on the library path, every lookup gives the same symbol as "
+    "the driver, served by the drop-in (its hook for a hooked name); cuGetProcAddress gives nothing where "
+    "the driver gives nothing (linked and dlsym may find the drop-in's export of a name the driver lacks, "
+    "which answers CUDA_ERROR_NOT_FOUND, docs/DEPLOYMENT.md)",
+    "shim-c/dropin-cuda, shim-c/dropin-nvml, shim-c/dropin-common.rs",
+    timeout=90,
+)
+def p_resolution_dropin(r):
+    plain, _ = resolution_lines(r, r.env())
+    env = {"LD_LIBRARY_PATH": DROPIN + ((":" + r.driver_dir) if r.driver_dir else "")}
+    if r.driver_dir:
+        # Outside the driver's standard directories (simgpu, --driver-dir): named for the drop-ins.
+        env["GPUSLICE_REAL_LIBCUDA"] = os.path.join(r.driver_dir, "libcuda.so.1")
+        env["GPUSLICE_REAL_NVML"] = os.path.join(r.driver_dir, "libnvidia-ml.so.1")
+    dropin, _ = resolution_lines(r, r.env(env))
+    wrong, extra = [], []
+    n = 0
+    for key, (rc, sym, owner) in plain.items():
+        if key.startswith("linked") and sym == "null":
+            continue
+        n += 1
+        got = dropin.get(key)
+        if got is not None and sym == "null" and not key.startswith("gpa") and got[1] == key.split()[1] and got[2] == "gpuslice":
+            # The drop-in exports the whole table; a function the installed driver lacks answers
+            # CUDA_ERROR_NOT_FOUND / NVML_ERROR_FUNCTION_NOT_FOUND (docs/DEPLOYMENT.md).
+            extra.append(key.split()[1])
+            continue
+        ok = got is not None and got[:2] == [rc, sym] and (sym == "null" or got[2] == "gpuslice")
+        if not ok:
+            wrong.append("%s: driver %s, through the drop-in %s" % (key, " ".join([rc, sym, owner]), " ".join(got or ["missing"])))
+    return dict(
+        status="pass" if not wrong else "fail",
+        figure="%d lookups, %d wrong; exported by the drop-in but not the driver (answering NOT_FOUND): %s"
+        % (n, len(wrong), ", ".join(sorted(set(extra))) or "none"),
+        measured={"wrong": wrong[:40], "wrong_count": len(wrong), "dropin_only": sorted(set(extra))},
+        contradiction="" if not wrong else "the drop-in resolves differently from the driver: " + "; ".join(wrong[:5]),
+    )
+
+
+@probe(
     "events_no_context",
     "events queried from a thread with no current context",
     "cuEventQuery, cuEventSynchronize and cuEventElapsedTime on an event recorded in a context succeed "
