@@ -17,6 +17,7 @@ use std::process::Command;
 const PROBES: &[&str] = &[
     "driver",
     "resolution",
+    "resolution_dropin",
     "events_no_context",
     "memory_context",
     "module_loading_lazy",
@@ -48,6 +49,7 @@ const PROBES: &[&str] = &[
 const RUN_ON_SIMGPU: &[&str] = &[
     "driver",
     "resolution",
+    "resolution_dropin",
     "events_no_context",
     "memory_context",
     "module_loading_lazy",
@@ -68,6 +70,7 @@ const RUN_ON_SIMGPU: &[&str] = &[
 const PASS_ON_SIMGPU: &[&str] = &[
     "driver",
     "resolution",
+    "resolution_dropin",
     "events_no_context",
     "memory_context",
     "module_loading_lazy",

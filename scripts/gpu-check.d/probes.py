@@ -99,7 +99,9 @@ class Runner:
         return e
 
     def tenant(self, name=None, memory=QUOTA, share=None, priority=None, extra=None):
-        """The environment of a process of a gpuslice tenant (its own ledger directory per run)."""
+        """The environment of a process of a gpuslice tenant. Without a name, a new tenant: a tenant's
+        share and priority are its ledger's (set by its first process), so a name is never reused
+        with other settings."""
         if name is None:
             self.tenants += 1
             name = "t%d" % self.tenants
@@ -332,6 +334,48 @@ def p_resolution(r):
         % (sum(counts.values()), counts["linked"], counts["dlsym"], counts["gpa"], len(wrong)),
         measured=m,
         contradiction="" if not wrong else "resolution differs from the driver's: " + "; ".join(wrong[:5]),
+    )
+
+
+@probe(
+    "resolution_dropin",
+    "the same lookups through the drop-in libcuda.so.1 / libnvidia-ml.so.1 (no preload)",
+    "with gpuslice's drop-in libraries first on the library path, every lookup gives the same symbol as "
+    "the driver, served by the drop-in (its hook for a hooked name); cuGetProcAddress gives nothing where "
+    "the driver gives nothing (linked and dlsym may find the drop-in's export of a name the driver lacks, "
+    "which answers CUDA_ERROR_NOT_FOUND, docs/DEPLOYMENT.md)",
+    "shim-c/dropin-cuda, shim-c/dropin-nvml, shim-c/dropin-common.rs",
+    timeout=90,
+)
+def p_resolution_dropin(r):
+    plain, _ = resolution_lines(r, r.env())
+    env = {"LD_LIBRARY_PATH": DROPIN + ((":" + r.driver_dir) if r.driver_dir else "")}
+    if r.driver_dir:
+        # Outside the driver's standard directories (simgpu, --driver-dir): named for the drop-ins.
+        env["GPUSLICE_REAL_LIBCUDA"] = os.path.join(r.driver_dir, "libcuda.so.1")
+        env["GPUSLICE_REAL_NVML"] = os.path.join(r.driver_dir, "libnvidia-ml.so.1")
+    dropin, _ = resolution_lines(r, r.env(env))
+    wrong, extra = [], []
+    n = 0
+    for key, (rc, sym, owner) in plain.items():
+        if key.startswith("linked") and sym == "null":
+            continue
+        n += 1
+        got = dropin.get(key)
+        if got is not None and sym == "null" and not key.startswith("gpa") and got[1] == key.split()[1] and got[2] == "gpuslice":
+            # The drop-in exports the whole table; a function the installed driver lacks answers
+            # CUDA_ERROR_NOT_FOUND / NVML_ERROR_FUNCTION_NOT_FOUND (docs/DEPLOYMENT.md).
+            extra.append(key.split()[1])
+            continue
+        ok = got is not None and got[:2] == [rc, sym] and (sym == "null" or got[2] == "gpuslice")
+        if not ok:
+            wrong.append("%s: driver %s, through the drop-in %s" % (key, " ".join([rc, sym, owner]), " ".join(got or ["missing"])))
+    return dict(
+        status="pass" if not wrong else "fail",
+        figure="%d lookups, %d wrong; exported by the drop-in but not the driver (answering NOT_FOUND): %s"
+        % (n, len(wrong), ", ".join(sorted(set(extra))) or "none"),
+        measured={"wrong": wrong[:40], "wrong_count": len(wrong), "dropin_only": sorted(set(extra))},
+        contradiction="" if not wrong else "the drop-in resolves differently from the driver: " + "; ".join(wrong[:5]),
     )
 
 
@@ -899,9 +943,9 @@ def share_pair(r, shares, seconds):
     us = 1000
     alone = []
     for i, s in enumerate(shares):
-        d = r.client("spin", KERNELS, seconds * 500, us, env=r.tenant(name="alone%d" % i, share=s), timeout=seconds + 30)
+        d = r.client("spin", KERNELS, seconds * 500, us, env=r.tenant(share=s), timeout=seconds + 30)
         alone.append(num(d, "per_s"))
-    procs = [r.spawn([CLIENT, "spin", KERNELS, seconds * 1000, us], r.tenant(name="pair%d" % i, share=s)) for i, s in enumerate(shares)]
+    procs = [r.spawn([CLIENT, "spin", KERNELS, seconds * 1000, us], r.tenant(share=s)) for s in shares]
     together = []
     try:
         for p in procs:
@@ -971,9 +1015,9 @@ def torch_shares(r, shares, graph):
     need_module(r, "torch")
     secs = 5
     extra = {"GC_SECONDS": str(secs), "GC_GRAPH": "1" if graph else "0"}
-    alone = [num(r.python(TORCH_LOOP, r.tenant(name="ta%d" % i, share=s, extra=extra), timeout=90), "per_s") for i, s in enumerate(shares)]
+    alone = [num(r.python(TORCH_LOOP, r.tenant(share=s, extra=extra), timeout=90), "per_s") for s in shares]
     py = shutil.which("python3", path=r.env().get("PATH")) or sys.executable
-    procs = [r.spawn([py, "-c", TORCH_LOOP], r.tenant(name="tp%d" % i, share=s, extra=extra)) for i, s in enumerate(shares)]
+    procs = [r.spawn([py, "-c", TORCH_LOOP], r.tenant(share=s, extra=extra)) for s in shares]
     together = []
     try:
         for p in procs:
