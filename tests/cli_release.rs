@@ -54,8 +54,8 @@ fn completions_for_each_shell() {
             "{shell}: no {marker:?}\n{}",
             r.report()
         );
-        // Subcommands and their options are in it.
-        for word in ["device-plugin", "install-library", "--memory"] {
+        // Subcommands and their options (fish spells `--memory` as `-l memory`) are in it.
+        for word in ["device-plugin", "install-library", "memory"] {
             assert!(r.stdout.contains(word), "{shell}: no {word:?}");
         }
     }
