@@ -849,13 +849,16 @@ async fn allocate_all(
 ) -> Result<(Vec<dp::ContainerAllocateResponse>, Vec<String>), String> {
     let mut responses = Vec::new();
     let mut created = Vec::new();
-    let all: Vec<&String> = requests.iter().flatten().collect();
-    let distinct: BTreeSet<&String> = all.iter().copied().collect();
-    if distinct.len() != all.len() {
+    let mut seen = BTreeSet::new();
+    if let Some(dup) = requests
+        .iter()
+        .flatten()
+        .find(|id| !seen.insert(id.as_str()))
+    {
         let e = format!(
-            "{requests:?}: a slice requested for more than one container: each slice can be given once"
+            "{dup:?} requested more than once in one Allocate: each slice can be given once"
         );
-        warn!("Allocate refused: {e}");
+        warn!("Allocate {requests:?} refused: {e}");
         return Err(e);
     }
     for ids in requests {

@@ -1038,7 +1038,7 @@ fn slices_by_memory_and_a_daemon_log() {
             .lines()
             .find(|l| l.contains("starting: resource gpuslice.io/slice"))
             .unwrap_or_else(|| panic!("no start-up summary: {stderr}"));
-        assert!(summary.contains("4GiB on every GPU"), "{summary}");
+        assert!(summary.contains("4 GiB on every GPU"), "{summary}");
         assert!(summary.contains(&format!("{per_gpu} slices")), "{summary}");
         let retry = stderr
             .lines()
