@@ -813,7 +813,8 @@ impl DevicePlugin for Service {
                 warn!("Allocate {requests:?}: the kubelet went away before the answer; {removed}");
             }
         });
-        let limit = self.0.cfg.allocate_timeout;
+        // The test-only answer delay comes on top.
+        let limit = self.0.cfg.allocate_timeout + self.0.cfg.answer_delay;
         match tokio::time::timeout(limit, answered).await {
             Ok(Ok(Ok(container_responses))) => Ok(Response::new(dp::AllocateResponse {
                 container_responses,
