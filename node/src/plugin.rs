@@ -525,7 +525,7 @@ impl Plugin {
             kubernetes: None,
         };
         self.write_slices(&name, &wanted)?;
-        if let Err(e) = tenant::create(&self.cfg.node, &req, &[gpu.clone()]) {
+        if let Err(e) = tenant::create(&self.cfg.node, &req, std::slice::from_ref(gpu)) {
             let _ = std::fs::remove_file(self.record_path(&name));
             return Err(e);
         }
