@@ -42,7 +42,11 @@ def api(base, path, **params):
 def expand(expr, uuid, rate_interval):
     expr = expr.replace("$__rate_interval", rate_interval)
     # GPU UUIDs are letters, digits and dashes: nothing to escape in a PromQL regex.
-    return expr.replace("$UUID", uuid if uuid is not None else ".*")
+    expr = expr.replace("$UUID", uuid if uuid is not None else ".*")
+    # The node, namespace and tenant filters: all.
+    for var in ("$node", "$namespace", "$tenant"):
+        expr = expr.replace(var, ".*")
+    return expr
 
 
 def legend(fmt, metric):

@@ -461,7 +461,10 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
             let expr = t
                 .str("expr")
                 .replace("$__rate_interval", "10s")
-                .replace("$UUID", ".*");
+                .replace("$UUID", ".*")
+                .replace("$node", ".*")
+                .replace("$namespace", ".*")
+                .replace("$tenant", ".*");
             let answer = Json::parse(&prom.query(&expr, mid_run)).unwrap();
             assert!(
                 !answer.arr("data.result").is_empty(),

@@ -69,6 +69,17 @@ struct StatusDocument {
     memory_error: Option<String>,
     compute: Option<Vec<ComputeRow>>,
     compute_error: Option<String>,
+    /// With --state-dir: GPUs the device plugin found also allocated through `nvidia.com/gpu`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    also_allocated: Vec<AlsoAllocated>,
+}
+
+#[derive(Serialize)]
+struct AlsoAllocated {
+    uuid: String,
+    namespace: String,
+    pod: String,
+    container: String,
 }
 
 #[derive(Serialize)]
@@ -178,6 +189,25 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         other => Some(other),
     };
     let shown = matches!(memory, Some(Ok(_))) || matches!(compute, Some(Ok(_)));
+    let twice: Vec<AlsoAllocated> = a
+        .state_dir
+        .as_ref()
+        .map(|s| gpuslice_observe::collect::read_conflicts(&s.join("device-plugin/conflicts")))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(uuid, k)| AlsoAllocated {
+            uuid,
+            namespace: k.namespace,
+            pod: k.pod,
+            container: k.container,
+        })
+        .collect();
+    for t in &twice {
+        eprintln!(
+            "gpuslice: GPU {} is also allocated through nvidia.com/gpu to {}/{} ({}): handed out twice",
+            t.uuid, t.namespace, t.pod, t.container
+        );
+    }
     if a.json {
         let doc = StatusDocument {
             memory: memory
@@ -187,6 +217,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
             memory_error: memory.as_ref().and_then(|m| m.as_ref().err()).cloned(),
             compute: compute.as_ref().and_then(|c| c.as_ref().ok()).cloned(),
             compute_error: compute.as_ref().and_then(|c| c.as_ref().err()).cloned(),
+            also_allocated: twice,
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         println!("{text}");

@@ -525,7 +525,7 @@ impl Plugin {
             kubernetes: None,
         };
         self.write_slices(&name, &wanted)?;
-        if let Err(e) = tenant::create(&self.cfg.node, &req, &[gpu.clone()]) {
+        if let Err(e) = tenant::create(&self.cfg.node, &req, std::slice::from_ref(gpu)) {
             let _ = std::fs::remove_file(self.record_path(&name));
             return Err(e);
         }
@@ -813,7 +813,8 @@ impl DevicePlugin for Service {
                 warn!("Allocate {requests:?}: the kubelet went away before the answer; {removed}");
             }
         });
-        let limit = self.0.cfg.allocate_timeout;
+        // The test-only answer delay comes on top.
+        let limit = self.0.cfg.allocate_timeout + self.0.cfg.answer_delay;
         match tokio::time::timeout(limit, answered).await {
             Ok(Ok(Ok(container_responses))) => Ok(Response::new(dp::AllocateResponse {
                 container_responses,
@@ -849,13 +850,16 @@ async fn allocate_all(
 ) -> Result<(Vec<dp::ContainerAllocateResponse>, Vec<String>), String> {
     let mut responses = Vec::new();
     let mut created = Vec::new();
-    let all: Vec<&String> = requests.iter().flatten().collect();
-    let distinct: BTreeSet<&String> = all.iter().copied().collect();
-    if distinct.len() != all.len() {
+    let mut seen = BTreeSet::new();
+    if let Some(dup) = requests
+        .iter()
+        .flatten()
+        .find(|id| !seen.insert(id.as_str()))
+    {
         let e = format!(
-            "{requests:?}: a slice requested for more than one container: each slice can be given once"
+            "{dup:?} requested more than once in one Allocate: each slice can be given once"
         );
-        warn!("Allocate refused: {e}");
+        warn!("Allocate {requests:?} refused: {e}");
         return Err(e);
     }
     for ids in requests {

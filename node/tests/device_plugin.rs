@@ -1038,7 +1038,7 @@ fn slices_by_memory_and_a_daemon_log() {
             .lines()
             .find(|l| l.contains("starting: resource gpuslice.io/slice"))
             .unwrap_or_else(|| panic!("no start-up summary: {stderr}"));
-        assert!(summary.contains("4GiB on every GPU"), "{summary}");
+        assert!(summary.contains("4 GiB on every GPU"), "{summary}");
         assert!(summary.contains(&format!("{per_gpu} slices")), "{summary}");
         let retry = stderr
             .lines()
@@ -1133,6 +1133,28 @@ fn gpu_also_allocated_through_nvidia() {
     }
     let conflicts = std::fs::read_to_string(scene.state.join("device-plugin/conflicts")).unwrap();
     assert_eq!(conflicts, format!("{uuid}\tml\twhole-gpu\tcuda\n"));
+    // `gpuslice status --state-dir` reports it.
+    let status = run(scene
+        .command(gpuslice_bin())
+        .args(["status", "--json", "--compute", "--state-dir"])
+        .arg(&scene.state));
+    let doc: serde_json::Value = serde_json::from_str(&status.stdout).expect(&status.stdout);
+    assert_eq!(
+        doc["also_allocated"][0]["uuid"],
+        uuid.as_str(),
+        "{}",
+        status.stdout
+    );
+    assert_eq!(
+        doc["also_allocated"][0]["pod"], "whole-gpu",
+        "{}",
+        status.stdout
+    );
+    assert!(
+        status.stderr.contains("handed out twice"),
+        "{}",
+        status.stderr
+    );
     pods.0.lock().unwrap().clear();
     let healed = rt
         .block_on(tokio::time::timeout(

@@ -288,6 +288,9 @@ pub struct MemoryDevice {
     pub used: u64,
     pub peak: u64,
     pub denied: u64,
+    /// The part of `used` still charged to processes that have exited (reclaimed when a process
+    /// of the tenant next opens the ledger).
+    pub exited: u64,
 }
 
 /// `None` when the file is gone (deleted, or renamed away, since it was listed).
@@ -314,6 +317,14 @@ fn read_tenant(
                         used: d.used,
                         peak: d.peak,
                         denied: d.denied,
+                        exited: s
+                            .processes
+                            .iter()
+                            .filter(|p| !p.alive)
+                            .flat_map(|p| p.used.iter())
+                            .filter(|(i, _)| *i == d.index)
+                            .fold(0u64, |a, (_, b)| a.saturating_add(*b))
+                            .min(d.used),
                     })
                     .collect(),
                 processes: s.processes.iter().filter(|p| p.alive).count(),

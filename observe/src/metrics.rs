@@ -56,6 +56,7 @@ struct Families {
     used: IntGaugeVec,
     peak: IntGaugeVec,
     denied: IntCounterVec,
+    exited: IntGaugeVec,
     processes: IntGaugeVec,
     share: GaugeVec,
     cap: GaugeVec,
@@ -89,6 +90,11 @@ impl Families {
             denied: counter(
                 "gpuslice_memory_allocation_denied_total",
                 "Reservations refused at the tenant's quota on the GPU (CUDA_ERROR_OUT_OF_MEMORY to the program).",
+                TENANT_GPU,
+            ),
+            exited: int_gauge(
+                "gpuslice_memory_exited_bytes",
+                "Part of gpuslice_memory_used_bytes still charged to processes that have exited (given back when a process of the tenant next starts).",
                 TENANT_GPU,
             ),
             processes: int_gauge(
@@ -163,6 +169,7 @@ impl Families {
             self.used.with_label_values(&l).set(clamp(d.used));
             self.peak.with_label_values(&l).set(clamp(d.peak));
             self.denied.with_label_values(&l).inc_by(d.denied);
+            self.exited.with_label_values(&l).set(clamp(d.exited));
         }
     }
 
@@ -200,11 +207,12 @@ impl Families {
 
     fn registry(self) -> Registry {
         let registry = Registry::new();
-        let all: [Box<dyn Collector>; 14] = [
+        let all: [Box<dyn Collector>; 15] = [
             Box::new(self.limit),
             Box::new(self.used),
             Box::new(self.peak),
             Box::new(self.denied),
+            Box::new(self.exited),
             Box::new(self.processes),
             Box::new(self.share),
             Box::new(self.cap),
