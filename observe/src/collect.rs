@@ -572,6 +572,7 @@ mod ledger_file_tests {
         ] {
             std::fs::write(root.join(f), b"").unwrap();
         }
+<<<<<<< ours
         let mut found: Vec<String> = ledger_files(&dir)
             .iter()
             .map(|(p, _)| p.strip_prefix(&root).unwrap().display().to_string())
@@ -586,6 +587,51 @@ mod ledger_file_tests {
                 "gpuslice/uid-1000/a.ledger"
             ]
         );
+=======
+        // A per-user directory and its ledgers are that user's (as root, made so here).
+        // SAFETY: no arguments; cannot fail.
+        let as_root = unsafe { libc::geteuid() } == 0;
+        if as_root {
+            for (p, uid) in [
+                ("gpuslice/uid-1000", 1000),
+                ("gpuslice/uid-1000/a.ledger", 1000),
+                ("gpuslice-uid-1001", 1001),
+                ("gpuslice-uid-1001/c.ledger", 1001),
+            ] {
+                std::os::unix::fs::chown(root.join(p), Some(uid), Some(uid)).unwrap();
+            }
+        }
+        let found = |dir: &Path| {
+            let mut v: Vec<String> = ledger_files(dir)
+                .iter()
+                .map(|(p, _)| p.strip_prefix(&root).unwrap().display().to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        let mut expected = vec![
+            "gpuslice-uid-1001/c.ledger",
+            "gpuslice/group-gpu/b.ledger",
+            "gpuslice/top.ledger",
+            "gpuslice/uid-1000/a.ledger",
+        ];
+        if !as_root {
+            expected.retain(|p| !p.contains("uid-"));
+        }
+        assert_eq!(found(&dir), expected);
+        // A per-user directory owned by someone else, or a link to one, is not scanned.
+        if as_root {
+            std::os::unix::fs::chown(root.join("gpuslice/uid-1000"), Some(1002), Some(1002))
+                .unwrap();
+            std::fs::remove_dir_all(root.join("gpuslice-uid-1001")).unwrap();
+            std::os::unix::fs::symlink(root.join("other"), root.join("gpuslice-uid-1001"))
+                .unwrap();
+            assert_eq!(
+                found(&dir),
+                ["gpuslice/group-gpu/b.ledger", "gpuslice/top.ledger"]
+            );
+        }
+>>>>>>> theirs
         let _ = std::fs::remove_dir_all(&root);
     }
 }
