@@ -572,22 +572,6 @@ mod ledger_file_tests {
         ] {
             std::fs::write(root.join(f), b"").unwrap();
         }
-<<<<<<< ours
-        let mut found: Vec<String> = ledger_files(&dir)
-            .iter()
-            .map(|(p, _)| p.strip_prefix(&root).unwrap().display().to_string())
-            .collect();
-        found.sort();
-        assert_eq!(
-            found,
-            [
-                "gpuslice-uid-1001/c.ledger",
-                "gpuslice/group-gpu/b.ledger",
-                "gpuslice/top.ledger",
-                "gpuslice/uid-1000/a.ledger"
-            ]
-        );
-=======
         // A per-user directory and its ledgers are that user's (as root, made so here).
         // SAFETY: no arguments; cannot fail.
         let as_root = unsafe { libc::geteuid() } == 0;
@@ -631,7 +615,6 @@ mod ledger_file_tests {
                 ["gpuslice/group-gpu/b.ledger", "gpuslice/top.ledger"]
             );
         }
->>>>>>> theirs
         let _ = std::fs::remove_dir_all(&root);
     }
 }
