@@ -487,7 +487,11 @@ fn device_plugin_against_a_kubelet_stand_in() {
     wait_until(
         "the gone pod's tenant removed",
         Duration::from_secs(30),
-        || !scene.state.join(format!("tenants/{tenant}")).exists(),
+        || {
+            // The plugin logs the removal after it is done.
+            !scene.state.join(format!("tenants/{tenant}")).exists()
+                && plugin.stderr_so_far().contains("removed (its pod is gone)")
+        },
     );
     assert!(!scene
         .cdi
