@@ -487,7 +487,11 @@ fn device_plugin_against_a_kubelet_stand_in() {
     wait_until(
         "the gone pod's tenant removed",
         Duration::from_secs(30),
-        || !scene.state.join(format!("tenants/{tenant}")).exists(),
+        || {
+            // The plugin logs the removal after it is done.
+            !scene.state.join(format!("tenants/{tenant}")).exists()
+                && plugin.stderr_so_far().contains("removed (its pod is gone)")
+        },
     );
     assert!(!scene
         .cdi
@@ -1186,6 +1190,101 @@ fn gpu_also_allocated_through_nvidia() {
         "{devices:?}"
     );
     plugin.stop();
+}
+
+/// A tenant process that takes the GPU's arbitration lock (a live slot of its own) and keeps
+/// re-stamping it: Allocate, whose tenant creation must enter that lock, still answers within 2 s
+/// (refused with the reason when the lock is not given up in time, `--allocate-timeout-seconds 1`);
+/// what the late creation made is removed once the lock is free, and the next Allocate works.
+#[test]
+fn allocate_answers_while_a_tenant_holds_the_arbitration_lock() {
+    use gpuslice::scheduling::device::{now_ns, DeviceLedger};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let scene = Scene::new("locked", &[("SIMGPU_MEMORY", "16GiB")]);
+    let kubelet = scene.dir.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    let rt = kubelet_runtime();
+    let _guard = rt.enter();
+    let plugin = start_plugin(
+        &scene,
+        &kubelet,
+        &scene.dir.join("no-pod-resources.sock"),
+        &["--allocate-timeout-seconds", "1"],
+    );
+    wait_for_socket(&kubelet, &plugin);
+    let devices = rt.block_on(first_device_list(&kubelet));
+    let uuid = devices[0].id.split("::").next().unwrap().to_string();
+    let (r, _) = allocate(&rt, &kubelet, vec![format!("{uuid}::0")]);
+    r.unwrap();
+    let ledger_path = scene.state.join(format!("devices/{uuid}.dev"));
+
+    let stop = AtomicBool::new(false);
+    let held = AtomicBool::new(false);
+    let refused = std::thread::scope(|s| {
+        s.spawn(|| {
+            let l = DeviceLedger::open(&ledger_path, &uuid, false).unwrap();
+            let slot = l.claim_slot(0).expect("a free slot");
+            let _g = l.lock(slot);
+            held.store(true, Ordering::Release);
+            let start = Instant::now();
+            while !stop.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(20) {
+                l.layout().header.lock_ns.store(now_ns(), Ordering::Release);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        wait_until("the lock held", Duration::from_secs(10), || {
+            held.load(Ordering::Acquire)
+        });
+        let (r, took) = allocate(&rt, &kubelet, vec![format!("{uuid}::1")]);
+        let second = rt.block_on(async {
+            let start = Instant::now();
+            let r = plugin_client(&kubelet)
+                .await
+                .allocate(dp::AllocateRequest {
+                    container_requests: vec![dp::ContainerAllocateRequest {
+                        devices_ids: vec![format!("{uuid}::2")],
+                    }],
+                })
+                .await;
+            (r, start.elapsed())
+        });
+        stop.store(true, Ordering::Release);
+        assert!(
+            took < Duration::from_secs(2),
+            "Allocate answered after {took:?}"
+        );
+        assert!(
+            second.1 < Duration::from_secs(2),
+            "the next Allocate answered after {:?}",
+            second.1
+        );
+        // Refused with the reason, or (an arbitration that does not let a live holder keep the
+        // lock) allocated: never late.
+        let mut refused = Vec::new();
+        for (i, r) in [(1, r.map(|_| ())), (2, second.0.map(|_| ()))] {
+            if let Err(e) = r {
+                assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+                assert!(e.message().contains("nothing was allocated"), "{e:?}");
+                refused.push(i);
+            }
+        }
+        refused
+    });
+    // The lock is free: what the late creations of refused calls made is taken back, and Allocate
+    // works again.
+    wait_until("the late tenants removed", Duration::from_secs(30), || {
+        refused
+            .iter()
+            .all(|i| !scene.state.join(format!("tenants/k8s-{uuid}-{i}")).exists())
+    });
+    let (r, took) = allocate(&rt, &kubelet, vec![format!("{uuid}::3")]);
+    r.unwrap();
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let stderr = plugin.stop();
+    assert!(
+        refused.is_empty() || stderr.contains("no answer within"),
+        "{stderr}"
+    );
 }
 
 /// The runtime the kubelet stand-in's gRPC servers and clients run on.

@@ -8,8 +8,11 @@
 //! (CONTAINERS_CONF), no network and no image: the container's root is a directory holding the
 //! client and the libraries it links (`--rootfs`). Podman 4.3 (Debian 12) reads CDI specs only from
 //! /etc/cdi and /var/run/cdi (`cdi_spec_dirs` in containers.conf came with later versions; it is set
-//! too, for them). simgpu stands in for the GPU as NVIDIA's CDI device would: a second spec
-//! (`simgpu.test/gpu=all`) mounts its libraries and its state file.
+//! too, for them). simgpu stands in for the GPU as NVIDIA's CDI device would: a second spec, of
+//! NVIDIA's kind (`nvidia.com/gpu`, devices named by the GPU's UUID and `all`, as `nvidia-ctk cdi
+//! generate` names them), mounts its libraries and its state file; the container gets
+//! `nvidia.com/gpu=<UUID>` beside `gpuslice.io/tenant=t1`, as the device plugin answers on a
+//! CDI-default cluster.
 
 mod support;
 
@@ -47,7 +50,7 @@ fn copy_with_libraries(rootfs: &Path, file: &Path, to: &str) {
 }
 
 /// The node's "GPU": a CDI spec mounting simgpu's driver libraries and its state.
-fn write_simgpu_spec(scene: &Scene) {
+fn write_simgpu_spec(scene: &Scene, uuid: &str) {
     let lib = |name: &str| {
         std::fs::canonicalize(simgpu_lib_dir().join(name))
             .unwrap()
@@ -60,17 +63,17 @@ fn write_simgpu_spec(scene: &Scene) {
     };
     let spec = serde_json::json!({
         "cdiVersion": "0.3.0",
-        "kind": "simgpu.test/gpu",
-        "devices": [{"name": "all", "containerEdits": {
+        "kind": "nvidia.com/gpu",
+        "devices": ([uuid, "all"].iter().map(|name| serde_json::json!({"name": name, "containerEdits": {
             "env": ["SIMGPU_STATE=/var/lib/simgpu/state", "LD_LIBRARY_PATH=/opt/simgpu"],
             "mounts": [
                 mount(lib("libcuda.so.1"), "/opt/simgpu/libcuda.so.1", "ro"),
                 mount(lib("libnvidia-ml.so.1"), "/opt/simgpu/libnvidia-ml.so.1", "ro"),
                 mount(scene.simgpu_state.display().to_string(), "/var/lib/simgpu/state", "rw"),
-            ]}}]
+            ]}})).collect::<Vec<_>>())
     });
     std::fs::write(
-        scene.cdi.join("simgpu.test-gpu.json"),
+        scene.cdi.join("nvidia.json"),
         serde_json::to_string_pretty(&spec).unwrap(),
     )
     .unwrap();
@@ -200,10 +203,25 @@ fn podman_runs_a_client_within_its_tenant_quota() {
         "t1",
         "--memory",
         "2GiB",
+        "--gpu",
+        "0",
         "--cdi-without-groups",
     ]);
     r.assert_success();
-    write_simgpu_spec(&scene);
+    let policy = std::fs::read_to_string(scene.state.join("tenants/t1/policy.toml")).unwrap();
+    let uuid = policy
+        .lines()
+        .find_map(|l| l.strip_prefix("gpus = [\""))
+        .and_then(|l| l.split('"').next())
+        .unwrap_or_else(|| panic!("no GPU in {policy}"))
+        .to_string();
+    write_simgpu_spec(&scene, &uuid);
+    // The device plugin finds this spec and names the GPU's device as the container below gets it.
+    let nvidia_device = gpuslice_node::cdi::find_nvidia(std::slice::from_ref(&scene.cdi))
+        .expect("the stand-in is found as NVIDIA's spec")
+        .device_for(&uuid, 0)
+        .expect("named by UUID");
+    assert_eq!(nvidia_device, format!("nvidia.com/gpu={uuid}"));
     let gid = std::os::unix::fs::MetadataExt::gid(
         &std::fs::metadata(scene.state.join("tenants/t1")).unwrap(),
     )
@@ -214,7 +232,7 @@ fn podman_runs_a_client_within_its_tenant_quota() {
         "--device",
         "gpuslice.io/tenant=t1",
         "--device",
-        "simgpu.test/gpu=all",
+        nvidia_device.as_str(),
     ];
 
     // Uid 1001 with the tenant's and the device group; its environment asks for far more.
