@@ -75,7 +75,10 @@ fn refuse_larger_ledger(a: &RunArgs, memory: &str) -> Result<(), String> {
             _ => std::env::var(name).ok(),
         }
     };
-    let cfg = gpuslice::config::load_from(&env, std::path::Path::new(gpuslice::config::DEFAULT_QUOTA_FILE));
+    let cfg = gpuslice::config::load_from(
+        &env,
+        std::path::Path::new(gpuslice::config::DEFAULT_QUOTA_FILE),
+    );
     if cfg.policy.is_some() {
         // A node tenant: the node's policy rules, and the library says so itself.
         return Ok(());
@@ -95,7 +98,12 @@ fn refuse_larger_ledger(a: &RunArgs, memory: &str) -> Result<(), String> {
     for d in &snap.devices {
         if let Setting::Value(want) = cfg.memory.get(u32::MAX, &d.uuid) {
             if d.limit > want {
-                larger.push(format!("{} on {} (asked: {})", shown(d.limit), d.uuid, format_bytes(want)));
+                larger.push(format!(
+                    "{} on {} (asked: {})",
+                    shown(d.limit),
+                    d.uuid,
+                    format_bytes(want)
+                ));
             }
         }
     }

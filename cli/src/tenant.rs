@@ -291,7 +291,8 @@ pub(crate) fn guard_set(
     }
     if memory.is_some() && device.is_some() {
         return Err(
-            "set: a node-created tenant has one memory size for all its GPUs (drop --device)".into(),
+            "set: a node-created tenant has one memory size for all its GPUs (drop --device)"
+                .into(),
         );
     }
     let pct = |v: &str| v.trim_end_matches('%').parse::<u8>().ok();

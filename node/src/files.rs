@@ -103,10 +103,7 @@ fn distrust(st: &libc::stat, for_writing: bool) -> Option<String> {
         return Some("not a directory".into());
     }
     if !ours(st) {
-        return Some(format!(
-            "owned by uid {} (neither root nor us)",
-            st.st_uid
-        ));
+        return Some(format!("owned by uid {} (neither root nor us)", st.st_uid));
     }
     let others_write = st.st_mode & 0o022 != 0;
     let sticky = st.st_mode & libc::S_ISVTX != 0;
@@ -157,11 +154,7 @@ impl Dir {
     }
 
     fn walk(path: &Path, create: bool) -> Result<Dir, String> {
-        let start = if path.is_absolute() {
-            c"/"
-        } else {
-            c"."
-        };
+        let start = if path.is_absolute() { c"/" } else { c"." };
         let mut cur = openat(libc::AT_FDCWD, start, libc::O_PATH | libc::O_DIRECTORY, 0)
             .map_err(|e| e.to_string())?;
         let st = fstat(&cur).map_err(|e| e.to_string())?;
@@ -200,9 +193,7 @@ impl Dir {
                     todo.push(name);
                     continue;
                 }
-                Err(e)
-                    if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) =>
-                {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
                     // A link (or not a directory at all): followed only where nobody else made it.
                     let st = fstatat_nofollow(&cur, &c).map_err(|e| e.to_string())?;
                     if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
@@ -243,13 +234,8 @@ impl Dir {
             cur = next;
         }
         // Reopened for reading (fchown/fchmod and listing need more than O_PATH).
-        let fd = openat(
-            cur.as_raw_fd(),
-            c".",
-            libc::O_RDONLY | libc::O_DIRECTORY,
-            0,
-        )
-        .unwrap_or(cur);
+        let fd =
+            openat(cur.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0).unwrap_or(cur);
         let st = fstat(&fd).map_err(|e| e.to_string())?;
         if let Some(why) = distrust(&st, true) {
             return Err(format!("not a directory root may write into: {why}"));
@@ -492,9 +478,8 @@ impl Dir {
     /// Removes the tree `name` below this directory without following any link (a link is
     /// removed as a name). A missing one is no error.
     pub fn remove_tree(&self, name: &str) -> Result<(), String> {
-        remove_tree_at(&self.fd, name, 0).map_err(|e| {
-            format!("removing {}: {e}", self.path.join(name).display())
-        })
+        remove_tree_at(&self.fd, name, 0)
+            .map_err(|e| format!("removing {}: {e}", self.path.join(name).display()))
     }
 
     /// Names in this directory (not `.`/`..`), unsorted.

@@ -28,7 +28,12 @@ pub fn write_in(dir: &crate::files::Dir, policy: &Policy) -> Result<(), String> 
             path.display()
         ));
     }
-    dir.write_file("policy.toml", text.as_bytes(), 0o644, crate::files::root_owned())
+    dir.write_file(
+        "policy.toml",
+        text.as_bytes(),
+        0o644,
+        crate::files::root_owned(),
+    )
 }
 
 /// Serialises a policy (JSON of `tenant create/list --json`) as the table its file holds, so the

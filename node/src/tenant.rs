@@ -21,13 +21,13 @@
 //! ledger or change any policy.
 
 use crate::cdi;
+use crate::files::Dir;
 use crate::nvml::Gpu;
 use crate::policy::{self, Layout, Policy, Priority};
 use gpuslice::ledger::{Ledger, LedgerOptions};
 use gpuslice::scheduling::device::DeviceLedger;
 use gpuslice::scheduling::TenantId;
 use serde::Serialize;
-use crate::files::Dir;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -296,7 +296,12 @@ fn publish_with(
             .collect();
         let path = compute::path_for_ledger(&layout.device_ledger(&uuid));
         let (_, name) = crate::files::split(&path)?;
-        devices.write_file(name, compute::render(&records).as_bytes(), 0o644, crate::files::root_owned())?;
+        devices.write_file(
+            name,
+            compute::render(&records).as_bytes(),
+            0o644,
+            crate::files::root_owned(),
+        )?;
         // A GPU set up before the node made measurement locks gets its own at the next change.
         measure_lock(devices, &uuid)?;
     }
@@ -448,7 +453,10 @@ pub fn recover(node: &Node, dirs: &StateDirs) -> Vec<String> {
             }
         }
         match dirs.tenants.remove_tree(entry) {
-            Ok(()) => done.push(format!("removed {} (an interrupted create or delete)", tmp.display())),
+            Ok(()) => done.push(format!(
+                "removed {} (an interrupted create or delete)",
+                tmp.display()
+            )),
             Err(e) => done.push(e),
         }
     }
@@ -602,7 +610,7 @@ pub fn create_with(
         if n >= gpuslice::scheduling::MAX_TENANTS {
             return Err(format!(
                 "tenant {:?} not created: GPU {} {} already has {n} tenants, the most one GPU's \
-                 compute policy holds ({}); delete one first",
+                 device ledger holds ({}); delete one first",
                 req.name,
                 g.index,
                 g.uuid,

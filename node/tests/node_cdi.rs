@@ -134,10 +134,23 @@ fn specs_validate_and_mount_what_the_library_needs() {
         "/usr/lib/gpuslice/libgpuslice.so\n"
     );
     assert_eq!(find("/run/gpuslice/tenant").0, t1_dir.display().to_string());
+    // The directories are read-only (root writes there); the ledgers are writable, one mount each.
     assert!(
-        !find("/run/gpuslice/tenant").2,
-        "the ledger must be writable"
+        find("/run/gpuslice/tenant").2,
+        "the tenant's directory is mounted read-only"
     );
+    let ledger = find("/run/gpuslice/tenant/t1.ledger");
+    assert!(!ledger.2, "the ledger must be writable");
+    assert_eq!(ledger.0, t1_dir.join("t1.ledger").display().to_string());
+    assert!(
+        find("/run/gpuslice/devices").2,
+        "the device directory is read-only"
+    );
+    let dev = mounts
+        .iter()
+        .find(|m| m.1.starts_with("/run/gpuslice/devices/") && m.1.ends_with(".dev"))
+        .expect("a device ledger mount");
+    assert!(!dev.2, "the device ledger must be writable");
     let policy = find("/run/gpuslice/tenant/policy.toml");
     assert!(policy.2, "the policy is mounted read-only");
     assert_eq!(policy.0, t1_dir.join("policy.toml").display().to_string());

@@ -104,8 +104,7 @@ fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>, u32)> {
             if m.is_dir() {
                 todo.push(p.clone());
                 out.push((p, Vec::new(), m.mode()));
-            } else if m.is_file() && !p.extension().is_some_and(|x| x == "ledger" || x == "dev")
-            {
+            } else if m.is_file() && !p.extension().is_some_and(|x| x == "ledger" || x == "dev") {
                 out.push((p.clone(), std::fs::read(&p).unwrap(), m.mode()));
             } else {
                 out.push((p, Vec::new(), m.mode()));
@@ -123,10 +122,14 @@ fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>, u32)> {
 fn container_root_cannot_change_policies_or_plant_files() {
     let scene = Scene::new("croot", &[("SIMGPU_MEMORY", "16GiB")]);
     scene
-        .gpuslice(&["tenant", "create", "t1", "--memory", "3GiB", "--share", "30"])
+        .gpuslice(&[
+            "tenant", "create", "t1", "--memory", "3GiB", "--share", "30",
+        ])
         .assert_success();
     scene
-        .gpuslice(&["tenant", "create", "t2", "--memory", "3GiB", "--share", "70"])
+        .gpuslice(&[
+            "tenant", "create", "t2", "--memory", "3GiB", "--share", "70",
+        ])
         .assert_success();
     let uuid = uuid_of(&scene);
     let before = files_under(&scene.state);
@@ -183,7 +186,9 @@ fn container_root_cannot_change_policies_or_plant_files() {
 fn root_never_writes_through_planted_links() {
     let scene = Scene::new("links", &[("SIMGPU_MEMORY", "16GiB")]);
     scene
-        .gpuslice(&["tenant", "create", "t1", "--memory", "2GiB", "--share", "20"])
+        .gpuslice(&[
+            "tenant", "create", "t1", "--memory", "2GiB", "--share", "20",
+        ])
         .assert_success();
     let victim = Victim::new(&scene.dir, "victim");
     let uuid = uuid_of(&scene);
@@ -204,7 +209,9 @@ fn root_never_writes_through_planted_links() {
     std::os::unix::fs::symlink(&victim.path, scene.cdi.join("gpuslice.io-tenant-t2.json")).unwrap();
     let started = Instant::now();
     scene
-        .gpuslice(&["tenant", "create", "t2", "--memory", "2GiB", "--share", "20"])
+        .gpuslice(&[
+            "tenant", "create", "t2", "--memory", "2GiB", "--share", "20",
+        ])
         .assert_success();
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -243,7 +250,13 @@ fn a_rename_exchange_race_never_redirects_chown_or_chmod() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let racer = {
         let stop = stop.clone();
-        let a = std::ffi::CString::new(devices.join(format!("{uuid}.dev")).into_os_string().into_encoded_bytes()).unwrap();
+        let a = std::ffi::CString::new(
+            devices
+                .join(format!("{uuid}.dev"))
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
         let b = std::ffi::CString::new(link.clone().into_os_string().into_encoded_bytes()).unwrap();
         std::thread::spawn(move || {
             let mut swaps = 0u64;
@@ -266,7 +279,9 @@ fn a_rename_exchange_race_never_redirects_chown_or_chmod() {
     for i in 1..=5 {
         let started = Instant::now();
         let name = format!("t{i}");
-        let r = scene.gpuslice(&["tenant", "create", &name, "--memory", "1GiB", "--share", "5"]);
+        let r = scene.gpuslice(&[
+            "tenant", "create", &name, "--memory", "1GiB", "--share", "5",
+        ]);
         // It may fail (the device ledger is a link half the time); it must answer, and not hurt.
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -299,7 +314,8 @@ fn a_users_policy_beside_a_ledger_is_not_the_nodes() {
     .unwrap();
     std::fs::write(tdir.join("x.ledger"), "").unwrap();
     for pid in std::process::id()..std::process::id() + 500 {
-        let _ = std::os::unix::fs::symlink(&victim.path, tdir.join(format!(".policy.toml.{pid}.tmp")));
+        let _ =
+            std::os::unix::fs::symlink(&victim.path, tdir.join(format!(".policy.toml.{pid}.tmp")));
     }
     for p in [&home, &home.join("tenants"), &tdir] {
         std::os::unix::fs::chown(p, Some(1001), Some(1001)).unwrap();
@@ -320,7 +336,10 @@ fn a_users_policy_beside_a_ledger_is_not_the_nodes() {
         r.report()
     );
     victim.assert_untouched("root's set beside a user's policy.toml");
-    assert_eq!(std::fs::read(tdir.join("policy.toml")).unwrap(), policy_before);
+    assert_eq!(
+        std::fs::read(tdir.join("policy.toml")).unwrap(),
+        policy_before
+    );
     assert!(!scene.dir.join(format!("{}.policy", "x")).exists());
 }
 
@@ -333,15 +352,17 @@ fn a_killed_tenant_create_leaves_nothing_half_done() {
     let scene = Scene::new("killed", &[("SIMGPU_MEMORY", "16GiB")]);
     let create = |name: &str| {
         let mut cmd = scene.command(gpuslice_bin());
-        cmd.args(["tenant", "create", name, "--memory", "64MiB", "--share", "1"])
-            .arg("--state-dir")
-            .arg(&scene.state)
-            .arg("--cdi-dir")
-            .arg(&scene.cdi)
-            .arg("--library")
-            .arg(library())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+        cmd.args([
+            "tenant", "create", name, "--memory", "64MiB", "--share", "1",
+        ])
+        .arg("--state-dir")
+        .arg(&scene.state)
+        .arg("--cdi-dir")
+        .arg(&scene.cdi)
+        .arg("--library")
+        .arg(library())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
         cmd
     };
     // How long one create takes here, now: the kills are spread over it.
@@ -370,16 +391,25 @@ fn a_killed_tenant_create_leaves_nothing_half_done() {
     for t in &tenants {
         assert!(!t.starts_with('.'), "left behind: tenants/{t}");
         assert!(
-            scene.cdi.join(format!("gpuslice.io-tenant-{t}.json")).is_file(),
+            scene
+                .cdi
+                .join(format!("gpuslice.io-tenant-{t}.json"))
+                .is_file(),
             "tenant {t} published without its CDI spec"
         );
-        let gid = std::fs::metadata(scene.state.join("tenants").join(t)).unwrap().gid();
+        let gid = std::fs::metadata(scene.state.join("tenants").join(t))
+            .unwrap()
+            .gid();
         assert!(gids.insert(gid), "group {gid} given twice");
     }
     for dir in [&scene.cdi, &scene.state, &scene.state.join("devices")] {
         for e in std::fs::read_dir(dir).unwrap() {
             let n = e.unwrap().file_name().into_string().unwrap();
-            assert!(!n.ends_with(".tmp"), "stray temporary {}/{n}", dir.display());
+            assert!(
+                !n.ends_with(".tmp"),
+                "stray temporary {}/{n}",
+                dir.display()
+            );
             if let Some(t) = n
                 .strip_prefix("gpuslice.io-tenant-")
                 .and_then(|r| r.strip_suffix(".json"))
@@ -399,21 +429,30 @@ fn a_killed_tenant_create_leaves_nothing_half_done() {
         .iter()
         .filter(|t| t.state.load(std::sync::atomic::Ordering::Acquire) != 0)
         .count();
-    assert_eq!(listed, tenants.len(), "device ledger entries vs tenants {tenants:?}");
+    assert_eq!(
+        listed,
+        tenants.len(),
+        "device ledger entries vs tenants {tenants:?}"
+    );
 }
 
-/// Finding 12 and issue 26 item 5: a GPU holds 64 tenants; the 65th is refused at creation with a
-/// clear error. Quotas past the card's memory and shares past 100% are refused unless
+/// Finding 12 and issue 26 item 5: a GPU holds as many tenants as its device ledger has entries
+/// for (32; its compute policy holds 64); one more is refused at creation with a clear error (before:
+/// silently given share 1). Quotas past the card's memory and shares past 100% are refused unless
 /// `--overcommit`.
 #[test]
 fn creation_refuses_what_a_gpu_cannot_keep() {
     let scene = Scene::new("limits", &[("SIMGPU_MEMORY", "16GiB")]);
     scene
-        .gpuslice(&["tenant", "create", "a", "--memory", "10GiB", "--share", "60"])
+        .gpuslice(&[
+            "tenant", "create", "a", "--memory", "10GiB", "--share", "60",
+        ])
         .assert_success();
     let r = scene.gpuslice(&["tenant", "create", "b", "--memory", "7GiB", "--share", "10"]);
     assert!(
-        !r.status.success() && r.stderr.contains("would promise 17 GiB of its 16 GiB") && r.stderr.contains("--overcommit"),
+        !r.status.success()
+            && r.stderr.contains("would promise 17 GiB of its 16 GiB")
+            && r.stderr.contains("--overcommit"),
         "{}",
         r.report()
     );
@@ -424,22 +463,42 @@ fn creation_refuses_what_a_gpu_cannot_keep() {
         r.report()
     );
     scene
-        .gpuslice(&["tenant", "create", "b", "--memory", "7GiB", "--share", "50", "--overcommit"])
+        .gpuslice(&[
+            "tenant",
+            "create",
+            "b",
+            "--memory",
+            "7GiB",
+            "--share",
+            "50",
+            "--overcommit",
+        ])
         .assert_success();
     scene.gpuslice(&["tenant", "delete", "a"]).assert_success();
     scene.gpuslice(&["tenant", "delete", "b"]).assert_success();
-    for i in 0..64 {
+    let max = gpuslice::scheduling::MAX_TENANTS;
+    for i in 0..max {
         scene
-            .gpuslice(&["tenant", "create", &format!("n{i}"), "--memory", "64MiB", "--share", "1"])
+            .gpuslice(&[
+                "tenant",
+                "create",
+                &format!("n{i}"),
+                "--memory",
+                "64MiB",
+                "--share",
+                "1",
+            ])
             .assert_success();
     }
-    let r = scene.gpuslice(&["tenant", "create", "n64", "--memory", "64MiB", "--share", "1"]);
+    let r = scene.gpuslice(&[
+        "tenant", "create", "extra", "--memory", "64MiB", "--share", "1",
+    ]);
     assert!(
-        !r.status.success() && r.stderr.contains("already has 64 tenants"),
+        !r.status.success() && r.stderr.contains(&format!("already has {max} tenants")),
         "{}",
         r.report()
     );
-    assert!(!scene.state.join("tenants/n64").exists());
+    assert!(!scene.state.join("tenants/extra").exists());
 }
 
 /// Finding 13: another tenant holds a device-ledger slot claiming a stale tenant's entry (it can:
@@ -449,7 +508,9 @@ fn creation_refuses_what_a_gpu_cannot_keep() {
 fn another_tenant_cannot_make_a_stale_tenant_look_alive() {
     let scene = Scene::new("stale", &[("SIMGPU_MEMORY", "16GiB")]);
     scene
-        .gpuslice(&["tenant", "create", "gone", "--memory", "1GiB", "--share", "10"])
+        .gpuslice(&[
+            "tenant", "create", "gone", "--memory", "1GiB", "--share", "10",
+        ])
         .assert_success();
     let uuid = uuid_of(&scene);
     let path = scene.state.join("devices").join(format!("{uuid}.dev"));
@@ -461,7 +522,9 @@ fn another_tenant_cannot_make_a_stale_tenant_look_alive() {
     r.assert_success();
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["tenants"][0]["processes"], 0, "{}", r.report());
-    scene.gpuslice(&["tenant", "delete", "gone"]).assert_success();
+    scene
+        .gpuslice(&["tenant", "delete", "gone"])
+        .assert_success();
     assert!(!scene.state.join("tenants/gone").exists());
 }
 
@@ -472,7 +535,9 @@ fn another_tenant_cannot_make_a_stale_tenant_look_alive() {
 fn a_tenant_cannot_keep_the_state_filesystem_full() {
     let scene = Scene::new("fill", &[("SIMGPU_MEMORY", "16GiB")]);
     scene
-        .gpuslice(&["tenant", "create", "t1", "--memory", "1GiB", "--share", "10"])
+        .gpuslice(&[
+            "tenant", "create", "t1", "--memory", "1GiB", "--share", "10",
+        ])
         .assert_success();
     let uuid = uuid_of(&scene);
     let ledger = scene.state.join("tenants/t1/t1.ledger");
@@ -497,11 +562,16 @@ fn a_tenant_cannot_keep_the_state_filesystem_full() {
     let grown = sizes();
     assert!(grown.0 > before.0 + (60 << 20) && grown.1 > before.1 + (60 << 20));
     scene
-        .gpuslice(&["tenant", "create", "t2", "--memory", "1GiB", "--share", "10"])
+        .gpuslice(&[
+            "tenant", "create", "t2", "--memory", "1GiB", "--share", "10",
+        ])
         .assert_success();
     assert_eq!(sizes(), before, "the node cut the grown files back");
     let blocks = std::fs::metadata(&ledger).unwrap().blocks() * 512;
-    assert!(blocks <= before.0 + (1 << 20), "{blocks} bytes still in use");
+    assert!(
+        blocks <= before.0 + (1 << 20),
+        "{blocks} bytes still in use"
+    );
 }
 
 /// Finding 11: `gpuslice run --memory 1GiB` never joins a ledger that has a larger limit.

@@ -608,8 +608,7 @@ mod ledger_file_tests {
             std::os::unix::fs::chown(root.join("gpuslice/uid-1000"), Some(1002), Some(1002))
                 .unwrap();
             std::fs::remove_dir_all(root.join("gpuslice-uid-1001")).unwrap();
-            std::os::unix::fs::symlink(root.join("other"), root.join("gpuslice-uid-1001"))
-                .unwrap();
+            std::os::unix::fs::symlink(root.join("other"), root.join("gpuslice-uid-1001")).unwrap();
             assert_eq!(
                 found(&dir),
                 ["gpuslice/group-gpu/b.ledger", "gpuslice/top.ledger"]

@@ -12,10 +12,12 @@
 //!   for hundreds of series, docs/BENCHMARKS.md);
 //! - a connection that makes no progress for [`IDLE_TIMEOUT`], or takes longer than
 //!   [`HEAD_TIMEOUT`] to send one request head, is closed;
-//! - at most [`MAX_CONNECTIONS`] are open: past that, the one that has waited longest for a
-//!   complete request is closed to make room;
+//! - at most [`MAX_CONNECTIONS`] are open, and no more than the descriptor limit less
+//!   [`RESERVED_FDS`] (kept for reading ledgers): past that, the one that has waited longest for a
+//!   complete request (else the oldest idle one) is closed to make room;
 //! - the accept loop never ends: out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), it
-//!   closes the stalest connection, pauses accepting for [`ACCEPT_PAUSE`], and goes on.
+//!   closes the stalest connection and accepts again, or pauses accepting for [`ACCEPT_PAUSE`] when
+//!   it holds none.
 
 use crate::collect::Sources;
 use crate::gpus::GpuIndex;
@@ -33,8 +35,25 @@ pub const MAX_CONNECTIONS: usize = 128;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request head must arrive whole within this long of its first byte.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// Accepting pauses this long when the process is out of descriptors or memory.
+/// Accepting pauses this long when the process is out of descriptors or memory with no connection
+/// to close.
 pub const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// Descriptors kept for reading ledgers and the rest: connections are held to the descriptor limit
+/// less these.
+pub const RESERVED_FDS: usize = 16;
+
+/// Connections at most under this process's descriptor limit.
+fn connection_limit() -> usize {
+    // SAFETY: a zeroed rlimit is a valid value of this plain C struct.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a pointer to an rlimit we own.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+        usize::try_from(r.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        MAX_CONNECTIONS
+    };
+    MAX_CONNECTIONS.min(soft.saturating_sub(RESERVED_FDS).max(1))
+}
 
 /// A bound exporter: [`Exporter::bind`], then [`Exporter::run`].
 pub struct Exporter {
@@ -81,6 +100,7 @@ impl Exporter {
         let mut conns: Vec<Conn> = Vec::new();
         let mut accept_paused_until: Option<Instant> = None;
         let mut fds: Vec<libc::pollfd> = Vec::new();
+        let max_connections = connection_limit();
         loop {
             let now = Instant::now();
             if accept_paused_until.is_some_and(|t| now >= t) {
@@ -156,7 +176,13 @@ impl Exporter {
                             continue;
                         }
                     } else if c.input.len() >= MAX_HEAD {
-                        respond(c, 431, "text/plain", b"request head too large\n".to_vec(), true);
+                        respond(
+                            c,
+                            431,
+                            "text/plain",
+                            b"request head too large\n".to_vec(),
+                            true,
+                        );
                         let _ = write_some(c, now);
                     } else if c.eof {
                         close[i] = true;
@@ -181,7 +207,7 @@ impl Exporter {
                 loop {
                     match self.listener.accept() {
                         Ok((stream, _)) => {
-                            if conns.len() >= MAX_CONNECTIONS {
+                            if conns.len() >= max_connections {
                                 evict_stalest(&mut conns);
                             }
                             if stream.set_nonblocking(true).is_err() {
@@ -210,9 +236,12 @@ impl Exporter {
                                     | Some(libc::ENOMEM)
                             );
                             if exhausted {
+                                // Room for the next one, or a pause when nothing can be closed.
+                                if conns.is_empty() {
+                                    accept_paused_until = Some(now + ACCEPT_PAUSE);
+                                    break;
+                                }
                                 evict_stalest(&mut conns);
-                                accept_paused_until = Some(now + ACCEPT_PAUSE);
-                                break;
                             }
                             // ECONNABORTED, EINTR, EPROTO...: that client only.
                         }

@@ -65,7 +65,10 @@ fn pipelined_requests_never_read_stall_only_their_own_connection() {
     let req = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(n);
     greedy.write_all(&req).unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    assert_prompt(&addr, "a connection with 300 pipelined requests it does not read");
+    assert_prompt(
+        &addr,
+        "a connection with 300 pipelined requests it does not read",
+    );
     // Its answers come, in order, once it reads them.
     greedy
         .set_read_timeout(Some(Duration::from_secs(20)))
