@@ -69,6 +69,8 @@ struct StatusDocument {
     memory_error: Option<String>,
     compute: Option<Vec<ComputeRow>>,
     compute_error: Option<String>,
+    /// Each device ledger's health (what may keep processes out of its arbitration).
+    compute_health: Vec<compute::HealthRow>,
 }
 
 #[derive(Serialize)]
@@ -177,6 +179,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         }
         other => Some(other),
     };
+    let health = compute::health(a.device_dir.as_deref(), a.device.as_deref()).unwrap_or_default();
     let shown = matches!(memory, Some(Ok(_))) || matches!(compute, Some(Ok(_)));
     if a.json {
         let doc = StatusDocument {
@@ -187,6 +190,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
             memory_error: memory.as_ref().and_then(|m| m.as_ref().err()).cloned(),
             compute: compute.as_ref().and_then(|c| c.as_ref().ok()).cloned(),
             compute_error: compute.as_ref().and_then(|c| c.as_ref().err()).cloned(),
+            compute_health: health,
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         println!("{text}");
@@ -199,6 +203,9 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
                 println!();
             }
             print!("{}", compute::table(rows));
+        }
+        if matches!(compute, Some(_)) {
+            print!("{}", compute::health_text(&health));
         }
     }
     if shown {

@@ -64,6 +64,7 @@ struct Families {
     handovers: IntCounterVec,
     revocations: IntCounterVec,
     valid: IntGaugeVec,
+    unhealthy: IntGaugeVec,
     build: IntGaugeVec,
 }
 
@@ -130,6 +131,11 @@ impl Families {
                 "1: the ledger was read; 0: it exists but cannot be read as a ledger (corrupt, wrong version, unreadable).",
                 LEDGER,
             ),
+            unhealthy: int_gauge(
+                "gpuslice_device_ledger_unhealthy",
+                "1: processes starting on this GPU may find no process slot (free slots locked by someone not in them, none free) or a device ledger of the wrong size or unreadable; they then run throttled to their share. 0: healthy.",
+                GPU,
+            ),
             build: int_gauge(
                 "gpuslice_build_info",
                 "Version of the exporter, and the ledger layout version it reads.",
@@ -166,6 +172,9 @@ impl Families {
         self.valid
             .with_label_values(&["device", &ledger, "", &gpu, &d.uuid, "", "", ""])
             .set(d.compute.is_ok() as i64);
+        self.unhealthy
+            .with_label_values(&[&gpu, &d.uuid])
+            .set(d.unhealthy as i64);
         let Ok(c) = &d.compute else { return };
         self.handovers
             .with_label_values(&[&gpu, &d.uuid])
@@ -194,7 +203,7 @@ impl Families {
 
     fn registry(self) -> Registry {
         let registry = Registry::new();
-        let all: [Box<dyn Collector>; 13] = [
+        let all: [Box<dyn Collector>; 14] = [
             Box::new(self.limit),
             Box::new(self.used),
             Box::new(self.peak),
@@ -207,6 +216,7 @@ impl Families {
             Box::new(self.handovers),
             Box::new(self.revocations),
             Box::new(self.valid),
+            Box::new(self.unhealthy),
             Box::new(self.build),
         ];
         for c in all {
