@@ -64,7 +64,7 @@ pub(crate) fn set(c: ComputeChange) -> Result<i32, String> {
     let mut changed = 0;
     for path in ledgers(c.device_dir, c.device)? {
         let l = DeviceLedger::open(&path, "", false).map_err(|e| e.to_string())?;
-        // Under the ledger's arbitration lock, as every decision that reads these fields. A tenant
+        // One word each, without a slot or the arbitration lock (a tenant can hold both). A tenant
         // is its memory ledger; the name is a label: every tenant carrying it is changed.
         for t in l
             .update_tenant(&tenant, share, cap, high)
@@ -166,6 +166,71 @@ pub(crate) fn rows(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Compu
         }
     }
     Ok(rows)
+}
+
+/// The health of one device ledger (`gpuslice status`): what may keep processes out of its
+/// arbitration, from the kernel's evidence (slot locks, the file's size) and its counters.
+#[derive(Serialize, Clone)]
+pub(crate) struct HealthRow {
+    pub ledger: String,
+    pub healthy: bool,
+    /// Free slots locked by someone not in them (nobody can claim them).
+    pub squatted_slots: usize,
+    pub free_slots: usize,
+    pub size: Option<u64>,
+    pub expected_size: u64,
+    pub slot_denials: u64,
+    pub lock_takeovers: u64,
+    pub size_repairs: u64,
+    pub detail: String,
+}
+
+/// Every device ledger's health; one that cannot be opened is unhealthy, with the reason.
+pub(crate) fn health(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<HealthRow>, String> {
+    let mut out = Vec::new();
+    for path in ledgers(dir, device)? {
+        let ledger = path.display().to_string();
+        let row = match DeviceLedger::open_readonly(&path) {
+            Ok(l) => {
+                let h = l.health();
+                HealthRow {
+                    ledger,
+                    healthy: !h.unhealthy(),
+                    squatted_slots: h.squatted_slots,
+                    free_slots: h.free_slots,
+                    size: h.size,
+                    expected_size: h.expected_size,
+                    slot_denials: h.slot_denials,
+                    lock_takeovers: h.lock_takeovers,
+                    size_repairs: h.size_repairs,
+                    detail: h.describe(),
+                }
+            }
+            Err(e) => HealthRow {
+                ledger,
+                healthy: false,
+                squatted_slots: 0,
+                free_slots: 0,
+                size: std::fs::symlink_metadata(&path).ok().map(|m| m.len()),
+                expected_size: gpuslice::scheduling::shm::TOTAL_SIZE as u64,
+                slot_denials: 0,
+                lock_takeovers: 0,
+                size_repairs: 0,
+                detail: format!("{e} (the next process that joins repairs a wrong size)"),
+            },
+        };
+        out.push(row);
+    }
+    Ok(out)
+}
+
+/// The unhealthy ledgers as text (nothing when all are healthy).
+pub(crate) fn health_text(rows: &[HealthRow]) -> String {
+    let mut out = String::new();
+    for r in rows.iter().filter(|r| !r.healthy) {
+        let _ = writeln!(out, "device ledger {:?}: UNHEALTHY: {}", r.ledger, r.detail);
+    }
+    out
 }
 
 /// The compute section as text, one block per device.

@@ -72,6 +72,8 @@ struct StatusDocument {
     /// With --state-dir: GPUs the device plugin found also allocated through `nvidia.com/gpu`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     also_allocated: Vec<AlsoAllocated>,
+    /// Each device ledger's health (what may keep processes out of its arbitration).
+    compute_health: Vec<compute::HealthRow>,
 }
 
 #[derive(Serialize)]
@@ -188,6 +190,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         }
         other => Some(other),
     };
+    let health = compute::health(a.device_dir.as_deref(), a.device.as_deref()).unwrap_or_default();
     let shown = matches!(memory, Some(Ok(_))) || matches!(compute, Some(Ok(_)));
     let twice: Vec<AlsoAllocated> = a
         .state_dir
@@ -218,6 +221,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
             compute: compute.as_ref().and_then(|c| c.as_ref().ok()).cloned(),
             compute_error: compute.as_ref().and_then(|c| c.as_ref().err()).cloned(),
             also_allocated: twice,
+            compute_health: health,
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         println!("{text}");
@@ -232,6 +236,9 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
                 println!();
             }
             print!("{}", printable(&compute::table(rows)));
+        }
+        if matches!(compute, Some(_)) {
+            print!("{}", compute::health_text(&health));
         }
     }
     if shown {

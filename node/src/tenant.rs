@@ -172,7 +172,10 @@ fn measure_lock(devices: &Dir, uuid: &str) -> Result<(), String> {
 
 /// Adds (or resets) the tenant's entry in a device ledger, and makes sure the GPU has its
 /// measurement lock. `id` is the tenant's identity (its memory ledger's): device ledgers know
-/// tenants by it.
+/// tenants by it. The ledger is created if missing, and repaired in place when it was grown,
+/// shrunk or marked damaged (as it is opened). Root never waits on what a tenant can hold: the
+/// arbitration lock for at most its bound, and without a process slot when every free one is
+/// locked (`DeviceLedger::with_admin_lock`); an unhealthy ledger is reported.
 fn add_to_device(
     layout: &Layout,
     devices: &Dir,
@@ -183,28 +186,32 @@ fn add_to_device(
     let l = device_ledger(layout, devices, uuid)?;
     measure_lock(devices, uuid)?;
     l.sweep(None);
-    let slot = l
-        .claim_slot(usize::MAX >> 1)
-        .ok_or_else(|| format!("device ledger {}: no free process slot", l.path().display()))?;
+    let health = l.health();
+    if health.unhealthy() {
+        eprintln!(
+            "warning: device ledger {}: {}",
+            l.path().display(),
+            health.describe()
+        );
+    }
     let high = p.priority == Priority::High;
     let cap = u32::from(p.limit) % 100;
-    let g = l.lock(slot);
-    let t = l
-        .find_or_add_tenant(&g, id, &p.name, u32::from(p.share), cap, high)
-        .ok_or_else(|| {
-            format!(
-                "device ledger {}: no room for another tenant",
-                l.path().display()
-            )
-        })?;
-    let e = &l.layout().tenants[t];
-    e.share
-        .store(u32::from(p.share), std::sync::atomic::Ordering::Release);
-    e.cap.store(cap, std::sync::atomic::Ordering::Release);
-    e.priority
-        .store(high as u32, std::sync::atomic::Ordering::Release);
-    drop(g);
-    Ok(())
+    let t = l.with_admin_lock(|g| {
+        let t = l.find_or_add_tenant(g, id, &p.name, u32::from(p.share), cap, high)?;
+        let e = &l.layout().tenants[t];
+        e.share
+            .store(u32::from(p.share), std::sync::atomic::Ordering::Release);
+        e.cap.store(cap, std::sync::atomic::Ordering::Release);
+        e.priority
+            .store(high as u32, std::sync::atomic::Ordering::Release);
+        Some(t)
+    });
+    t.map(|_| ()).ok_or_else(|| {
+        format!(
+            "device ledger {}: no room for another tenant",
+            l.path().display()
+        )
+    })
 }
 
 /// Removes the tenant's entry (by identity where known, else by label) from a device ledger. The
@@ -214,20 +221,17 @@ fn remove_from_device(layout: &Layout, uuid: &str, name: &str, id: Option<Tenant
         return;
     };
     l.sweep(None);
-    let Some(slot) = l.claim_slot(usize::MAX >> 1) else {
-        return;
-    };
-    let g = l.lock(slot);
-    let found = match id {
-        Some(id) => l.find_tenant_by_id(id),
-        None => l.find_tenant(name),
-    };
-    if let Some(t) = found {
-        l.layout().tenants[t]
-            .state
-            .store(0, std::sync::atomic::Ordering::Release);
-    }
-    drop(g);
+    l.with_admin_lock(|_| {
+        let found = match id {
+            Some(id) => l.find_tenant_by_id(id),
+            None => l.find_tenant(name),
+        };
+        if let Some(t) = found {
+            l.layout().tenants[t]
+                .state
+                .store(0, std::sync::atomic::Ordering::Release);
+        }
+    });
 }
 
 /// The GPUs with a device ledger (`<devices>/<GPU-UUID>.dev`, regular files only).

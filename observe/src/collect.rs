@@ -357,6 +357,9 @@ pub struct DeviceReading {
     pub uuid: String,
     pub ledger: PathBuf,
     pub compute: Result<DeviceCompute, String>,
+    /// What may keep processes out of its arbitration (squatted slots, a wrong size); an
+    /// unreadable ledger counts as unhealthy too.
+    pub unhealthy: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -407,6 +410,7 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
                 uuid,
                 ledger: path.to_path_buf(),
                 compute: Err(e.to_string()),
+                unhealthy: true,
             })
         }
     };
@@ -463,6 +467,7 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
     let named = l.uuid();
     Some(DeviceReading {
         uuid: if named.is_empty() { uuid } else { named },
+        unhealthy: l.health().unhealthy(),
         ledger: path.to_path_buf(),
         compute: Ok(DeviceCompute {
             tenants,

@@ -66,6 +66,7 @@ struct Families {
     revocations: IntCounterVec,
     valid: IntGaugeVec,
     also: IntGaugeVec,
+    unhealthy: IntGaugeVec,
     build: IntGaugeVec,
 }
 
@@ -142,6 +143,11 @@ impl Families {
                 "1: the GPU, offered in slices by the device plugin, is also allocated whole through nvidia.com/gpu to this pod (handed out twice).",
                 &["gpu", "UUID", "namespace", "pod", "container"],
             ),
+            unhealthy: int_gauge(
+                "gpuslice_device_ledger_unhealthy",
+                "1: processes starting on this GPU may find no process slot (free slots locked by someone not in them, none free) or a device ledger of the wrong size or unreadable; they then run throttled to their share. 0: healthy.",
+                GPU,
+            ),
             build: int_gauge(
                 "gpuslice_build_info",
                 "Version of the exporter, and the ledger layout version it reads.",
@@ -179,6 +185,9 @@ impl Families {
         self.valid
             .with_label_values(&["device", &ledger, "", &gpu, &d.uuid, "", "", ""])
             .set(d.compute.is_ok() as i64);
+        self.unhealthy
+            .with_label_values(&[&gpu, &d.uuid])
+            .set(d.unhealthy as i64);
         let Ok(c) = &d.compute else { return };
         self.handovers
             .with_label_values(&[&gpu, &d.uuid])
@@ -207,7 +216,7 @@ impl Families {
 
     fn registry(self) -> Registry {
         let registry = Registry::new();
-        let all: [Box<dyn Collector>; 15] = [
+        let all: [Box<dyn Collector>; 16] = [
             Box::new(self.limit),
             Box::new(self.used),
             Box::new(self.peak),
@@ -222,6 +231,7 @@ impl Families {
             Box::new(self.revocations),
             Box::new(self.valid),
             Box::new(self.also),
+            Box::new(self.unhealthy),
             Box::new(self.build),
         ];
         for c in all {

@@ -133,17 +133,60 @@ impl DeviceLedger {
         let lock_fd = file
             .lock_fd()
             .map_err(|e| DeviceLedgerError::Io(path.to_path_buf(), "reopen", e))?;
-        Ok(Self::new(path, Map::Shared(file), Some(lock_fd)))
+        let repaired = file.repaired_at_join().map(str::to_string);
+        let l = Self::new(path, Map::Shared(file), Some(lock_fd), Overlay::new(path));
+        if let Some(what) = repaired {
+            l.repaired_header(uuid);
+            l.layout().header.size_repairs.fetch_add(1, Relaxed);
+            crate::log::error(format_args!(
+                "device ledger {}: found {what}; repaired in place (the processes using it write their entries again)",
+                path.display()
+            ));
+        }
+        Ok(l)
+    }
+
+    /// A device ledger of this process's own, in memory (nobody else can open it), for arbitrating
+    /// alone: a process that could not get a slot in the shared one is throttled through it.
+    /// `path` (the shared ledger's) names it in messages. No node policy applies to its words.
+    pub fn private(path: &Path, uuid: &str) -> Result<DeviceLedger, DeviceLedgerError> {
+        let file = Writable::<Layout>::anonymous(path, |l| {
+            l.header.epoch.store(1, Relaxed);
+            for (w, v) in l.header.uuid.iter().zip(pack(uuid).unwrap_or_default()) {
+                w.store(v, Relaxed);
+            }
+        })?;
+        let lock_fd = file
+            .lock_fd()
+            .map_err(|e| DeviceLedgerError::Io(path.to_path_buf(), "reopen", e))?;
+        Ok(Self::new(
+            path,
+            Map::Shared(file),
+            Some(lock_fd),
+            Overlay::none(),
+        ))
+    }
+
+    /// After an in-place repair of a zeroed header: the words the creator wrote besides the
+    /// prefix (the epoch, a futex word, is never 0; the UUID).
+    fn repaired_header(&self, uuid: &str) {
+        let h = &self.layout().header;
+        let _ = h.epoch.compare_exchange(0, 1, AcqRel, Acquire);
+        if h.uuid[0].load(Acquire) == 0 {
+            for (w, v) in h.uuid.iter().zip(pack(uuid).unwrap_or_default()) {
+                w.store(v, Release);
+            }
+        }
     }
 
     /// Opens an existing ledger read-only (`gpuslice status`): a copy read at open, which nothing
     /// can store through and a truncation cannot fault.
     pub fn open_readonly(path: &Path) -> Result<DeviceLedger, DeviceLedgerError> {
         let file = ReadOnly::<Layout>::open(path)?;
-        Ok(Self::new(path, Map::Copy(file), None))
+        Ok(Self::new(path, Map::Copy(file), None, Overlay::new(path)))
     }
 
-    fn new(path: &Path, map: Map, lock_fd: Option<OwnedFd>) -> DeviceLedger {
+    fn new(path: &Path, map: Map, lock_fd: Option<OwnedFd>, policy: Overlay) -> DeviceLedger {
         sys::count_forks();
         DeviceLedger {
             path: path.to_path_buf(),
@@ -153,7 +196,7 @@ impl DeviceLedger {
             own: parking_lot::Mutex::new(Own::default()),
             arbitration: parking_lot::ReentrantMutex::new(()),
             repairs: AtomicUsize::new(0),
-            policy: Overlay::new(path),
+            policy,
         }
     }
 
@@ -188,6 +231,12 @@ impl DeviceLedger {
             (None, Map::Shared(w)) => w.fd().as_raw_fd(),
             (None, Map::Copy(r)) => r.fd(),
         }
+    }
+
+    /// The descriptor slot locks are tested on (unit tests).
+    #[cfg(test)]
+    pub(super) fn lock_fd_for_tests(&self) -> RawFd {
+        self.raw_fd()
     }
 
     /// Whether the process holding `slot` is alive (another open file description holds its lock).
@@ -229,9 +278,9 @@ impl DeviceLedger {
         got
     }
 
-    /// Changes tenant `name`'s settings (`gpuslice set`) under the arbitration lock, from a process
-    /// that does not schedule: it holds a process slot (the lock's holder id) only meanwhile.
-    /// The tenants changed (none: no tenant of that name here).
+    /// Changes tenant `name`'s settings (`gpuslice set`). Each is one word, stored on its own, so
+    /// neither a process slot nor the arbitration lock is needed: a command never waits on what a
+    /// tenant holds. The tenants changed (none: no tenant of that name here).
     pub fn update_tenant(
         &self,
         name: &str,
@@ -239,31 +288,90 @@ impl DeviceLedger {
         cap: Option<u32>,
         high: Option<bool>,
     ) -> Result<Vec<usize>, DeviceLedgerError> {
-        let slot = self.claim_slot(usize::MAX >> 1).ok_or_else(|| {
-            DeviceLedgerError::Invalid(self.path.clone(), "no free process slot".into())
-        })?;
-        let updated = {
-            let _g = self.lock(slot);
-            // A tenant is its memory ledger; the name is a label: every tenant carrying it changes.
-            let found = self.find_tenants(name);
-            for &t in &found {
-                let e = &self.layout().tenants[t];
-                if let Some(v) = share {
-                    e.share.store(v.clamp(1, 100), Release);
-                }
-                if let Some(v) = cap {
-                    e.cap.store(v.min(100) % 100, Release);
-                }
-                if let Some(v) = high {
-                    e.priority.store(PriorityClass::of(v).word(), Release);
-                }
+        if !self.writable() {
+            return Err(DeviceLedgerError::Invalid(
+                self.path.clone(),
+                "opened read-only".into(),
+            ));
+        }
+        // A tenant is its memory ledger; the name is a label: every tenant carrying it changes.
+        let found = self.find_tenants(name);
+        for &t in &found {
+            let e = &self.layout().tenants[t];
+            if let Some(v) = share {
+                e.share.store(v.clamp(1, 100), Release);
             }
-            found
+            if let Some(v) = cap {
+                e.cap.store(v.min(100) % 100, Release);
+            }
+            if let Some(v) = high {
+                e.priority.store(PriorityClass::of(v).word(), Release);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Runs `f` under the arbitration lock for a process that does not schedule (the node's
+    /// tools): it holds a process slot meanwhile when one can be claimed, and otherwise holds the
+    /// lock under a word naming no slot (which a waiter takes over at once: `f` must be short and
+    /// its stores each sound on their own). Either way it waits at most the lock's bound
+    /// ([`LOCK_HOLD_MAX_NS`]) for whoever holds it, and never fails for want of a slot.
+    pub fn with_admin_lock<T>(&self, f: impl FnOnce(&LockGuard<'_>) -> T) -> T {
+        let slot = self.claim_slot(usize::MAX >> 1);
+        let r = {
+            let g = self.lock(slot.unwrap_or(MAX_SLOTS));
+            f(&g)
         };
-        self.layout().slots[slot].state.store(SLOT_FREE, Release);
-        slotfile::release_slot::<Layout>(self.raw_fd(), slot);
-        self.own.lock().slot = None;
-        Ok(updated)
+        if let Some(slot) = slot {
+            self.layout().slots[slot].state.store(SLOT_FREE, Release);
+            slotfile::release_slot::<Layout>(self.raw_fd(), slot);
+            self.own.lock().slot = None;
+        }
+        r
+    }
+
+    /// What the file looks like from the kernel's evidence and its counters: for
+    /// `gpuslice status --compute`, the exporter and the decision to throttle.
+    pub fn health(&self) -> Health {
+        let l = self.layout();
+        let h = &l.header;
+        let mut free = 0;
+        let mut squatted = 0;
+        for i in 0..MAX_SLOTS {
+            if l.slots[i].state.load(Acquire) != SLOT_FREE {
+                continue;
+            }
+            // A free slot whose lock is held: nobody in it, yet nobody can claim it (a claimant
+            // holds the lock only for the instant between its lock and its state word).
+            if slotfile::slot_alive::<Layout>(self.raw_fd(), i) {
+                squatted += 1;
+            } else {
+                free += 1;
+            }
+        }
+        let size = match &self.map {
+            Map::Shared(w) => sys::fstat(w.fd()).map(|st| st.st_size as u64).ok(),
+            Map::Copy(r) => std::fs::metadata(r.path()).map(|m| m.len()).ok(),
+        };
+        Health {
+            free_slots: free,
+            squatted_slots: squatted,
+            size,
+            expected_size: TOTAL_SIZE as u64,
+            lock_takeovers: h.lock_takeovers.load(Acquire),
+            slot_denials: h.slot_denials.load(Acquire),
+            size_repairs: h.size_repairs.load(Acquire),
+        }
+    }
+
+    /// The share and cap the node's policy gives tenant `id` (the configuration's, `share` and
+    /// `cap`, when there is no policy): what a process throttled without a slot holds itself to.
+    pub fn policy_settings(&self, id: TenantId, share: u32, cap: u32) -> (u32, u32) {
+        match self.policy.lookup(id) {
+            Lookup::Listed { share, cap, .. } => (share, cap),
+            Lookup::Unlisted => (1, cap),
+            Lookup::NoPolicy => (share, cap),
+        }
     }
 
     /// Frees the slots of dead processes (the cleaner holds the dead slot's lock while it does).
@@ -298,6 +406,13 @@ impl DeviceLedger {
         let Map::Shared(w) = &self.map else {
             return;
         };
+        if let Some(size) = w.trim_excess() {
+            self.layout().header.size_repairs.fetch_add(1, Relaxed);
+            crate::log::error(format_args!(
+                "device ledger {}: grown to {size} bytes while in use (joiners would refuse it); cut back to {TOTAL_SIZE}",
+                self.path.display()
+            ));
+        }
         if w.check_size()
             && self.layout().header.prefix.state.load(Acquire) == slotfile::STATE_READY
         {
@@ -546,6 +661,62 @@ fn fill_tenant(t: &TenantEntry, id: TenantId, label: &str, share: u32, cap: u32,
         w.store(0, Release);
     }
     t.state.store(TENANT_READY, Release);
+}
+
+/// A device ledger's health ([`DeviceLedger::health`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Free process slots a process can claim.
+    pub free_slots: usize,
+    /// Free process slots whose lock is held by someone not in them: nobody can claim them.
+    pub squatted_slots: usize,
+    /// The file's size now (`None`: could not be read), and its layout's.
+    pub size: Option<u64>,
+    pub expected_size: u64,
+    /// Counters kept in the file (anybody can write them: a report, not evidence).
+    pub lock_takeovers: u64,
+    pub slot_denials: u64,
+    pub size_repairs: u64,
+}
+
+impl Health {
+    /// Whether processes starting now may find no slot, or a file they must repair first.
+    pub fn unhealthy(&self) -> bool {
+        self.free_slots == 0 || self.squatted_slots > 0 || self.size != Some(self.expected_size)
+    }
+
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.squatted_slots > 0 {
+            parts.push(format!(
+                "{} free process slot(s) locked by someone not in them",
+                self.squatted_slots
+            ));
+        }
+        if self.free_slots == 0 {
+            parts.push("no process slot free: new processes run throttled to their share".into());
+        }
+        match self.size {
+            Some(s) if s != self.expected_size => parts.push(format!(
+                "{s} bytes instead of {} (repaired by the next process that joins)",
+                self.expected_size
+            )),
+            None => parts.push("size unreadable".into()),
+            _ => {}
+        }
+        if parts.is_empty() {
+            parts.push("healthy".into());
+        }
+        format!(
+            "{}; {} free slot(s), {} process(es) throttled without a slot, {} arbitration lock take-over(s), {} size repair(s) so far",
+            parts.join("; "),
+            self.free_slots,
+            self.slot_denials,
+            self.lock_takeovers,
+            self.size_repairs
+        )
+    }
 }
 
 /// Number of history samples kept (for `gpuslice status`).

@@ -390,7 +390,7 @@ impl Sched {
     }
 
     /// Whether the owner is stopped or hung: past its slice plus the grace, and silent (a draining
-    /// owner beats). A grant, slice or heartbeat that cannot be genuine is repaired first.
+    /// owner beats); or past its slice, the longest drain and the grace, beating or not. A grant, slice or heartbeat that cannot be genuine is repaired first.
     fn overdue(&self, h: &super::shm::Header) -> bool {
         // Read before the clock: a genuine stamp is then never ahead of `now`.
         let (grant, slice, beat) = (
@@ -417,8 +417,11 @@ impl Sched {
             );
             return false;
         }
-        now > grant.saturating_add(slice).saturating_add(GRACE_NS)
-            && now.saturating_sub(beat) > BEAT_STALE_NS
+        let past = grant.saturating_add(slice).saturating_add(GRACE_NS);
+        // A heartbeat is a word anybody can write: past the longest a genuine owner can keep one
+        // grant (its slice, the bounded drain, the grace), a fresh one does not save it.
+        (now > past && now.saturating_sub(beat) > BEAT_STALE_NS)
+            || now > past.saturating_add(arbiter::DRAIN_LIMIT_NS)
     }
 
     /// Takes the device from a dead, stopped or invalid owner (still `owner` under `epoch`).

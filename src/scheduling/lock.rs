@@ -12,9 +12,52 @@ use std::time::Duration;
 /// A held arbitration lock older than this is taken over when its holder is dead or stopped.
 const LOCK_STALE_NS: u64 = 50_000_000;
 
+/// Why a waiter takes the arbitration lock over from the word's holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TakeOver {
+    /// The word names no slot, our own slot, or a slot whose process is dead.
+    Bogus,
+    /// Stamped ahead of the clock (no holder stamps so).
+    Future,
+    /// Stamped longer ago than [`LOCK_STALE_NS`].
+    Stale,
+    /// We have waited [`LOCK_HOLD_MAX_NS`] ourselves: the holder, alive or not, has had its turn.
+    /// Neither the word nor its stamp can keep a waiter out longer (a tenant can write both).
+    Overstayed,
+}
+
+/// Whether a waiter that has waited `waited_ns` (its own clock) takes over a lock word naming
+/// `holder` (`None`: names no slot), stamped `stamp` (read before `now`); `alive`: whether the
+/// named slot's process is alive (its OFD lock is held), asked only when it matters.
+pub(super) fn take_over(
+    holder: Option<usize>,
+    me: usize,
+    stamp: u64,
+    now: u64,
+    waited_ns: u64,
+    alive: impl FnOnce(usize) -> bool,
+) -> Option<TakeOver> {
+    if stamp > now {
+        return Some(TakeOver::Future);
+    }
+    if waited_ns >= LOCK_HOLD_MAX_NS {
+        return Some(TakeOver::Overstayed);
+    }
+    if now - stamp > LOCK_STALE_NS {
+        return Some(TakeOver::Stale);
+    }
+    match holder {
+        None => Some(TakeOver::Bogus),
+        Some(h) if h == me || !alive(h) => Some(TakeOver::Bogus),
+        Some(_) => None,
+    }
+}
+
 impl DeviceLedger {
     /// Takes the arbitration lock (`me` = our slot), taking over a dead or stopped holder's, one
     /// held past its bound, and a lock word or time stamp that cannot be genuine (untrusted file).
+    /// Never waits longer than [`LOCK_HOLD_MAX_NS`] (plus one sleep) for another holder, alive or
+    /// not: the word is anybody's to write, so it cannot be trusted to keep anyone out for long.
     pub fn lock(&self, me: usize) -> LockGuard<'_> {
         // Another thread of this process holding the word holds `local` too: a word naming our slot
         // seen from here is then a dead process's whose slot we were given (or our own thread's,
@@ -22,6 +65,7 @@ impl DeviceLedger {
         let local = self.arbitration.lock();
         let h = &self.layout().header;
         let mine = Holder::of(me).word();
+        let start = now_ns();
         let mut spins = 0u32;
         loop {
             let cur = h.lock.load(Acquire);
@@ -43,28 +87,38 @@ impl DeviceLedger {
             }
             let stamp = h.lock_ns.load(Acquire);
             let now = now_ns();
-            // A stamp ahead of the clock was not written by a holder (they stamp with this clock).
-            let stale = stamp > now || now - stamp > LOCK_STALE_NS;
-            let bogus = match Holder::from_word(cur).slot() {
-                None => true,
-                Some(holder) => holder == me || !self.slot_alive(holder, Some(me)),
-            };
-            if (bogus || stale) && h.lock.compare_exchange(cur, mine, AcqRel, Acquire).is_ok() {
-                h.lock_ns.store(now_ns(), Release);
-                if bogus || stamp > now {
-                    crate::scheduling::incident(
-                        Incident::Lock,
-                        format_args!(
-                            "device ledger {}: arbitration lock word {cur:#x} stamped {stamp} (now {now}) taken over",
-                            self.path().display()
-                        ),
-                    );
+            let why = take_over(
+                Holder::from_word(cur).slot(),
+                me,
+                stamp,
+                now,
+                now.saturating_sub(start),
+                |holder| self.slot_alive(holder, Some(me)),
+            );
+            if let Some(why) = why {
+                if h.lock.compare_exchange(cur, mine, AcqRel, Acquire).is_ok() {
+                    h.lock_ns.store(now_ns(), Release);
+                    if why != TakeOver::Stale {
+                        if why == TakeOver::Overstayed {
+                            h.lock_takeovers.fetch_add(1, Relaxed);
+                        }
+                        crate::scheduling::incident(
+                            Incident::Lock,
+                            format_args!(
+                                "device ledger {}: arbitration lock word {cur:#x} stamped {stamp} (now {now}) taken over ({why:?}, after waiting {} µs)",
+                                self.path().display(),
+                                now.saturating_sub(start) / 1000
+                            ),
+                        );
+                    }
+                    return LockGuard {
+                        l: self,
+                        me,
+                        _local: local,
+                    };
                 }
-                return LockGuard {
-                    l: self,
-                    me,
-                    _local: local,
-                };
+                // The word changed meanwhile: look again (the wait keeps counting).
+                continue;
             }
             std::thread::sleep(Duration::from_micros(20));
         }

@@ -15,6 +15,8 @@ mod cu;
 pub mod device;
 mod events;
 mod gate;
+#[cfg(test)]
+mod hostile_tests;
 mod lock;
 mod owner;
 pub mod policy;

@@ -183,8 +183,23 @@ impl Overlay {
         o
     }
 
+    /// No policy, ever (a private ledger: its words are this process's own).
+    pub fn none() -> Overlay {
+        Overlay {
+            path: PathBuf::new(),
+            seq: AtomicU32::new(0),
+            len: AtomicUsize::new(0),
+            ids: [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_RECORDS],
+            values: [const { AtomicU64::new(0) }; MAX_RECORDS],
+            last: parking_lot::Mutex::new(None),
+        }
+    }
+
     /// Reads the file again if it changed (a `stat` otherwise): the scheduler thread's sweep.
     pub fn reload(&self) {
+        if self.path.as_os_str().is_empty() {
+            return;
+        }
         let mut last = self.last.lock();
         let stamp = std::fs::symlink_metadata(&self.path).ok().map(|m| Stamp {
             dev: m.dev(),

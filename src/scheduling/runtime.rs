@@ -185,11 +185,7 @@ fn try_join(rt: &Runtime, ordinal: u32) -> Option<&'static Sched> {
     let (id, label) = rt.identity();
     // A slot first (the lock needs a holder id), then the tenant under the lock.
     let Some(slot) = ledger.claim_slot(usize::MAX >> 1) else {
-        log::error(format_args!(
-            "device ledger {}: no free process slot; compute shares are not enforced on device {ordinal}",
-            path.display()
-        ));
-        return None;
+        return join_throttled(&ledger, &uuid, ordinal, &set, *id, label);
     };
     let tenant = {
         let g = ledger.lock(slot);
@@ -211,6 +207,67 @@ fn try_join(rt: &Runtime, ordinal: u32) -> Option<&'static Sched> {
     ));
     Some(Box::leak(Box::new(Sched::new(
         ledger, ordinal, slot, tenant, *id, set.high,
+    ))))
+}
+
+/// The share a process without a slot holds itself to, as a cap: its share (the node's policy's,
+/// or the configuration's), under its own cap if lower; `None` for a share of the whole device.
+pub(super) fn throttle_cap(share: u32, cap: u32) -> Option<u32> {
+    let share = share.clamp(1, 100);
+    let c = if cap == 0 { share } else { cap.min(share) };
+    (c < 100).then_some(c)
+}
+
+/// No slot in the shared device ledger (every free one locked by someone not in it, or all in
+/// use): the process never runs unscheduled. It arbitrates alone through a private ledger, capped
+/// at its share of the device, until it exits; the shared ledger counts it, and the log says so.
+fn join_throttled(
+    shared: &DeviceLedger,
+    uuid: &str,
+    ordinal: u32,
+    set: &Settings,
+    id: TenantId,
+    label: &str,
+) -> Option<&'static Sched> {
+    let path = shared.path();
+    let health = shared.health();
+    let (share, cap) = shared.policy_settings(id, set.share, set.cap);
+    if shared.writable() {
+        shared.layout().header.slot_denials.fetch_add(1, AcqRel);
+    }
+    let Some(limit) = throttle_cap(share, cap) else {
+        log::error(format_args!(
+            "device ledger {}: no process slot could be claimed ({}); share 100 on device {ordinal}: the whole device, as its policy gives",
+            path.display(),
+            health.describe()
+        ));
+        return None;
+    };
+    log::error(format_args!(
+        "device ledger {}: no process slot could be claimed ({}); this process runs throttled to {limit}% of device {ordinal} (its share) until it exits",
+        path.display(),
+        health.describe()
+    ));
+    let private = match DeviceLedger::private(path, uuid) {
+        Ok(l) => l,
+        Err(e) => {
+            // No memory for 100 KiB: the launches wait for nothing, but the log says so.
+            log::error(format_args!(
+                "{e}; compute shares are not enforced on device {ordinal} for this process"
+            ));
+            return None;
+        }
+    };
+    let slot = private.claim_slot(usize::MAX >> 1)?;
+    let tenant = {
+        let g = private.lock(slot);
+        private.find_or_add_tenant(&g, id, label, share, limit, false)
+    }?;
+    private.layout().slots[slot]
+        .tenant
+        .store(tenant as u32, Release);
+    Some(Box::leak(Box::new(Sched::new(
+        private, ordinal, slot, tenant, id, false,
     ))))
 }
 

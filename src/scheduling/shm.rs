@@ -22,6 +22,12 @@ pub const TENANT_READY: u32 = 2;
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_ACTIVE: u32 = 1;
 
+/// The longest a waiter lets another holder keep the arbitration lock, measured by the waiter's own
+/// clock from when it started waiting: then it proceeds as the holder, whoever holds the word and
+/// however fresh its stamp. Decisions under the lock take microseconds; this only leaves room for a
+/// holder preempted by the host's scheduler.
+pub const LOCK_HOLD_MAX_NS: u64 = 5_000_000;
+
 #[repr(C)]
 pub struct Header {
     /// Magic, version, state (INITIALISING, READY) and size: the slot file's.
@@ -48,7 +54,15 @@ pub struct Header {
     /// The owner's heartbeat (monotonic ns): an owner that is draining stays fresh.
     pub owner_beat_ns: AtomicU64,
     pub revocations: AtomicU64,
-    pub _reserved: [AtomicU64; 7],
+    /// Arbitration locks taken from a holder that kept the lock past [`LOCK_HOLD_MAX_NS`] of the
+    /// taker's own waiting (a live holder included): counted, never trusted for safety.
+    pub lock_takeovers: AtomicU64,
+    /// Processes that could not get a process slot and run throttled to their share instead
+    /// (counted by themselves when they start).
+    pub slot_denials: AtomicU64,
+    /// Times the file was found with the wrong size or marked damaged and repaired in place.
+    pub size_repairs: AtomicU64,
+    pub _reserved: [AtomicU64; 4],
 }
 
 #[repr(C)]
@@ -102,6 +116,9 @@ unsafe impl SlotLayout for Layout {
     const MAGIC: [u8; 8] = MAGIC;
     const VERSION: u32 = VERSION;
     const HEADER_BYTES: usize = size_of::<Header>();
+    /// Soft state every process writes again: a device ledger grown, shrunk or marked damaged is
+    /// repaired by the next process that joins it (and by the node), never left refusing them.
+    const REPAIRABLE: bool = true;
 }
 
 /// Bytes of a tenant name or UUID (the tenant ledger's and the configuration's limit too).

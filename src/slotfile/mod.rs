@@ -92,6 +92,12 @@ pub unsafe trait SlotLayout: Sync + Send + Sized + 'static {
     fn check(&self) -> Result<(), String> {
         Ok(())
     }
+    /// A file of this layout found with the wrong size (shorter or longer than the layout), or
+    /// marked DAMAGED, is repaired in place by the next process that joins it (size set back, an
+    /// all-zero prefix written again, READY) instead of being refused: its content is soft state
+    /// that every process writes again (the device ledgers). Not for files whose content must
+    /// fail closed (the memory ledger).
+    const REPAIRABLE: bool = false;
     /// Byte whose OFD lock holds slot `i` (past the data; locks may lie past the end of file).
     fn lock_offset(slot: usize) -> u64 {
         size_of::<Self>() as u64 + slot as u64
@@ -423,6 +429,61 @@ fn validate<L: SlotLayout>(path: &Path, fd: &OwnedFd, writable: bool) -> Result<
     }
 }
 
+/// Before a [`SlotLayout::REPAIRABLE`] file is validated: a wrong size (shorter or longer than
+/// the layout) is set right, an all-zero prefix (a file truncated and grown again) is written
+/// again, a DAMAGED state is made READY. A file with another magic or version is left alone (the
+/// validation refuses it). Every step is idempotent, so joiners repairing at once agree. Returns
+/// what was repaired, for the caller's log line.
+fn repair_in_place<L: SlotLayout>(path: &Path, fd: &OwnedFd) -> Result<Option<String>, Error> {
+    let st = sys::fstat(fd).map_err(io_err(path, "fstat"))?;
+    // Only a file we would join: a regular file, not world-writable, ours or our group's
+    // (anything else is refused by the validation, untouched).
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG
+        || st.st_mode & 0o002 != 0
+        || foreign_owner(path, st.st_uid, st.st_gid, st.st_mode).is_some()
+    {
+        return Ok(None);
+    }
+    let size = st.st_size as u64;
+    let total = size_of::<L>() as u64;
+    let mut h = [0u8; 24];
+    let n = sys::pread(fd, &mut h, 0).map_err(io_err(path, "read"))?;
+    let u32_at = |at: usize| u32::from_ne_bytes(h[at..at + 4].try_into().unwrap_or([0; 4]));
+    let magic_ok = h[MAGIC_AT..MAGIC_AT + 8] == L::MAGIC && u32_at(VERSION_AT) == L::VERSION;
+    let zero = h[..n].iter().all(|&b| b == 0);
+    if !magic_ok && !zero {
+        return Ok(None); // another kind of file: refused by the validation
+    }
+    let damaged = magic_ok && u32_at(STATE_AT) == STATE_DAMAGED;
+    if size == total && !zero && !damaged {
+        return Ok(None);
+    }
+    let mut what = Vec::new();
+    if size != total {
+        sys::ftruncate(fd, total).map_err(io_err(path, "setting its size back"))?;
+        what.push(format!("{size} bytes instead of {total}"));
+    }
+    if zero {
+        let mut p = [0u8; 24];
+        p[MAGIC_AT..MAGIC_AT + 8].copy_from_slice(&L::MAGIC);
+        p[VERSION_AT..VERSION_AT + 4].copy_from_slice(&L::VERSION.to_ne_bytes());
+        p[STATE_AT..STATE_AT + 4].copy_from_slice(&STATE_READY.to_ne_bytes());
+        p[TOTAL_SIZE_AT..TOTAL_SIZE_AT + 8].copy_from_slice(&total.to_ne_bytes());
+        sys::pwrite(fd, &p, 0).map_err(io_err(path, "writing its header again"))?;
+        what.push("its header zeroed".to_string());
+    } else {
+        // The declared size and the state, whatever they say now.
+        sys::pwrite(fd, &total.to_ne_bytes(), TOTAL_SIZE_AT as u64)
+            .map_err(io_err(path, "writing its size"))?;
+        sys::pwrite(fd, &STATE_READY.to_ne_bytes(), STATE_AT as u64)
+            .map_err(io_err(path, "writing its state"))?;
+        if damaged {
+            what.push("marked damaged".to_string());
+        }
+    }
+    Ok(Some(what.join(", ")))
+}
+
 /// A slot file mapped shared and read-write: the only handle through which its layout is shared.
 pub struct Writable<L: SlotLayout> {
     path: PathBuf,
@@ -435,6 +496,8 @@ pub struct Writable<L: SlotLayout> {
     /// open (and may have reused its number). Nothing goes through it any more.
     lost: std::sync::atomic::AtomicBool,
     created: bool,
+    /// What [`repair_in_place`] found and repaired when this handle joined the file.
+    repaired: Option<String>,
     guard: Option<fault::Registration>,
 }
 
@@ -462,8 +525,14 @@ impl<L: SlotLayout> Writable<L> {
     }
 
     fn join(path: &Path, fd: OwnedFd) -> Result<Writable<L>, Error> {
+        let repaired = if L::REPAIRABLE {
+            repair_in_place::<L>(path, &fd)?
+        } else {
+            None
+        };
         validate::<L>(path, &fd, true)?;
-        let w = Self::map(path, fd, false)?;
+        let mut w = Self::map(path, fd, false)?;
+        w.repaired = repaired;
         w.layout().check().map_err(|what| Error::Corrupt {
             path: path.to_path_buf(),
             what,
@@ -489,6 +558,7 @@ impl<L: SlotLayout> Writable<L> {
             identity,
             lost: std::sync::atomic::AtomicBool::new(false),
             created,
+            repaired: None,
             guard,
         })
     }
@@ -557,6 +627,52 @@ impl<L: SlotLayout> Writable<L> {
                 Self::join(path, fd)
             }
         }
+    }
+
+    /// A file of its own, in memory only (`memfd_create`): nobody else can open it. `path` names it
+    /// in messages. For a process that must arbitrate alone (no slot in the shared file).
+    pub fn anonymous(path: &Path, init: impl FnOnce(&L)) -> Result<Writable<L>, Error> {
+        let fd = sys::memfd(c"gpuslice-private").map_err(io_err(path, "memfd_create"))?;
+        let size = size_of::<L>() as u64;
+        sys::ftruncate(&fd, size).map_err(io_err(path, "sizing"))?;
+        sys::fallocate(&fd, size).map_err(|err| match err.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::NoSpace {
+                path: path.to_path_buf(),
+                needed: size,
+            },
+            _ => io_err(path, "allocating its space")(err),
+        })?;
+        let w = Self::map(path, fd, true)?;
+        let pre = prefix(w.layout());
+        pre.magic
+            .store(u64::from_ne_bytes(L::MAGIC), Ordering::Relaxed);
+        pre.version.store(L::VERSION, Ordering::Relaxed);
+        pre.total_size.store(size, Ordering::Relaxed);
+        init(w.layout());
+        pre.state.store(STATE_READY, Ordering::Release);
+        Ok(w)
+    }
+
+    /// What was found wrong with the file and repaired in place when this handle joined it
+    /// ([`SlotLayout::REPAIRABLE`]).
+    pub fn repaired_at_join(&self) -> Option<&str> {
+        self.repaired.as_deref()
+    }
+
+    /// A [`SlotLayout::REPAIRABLE`] file grown past its layout (by anyone who can write it) is cut
+    /// back to its size, so that joiners, which check the size, keep accepting it. Returns the size
+    /// found when it cut.
+    pub fn trim_excess(&self) -> Option<u64> {
+        if !L::REPAIRABLE || self.descriptor_lost() {
+            return None;
+        }
+        let st = sys::fstat(&self.fd).ok()?;
+        let total = size_of::<L>() as u64;
+        if (st.st_dev, st.st_ino) != self.identity || (st.st_size as u64) <= total {
+            return None;
+        }
+        sys::ftruncate(&self.fd, total).ok()?;
+        Some(st.st_size as u64)
     }
 
     /// The shared layout.

@@ -80,6 +80,44 @@ pub fn fchown_group(fd: &OwnedFd, gid: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes all of `buf` at `offset`.
+pub fn pwrite(fd: &OwnedFd, buf: &[u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the source is the unwritten tail of `buf`, valid for reads of that length.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                buf[done..].as_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            n => done += n as usize,
+        }
+    }
+    Ok(())
+}
+
+/// An anonymous file in memory (`memfd_create`, close-on-exec), named `name` in /proc.
+pub fn memfd(name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is a valid NUL-terminated string; no other memory arguments.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// Reads up to `buf.len()` bytes at `offset`; returns how many were read.
 pub fn pread(fd: &OwnedFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;

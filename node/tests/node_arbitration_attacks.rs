@@ -1,0 +1,311 @@
+//! Arbitration that no tenant can freeze or lock others out of (docs/COMPUTE.md, "Failure";
+//! docs/SECURITY.md). Each attack is performed as a tenant would, from its container (its uid,
+//! the CDI mounts, no capabilities), on node tenants created by root, with simgpu's busy counters
+//! as the judge; each test passes only when the attack fails:
+//!
+//! * a tenant that re-stamps the arbitration lock every 5 ms while it owns the GPU: the shares
+//!   stay within 3 points of policy, and root's `tenant create` answers within 2 s meanwhile;
+//! * a tenant that `lockf`s every slot-lock byte of the device ledger: processes started
+//!   afterwards are throttled to their shares (not unscheduled), `status --compute` reports the
+//!   ledger unhealthy, and `tenant create` answers within 2 s;
+//! * a tenant that grows the device ledger by a byte (`truncate -s +1`), or shrinks it: the next
+//!   process repairs it, and the shares hold.
+
+mod support;
+
+use gpuslice::scheduling::device::DeviceLedger;
+use gpuslice::scheduling::shm::{Header, Layout, SlotEntry, MAX_SLOTS};
+use std::mem::{offset_of, size_of};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// How far (percentage points) a tenant's part of the busy time may be from its policy.
+const TOLERANCE: f64 = 3.0;
+const RUN_MS: u64 = 8000;
+
+fn device_ledger(scene: &Scene) -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(scene.state.join("devices"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "dev"))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.remove(0)
+}
+
+fn inside(ledger: &Path) -> String {
+    format!(
+        "/run/gpuslice/devices/{}",
+        ledger.file_name().unwrap().to_string_lossy()
+    )
+}
+
+fn create(scene: &Scene, name: &str, share: &str) -> Duration {
+    let t0 = Instant::now();
+    scene
+        .gpuslice(&[
+            "tenant", "create", name, "--memory", "1GiB", "--share", share,
+        ])
+        .assert_success();
+    t0.elapsed()
+}
+
+/// A tenant's program in its container, output piped.
+fn spawn(scene: &Scene, tenant: &str, uid: u32, program: &Path, args: &[&str]) -> Child {
+    scene
+        .in_container(tenant, uid, program, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The tenants spin 2 ms kernels from a common start for `RUN_MS`; returns their children.
+fn spin(scene: &Scene, client: &Path, tenants: &[(&str, u32)], start: u64) -> Vec<Child> {
+    let (start, ms) = (start.to_string(), RUN_MS.to_string());
+    tenants
+        .iter()
+        .map(|&(t, uid)| spawn(scene, t, uid, client, &["spin", &start, &ms, "2000"]))
+        .collect()
+}
+
+fn finish_all(children: Vec<Child>, what: &str) -> Vec<Run> {
+    children
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let r = Run::new(format!("{what} {i}"), c.wait_with_output().unwrap());
+            r.assert_success();
+            r
+        })
+        .collect()
+}
+
+/// Each tenant's percentage of the busy time the tenants gained between two readings.
+fn percents(before: &[u64], after: &[u64]) -> Vec<f64> {
+    let d: Vec<u64> = before.iter().zip(after).map(|(b, a)| a - b).collect();
+    let total = d.iter().sum::<u64>().max(1) as f64;
+    d.iter().map(|&x| x as f64 * 100.0 / total).collect()
+}
+
+fn busy(scene: &Scene, tenants: &[(&str, u32)]) -> Vec<u64> {
+    tenants.iter().map(|(t, _)| scene.busy(t)).collect()
+}
+
+/// Asserts every tenant within `TOLERANCE` of `want` (percent of the busy time).
+fn assert_shares(what: &str, got: &[f64], want: &[f64]) {
+    println!("{what}: got {got:.1?}, policy {want:.1?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= TOLERANCE,
+            "{what}: shares {got:.1?}, policy {want:.1?} (more than {TOLERANCE} points off)"
+        );
+    }
+}
+
+/// Busy counters of the tenants over the middle of a run that starts at `start` (CLOCK_REALTIME
+/// ns): from 1.5 s in to 1 s before its end, so that every tenant is at work throughout.
+fn middle_window(scene: &Scene, tenants: &[(&str, u32)], start: u64) -> (Vec<u64>, Vec<u64>) {
+    let now = || start_in(0);
+    let until = |t: u64| {
+        let n = now();
+        if t > n {
+            std::thread::sleep(Duration::from_nanos(t - n));
+        }
+    };
+    until(start + 1_500_000_000);
+    let before = busy(scene, tenants);
+    until(start + (RUN_MS - 1000) * 1_000_000);
+    (before, busy(scene, tenants))
+}
+
+const PYTHON_STAMPER: &str = r#"
+import mmap, os, struct, sys, time
+path = sys.argv[1]
+lock_at, lock_ns_at, owner_at, slots_at, slot_size, tenant_at, victim, secs = map(int, sys.argv[2:])
+fd = os.open(path, os.O_RDWR)
+m = mmap.mmap(fd, 0)
+end = time.monotonic() + secs / 1000
+stamped = 0
+print("ready=1", flush=True)
+while time.monotonic() < end:
+    owner = struct.unpack_from("<I", m, owner_at)[0]
+    if 1 <= owner <= 256:
+        t = struct.unpack_from("<I", m, slots_at + (owner - 1) * slot_size + tenant_at)[0]
+        if t == victim:
+            # The owner's own slot as the lock's holder (alive: its process holds the slot's
+            # lock), freshly stamped: "held by a live process, just now".
+            struct.pack_into("<I", m, lock_at, owner)
+            struct.pack_into("<Q", m, lock_ns_at, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+            stamped += 1
+    time.sleep(0.005)
+print(f"stamped={stamped}", flush=True)
+"#;
+
+/// Finding: a share-10 tenant that re-stamped the lock every 5 ms while it owned the GPU got
+/// 90.6%, the two share-30 tenants 4.5% and 4.9%, and root's `tenant create` hung.
+#[test]
+fn a_tenant_restamping_the_arbitration_lock_cannot_freeze_it() {
+    let scene = Scene::new("freeze", &[("SIMGPU_MEMORY", "16GiB")]);
+    let tenants = [("t1", 1001), ("t2", 1002), ("t3", 1003)];
+    for ((t, _), share) in tenants.iter().zip(["10", "30", "30"]) {
+        create(&scene, t, share);
+    }
+    let ledger = device_ledger(&scene);
+    let victim = DeviceLedger::open_readonly(&ledger)
+        .unwrap()
+        .find_tenant("t1")
+        .unwrap();
+    let client = compute_client(&scene.dir);
+    let script = scene.dir.join("stamper.py");
+    std::fs::write(&script, PYTHON_STAMPER).unwrap();
+    let start = start_in(2500);
+    let children = spin(&scene, &client, &tenants, start);
+    let h = offset_of!(Layout, header);
+    let args: Vec<String> = [
+        inside(&ledger),
+        (h + offset_of!(Header, lock)).to_string(),
+        (h + offset_of!(Header, lock_ns)).to_string(),
+        (h + offset_of!(Header, owner)).to_string(),
+        offset_of!(Layout, slots).to_string(),
+        size_of::<SlotEntry>().to_string(),
+        offset_of!(SlotEntry, tenant).to_string(),
+        victim.to_string(),
+        (RUN_MS + 3000).to_string(),
+    ]
+    .into();
+    let mut stamper_args = vec![script.to_str().unwrap()];
+    stamper_args.extend(args.iter().map(String::as_str));
+    let python = PathBuf::from("/usr/bin/python3");
+    let stamper = spawn(&scene, "t1", 1001, &python, &stamper_args);
+    let (before, after) = {
+        let now = start_in(0);
+        std::thread::sleep(Duration::from_nanos(
+            (start + 3_000_000_000).saturating_sub(now),
+        ));
+        // Root's command while the attack runs: it must answer within 2 s.
+        let took = create(&scene, "t4", "10");
+        assert!(
+            took < Duration::from_secs(2),
+            "tenant create took {took:?} during the attack"
+        );
+        println!("freeze: tenant create took {took:?} during the attack");
+        middle_window(&scene, &tenants, start)
+    };
+    finish_all(children, "spin");
+    let r = Run::new("stamper".into(), stamper.wait_with_output().unwrap());
+    r.assert_success();
+    assert!(
+        r.get_u64("stamped") > 20,
+        "the attack never ran:\n{}",
+        r.report()
+    );
+    // Policy: 10 / 30 / 30 of the busy time among the three active tenants.
+    assert_shares(
+        "freeze",
+        &percents(&before, &after),
+        &[100.0 / 7.0, 300.0 / 7.0, 300.0 / 7.0],
+    );
+}
+
+fn status(scene: &Scene) -> Run {
+    let devices = scene.state.join("devices");
+    let r = scene.gpuslice(&[
+        "status",
+        "--compute",
+        "--device-dir",
+        devices.to_str().unwrap(),
+    ]);
+    r.assert_success();
+    r
+}
+
+/// Finding: `lockf` on the 256 slot-lock bytes made every process started afterwards run
+/// unscheduled (cap 10% gave 99.8%, shares 10/90 gave 50/50), and no tenant could be created.
+#[test]
+fn a_tenant_locking_every_slot_byte_keeps_nobody_unscheduled() {
+    let scene = Scene::new("squat", &[("SIMGPU_MEMORY", "16GiB")]);
+    let tenants = [("t1", 1001), ("t2", 1002)];
+    create(&scene, "t1", "10");
+    create(&scene, "t2", "90");
+    let ledger = device_ledger(&scene);
+    let client = compute_client(&scene.dir);
+    let lock_at = size_of::<Layout>();
+    let squat = format!(
+        "import fcntl, os, sys, time\n\
+         fd = os.open('{}', os.O_RDWR)\n\
+         os.lseek(fd, {lock_at}, 0)\n\
+         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, {MAX_SLOTS})\n\
+         print('locked=1', flush=True)\n\
+         sys.stdin.read()\n",
+        inside(&ledger)
+    );
+    let mut squatter = scene
+        .in_container("t1", 1001, Path::new("/usr/bin/python3"), &["-c", &squat])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_key(&mut squatter, "locked");
+    let st = status(&scene);
+    assert!(
+        st.stdout.contains("UNHEALTHY") && st.stdout.contains("locked by someone not in them"),
+        "status does not report the squatted slots:\n{}",
+        st.report()
+    );
+    let took = create(&scene, "t3", "10");
+    assert!(took < Duration::from_secs(2), "tenant create took {took:?}");
+    let start = start_in(2500);
+    let children = spin(&scene, &client, &tenants, start);
+    let (before, after) = middle_window(&scene, &tenants, start);
+    let runs = finish_all(children, "spin");
+    for r in &runs {
+        assert!(
+            r.stderr.contains("throttled to"),
+            "a process without a slot must say it is throttled:\n{}",
+            r.report()
+        );
+    }
+    drop(squatter.stdin.take());
+    let _ = squatter.wait();
+    assert_shares("squat", &percents(&before, &after), &[10.0, 90.0]);
+}
+
+/// Finding: `truncate -s +1` made joiners refuse the device ledger (running processes accepted
+/// it, nobody repaired it): every process started afterwards ran unscheduled. A shrunk file too.
+#[test]
+fn a_tenant_growing_or_shrinking_the_device_ledger_is_repaired() {
+    let scene = Scene::new("size", &[("SIMGPU_MEMORY", "16GiB")]);
+    let tenants = [("t1", 1001), ("t2", 1002)];
+    create(&scene, "t1", "10");
+    create(&scene, "t2", "90");
+    let ledger = device_ledger(&scene);
+    let client = compute_client(&scene.dir);
+    let total = size_of::<Layout>() as u64;
+    for (what, arg) in [("grown", "+1".to_string()), ("shrunk", "4000".to_string())] {
+        let r = run(&mut scene.in_container(
+            "t1",
+            1001,
+            Path::new("/usr/bin/truncate"),
+            &["-s", &arg, &inside(&ledger)],
+        ));
+        r.assert_success();
+        assert_ne!(std::fs::metadata(&ledger).unwrap().len(), total, "{what}");
+        let start = start_in(2500);
+        let children = spin(&scene, &client, &tenants, start);
+        let (before, after) = middle_window(&scene, &tenants, start);
+        finish_all(children, what);
+        assert_eq!(
+            std::fs::metadata(&ledger).unwrap().len(),
+            total,
+            "{what}: not repaired"
+        );
+        assert_shares(what, &percents(&before, &after), &[10.0, 90.0]);
+    }
+    let st = status(&scene);
+    assert!(!st.stdout.contains("UNHEALTHY"), "{}", st.report());
+}

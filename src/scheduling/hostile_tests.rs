@@ -1,0 +1,221 @@
+//! The decisions that keep a tenant from freezing the arbitration or keeping others out of a
+//! device ledger: the lock's take-over (a live holder included, after its bound), slot entry when
+//! every free slot's lock is held by someone not in it, and the repair of a ledger grown or shrunk.
+
+use super::device::{now_ns, DeviceLedger};
+use super::lock::{take_over, TakeOver};
+use super::runtime::throttle_cap;
+use super::shm::*;
+use crate::slotfile::{self, sys, SlotLayout};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::*;
+use std::time::{Duration, Instant};
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "gpuslice-schedsec-{tag}-{}-{}",
+        std::process::id(),
+        now_ns()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const UUID: &str = "GPU-00000000-0000-0000-0000-000000000001";
+
+#[test]
+fn the_lock_is_taken_over_from_a_live_holder_after_its_bound_only() {
+    let fresh = 1_000_000_000u64;
+    let alive = |_| true;
+    // A live holder, freshly stamped, within the bound: waited for.
+    assert_eq!(take_over(Some(3), 1, fresh, fresh + 10, 0, alive), None);
+    assert_eq!(
+        take_over(Some(3), 1, fresh, fresh + 10, LOCK_HOLD_MAX_NS - 1, alive),
+        None
+    );
+    // The same holder, alive and re-stamping, once we have waited the bound ourselves: taken.
+    assert_eq!(
+        take_over(Some(3), 1, fresh, fresh + 10, LOCK_HOLD_MAX_NS, alive),
+        Some(TakeOver::Overstayed)
+    );
+    // Dead, naming nobody, naming us, stamped ahead of the clock, or stale: at once.
+    assert_eq!(
+        take_over(Some(3), 1, fresh, fresh + 10, 0, |_| false),
+        Some(TakeOver::Bogus)
+    );
+    assert_eq!(
+        take_over(None, 1, fresh, fresh + 10, 0, alive),
+        Some(TakeOver::Bogus)
+    );
+    assert_eq!(
+        take_over(Some(1), 1, fresh, fresh + 10, 0, alive),
+        Some(TakeOver::Bogus)
+    );
+    assert_eq!(
+        take_over(Some(3), 1, u64::MAX, fresh, 0, alive),
+        Some(TakeOver::Future)
+    );
+    assert_eq!(
+        take_over(Some(3), 1, fresh, fresh + 60_000_000, 0, alive),
+        Some(TakeOver::Stale)
+    );
+}
+
+/// A live process (another open file description holding its slot's lock) writes the lock word
+/// and a fresh stamp every millisecond: `lock` still returns within its bound (with a wide margin
+/// for a loaded machine), and counts the take-over.
+#[test]
+fn a_live_holder_restamping_the_lock_does_not_freeze_it() {
+    let _serial = slotfile::serial_test();
+    let dir = scratch("lock");
+    let path = dir.join(format!("{UUID}.dev"));
+    let ours = DeviceLedger::open(&path, UUID, true).unwrap();
+    let theirs = DeviceLedger::open(&path, UUID, false).unwrap();
+    let me = ours.claim_slot(0).unwrap();
+    let them = theirs.claim_slot(1).unwrap();
+    assert!(ours.slot_alive(them, Some(me)));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = std::thread::spawn({
+        let stop = stop.clone();
+        let path = path.clone();
+        move || {
+            let l = DeviceLedger::open(&path, UUID, false).unwrap();
+            let hd = &l.layout().header;
+            while !stop.load(Acquire) {
+                hd.lock.store(Holder::of(them).word(), Release);
+                hd.lock_ns.store(now_ns(), Release);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(5));
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        drop(ours.lock(me));
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_millis(500),
+            "lock took {took:?} beside a live holder re-stamping it"
+        );
+    }
+    assert!(ours.layout().header.lock_takeovers.load(Acquire) >= 1);
+    stop.store(true, Release);
+    h.join().unwrap();
+    drop(theirs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every free slot's lock byte held by another (POSIX, `lockf`-style) lock: no slot can be
+/// claimed; the health says so from the kernel's evidence, and a tool still changes settings and
+/// takes the lock (without a slot) at once.
+#[test]
+fn squatted_slot_locks_are_seen_and_do_not_stop_tools() {
+    let _serial = slotfile::serial_test();
+    let dir = scratch("squat");
+    let path = dir.join(format!("{UUID}.dev"));
+    let l = DeviceLedger::open(&path, UUID, true).unwrap();
+    assert!(!l.health().unhealthy(), "{}", l.health().describe());
+    // A child process takes POSIX locks over every slot byte (OFD and POSIX locks conflict), as
+    // `lockf` by a tenant does, and keeps them until killed.
+    let start = Layout::lock_offset(0);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    // SAFETY: fork in a test that holds the serial guard; the child only calls fcntl and pause.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: an all-zero flock is valid; F_SETLK on an open fd.
+        unsafe {
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = libc::F_WRLCK as libc::c_short;
+            fl.l_whence = libc::SEEK_SET as libc::c_short;
+            fl.l_start = start as libc::off_t;
+            fl.l_len = MAX_SLOTS as libc::off_t;
+            libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    drop(f);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !matches!(
+        sys::is_locked(l.lock_fd_for_tests(), start + MAX_SLOTS as u64 - 1),
+        Ok(true)
+    ) {
+        assert!(Instant::now() < deadline, "the child never locked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(l.claim_slot(0), None);
+    let h = l.health();
+    assert_eq!(h.squatted_slots, MAX_SLOTS);
+    assert_eq!(h.free_slots, 0);
+    assert!(h.unhealthy());
+    assert!(h.describe().contains("locked by someone not in them"));
+    let t0 = Instant::now();
+    let added = l.with_admin_lock(|g| l.find_or_add_tenant(g, TenantId(5), "t", 30, 0, false));
+    assert!(added.is_some());
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert_eq!(l.update_tenant("t", Some(40), None, None).unwrap().len(), 1);
+    // SAFETY: our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    assert!(l.claim_slot(0).is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A ledger grown by a byte or shrunk while nobody uses it: the next process to open it repairs
+/// it in place (it used to be refused, leaving every later process unscheduled); one grown while
+/// in use is cut back by the user's sweep.
+#[test]
+fn a_ledger_grown_or_shrunk_is_repaired_by_the_next_user() {
+    let _serial = slotfile::serial_test();
+    let dir = scratch("size");
+    let path = dir.join(format!("{UUID}.dev"));
+    let total = TOTAL_SIZE as u64;
+    drop(DeviceLedger::open(&path, UUID, true).unwrap());
+    for size in [total + 1, total + 4096, total / 2, 100, 0] {
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(size).unwrap();
+        drop(f);
+        let l = DeviceLedger::open(&path, UUID, false)
+            .unwrap_or_else(|e| panic!("a ledger of {size} bytes refused: {e}"));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), total, "{size}");
+        assert!(l.layout().header.size_repairs.load(Acquire) >= 1);
+        assert_ne!(l.layout().header.epoch.load(Acquire), 0);
+        assert_eq!(l.uuid(), UUID);
+        assert!(l.claim_slot(0).is_some());
+        assert!(!l.health().unhealthy(), "{}", l.health().describe());
+    }
+    // Grown while in use: joiners refuse nothing, and the sweep cuts it back.
+    let l = DeviceLedger::open(&path, UUID, false).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(total + 1).unwrap();
+    drop(DeviceLedger::open(&path, UUID, false).unwrap());
+    f.set_len(total + 1).unwrap();
+    l.sweep(None);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), total);
+    // Another kind of file is never touched.
+    std::fs::write(&path, b"not a ledger at all, and shorter").unwrap();
+    assert!(DeviceLedger::open(&path, UUID, false).is_err());
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        b"not a ledger at all, and shorter"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_process_without_a_slot_is_held_to_its_share() {
+    assert_eq!(throttle_cap(10, 0), Some(10));
+    assert_eq!(throttle_cap(30, 20), Some(20));
+    assert_eq!(throttle_cap(30, 50), Some(30));
+    assert_eq!(throttle_cap(0, 0), Some(1));
+    assert_eq!(throttle_cap(100, 0), None);
+    assert_eq!(throttle_cap(100, 40), Some(40));
+}
