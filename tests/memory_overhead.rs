@@ -2553,13 +2553,22 @@ fn a_context_created_in_a_container_is_not_charged_a_neighbours_allocations() {
     let sim = Sim::new("overhead-container")
         .env("SIMGPU_MEMORY", "64GiB")
         .env("SIMGPU_CONTEXT_CREATE_US", "300000");
-    let mut neighbour = client(&sim, Deploy::Preload, &dir, "neighbour", &["churn", "1024", "10"]);
+    let mut neighbour = client(
+        &sim,
+        Deploy::Preload,
+        &dir,
+        "neighbour",
+        &["churn", "1024", "10"],
+    );
     let mut neighbour = sim.spawn(neighbour.env("GPUSLICE_MEMORY_LIMIT", "48GiB"));
     wait_for_key(&mut neighbour, "churning");
     let before = sim.stat();
     let mut pod = sim.spawn(&mut client_in_container(&sim, &dir, "pod", &["hold"]));
     let ready = wait_for_key(&mut pod, "ready");
-    assert_eq!(ready["pid"], "1", "the client is its container's init: {ready:?}");
+    assert_eq!(
+        ready["pid"], "1",
+        "the client is its container's init: {ready:?}"
+    );
     let after = sim.stat();
     let Json::Arr(procs) = after.at("processes") else {
         panic!("simgpu-stat: no processes in {after}")

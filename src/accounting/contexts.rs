@@ -185,10 +185,7 @@ impl Tenant {
         undo: impl FnOnce(CUcontext),
     ) -> CUresult {
         self.primary_retain(device, call, undo)?;
-        self.records
-            .lock()
-            .green
-            .insert(green(), device.ordinal);
+        self.records.lock().green.insert(green(), device.ordinal);
         Ok(())
     }
 

@@ -182,7 +182,10 @@ pub fn host_pid() -> u32 {
     let own = std::process::id();
     let proc = std::env::var_os("SIMGPU_HOST_PROC")
         .filter(|p| !p.is_empty())
-        .map_or_else(|| std::path::PathBuf::from("/proc"), std::path::PathBuf::from);
+        .map_or_else(
+            || std::path::PathBuf::from("/proc"),
+            std::path::PathBuf::from,
+        );
     std::fs::read_to_string(proc.join("self/status"))
         .ok()
         .and_then(|status| {

@@ -240,6 +240,9 @@ fn stream_green(h: CUstream, per_thread: bool, out: Option<&mut CUgreenCtx>) -> 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamGetGreenCtx(h: CUstream, out: Option<&mut CUgreenCtx>) -> CUresult {
+pub unsafe extern "C" fn cuStreamGetGreenCtx(
+    h: CUstream,
+    out: Option<&mut CUgreenCtx>,
+) -> CUresult {
     crate::call("cuStreamGetGreenCtx", || stream_green(h, false, out))
 }

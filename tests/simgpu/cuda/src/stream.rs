@@ -587,7 +587,11 @@ fn create(flags: u32, priority: i32) -> Result<CUstream, CUerror> {
 }
 
 /// A stream created in `ctx` (the current context, or a green context's).
-pub(crate) fn create_in(ctx: &Arc<Context>, flags: u32, priority: i32) -> Result<CUstream, CUerror> {
+pub(crate) fn create_in(
+    ctx: &Arc<Context>,
+    flags: u32,
+    priority: i32,
+) -> Result<CUstream, CUerror> {
     let ctx = ctx.clone();
     // Like the real driver, out-of-range priorities are clamped to the range.
     let priority = priority.clamp(PRIORITY_GREATEST, PRIORITY_LEAST);
