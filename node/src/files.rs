@@ -441,8 +441,8 @@ impl Dir {
         );
         // SAFETY: NUL-terminated strings and a valid descriptor; symlinkat never follows a link.
         let made = unsafe { libc::symlinkat(t.as_ptr(), self.fd.as_raw_fd(), tmp_c.as_ptr()) } == 0;
-        // SAFETY: as above.
         if !made
+            // SAFETY: as above.
             || unsafe {
                 libc::renameat(
                     self.fd.as_raw_fd(),
