@@ -1,6 +1,6 @@
-//! `gpuslice set` for compute writes a tenant's settings under the device ledger's arbitration lock:
-//! while another process holds the lock (and keeps it fresh), the change waits; once released, it
-//! lands, and the slot `set` held for the lock is free again.
+//! `gpuslice set` for compute writes a tenant's settings under the device ledger's arbitration lock,
+//! and never waits on it past its bound (docs/COMPUTE.md): a tenant that holds the lock and keeps
+//! re-stamping it cannot hold root's change back. `set` takes no process slot.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::{Acquire, Release};
 use std::time::{Duration, Instant};
 
 #[test]
-fn set_waits_for_the_arbitration_lock() {
+fn set_is_not_held_back_by_a_live_lock_holder() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("cli-set-compute-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -35,13 +35,18 @@ fn set_waits_for_the_arbitration_lock() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Hold the lock (fresh, so it is not taken over as stale) for a while: nothing changes.
+    // Hold the lock and keep it fresh, as a tenant freezing arbitration would: the change still
+    // lands, well within 2 s (the bound is milliseconds; the margin is for a busy machine).
     let held = Instant::now();
-    while held.elapsed() < Duration::from_millis(500) {
+    while share() != 30 {
         holder.layout().header.lock_ns.store(now_ns(), Release);
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(share(), 50, "gpuslice set wrote while the lock was held");
+        assert!(
+            held.elapsed() < Duration::from_secs(10),
+            "gpuslice set waited on a live lock holder"
+        );
     }
+    let landed = held.elapsed();
     drop(guard);
     let out = set.wait_with_output().unwrap();
     assert!(
@@ -50,6 +55,7 @@ fn set_waits_for_the_arbitration_lock() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(share(), 30);
+    assert!(landed < Duration::from_secs(2), "set took {landed:?}");
     // Only our own slot is in use afterwards.
     let l = holder.layout();
     let busy: Vec<usize> = (0..l.slots.len())
