@@ -133,13 +133,33 @@ fn device_directory_it_cannot_use() {
     let run = doctor(&d.join("t.ledger"), &not_dir, |_| {});
     assert_problem(&run, "is not a directory");
 
-    // A device ledger that is not one.
+    // A device ledger that is not one: a file of another kind is never rewritten, and said.
     let devices = d.join("devices");
     std::fs::create_dir(&devices).unwrap();
     let bad = devices.join("GPU-1b2c3d4e-0000-1111-2222-333344445555.dev");
-    std::fs::write(&bad, vec![0u8; 4096]).unwrap();
+    let foreign = b"not a device ledger\n".repeat(200);
+    std::fs::write(&bad, &foreign).unwrap();
     let run = doctor(&d.join("t.ledger"), &devices, |_| {});
     assert_problem(&run, "compute shares would not be enforced on that GPU");
+    assert_eq!(
+        std::fs::read(&bad).unwrap(),
+        foreign,
+        "a foreign file was rewritten"
+    );
+
+    // A device ledger shrunk and zeroed (what a tenant can do to it) is repaired in place by its
+    // next user, which says so; then it is usable.
+    std::fs::write(&bad, vec![0u8; 4096]).unwrap();
+    let run = doctor(&d.join("t.ledger"), &devices, |_| {});
+    assert!(
+        run.stderr.contains("repaired in place"),
+        "no repair said\n{}",
+        run.report()
+    );
+    assert!(
+        std::fs::metadata(&bad).unwrap().len() > 4096,
+        "not repaired"
+    );
 
     if is_root() {
         // Another user's device ledger.
