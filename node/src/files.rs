@@ -441,17 +441,19 @@ impl Dir {
         );
         // SAFETY: NUL-terminated strings and a valid descriptor; symlinkat never follows a link.
         let made = unsafe { libc::symlinkat(t.as_ptr(), self.fd.as_raw_fd(), tmp_c.as_ptr()) } == 0;
-        // SAFETY: as above.
-        if !made
-            || unsafe {
+        let renamed = made && {
+            // SAFETY: as above; both names are relative to our directory's descriptor.
+            let rc = unsafe {
                 libc::renameat(
                     self.fd.as_raw_fd(),
                     tmp_c.as_ptr(),
                     self.fd.as_raw_fd(),
                     name_c.as_ptr(),
                 )
-            } != 0
-        {
+            };
+            rc == 0
+        };
+        if !renamed {
             let e = errno();
             self.unlink(&tmp_c);
             return Err(format!(
