@@ -560,8 +560,13 @@ fn fix_fd(
             return Err(errno());
         }
     }
-    if let Some(m) = mode {
-        // After fchown, which clears set-id bits.
+    // After fchown, which clears set-id bits (so the mode is read again).
+    let st = if want_uid.is_some() || want_gid.is_some() {
+        fstat(fd)?
+    } else {
+        st
+    };
+    if let Some(m) = mode.filter(|m| *m != st.st_mode & 0o7777) {
         // SAFETY: a valid descriptor.
         if unsafe { libc::fchmod(fd.as_raw_fd(), m as libc::mode_t) } != 0 {
             return Err(errno());
