@@ -441,17 +441,19 @@ impl Dir {
         );
         // SAFETY: NUL-terminated strings and a valid descriptor; symlinkat never follows a link.
         let made = unsafe { libc::symlinkat(t.as_ptr(), self.fd.as_raw_fd(), tmp_c.as_ptr()) } == 0;
-        if !made
-            // SAFETY: as above.
-            || unsafe {
+        let renamed = made && {
+            // SAFETY: as above; both names are relative to our directory's descriptor.
+            let rc = unsafe {
                 libc::renameat(
                     self.fd.as_raw_fd(),
                     tmp_c.as_ptr(),
                     self.fd.as_raw_fd(),
                     name_c.as_ptr(),
                 )
-            } != 0
-        {
+            };
+            rc == 0
+        };
+        if !renamed {
             let e = errno();
             self.unlink(&tmp_c);
             return Err(format!(
@@ -558,8 +560,13 @@ fn fix_fd(
             return Err(errno());
         }
     }
-    if let Some(m) = mode {
-        // After fchown, which clears set-id bits.
+    // After fchown, which clears set-id bits (so the mode is read again).
+    let st = if want_uid.is_some() || want_gid.is_some() {
+        fstat(fd)?
+    } else {
+        st
+    };
+    if let Some(m) = mode.filter(|m| *m != st.st_mode & 0o7777) {
         // SAFETY: a valid descriptor.
         if unsafe { libc::fchmod(fd.as_raw_fd(), m as libc::mode_t) } != 0 {
             return Err(errno());

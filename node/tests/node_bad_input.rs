@@ -141,7 +141,7 @@ fn full_or_read_only_state_directory() {
          m='{m}'\n\
          create() {{ \"$GPUSLICE\" tenant create \"$1\" --memory 1GiB --state-dir \"$2\" --cdi-dir \"$3\" --library \"$LIBRARY\"; }}\n\
          listing() {{ find \"$m\" -mindepth 1 \\( -path \"$m/state\" -o -path \"$m/state/tenants\" \
-                      -o -path \"$m/state/devices\" \\) -o \\( -type d -printf '%p|' \\) -o -printf '%p %s|' ; }}\n\
+                      -o -path \"$m/state/devices\" -o -path \"$m/state/.node.lock\" \\) -o \\( -type d -printf '%p|' \\) -o -printf '%p %s|' ; }}\n\
          case_() {{ name=$1; shift; before=$(listing); \"$@\"; echo \"${{name}}_rc=$?\"; \
                     [ \"$before\" = \"$(listing)\" ] && echo \"${{name}}_unchanged=yes\" || echo \"${{name}}_unchanged=no: $before => $(listing)\"; }}\n\
          # 1. Too small for anything but the first files.\n\
@@ -153,7 +153,7 @@ fn full_or_read_only_state_directory() {
          case_ device create t1 \"$m/state\" \"$m/cdi\"\n\
          umount \"$m\"\n\
          # 3. The state is fine, the CDI directory is full: the published tenant is taken back.\n\
-         mount -t tmpfs -o size=4k gpuslice-full \"$m\"\n\
+         mount -t tmpfs -o size=4k,mode=0755 gpuslice-full \"$m\"\n\
          head -c 4096 /dev/zero > \"$m/filler\"\n\
          case_ cdi create t1 \"$STATE\" \"$m\"\n\
          umount \"$m\"\n\
