@@ -237,8 +237,7 @@ fn a_tenant_locking_every_slot_byte_keeps_nobody_unscheduled() {
     let squat = format!(
         "import fcntl, os, sys, time\n\
          fd = os.open('{}', os.O_RDWR)\n\
-         os.lseek(fd, {lock_at}, 0)\n\
-         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, {MAX_SLOTS})\n\
+         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, {MAX_SLOTS}, {lock_at}, os.SEEK_SET)\n\
          print('locked=1', flush=True)\n\
          sys.stdin.read()\n",
         inside(&ledger)
