@@ -204,7 +204,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
             }
             print!("{}", compute::table(rows));
         }
-        if matches!(compute, Some(_)) {
+        if compute.is_some() {
             print!("{}", compute::health_text(&health));
         }
     }
