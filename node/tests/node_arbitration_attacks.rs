@@ -130,17 +130,21 @@ fd = os.open(path, os.O_RDWR)
 m = mmap.mmap(fd, 0)
 end = time.monotonic() + secs / 1000
 stamped = 0
+mine = 0
 print("ready=1", flush=True)
 while time.monotonic() < end:
     owner = struct.unpack_from("<I", m, owner_at)[0]
     if 1 <= owner <= 256:
         t = struct.unpack_from("<I", m, slots_at + (owner - 1) * slot_size + tenant_at)[0]
         if t == victim:
-            # The owner's own slot as the lock's holder (alive: its process holds the slot's
-            # lock), freshly stamped: "held by a live process, just now".
-            struct.pack_into("<I", m, lock_at, owner)
-            struct.pack_into("<Q", m, lock_ns_at, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
-            stamped += 1
+            mine = owner
+    if mine:
+        # Our process's slot (seen owning the GPU) as the lock's holder (alive: the process
+        # holds the slot's lock), freshly stamped: "held by a live process, just now". Our own
+        # process takes it over at once (it names its slot); everyone else waited for it.
+        struct.pack_into("<I", m, lock_at, mine)
+        struct.pack_into("<Q", m, lock_ns_at, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+        stamped += 1
     time.sleep(0.005)
 print(f"stamped={stamped}", flush=True)
 "#;
@@ -237,8 +241,7 @@ fn a_tenant_locking_every_slot_byte_keeps_nobody_unscheduled() {
     let squat = format!(
         "import fcntl, os, sys, time\n\
          fd = os.open('{}', os.O_RDWR)\n\
-         os.lseek(fd, {lock_at}, 0)\n\
-         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, {MAX_SLOTS})\n\
+         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, {MAX_SLOTS}, {lock_at}, os.SEEK_SET)\n\
          print('locked=1', flush=True)\n\
          sys.stdin.read()\n",
         inside(&ledger)
