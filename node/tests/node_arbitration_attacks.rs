@@ -43,11 +43,20 @@ fn inside(ledger: &Path) -> String {
     )
 }
 
+/// `tenant create`, timed. `--overcommit`: the scenarios add a tenant past 100% of promised
+/// shares on purpose (arbitration normalises among the tenants that want the GPU).
 fn create(scene: &Scene, name: &str, share: &str) -> Duration {
     let t0 = Instant::now();
     scene
         .gpuslice(&[
-            "tenant", "create", name, "--memory", "1GiB", "--share", share,
+            "tenant",
+            "create",
+            name,
+            "--memory",
+            "1GiB",
+            "--share",
+            share,
+            "--overcommit",
         ])
         .assert_success();
     t0.elapsed()
