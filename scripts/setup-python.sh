@@ -14,19 +14,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV=${1:-"$ROOT/target/venv"}
 REQS=("cuda-bindings==12.9.*" "nvidia-ml-py" "jsonschema" "cuda-core==1.2.*" "numpy")
-STAMP="$VENV/.gpuslice-stamp"
-want="${REQS[*]}"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
-  exit 0
-fi
-PY=${PYTHON:-python3}
-if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
-  # Debian's system python splits venv/ensurepip out into python3-venv.
-  if command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-  fi
-fi
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQS[@]}"
-echo "$want" > "$STAMP"
+# shellcheck source=scripts/venv.sh
+. "$ROOT/scripts/venv.sh"
+stamped_venv "$VENV" bin/python "${REQS[@]}"

@@ -12,18 +12,6 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
 VENV=${1:-"$TARGET/zig-venv"}
 REQS=("ziglang==0.17.1" "cargo-zigbuild==0.24.1")
-STAMP="$VENV/.gpuslice-stamp"
-want="${REQS[*]}"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/cargo-zigbuild" ]; then
-  exit 0
-fi
-PY=${PYTHON:-python3}
-if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-  fi
-fi
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQS[@]}"
-echo "$want" > "$STAMP"
+# shellcheck source=scripts/venv.sh
+. "$ROOT/scripts/venv.sh"
+stamped_venv "$VENV" bin/cargo-zigbuild "${REQS[@]}"
