@@ -48,6 +48,9 @@ pub struct Sched {
     /// What this process has seen of the ledger's demand words, and the launch count
     /// (`runtime::LAUNCHES`) at the previous refresh.
     pub(super) demand: Mutex<(arbiter::DemandHistory, u64)>,
+    /// Contended until then (monotonic ns): the last time another tenant was seen wanting the
+    /// device, plus a hold.
+    pub(super) contended_until: AtomicU64,
     pub(super) high: AtomicBool,
     /// Another tenant of high priority is active: keep one launch in flight.
     pub(super) beside_high: AtomicBool,
@@ -130,6 +133,7 @@ impl Sched {
             id,
             contended: AtomicBool::new(true),
             demand: Mutex::new((arbiter::DemandHistory::default(), u64::MAX)),
+            contended_until: AtomicU64::new(0),
             high: AtomicBool::new(high),
             beside_high: AtomicBool::new(false),
             owned: AtomicU32::new(0),

@@ -13,6 +13,8 @@ use crate::log;
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
+/// A tenant that saw another want the device stays contended this long after it last saw it.
+const CONTENTION_HOLD_NS: u64 = 250_000_000;
 /// How often the scheduler thread re-reads the ledger (contention, settings, liveness).
 const REFRESH_NS: u64 = 10_000_000;
 const SWEEP_NS: u64 = 100_000_000;
@@ -133,7 +135,13 @@ impl Sched {
         let view = self.ledger.view(mine);
         self.high.store(view.high, Relaxed);
         self.beside_high.store(beside_high, Relaxed);
-        let contended = others || view.cap != 0;
+        // Sticky: a neighbour seen wanting the device keeps us contended for `CONTENTION_HOLD_NS`,
+        // so a scheduler thread delayed on a loaded host (a window it did not mark) never puts
+        // one tenant on the fast path while another is gated.
+        if others {
+            self.contended_until.store(now.saturating_add(CONTENTION_HOLD_NS), Relaxed);
+        }
+        let contended = now < self.contended_until.load(Relaxed) || view.cap != 0;
         if self.contended.swap(contended, Relaxed) != contended {
             runtime::update_pass();
         }
