@@ -475,7 +475,7 @@ fn idle_neighbour_scenario(failures: &mut Vec<String>) {
     println!("compute-table: {line}");
     if launches < 1_000 || added > 0.1 {
         let mut top: Vec<_> = c.into_iter().collect();
-        top.sort_by(|a, b| b.1.cmp(&a.1));
+        top.sort_by_key(|e| std::cmp::Reverse(e.1));
         top.truncate(12);
         failures.push(format!("{line}; calls: {top:?}"));
     }

@@ -139,7 +139,8 @@ impl Sched {
         // so a scheduler thread delayed on a loaded host (a window it did not mark) never puts
         // one tenant on the fast path while another is gated.
         if others {
-            self.contended_until.store(now.saturating_add(CONTENTION_HOLD_NS), Relaxed);
+            self.contended_until
+                .store(now.saturating_add(CONTENTION_HOLD_NS), Relaxed);
         }
         let contended = now < self.contended_until.load(Relaxed) || view.cap != 0;
         if self.contended.swap(contended, Relaxed) != contended {
