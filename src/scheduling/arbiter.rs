@@ -25,14 +25,6 @@ pub const MIN_TOKENS_NS: i64 = -50 * SLICE_NS as i64;
 /// decides who may enqueue. (An owner that submits nothing while its work waits hands over sooner:
 /// see the scheduler thread.) Ordinary drains take at most `Q` kernels, well below this.
 pub const DRAIN_LIMIT_NS: u64 = 2 * SLICE_NS;
-/// Longest a launch waits in flow control for our oldest launch on its stream before it goes
-/// through anyway (and the following ones, until our work progresses): work that completes
-/// nothing may wait for something the launching thread itself does later.
-pub const FLOW_WAIT_LIMIT_NS: u64 = DRAIN_LIMIT_NS;
-/// Most of the work completed after a hand-over (`carried`) that one charge takes; the rest is
-/// dropped: work left running is at most `Q` launches plus what passed for a collective, and a
-/// larger figure is a measurement gone wrong (a stale event pair), not device time.
-pub const CARRY_LIMIT_NS: u64 = 4 * SLICE_NS;
 /// Share of a tenant that has none.
 pub const DEFAULT_SHARE: u32 = 10;
 /// Work a process keeps in flight on a contended device: `Q` launches, `Q` = this / the observed
@@ -46,73 +38,6 @@ pub const QUEUE_DEPTH_BESIDE_HIGH: usize = 1;
 /// `Q` for launches whose work takes `launch_ns` each.
 pub fn queue_depth(launch_ns: u64) -> usize {
     ((INFLIGHT_TARGET_NS / launch_ns.max(1)) as usize).clamp(MIN_QUEUE_DEPTH, MAX_QUEUE_DEPTH)
-}
-
-/// Demand: a tenant *wants the device* when one of its processes waits at the gate or owns the
-/// device, or when its processes launched in at least [`DEMAND_MIN`] of the last [`DEMAND_WINDOWS`]
-/// windows of [`DEMAND_WINDOW_NS`] (the current one included). A tenant that merely holds a slot,
-/// or launches now and then (an idle inference server's one kernel every 100 ms), wants nothing:
-/// its neighbours stay on the launch fast path. Each process marks its tenant's bit in the window's
-/// demand word (`Header::demand`, two words, even and odd windows) at every refresh of its
-/// scheduler thread when it launched since the previous one.
-pub const DEMAND_WINDOW_NS: u64 = 10_000_000;
-pub const DEMAND_WINDOWS: usize = 4;
-pub const DEMAND_MIN: u32 = 2;
-
-/// Window number of `now` (truncated to the 32 bits a demand word keeps).
-pub fn demand_window(now: u64) -> u32 {
-    (now / DEMAND_WINDOW_NS) as u32
-}
-
-/// The demand word `word` with `tenant`'s bit marked for `window`: a word of an older window is
-/// replaced, not added to.
-pub fn demand_mark(word: u64, window: u32, tenant: usize) -> u64 {
-    let bit = 1u64 << (tenant % 32);
-    if (word >> 32) as u32 == window {
-        word | bit
-    } else {
-        (u64::from(window) << 32) | bit
-    }
-}
-
-/// The tenants a demand word marks for `window` (none when the word is of another window).
-pub fn demand_bits(word: u64, window: u32) -> u32 {
-    if (word >> 32) as u32 == window {
-        word as u32
-    } else {
-        0
-    }
-}
-
-/// What one process has seen of the demand words: the bits of the last [`DEMAND_WINDOWS`] windows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DemandHistory {
-    windows: [(u32, u32); DEMAND_WINDOWS],
-}
-
-impl DemandHistory {
-    /// Adds what a demand word says of `window` (bits only accumulate within a window).
-    pub fn observe(&mut self, window: u32, bits: u32) {
-        let e = &mut self.windows[window as usize % DEMAND_WINDOWS];
-        if e.0 == window {
-            e.1 |= bits;
-        } else {
-            *e = (window, bits);
-        }
-    }
-
-    /// Whether `tenant` launched in at least [`DEMAND_MIN`] of the windows up to `now_window`.
-    pub fn wants(&self, tenant: usize, now_window: u32) -> bool {
-        let bit = 1u32 << (tenant % 32);
-        let seen = self
-            .windows
-            .iter()
-            .filter(|&&(w, bits)| {
-                now_window.wrapping_sub(w) < DEMAND_WINDOWS as u32 && bits & bit != 0
-            })
-            .count();
-        seen as u32 >= DEMAND_MIN
-    }
 }
 
 /// One tenant's scheduling state, as read from the ledger.
@@ -403,47 +328,5 @@ mod tests {
             c => panic!("{c:?}"),
         }
         assert_eq!(choose(&mut ts, &[], 100), Choice::Idle);
-    }
-    #[test]
-    fn demand_words_belong_to_one_window() {
-        let w = demand_mark(0, 7, 3);
-        assert_eq!(demand_bits(w, 7), 1 << 3);
-        let w = demand_mark(w, 7, 5);
-        assert_eq!(demand_bits(w, 7), (1 << 3) | (1 << 5));
-        // A later window replaces the word: old marks are not carried into it.
-        let w = demand_mark(w, 8, 1);
-        assert_eq!(demand_bits(w, 8), 1 << 1);
-        assert_eq!(demand_bits(w, 7), 0);
-        assert_eq!(demand_window(3 * DEMAND_WINDOW_NS + 1), 3);
-    }
-
-    #[test]
-    fn an_occasional_launcher_wants_nothing_a_steady_one_does() {
-        // One launch every 100 ms: never two windows within four.
-        let mut h = DemandHistory::default();
-        for w in 0..100u32 {
-            let bits = if w % 10 == 0 { 1 << 2 } else { 0 };
-            h.observe(w, bits);
-            assert!(!h.wants(2, w), "window {w}");
-        }
-        // A steady launcher, whose marks miss one window in three (late refreshes): wanted from
-        // its second window on.
-        let mut h = DemandHistory::default();
-        for w in 200..240u32 {
-            let bits = if (w - 200) % 3 == 2 { 0 } else { 1 << 4 };
-            h.observe(w, bits);
-            assert_eq!(h.wants(4, w), w > 200, "window {w}");
-        }
-        // It stops: no longer wanted once fewer than two of the last four windows saw it.
-        for w in 240..244u32 {
-            h.observe(w, 0);
-        }
-        assert!(!h.wants(4, 243));
-        // Old windows never count, however the ring was filled.
-        let mut h = DemandHistory::default();
-        h.observe(10, 1);
-        h.observe(11, 1);
-        assert!(h.wants(0, 11));
-        assert!(!h.wants(0, 20));
     }
 }

@@ -3,7 +3,7 @@
 //! What an ownership is charged is that time, never more than the wall time the device was held (so
 //! kernels of several streams that overlap are charged once).
 
-use super::arbiter::{CARRY_LIMIT_NS, DRAIN_LIMIT_NS, FLOW_WAIT_LIMIT_NS};
+use super::arbiter::DRAIN_LIMIT_NS;
 use super::cu;
 use super::device::now_ns;
 use super::gate::Sched;
@@ -52,22 +52,6 @@ enum State {
     Gone,
 }
 
-/// The key of a launch's stream in our tracking: its handle, except for a per-thread default
-/// stream (a `_ptsz` launch on NULL, or `CU_STREAM_PER_THREAD`), which is one stream per thread
-/// under the same handle in every thread: keyed by the thread (the address of a thread-local, which
-/// no stream handle can be). Without it, one thread's launch would be chained to another thread's
-/// event and charged from there.
-pub(super) fn stream_key(stream: CUstream, per_thread: bool) -> usize {
-    const PER_THREAD: usize = 2;
-    let h = stream as usize;
-    if (per_thread && h == 0) || h == PER_THREAD {
-        thread_local!(static THREAD: u8 = const { 0 });
-        THREAD.with(|t| t as *const u8 as usize)
-    } else {
-        h
-    }
-}
-
 fn query(p: &Pending) -> State {
     // SAFETY: an event we created and recorded.
     match unsafe { cu::cuEventQuery(p.event as CUevent) } {
@@ -93,7 +77,7 @@ impl Sched {
         let mut recorded_at = [0u64; 4];
         if !high {
             for ((start, at), &s) in starts.iter_mut().zip(&mut recorded_at).zip(streams) {
-                *start = self.chain(stream_key(s, per_thread), ctx);
+                *start = self.chain(s, ctx);
                 if start.is_none() {
                     *start = self.record(s, ctx, per_thread);
                     *at = now_ns();
@@ -112,7 +96,7 @@ impl Sched {
                 Some(end) => self.inflight.lock().push_back(Tracked {
                     start,
                     end,
-                    stream: stream_key(s, per_thread),
+                    stream: s as usize,
                     calibration: false,
                     end_shared: false,
                     start_gap_ns: if at == 0 {
@@ -137,12 +121,12 @@ impl Sched {
     /// The start of a launch on `stream` when the previous launch there is still running: that
     /// launch's end event, which the new launch then owns. `None` when there is none (the device
     /// may be idle between the two: a start event of its own measures the launch alone).
-    fn chain(&self, stream: usize, ctx: CUcontext) -> Option<Pending> {
+    fn chain(&self, stream: CUstream, ctx: CUcontext) -> Option<Pending> {
         let mut f = self.inflight.lock();
         let prev = f
             .iter_mut()
             .rev()
-            .find(|t| t.stream == stream && t.end.ctx == ctx as usize)?;
+            .find(|t| t.stream == stream as usize && t.end.ctx == ctx as usize)?;
         if prev.end_shared || !matches!(query(&prev.end), State::Running) {
             return None;
         }
@@ -231,7 +215,7 @@ impl Sched {
             Some(end) => self.inflight.lock().push_back(Tracked {
                 start: Some(start),
                 end,
-                stream: stream_key(stream, per_thread),
+                stream: stream as usize,
                 calibration: true,
                 end_shared: false,
                 start_gap_ns: 0,
@@ -240,68 +224,23 @@ impl Sched {
         }
     }
 
-    /// Flow control on one stream: waits until fewer than `q` of our launches are in flight on the
-    /// stream `key` ([`stream_key`]), accounting the oldest as it completes. Other streams are not
-    /// waited for (a long kernel on one stream never holds back launches on another). The wait is
-    /// bounded by [`FLOW_WAIT_LIMIT_NS`]: work that does not complete may wait for something this
-    /// very thread does later (a host function or a kernel waiting on a flag the thread writes
-    /// after more launches), and a program that runs without gpuslice must not hang with it. Past
-    /// the bound the launch goes through, and so do the following ones until our work progresses
-    /// again. Polled (`cuEventQuery` and short sleeps), never `cuEventSynchronize`.
-    pub(super) fn wait_stream_room(&self, key: usize, q: usize) {
-        let stuck = self.flow_stuck.load(Acquire);
-        if stuck != 0 && stuck - 1 == self.progress_ns.load(Acquire) {
-            return;
-        }
-        let deadline = now_ns().saturating_add(FLOW_WAIT_LIMIT_NS);
-        loop {
-            let (oldest, teardowns) = {
-                let f = self.inflight.lock();
-                let mut mine = f.iter().filter(|t| !t.calibration && t.stream == key);
-                let oldest = mine.next().map(|t| t.end.event);
-                if oldest.is_none() || 1 + mine.count() < q {
-                    return;
-                }
-                (oldest, self.teardowns.load(Acquire))
-            };
-            let Some(event) = oldest else { return };
-            let state = query(&Pending { event, ctx: 0 });
-            if !matches!(state, State::Running) {
-                // With the queue full the device runs our work back to back: the interval
-                // between two completions seen here is one launch's work.
-                let now = now_ns();
-                let prev = self.last_completion_ns.swap(now, AcqRel);
-                let gap = now.saturating_sub(prev);
-                if prev != 0 && gap < 200_000_000 {
-                    let old = self.launch_ns.load(Relaxed);
-                    self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
-                }
-                let taken = {
-                    let mut f = self.inflight.lock();
-                    f.iter()
-                        .position(|t| t.end.event == event && t.stream == key)
-                        .and_then(|i| f.remove(i))
-                };
-                if let Some(t) = taken {
-                    self.completed_launch(t, matches!(state, State::Gone), teardowns);
-                }
-                continue;
-            }
+    /// Waits for a tracked launch taken off the queue by flow control (when [`Sched::teardowns`]
+    /// read `teardowns`), and accounts it.
+    pub(super) fn wait_completed(&self, t: Tracked, teardowns: u64) {
+        // SAFETY: an event we created and recorded.
+        let gone = unsafe { cu::cuEventSynchronize(t.end.event as CUevent) }.is_err();
+        if !t.calibration {
+            // With the queue full the device runs our work back to back: the interval between two
+            // completions seen here is one launch's work.
             let now = now_ns();
-            if now >= deadline {
-                self.flow_stuck
-                    .store(self.progress_ns.load(Acquire).saturating_add(1), Release);
-                crate::log::debug(format_args!(
-                    "compute: device {}: a launch passes flow control after {} ms: our work in flight completes nothing",
-                    self.ordinal,
-                    FLOW_WAIT_LIMIT_NS / 1_000_000
-                ));
-                return;
+            let prev = self.last_completion_ns.swap(now, AcqRel);
+            let gap = now.saturating_sub(prev);
+            if prev != 0 && gap < 200_000_000 {
+                let old = self.launch_ns.load(Relaxed);
+                self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
             }
-            // About a quarter of one launch's work, within 20..500 us.
-            let nap = (self.launch_ns.load(Relaxed) / 4).clamp(20_000, 500_000);
-            std::thread::sleep(Duration::from_nanos(nap.min(deadline - now)));
         }
+        self.completed_launch(t, gone, teardowns);
     }
 
     /// Adds a completed launch's device time to what the next charge takes (or, for an empty pair,
@@ -350,8 +289,6 @@ impl Sched {
                     let ns = ns
                         .saturating_sub(t.start_gap_ns)
                         .saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
-                    // What an earlier charge took for this work while it ran is not charged again.
-                    let ns = self.pay_prepaid(ns);
                     // Work that outlived our ownership is charged at our next charge, in full.
                     if self.owned.load(SeqCst) == 0 {
                         self.carried_ns.fetch_add(ns, AcqRel);
@@ -394,40 +331,15 @@ impl Sched {
     /// What this ownership is charged at `now`: its measured device time, at most the wall time since
     /// `since` (the grant or last renewal; overlapping streams count once), plus what completed after
     /// an earlier ownership; for a high-priority tenant the wall time since `since`.
-    ///
-    /// Work still in flight at `now` is charged too, for the time since `since` or since our last
-    /// completion, whichever is later (within the same wall-time bound), and that much is taken
-    /// off its measurement when it completes (`prepaid_ns`): a kernel that outlasts a slice is
-    /// charged in the slice it ran in, not at a later renewal whose wall time cannot hold it (a
-    /// cap renewed over 5-50 ms kernels would otherwise charge almost nothing). `carried` is at
-    /// most [`CARRY_LIMIT_NS`] a charge.
     pub(super) fn take_charge(&self, now: u64, since: u64) -> u64 {
         let measured = self.measured_ns.swap(0, AcqRel);
-        let carried = self.carried_ns.swap(0, AcqRel).min(CARRY_LIMIT_NS);
-        let since = since.min(now);
-        let wall = now - since;
+        let carried = self.carried_ns.swap(0, AcqRel);
+        let wall = now.saturating_sub(since.min(now));
         if self.high.load(Relaxed) {
-            return wall;
-        }
-        let running = if self.inflight.lock().iter().any(|t| !t.calibration) {
-            now.saturating_sub(self.progress_ns.load(Acquire).max(since))
+            wall
         } else {
-            0
-        };
-        let measured = measured.min(wall);
-        let running = running.min(wall - measured);
-        self.prepaid_ns.fetch_add(running, AcqRel);
-        (measured + running).saturating_add(carried)
-    }
-
-    /// `ns` of completed work less what was charged for it while it ran (`prepaid_ns`).
-    fn pay_prepaid(&self, ns: u64) -> u64 {
-        let mut paid = 0;
-        let _ = self.prepaid_ns.fetch_update(AcqRel, Acquire, |p| {
-            paid = p.min(ns);
-            Some(p - paid)
-        });
-        ns - paid
+            measured.min(wall).saturating_add(carried)
+        }
     }
 
     /// Whether every tracked launch has completed (completed ones are accounted and recycled).

@@ -42,15 +42,8 @@ pub struct Sched {
     /// Our tenant's entry in the ledger (re-found if the entry is damaged).
     pub(super) tenant: std::sync::atomic::AtomicUsize,
     pub(super) id: TenantId,
-    /// Another tenant wants the device (`arbiter::DemandHistory`), or our tenant is capped:
-    /// launches take the slow path.
+    /// More than one tenant attached, or our tenant is capped: launches take the slow path.
     pub(super) contended: AtomicBool,
-    /// What this process has seen of the ledger's demand words, and the launch count
-    /// (`runtime::LAUNCHES`) at the previous refresh.
-    pub(super) demand: Mutex<(arbiter::DemandHistory, u64)>,
-    /// Contended until then (monotonic ns): the last time another tenant was seen wanting the
-    /// device, plus a hold.
-    pub(super) contended_until: AtomicU64,
     pub(super) high: AtomicBool,
     /// Another tenant of high priority is active: keep one launch in flight.
     pub(super) beside_high: AtomicBool,
@@ -80,15 +73,6 @@ pub struct Sched {
     pub(super) measured_ns: AtomicU64,
     /// Device time of launches that completed after we handed the device over (ns), not charged yet.
     pub(super) carried_ns: AtomicU64,
-    /// Charged for our work while it was still running (`Sched::take_charge`): taken off its
-    /// measurement when it completes.
-    pub(super) prepaid_ns: AtomicU64,
-    /// Launches made in another process's ownership of our tenant (`Sched::sibling_owns`), not
-    /// yet settled.
-    pub(super) sibling_launches: AtomicU64,
-    /// Flow control gave up waiting when our last completion was at this value - 1 (0: it did
-    /// not): launches pass it until our work progresses again.
-    pub(super) flow_stuck: AtomicU64,
     /// What an empty event pair measures (the driver's own step from one stream operation to the
     /// next, not device time): taken off each launch's two steps. Running low estimate.
     pub(super) event_overhead_ns: AtomicU64,
@@ -132,8 +116,6 @@ impl Sched {
             tenant: tenant.into(),
             id,
             contended: AtomicBool::new(true),
-            demand: Mutex::new((arbiter::DemandHistory::default(), u64::MAX)),
-            contended_until: AtomicU64::new(0),
             high: AtomicBool::new(high),
             beside_high: AtomicBool::new(false),
             owned: AtomicU32::new(0),
@@ -149,9 +131,6 @@ impl Sched {
             inflight: Mutex::new(VecDeque::new()),
             measured_ns: AtomicU64::new(0),
             carried_ns: AtomicU64::new(0),
-            prepaid_ns: AtomicU64::new(0),
-            sibling_launches: AtomicU64::new(0),
-            flow_stuck: AtomicU64::new(0),
             event_overhead_ns: AtomicU64::new(0),
             last_calibration_ns: AtomicU64::new(0),
             free_events: Mutex::new(Vec::new()),
@@ -211,10 +190,7 @@ impl Sched {
             }
             if self.owns_now() {
                 // Before counting as launching: a drain does not wait for our queue to shrink.
-                self.flow_control(
-                    streams.first().copied().unwrap_or(std::ptr::null_mut()),
-                    per_thread,
-                );
+                self.flow_control();
                 self.launching.fetch_add(1, SeqCst);
                 if !self.owns_now() {
                     self.launching.fetch_sub(1, SeqCst);
@@ -231,18 +207,6 @@ impl Sched {
                 }
                 return r;
             }
-            if self.sibling_owns() {
-                // Our tenant owns the device through another of its processes: its turn is ours
-                // too. Charged to the tenant when it completes (`Sched::settle_sibling_work`).
-                self.flow_control(
-                    streams.first().copied().unwrap_or(std::ptr::null_mut()),
-                    per_thread,
-                );
-                self.sibling_launches.fetch_add(1, Relaxed);
-                let r = self.launch_tracked(streams, ctx, per_thread, launch);
-                self.last_submit_ns.store(now_ns(), Release);
-                return r;
-            }
             if self.peer_pass() {
                 let r = self.launch_tracked(streams, ctx, per_thread, launch);
                 self.last_submit_ns.store(now_ns(), Release);
@@ -255,21 +219,6 @@ impl Sched {
         }
     }
 
-    /// Whether another live slot of our tenant owns the device: a tenant's processes share its
-    /// turn (replicas of one pod, a server's worker processes).
-    pub(super) fn sibling_owns(&self) -> bool {
-        let l = self.ledger.layout();
-        let Some(o) = Holder::from_word(l.header.owner.load(Acquire)).slot() else {
-            return false;
-        };
-        let Some(slot) = l.slots.get(o) else {
-            return false;
-        };
-        o != self.slot
-            && slot.state.load(Acquire) == super::shm::SLOT_ACTIVE
-            && slot.tenant.load(Acquire) as usize == self.tenant()
-    }
-
     /// Waits until this process owns the device (or the device is no longer contended).
     fn wait_for_grant(&self) {
         let l = self.ledger.layout();
@@ -280,11 +229,7 @@ impl Sched {
         }
         self.publish_waiting();
         loop {
-            if !self.contended()
-                || runtime::stopped()
-                || self.peer_pass_due()
-                || self.sibling_owns()
-            {
+            if !self.contended() || runtime::stopped() || self.peer_pass_due() {
                 break;
             }
             // Our words zeroed or scribbled (a truncation repaired with zeros, another program):
@@ -504,16 +449,26 @@ impl Sched {
         futex_wake(&h.epoch);
     }
 
-    /// Keeps at most `Q` launches in flight on the launch's stream: waits (bounded) for the
-    /// oldest there (`Sched::wait_stream_room`).
-    fn flow_control(&self, stream: CUstream, per_thread: bool) {
+    /// Keeps at most `Q` launches in flight: waits for the oldest.
+    fn flow_control(&self) {
         let q = if self.beside_high.load(Relaxed) && !self.high.load(Relaxed) {
             arbiter::QUEUE_DEPTH_BESIDE_HIGH
         } else {
             arbiter::queue_depth(self.launch_ns.load(Relaxed))
         };
-        self.flow_waiting.fetch_add(1, SeqCst);
-        self.wait_stream_room(super::events::stream_key(stream, per_thread), q);
-        self.flow_waiting.fetch_sub(1, SeqCst);
+        loop {
+            let oldest = {
+                let mut f = self.inflight.lock();
+                if f.len() < q {
+                    return;
+                }
+                f.pop_front().map(|t| (t, self.teardowns.load(Acquire)))
+            };
+            if let Some((p, teardowns)) = oldest {
+                self.flow_waiting.fetch_add(1, SeqCst);
+                self.wait_completed(p, teardowns);
+                self.flow_waiting.fetch_sub(1, SeqCst);
+            }
+        }
     }
 }

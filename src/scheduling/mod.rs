@@ -38,13 +38,9 @@ pub fn device_dir() -> PathBuf {
 }
 
 /// Whether a launch may go straight to the driver: nothing this process launches on is contended
-/// (or it takes no part in compute sharing). One atomic load, and the launch counted (a plain load
-/// and store: what tells the scheduler that this process wants the device); the launch hooks' fast
-/// path.
+/// (or it takes no part in compute sharing). One atomic load; the launch hooks' fast path.
 #[inline(always)]
 pub fn launch_passes() -> bool {
-    let n = &runtime::LAUNCHES.0;
-    n.store(n.load(Relaxed).wrapping_add(1), Relaxed);
     runtime::PASS.load(Relaxed)
 }
 

@@ -3,7 +3,7 @@
 //! the device over; it re-reads the ledger (contention, priorities, caps), repairs our own entries when
 //! the file was damaged, and stops at exit after handing the device back.
 
-use super::arbiter::{self, IDLE_NS, SLICE_NS};
+use super::arbiter::{IDLE_NS, SLICE_NS};
 use super::cu::RelaxedCapture;
 use super::device::{futex_wait, futex_wake, now_ns};
 use super::gate::Sched;
@@ -13,8 +13,6 @@ use crate::log;
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
-/// A tenant that saw another want the device stays contended this long after it last saw it.
-const CONTENTION_HOLD_NS: u64 = 250_000_000;
 /// How often the scheduler thread re-reads the ledger (contention, settings, liveness).
 const REFRESH_NS: u64 = 10_000_000;
 const SWEEP_NS: u64 = 100_000_000;
@@ -115,12 +113,7 @@ impl Sched {
                 }
             }
         }
-        let history = self.observe_demand(now, mine);
-        let window = arbiter::demand_window(now);
-        // Another tenant *wants* the device: a thread of it waits at the gate, or it launched in
-        // recent windows. One that merely holds a slot costs us nothing.
-        let others = (0..MAX_TENANTS)
-            .any(|t| present[t] && t != mine && (wanting[t] || history.wants(t, window)));
+        let others = (0..MAX_TENANTS).any(|t| present[t] && t != mine);
         let owner_tenant = Holder::from_word(l.header.owner.load(Acquire))
             .slot()
             .map(|s| l.slots[s].tenant.load(Acquire) as usize);
@@ -135,50 +128,10 @@ impl Sched {
         let view = self.ledger.view(mine);
         self.high.store(view.high, Relaxed);
         self.beside_high.store(beside_high, Relaxed);
-        // Sticky: a neighbour seen wanting the device keeps us contended for `CONTENTION_HOLD_NS`,
-        // so a scheduler thread delayed on a loaded host (a window it did not mark) never puts
-        // one tenant on the fast path while another is gated.
-        if others {
-            self.contended_until
-                .store(now.saturating_add(CONTENTION_HOLD_NS), Relaxed);
-        }
-        let contended = now < self.contended_until.load(Relaxed) || view.cap != 0;
+        let contended = others || view.cap != 0;
         if self.contended.swap(contended, Relaxed) != contended {
             runtime::update_pass();
         }
-    }
-
-    /// Marks our tenant in the current window's demand word when this process launched since the
-    /// previous refresh (or waits for the device, or owns it), and adds what the demand words say
-    /// of this window and the previous one to what we have seen.
-    fn observe_demand(&self, now: u64, mine: usize) -> arbiter::DemandHistory {
-        let h = &self.ledger.layout().header;
-        let window = arbiter::demand_window(now);
-        let mut d = self.demand.lock();
-        let launches = runtime::LAUNCHES.0.load(Relaxed);
-        let active =
-            d.1 != launches || self.waiting.load(SeqCst) > 0 || self.owned.load(SeqCst) != 0;
-        d.1 = launches;
-        if active {
-            let word = &h.demand[window as usize % 2];
-            let mut old = word.load(Acquire);
-            loop {
-                let new = arbiter::demand_mark(old, window, mine);
-                if new == old {
-                    break;
-                }
-                match word.compare_exchange_weak(old, new, AcqRel, Acquire) {
-                    Ok(_) => break,
-                    Err(o) => old = o,
-                }
-            }
-        }
-        for back in 0..2u32 {
-            let w = window.wrapping_sub(back);
-            let bits = arbiter::demand_bits(h.demand[w as usize % 2].load(Acquire), w);
-            d.0.observe(w, bits);
-        }
-        d.0
     }
 
     /// Our slot and tenant entry as we wrote them: a damaged file (another program, a bit flip) must
@@ -252,7 +205,6 @@ impl Sched {
             }
             let owned = self.owned.load(SeqCst);
             if owned == 0 {
-                self.settle_sibling_work(now);
                 let e = h.epoch.load(Acquire);
                 if h.owner.load(Acquire) == self.me().word() && !self.stopping.load(SeqCst) {
                     // Granted while none of our threads waited: adopt it (idleness hands it on).
@@ -265,9 +217,7 @@ impl Sched {
                 // left running at a hand-over, or passed, is watched, so that a wait of it is
                 // published too. (Not for other tenants: accounting completions here rather than
                 // at our next ownership took a graph tenant of share 30 to 18-19% of the device.)
-                let timeout = if self.sibling_launches.load(Relaxed) != 0 {
-                    OWNER_POLL_NS * 4
-                } else if !self.peer_recent(now) || self.inflight.lock().is_empty() {
+                let timeout = if !self.peer_recent(now) || self.inflight.lock().is_empty() {
                     REFRESH_NS / 2
                 } else {
                     self.watch_stall(now);
@@ -352,23 +302,6 @@ impl Sched {
         }
     }
 
-    /// Work this process launched in another process's ownership of our tenant: charged to the
-    /// tenant as it completes (at most every `OWNER_POLL_NS`, only after such launches), since this
-    /// process may never own the device itself.
-    fn settle_sibling_work(&self, now: u64) {
-        if self.sibling_launches.load(Relaxed) == 0 {
-            return;
-        }
-        if self.completed() {
-            self.sibling_launches.store(0, Relaxed);
-        }
-        let carried = self.carried_ns.swap(0, AcqRel);
-        if carried > 0 {
-            let g = self.ledger.lock(self.slot);
-            g.charge(self.tenant(), carried.min(arbiter::CARRY_LIMIT_NS), now);
-        }
-    }
-
     /// How long our work may complete nothing before it counts as waiting for something outside
     /// this process: `STALL_NS`, or three launches' time if longer.
     pub(super) fn stall_ns(&self) -> u64 {
@@ -407,9 +340,6 @@ impl Sched {
     /// At the end of a slice with nobody (of our class, for a high-priority owner) waiting: charge
     /// what the slice used and start another. False when we must hand over instead.
     fn renew(&self, high: bool, now: u64, grant: u64) -> bool {
-        // Completions accounted first (driver calls, not under the ledger's lock): what is still
-        // running is then charged for the time since our last completion (`take_charge`).
-        self.completed();
         let g = self.ledger.lock(self.slot);
         let rivals = self
             .ledger

@@ -23,15 +23,6 @@ pub const MAX_DEVICES: usize = 16;
 /// it takes part on is contended (or it takes part nowhere). The launch hooks' one load.
 pub(super) static PASS: AtomicBool = AtomicBool::new(false);
 
-/// Launches the process made (every launch hook counts one, fast path included): each scheduler
-/// thread compares it between two refreshes to tell whether the process wants the device
-/// (`arbiter::DemandHistory`). Counted with a plain load and store (a lost count between two
-/// racing threads changes nothing: only "it moved" is read), on a line of its own.
-pub(super) static LAUNCHES: Launches = Launches(std::sync::atomic::AtomicU64::new(0));
-
-#[repr(align(64))]
-pub(super) struct Launches(pub(super) std::sync::atomic::AtomicU64);
-
 /// Per device ordinal: [`UNDECIDED`], [`NOT_PARTICIPATING`], or a leaked `&'static Sched`.
 static DEVICES: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(UNDECIDED) }; MAX_DEVICES];
 const UNDECIDED: usize = 0;

@@ -48,10 +48,7 @@ pub struct Header {
     /// The owner's heartbeat (monotonic ns): an owner that is draining stays fresh.
     pub owner_beat_ns: AtomicU64,
     pub revocations: AtomicU64,
-    /// Tenants whose processes launched in a window (`arbiter::demand_mark`): the window's number
-    /// in the high 32 bits, one bit per tenant entry below; even windows in `[0]`, odd in `[1]`.
-    pub demand: [AtomicU64; 2],
-    pub _reserved: [AtomicU64; 5],
+    pub _reserved: [AtomicU64; 7],
 }
 
 #[repr(C)]
