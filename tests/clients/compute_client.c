@@ -37,6 +37,13 @@
  *   idle START_NS MS                   one kernel (joins the device); at START_NS ten 50 us kernels,
  *                                      then nothing until MS after START_NS (a registered tenant
  *                                      without work)
+ *   hostflag US LATER                  a host function on the stream waits for a flag this thread
+ *                                      sets only after LATER more spin launches of US behind it on
+ *                                      the same stream (as a kernel spinning on a host flag would);
+ *                                      then synchronises. Prints done=1 (never, if a launch hangs)
+ *   sidestream START_NS MS LONG_US US  one stream loops LONG_US kernels (two queued), another
+ *                                      launches US kernels (DEPTH 4 queued) for MS ms; prints
+ *                                      short_launches=
  *
  * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
@@ -495,6 +502,57 @@ static int mode_idle(uint64_t start_ns, uint64_t ms) {
     return 0;
 }
 
+static volatile int host_flag;
+
+static void CUDA_CB wait_flag(void *arg) {
+    (void)arg;
+    while (!host_flag)
+        usleep(100);
+}
+
+static int mode_hostflag(uint64_t us, int later) {
+    setup();
+    CHECK(cuLaunchHostFunc(stream, wait_flag, NULL));
+    for (int i = 0; i < later; i++)
+        CHECK(launch(us));
+    host_flag = 1;
+    CHECK(cuStreamSynchronize(stream));
+    printf("done=1\n");
+    return 0;
+}
+
+static int mode_sidestream(uint64_t start_ns, uint64_t ms, uint64_t long_us, uint64_t us) {
+    setup();
+    CUstream side;
+    CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+    enum { DEPTH = 4 };
+    CUevent ring[DEPTH], longs[2];
+    for (int i = 0; i < DEPTH; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    for (int i = 0; i < 2; i++)
+        CHECK(cuEventCreate(&longs[i], CU_EVENT_DISABLE_TIMING));
+    wait_start(start_ns);
+    uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
+    long n = 0, nl = 0;
+    while (now_ns(CLOCK_REALTIME) < end) {
+        /* Keep two long kernels queued on the side stream. */
+        if (nl < 2 || cuEventQuery(longs[nl % 2]) == CUDA_SUCCESS) {
+            void *params[] = {&long_us};
+            CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, side, params, NULL));
+            CHECK(cuEventRecord(longs[nl % 2], side));
+            nl++;
+        }
+        if (n >= DEPTH)
+            CHECK(cuEventSynchronize(ring[n % DEPTH]));
+        CHECK(launch(us));
+        CHECK(cuEventRecord(ring[n % DEPTH], stream));
+        n++;
+    }
+    CHECK(cuCtxSynchronize());
+    printf("short_launches=%ld\nlong_launches=%ld\n", n, nl);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *m = argc > 1 ? argv[1] : "";
@@ -529,6 +587,11 @@ int main(int argc, char **argv) {
                          strtoull(argv[4], NULL, 10), argv[5]);
     if (strcmp(m, "idle") == 0 && argc == 4)
         return mode_idle(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
+    if (strcmp(m, "hostflag") == 0 && argc == 4)
+        return mode_hostflag(strtoull(argv[2], NULL, 10), atoi(argv[3]));
+    if (strcmp(m, "sidestream") == 0 && argc == 6)
+        return mode_sidestream(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                               strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
     if (strcmp(m, "bench") == 0 && argc == 4)
         return mode_bench(atoi(argv[2]), atoi(argv[3]));
     fprintf(stderr, "usage: see the comment at the top of compute_client.c\n");

@@ -39,6 +39,8 @@ mod graph;
 mod graph_memory;
 // Green contexts: device resources, green contexts retaining the primary context.
 mod green;
+// The host cost of driver calls (at least a real driver's).
+mod cost;
 
 mod exports {
     #![allow(non_upper_case_globals)]
@@ -58,10 +60,14 @@ pub(crate) struct Export(pub &'static str, pub *const ());
 unsafe impl Sync for Export {}
 
 /// Runs an entry point's body: traces the call, and maps a panic to `CUDA_ERROR_UNKNOWN` so that no
-/// panic ever unwinds into the client.
+/// panic ever unwinds into the client. The call takes at least its host cost (`cost.rs`).
 pub(crate) fn call(name: &'static str, body: impl FnOnce() -> CUresult) -> CUresult {
+    let paid = cost::start(name);
     simgpu_core::trace(format_args!("{name}"));
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or(Err(CUerror::UNKNOWN))
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
+        .unwrap_or(Err(CUerror::UNKNOWN));
+    paid.pay();
+    r
 }
 
 /// The body of every generated stub: `CUDA_ERROR_NOT_SUPPORTED`, logged once per process.
