@@ -248,6 +248,35 @@ impl DeviceLedger {
         slotfile::slot_alive::<Layout>(self.raw_fd(), slot)
     }
 
+    /// Byte of slot `slot`'s demand lock (`demand`): past the slot locks, beyond the data.
+    fn demand_offset(slot: usize) -> u64 {
+        <Layout as slotfile::SlotLayout>::lock_offset(MAX_SLOTS + slot)
+    }
+
+    /// Says (`wants`) or stops saying that the process holding our slot `slot` wants the device:
+    /// an OFD lock on the slot's demand byte, which only this process can release and which dies
+    /// with it. A fork child has given the descriptor up and says nothing.
+    pub(super) fn set_demand(&self, slot: usize, wants: bool) {
+        if slot >= MAX_SLOTS || self.forked() {
+            return;
+        }
+        let at = Self::demand_offset(slot);
+        if wants {
+            let _ = sys::try_lock(self.raw_fd(), at);
+        } else {
+            sys::unlock(self.raw_fd(), at);
+        }
+    }
+
+    /// Whether the process of slot `slot` (not ours) says it wants the device. An error, or a fork
+    /// child that cannot tell, counts as wanting: contention is the safe side.
+    pub fn slot_wants(&self, slot: usize) -> bool {
+        if slot >= MAX_SLOTS || self.forked() {
+            return true;
+        }
+        sys::is_locked(self.raw_fd(), Self::demand_offset(slot)).unwrap_or(true)
+    }
+
     /// Claims a free process slot for `tenant` (its lock first, so nobody mistakes it for dead).
     pub fn claim_slot(&self, tenant: usize) -> Option<usize> {
         if !self.writable() || self.forked() {

@@ -4,6 +4,7 @@
 
 use super::arbiter::{self, Choice, GRACE_NS, SLICE_NS};
 use super::cu::{self, RelaxedCapture};
+use super::demand::DemandHistory;
 use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
 use super::events::{Pending, Tracked};
 use super::{incident, runtime, Holder, Incident, TenantId};
@@ -42,8 +43,15 @@ pub struct Sched {
     /// Our tenant's entry in the ledger (re-found if the entry is damaged).
     pub(super) tenant: std::sync::atomic::AtomicUsize,
     pub(super) id: TenantId,
-    /// More than one tenant attached, or our tenant is capped: launches take the slow path.
+    /// Another tenant wants the device (or did within `demand::CONTENTION_HOLD_NS`), or our tenant
+    /// is capped: launches take the slow path.
     pub(super) contended: AtomicBool,
+    /// Where this process was active (`demand`), when it last looked, and whether it holds its
+    /// demand lock.
+    pub(super) demand: Mutex<(DemandHistory, u64, bool)>,
+    /// Contended until then (monotonic ns): when another tenant was last seen wanting the device,
+    /// plus the hold.
+    pub(super) contended_until: AtomicU64,
     pub(super) high: AtomicBool,
     /// Another tenant of high priority is active: keep one launch in flight.
     pub(super) beside_high: AtomicBool,
@@ -116,6 +124,8 @@ impl Sched {
             tenant: tenant.into(),
             id,
             contended: AtomicBool::new(true),
+            demand: Mutex::new((DemandHistory::default(), 0, false)),
+            contended_until: AtomicU64::new(0),
             high: AtomicBool::new(high),
             beside_high: AtomicBool::new(false),
             owned: AtomicU32::new(0),

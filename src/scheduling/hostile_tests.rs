@@ -219,3 +219,37 @@ fn a_process_without_a_slot_is_held_to_its_share() {
     assert_eq!(throttle_cap(100, 0), None);
     assert_eq!(throttle_cap(100, 40), Some(40));
 }
+
+/// Demand is said with a lock only its process releases: another open of the file (a tenant)
+/// sees it, cannot clear it (its unlock of someone else's OFD lock does nothing), and a demand
+/// byte it locks itself only makes that slot look wanting (the safe side: contention).
+#[test]
+fn demand_locks_are_seen_and_cannot_be_cleared_by_another() {
+    let _serial = slotfile::serial_test();
+    let dir = scratch("demand");
+    let path = dir.join(format!("{UUID}.dev"));
+    let ours = DeviceLedger::open(&path, UUID, true).unwrap();
+    let theirs = DeviceLedger::open(&path, UUID, true).unwrap();
+    let slot = ours.claim_slot(0).unwrap();
+    assert!(!theirs.slot_wants(slot), "nobody said anything yet");
+    ours.set_demand(slot, true);
+    assert!(theirs.slot_wants(slot));
+    // Another descriptor unlocking the byte (what a tenant could do) leaves our lock.
+    let at = <Layout as SlotLayout>::lock_offset(MAX_SLOTS + slot);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    sys::unlock(f.as_raw_fd(), at);
+    assert!(theirs.slot_wants(slot), "cleared by another descriptor");
+    ours.set_demand(slot, false);
+    assert!(!theirs.slot_wants(slot));
+    // A tenant locking the byte itself: the slot looks wanting (everyone contended), nothing worse.
+    assert!(matches!(sys::try_lock(f.as_raw_fd(), at), Ok(true)));
+    assert!(theirs.slot_wants(slot));
+    drop(f);
+    assert!(!theirs.slot_wants(slot));
+    drop((ours, theirs));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,8 @@
 //! Compute shares (docs/COMPUTE.md): the tenants of one GPU time-slice its kernel launches through a
 //! device ledger, without a daemon.
 //!
-//! * [`arbiter`]: the pure logic (virtual time, token bucket, choice of the next owner), unit-tested.
+//! * [`arbiter`]: the pure logic (virtual time, token bucket, choice of the next owner), unit-tested;
+//!   [`demand`]: who wants the device (contention from demand, not presence), unit-tested.
 //! * [`device`]: the shared file (layout and encodings in `shm.rs`), its arbitration lock, tenants,
 //!   slots, liveness. Every word read from it is untrusted.
 //! * The process's side: [`runtime`] (the devices the process may take part on, one participation
@@ -12,6 +13,7 @@
 
 pub mod arbiter;
 mod cu;
+pub mod demand;
 pub mod device;
 mod events;
 mod gate;
@@ -40,9 +42,16 @@ pub fn device_dir() -> PathBuf {
 }
 
 /// Whether a launch may go straight to the driver: nothing this process launches on is contended
-/// (or it takes no part in compute sharing). One atomic load; the launch hooks' fast path.
+/// (or it takes no part in compute sharing). The launch hooks' fast path: one atomic load, and the
+/// launch noted for the scheduler threads (what tells neighbours that this process wants the
+/// device, `demand`): a load of a line that stays shared, and a store only on the first launch
+/// after a scheduler thread's refresh took the note.
 #[inline(always)]
 pub fn launch_passes() -> bool {
+    let launched = &runtime::LAUNCHED.0;
+    if !launched.load(Relaxed) {
+        launched.store(true, Relaxed);
+    }
     runtime::PASS.load(Relaxed)
 }
 

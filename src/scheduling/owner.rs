@@ -5,6 +5,7 @@
 
 use super::arbiter::{IDLE_NS, SLICE_NS};
 use super::cu::RelaxedCapture;
+use super::demand;
 use super::device::{futex_wait, futex_wake, now_ns};
 use super::gate::Sched;
 use super::shm::{self, TENANT_READY};
@@ -102,18 +103,26 @@ impl Sched {
         self.repair_own();
         let l = self.ledger.layout();
         let mine = self.tenant();
+        self.note_demand(now);
         let mut present = [false; MAX_TENANTS];
         let mut wanting = [false; MAX_TENANTS];
-        for s in &l.slots {
+        // Another tenant *wants* the device (its process holds its demand lock, `demand`): one
+        // that merely holds a slot costs us nothing.
+        let mut others = false;
+        for (i, s) in l.slots.iter().enumerate() {
             if s.state.load(Acquire) == shm::SLOT_ACTIVE {
                 let t = s.tenant.load(Acquire) as usize;
                 if t < MAX_TENANTS {
                     present[t] = true;
                     wanting[t] |= s.wants.load(Acquire) > 0;
+                    others = others || (t != mine && self.ledger.slot_wants(i));
                 }
             }
         }
-        let others = (0..MAX_TENANTS).any(|t| present[t] && t != mine);
+        if others {
+            let until = now.saturating_add(demand::CONTENTION_HOLD_NS);
+            self.contended_until.fetch_max(until, Relaxed);
+        }
         let owner_tenant = Holder::from_word(l.header.owner.load(Acquire))
             .slot()
             .map(|s| l.slots[s].tenant.load(Acquire) as usize);
@@ -128,9 +137,31 @@ impl Sched {
         let view = self.ledger.view(mine);
         self.high.store(view.high, Relaxed);
         self.beside_high.store(beside_high, Relaxed);
-        let contended = others || view.cap != 0;
+        let contended = demand::contended(now, self.contended_until.load(Relaxed), view.cap != 0);
         if self.contended.swap(contended, Relaxed) != contended {
             runtime::update_pass();
+        }
+    }
+
+    /// Notes whether this process was active since the previous refresh (it launched, a thread of
+    /// it waits at the gate, or it owns the device), and says with its demand lock whether it
+    /// wants the device (`demand`).
+    fn note_demand(&self, now: u64) {
+        // The launch note is the process's (the fast path does not know the device): whichever
+        // device's thread takes it stamps when, and each device counts a stamp after its own look.
+        if runtime::LAUNCHED.0.swap(false, Relaxed) {
+            runtime::LAUNCH_NOTED_NS.fetch_max(now, Relaxed);
+        }
+        let mut seen = self.demand.lock();
+        let launched = runtime::LAUNCH_NOTED_NS.load(Relaxed) > seen.1;
+        seen.1 = now;
+        let active = launched || self.waiting.load(SeqCst) > 0 || self.owned.load(SeqCst) != 0;
+        let window = demand::window_of(now);
+        seen.0.observe(window, active);
+        let wants = seen.0.wants(window);
+        if wants != seen.2 {
+            seen.2 = wants;
+            self.ledger.set_demand(self.slot, wants);
         }
     }
 
@@ -184,6 +215,7 @@ impl Sched {
         }
         let slot = &self.ledger.layout().slots[self.slot];
         slot.wants.store(0, Release);
+        self.ledger.set_demand(self.slot, false);
         self.done.store(true, Release);
     }
 

@@ -23,6 +23,19 @@ pub const MAX_DEVICES: usize = 16;
 /// it takes part on is contended (or it takes part nowhere). The launch hooks' one load.
 pub(super) static PASS: AtomicBool = AtomicBool::new(false);
 
+/// Set by every launch hook (fast path included) when clear; the scheduler threads clear it at each
+/// refresh: this process launched since (`demand`). Process-wide, so a process launching on one
+/// device counts as wanting every device it takes part on (the fast path does not know the
+/// device). On a line of its own: launching threads only read it between two refreshes.
+pub(super) static LAUNCHED: Launched = Launched(AtomicBool::new(false));
+/// When a scheduler thread last took [`LAUNCHED`]'s note (monotonic ns): every device's thread
+/// compares it with its own previous refresh, so that the note counts on each device once.
+pub(super) static LAUNCH_NOTED_NS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+#[repr(align(64))]
+pub(super) struct Launched(pub(super) AtomicBool);
+
 /// Per device ordinal: [`UNDECIDED`], [`NOT_PARTICIPATING`], or a leaked `&'static Sched`.
 static DEVICES: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(UNDECIDED) }; MAX_DEVICES];
 const UNDECIDED: usize = 0;
