@@ -44,9 +44,11 @@ step "cargo build --release (gpuslice, simgpu)"
 cargo build --release --quiet -p gpuslice -p simgpu-cuda -p simgpu-nvml -p simgpu-core
 scripts/install-simgpu.sh "$TARGET/release" "$BENCH/simgpu/lib" >&2
 
-step "build the bench client"
+step "build the bench client and the idle neighbour (tests/clients/compute_client.c)"
 cc -O2 -g -Wall -Wextra -Werror -I "$ROOT/target/nvidia/include/cu12" scripts/bench/bench.c \
   -L "$BENCH/simgpu/lib" -lcuda -lpthread -o "$BENCH/bench-client"
+cc -O2 -g -I "$ROOT/target/nvidia/include/cu13" -I tests/clients tests/clients/compute_client.c \
+  -L "$BENCH/simgpu/lib" -lcuda -lpthread -lm -o "$BENCH/neighbour-client"
 
 # simgpu's state file and the ledger live in shared memory, as they do in production.
 SHM=$(mktemp -d /dev/shm/gpuslice-bench.XXXXXX)
@@ -57,5 +59,5 @@ python3 -B scripts/bench/run.py \
   --bench "$BENCH/bench-client" \
   --shim "$TARGET/release/libgpuslice.so" \
   --simgpu-lib "$BENCH/simgpu/lib" \
-  --simgpu-stat "$BENCH/simgpu/bin/simgpu-stat" \
+  --simgpu-stat "$BENCH/simgpu/bin/simgpu-stat" --neighbour "$BENCH/neighbour-client" \
   --work "$OUT" --shm "$SHM" --json "$OUT/results.json" "$@"

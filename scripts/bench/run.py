@@ -18,6 +18,7 @@ third side, "old", configured exactly as "with", interleaved with the other two 
 between repetitions), and a second table compares what each build adds: old vs new, in one run.
 """
 import argparse
+import atexit
 import collections
 import json
 import os
@@ -38,6 +39,11 @@ MODES = {
     "alloc": (20000, 2000, 150, 200, "cuMemAlloc_v2 + cuMemFree_v2 pair (1 MiB)"),
     "launch": (20000, 2000, 10, 40, "cuLaunchKernel, no compute share"),
     "launch_share": (20000, 2000, 15, 40, "cuLaunchKernel, compute share 50, one tenant"),
+    # Issue 29's bound: at most 50 ns more than alone (the row above) beside a neighbour that
+    # merely exists.
+    "launch_neighbour": (20000, 2000, 65, 60,
+                         "cuLaunchKernel, compute share 50, beside an idle neighbour tenant "
+                         "(one 50 us kernel every 100 ms)"),
     "getctx": (200000, 20000, 0, 0, "cuCtxGetCurrent (not hooked)"),
     "getattr": (100000, 5000, 0, 0, "cuDeviceGetAttribute (not hooked)"),
 }
@@ -46,7 +52,7 @@ STARTUP_GOAL_MS = 0.3
 
 def client_mode(mode):
     """The bench client's mode for a row (rows may differ only by the shim's configuration)."""
-    return "launch" if mode == "launch_share" else mode
+    return "launch" if mode in ("launch_share", "launch_neighbour") else mode
 
 
 def strace_counts(path):
@@ -67,6 +73,8 @@ def main():
     ap.add_argument("--old-shim", help="another libgpuslice.so (e.g. the last release) to compare")
     ap.add_argument("--simgpu-lib", required=True, help="simgpu installed as a driver")
     ap.add_argument("--simgpu-stat", required=True)
+    ap.add_argument("--neighbour", required=True,
+                    help="the compute client (tests/clients/compute_client.c) run as the idle neighbour")
     ap.add_argument("--work", required=True, help="output dir (callgrind files, results)")
     ap.add_argument("--shm", required=True, help="scratch dir for simgpu's state file and the ledger")
     ap.add_argument("--reps", type=int, default=9)
@@ -105,10 +113,38 @@ def main():
                             GPUSLICE_LEDGER=os.path.join(a.shm, "bench-old.ledger"),
                             GPUSLICE_DEVICE_DIR=os.path.join(a.shm, "devices-old"))
         share_envs["old"] = dict(sides["old"], GPUSLICE_COMPUTE_SHARE="50")
+    # The idle-neighbour row: the same, on a device directory of its own where another tenant's
+    # process makes one 50 us request every 100 ms for the whole run (with the same build).
+    neighbour_envs = {side: dict(env, GPUSLICE_DEVICE_DIR=os.path.join(a.shm, f"devices-nb-{side}"))
+                      for side, env in share_envs.items()}
     side_names = list(sides)
 
     def env_for(mode, side):
-        return share_envs[side] if (mode == "launch_share" and side in share_envs) else sides[side]
+        if mode == "launch_share" and side in share_envs:
+            return share_envs[side]
+        if mode == "launch_neighbour" and side in neighbour_envs:
+            return neighbour_envs[side]
+        return sides[side]
+
+    neighbours = []
+
+    def stop_neighbours():
+        for p in neighbours:
+            p.kill()
+            p.wait()
+    atexit.register(stop_neighbours)
+    for side, env in neighbour_envs.items():
+        nenv = dict(env, GPUSLICE_TENANT="neighbour",
+                    GPUSLICE_LEDGER=os.path.join(a.shm, f"neighbour-{side}.ledger"))
+        log = open(os.path.join(a.work, f"neighbour.{side}.log"), "w")
+        neighbours.append(subprocess.Popen(
+            [a.neighbour, "request", "0", str(3_600_000), "100", "1", "50"], env=nenv,
+            stdout=log, stderr=log))
+    time.sleep(1)
+    for side, p in zip(neighbour_envs, neighbours):
+        if p.poll() is not None:
+            sys.exit(f"the idle neighbour ({side}) exited ({p.returncode}): "
+                     f"{open(os.path.join(a.work, f'neighbour.{side}.log')).read()}")
 
     def order_of(i):
         """The sides' order in repetition i: every side first, middle and last equally often."""
@@ -183,7 +219,7 @@ def main():
     ir_transparent = callgrind_report.parse(out)[2] / MODES["alloc"][1]
     # Where the shim's instructions go, for every call it adds instructions to.
     forwarded = {"alloc": "cuMemAlloc_v2,cuMemFree_v2", "launch": "cuLaunchKernel",
-                 "launch_share": "cuLaunchKernel",
+                 "launch_share": "cuLaunchKernel", "launch_neighbour": "cuLaunchKernel",
                  "getctx": "cuCtxGetCurrent", "getattr": "cuDeviceGetAttribute"}
     for mode in MODES:
         if ir[mode]["with"] - ir[mode]["without"] >= 0.5:
