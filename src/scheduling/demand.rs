@@ -63,6 +63,16 @@ impl DemandHistory {
     }
 }
 
+/// What one device's scheduler thread keeps of its process's demand between refreshes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DemandState {
+    pub history: DemandHistory,
+    /// When this thread last looked (monotonic ns): a launch noted later counts for it.
+    pub looked_ns: u64,
+    /// Whether the process holds its demand lock on this device.
+    pub said: bool,
+}
+
 /// Whether a process is contended at `now`: contended until `until` (the last time another tenant
 /// was seen wanting the device plus [`CONTENTION_HOLD_NS`]), or capped (a cap binds alone too).
 pub fn contended(now: u64, until: u64, capped: bool) -> bool {

@@ -249,7 +249,7 @@ impl DeviceLedger {
     }
 
     /// Byte of slot `slot`'s demand lock (`demand`): past the slot locks, beyond the data.
-    fn demand_offset(slot: usize) -> u64 {
+    pub(super) fn demand_offset(slot: usize) -> u64 {
         <Layout as slotfile::SlotLayout>::lock_offset(MAX_SLOTS + slot)
     }
 

@@ -4,7 +4,7 @@
 
 use super::arbiter::{self, Choice, GRACE_NS, SLICE_NS};
 use super::cu::{self, RelaxedCapture};
-use super::demand::DemandHistory;
+use super::demand::DemandState;
 use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
 use super::events::{Pending, Tracked};
 use super::{incident, runtime, Holder, Incident, TenantId};
@@ -46,9 +46,8 @@ pub struct Sched {
     /// Another tenant wants the device (or did within `demand::CONTENTION_HOLD_NS`), or our tenant
     /// is capped: launches take the slow path.
     pub(super) contended: AtomicBool,
-    /// Where this process was active (`demand`), when it last looked, and whether it holds its
-    /// demand lock.
-    pub(super) demand: Mutex<(DemandHistory, u64, bool)>,
+    /// Where this process was active (`demand`), when it last looked, whether it says it wants.
+    pub(super) demand: Mutex<DemandState>,
     /// Contended until then (monotonic ns): when another tenant was last seen wanting the device,
     /// plus the hold.
     pub(super) contended_until: AtomicU64,
@@ -124,7 +123,7 @@ impl Sched {
             tenant: tenant.into(),
             id,
             contended: AtomicBool::new(true),
-            demand: Mutex::new((DemandHistory::default(), 0, false)),
+            demand: Mutex::new(DemandState::default()),
             contended_until: AtomicU64::new(0),
             high: AtomicBool::new(high),
             beside_high: AtomicBool::new(false),

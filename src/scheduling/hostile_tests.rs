@@ -235,7 +235,7 @@ fn demand_locks_are_seen_and_cannot_be_cleared_by_another() {
     ours.set_demand(slot, true);
     assert!(theirs.slot_wants(slot));
     // Another descriptor unlocking the byte (what a tenant could do) leaves our lock.
-    let at = <Layout as SlotLayout>::lock_offset(MAX_SLOTS + slot);
+    let at = DeviceLedger::demand_offset(slot);
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -153,14 +153,14 @@ impl Sched {
             runtime::LAUNCH_NOTED_NS.fetch_max(now, Relaxed);
         }
         let mut seen = self.demand.lock();
-        let launched = runtime::LAUNCH_NOTED_NS.load(Relaxed) > seen.1;
-        seen.1 = now;
+        let launched = runtime::LAUNCH_NOTED_NS.load(Relaxed) > seen.looked_ns;
+        seen.looked_ns = now;
         let active = launched || self.waiting.load(SeqCst) > 0 || self.owned.load(SeqCst) != 0;
         let window = demand::window_of(now);
-        seen.0.observe(window, active);
-        let wants = seen.0.wants(window);
-        if wants != seen.2 {
-            seen.2 = wants;
+        seen.history.observe(window, active);
+        let wants = seen.history.wants(window);
+        if wants != seen.said {
+            seen.said = wants;
             self.ledger.set_demand(self.slot, wants);
         }
     }
