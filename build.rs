@@ -6,25 +6,183 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+include!("src/api/tsv_table.rs");
+
 struct Hooked {
     symbol: String,
     group: String,
     library: &'static str,
+    /// The C parameter list (the table's `signature` column).
+    signature: String,
 }
 
-fn hooked(path: &str, symbol_col: usize, hook_col: usize, library: &'static str) -> Vec<Hooked> {
-    println!("cargo:rerun-if-changed={path}");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
-    text.lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| l.split('\t').collect::<Vec<_>>())
-        .filter(|c| c[hook_col] != "-")
-        .map(|c| Hooked {
-            symbol: c[symbol_col].to_owned(),
-            group: c[hook_col].to_owned(),
+fn hooked(path: &str, library: &'static str) -> Vec<Hooked> {
+    Table::read(path)
+        .rows()
+        .filter(|r| r.get("hook") != "-")
+        .map(|r| Hooked {
+            symbol: r.get("symbol").to_owned(),
+            group: r.get("hook").to_owned(),
             library,
+            signature: r.get("signature").to_owned(),
         })
         .collect()
+}
+
+/// The Rust type of a C type named in a signature (without pointers and `const`). Every type of a
+/// hooked or called entry point is listed: a new one stops the build here, naming it, rather than
+/// being guessed. Enumerations are 32-bit integers (the C ABI passes them as `int`), signed or not as
+/// the code compares them with the API's constants.
+fn rust_type(c: &str) -> &'static str {
+    match c {
+        "void" => "c_void",
+        "char" => "c_char",
+        "int" => "c_int",
+        "unsigned int" => "c_uint",
+        "unsigned long long" | "cuuint64_t" => "u64",
+        "size_t" => "usize",
+        "float" => "f32",
+        "CUdevice" | "CUdevice_v1" => "CUdevice",
+        "CUdeviceptr" | "CUdeviceptr_v2" => "CUdeviceptr",
+        // 32-bit device pointers of the entry points that predate `_v2` (cuda.h: `unsigned int`).
+        "CUdeviceptr_v1" => "c_uint",
+        "CUmemGenericAllocationHandle" | "CUmemGenericAllocationHandle_v1" => {
+            "CUmemGenericAllocationHandle"
+        }
+        "CUcontext" => "CUcontext",
+        "CUstream" => "CUstream",
+        "CUevent" => "CUevent",
+        "CUmodule" => "CUmodule",
+        "CUfunction" => "CUfunction",
+        "CUlibrary" => "CUlibrary",
+        "CUkernel" => "CUkernel",
+        "CUgraph" => "CUgraph",
+        "CUgraphExec" => "CUgraphExec",
+        "CUgraphNode" => "CUgraphNode",
+        "CUmemoryPool" => "CUmemoryPool",
+        "CUarray" => "CUarray",
+        "CUmipmappedArray" => "CUmipmappedArray",
+        "CUgreenCtx" => "CUgreenCtx",
+        "CUuuid" => "CUuuid",
+        "CUexecAffinityParam" => "CUexecAffinityParam",
+        "CUctxCreateParams" => "CUctxCreateParams",
+        "CUlaunchConfig" => "CUlaunchConfig",
+        "CUmemAllocationProp_v1" => "CUmemAllocationProp",
+        "CUmemPoolProps_v1" => "CUmemPoolProps",
+        "CUDA_ARRAY_DESCRIPTOR_v2" => "CUDA_ARRAY_DESCRIPTOR",
+        "CUDA_ARRAY3D_DESCRIPTOR_v2" => "CUDA_ARRAY3D_DESCRIPTOR",
+        "CUDA_ARRAY_DESCRIPTOR_v1" => "CUDA_ARRAY_DESCRIPTOR_v1",
+        "CUDA_ARRAY3D_DESCRIPTOR_v1" => "CUDA_ARRAY3D_DESCRIPTOR_v1",
+        "CUDA_LAUNCH_PARAMS_v1" => "CUDA_LAUNCH_PARAMS",
+        "CUDA_MEM_ALLOC_NODE_PARAMS" => "CUDA_MEM_ALLOC_NODE_PARAMS",
+        // Read by the driver only; gpuslice passes them through untouched.
+        "CUDA_GRAPH_INSTANTIATE_PARAMS" => "c_void",
+        // `struct CUdevResourceDesc_st *`: a handle, passed through.
+        "CUdevResourceDesc" => "*mut c_void",
+        "CUstreamCaptureStatus" | "CUstreamCaptureMode" | "CUpointer_attribute"
+        | "CUgraphNodeType" => "c_uint",
+        "CUlimit"
+        | "CUdevice_attribute"
+        | "CUmemPool_attribute"
+        | "CUmemAllocationGranularity_flags"
+        | "CUmoduleLoadingMode"
+        | "CUjit_option"
+        | "CUlibraryOption"
+        | "CUdriverProcAddressQueryResult" => "c_int",
+        "nvmlDevice_t" => "nvmlDevice_t",
+        "nvmlMemory_t" => "nvmlMemory_t",
+        "nvmlMemory_v2_t" => "nvmlMemory_v2_t",
+        "nvmlProcessInfo_t" | "nvmlProcessInfo_v2_t" => "nvmlProcessInfo_t",
+        "nvmlProcessInfo_v1_t" => "nvmlProcessInfo_v1_t",
+        "nvmlProcessDetailList_t" => "nvmlProcessDetailList_t",
+        "nvmlProcessUtilizationSample_t" => "nvmlProcessUtilizationSample_t",
+        "nvmlProcessesUtilizationInfo_t" => "nvmlProcessesUtilizationInfo_t",
+        "nvmlAccountingStats_t" => "nvmlAccountingStats_t",
+        other => panic!(
+            "build.rs: no Rust type for the C type {other:?} of a hooked entry point; add it to rust_type"
+        ),
+    }
+}
+
+/// `const CUmemPoolProps_v1 *props` -> `props: *const CUmemPoolProps` (the name is the C one; an
+/// unnamed parameter gets `a<i>`).
+fn rust_parameter(c: &str, i: usize) -> String {
+    let c = c.trim();
+    let pointers = c.matches('*').count();
+    let words: Vec<&str> = c
+        .split(|ch: char| ch.is_whitespace() || ch == '*')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let is_const = words.first() == Some(&"const");
+    let words: Vec<&str> = words.into_iter().filter(|w| *w != "const").collect();
+    // The last word is the parameter's name unless the type alone is written (`void **`).
+    let (ty_words, name) = match words.split_last() {
+        Some((last, rest))
+            if !rest.is_empty() && !matches!(*last, "int" | "char" | "long" | "float") =>
+        {
+            (rest.to_vec(), (*last).to_owned())
+        }
+        _ => (words.clone(), format!("a{i}")),
+    };
+    let mut ty = rust_type(&ty_words.join(" ")).to_owned();
+    for level in 0..pointers {
+        // `const` binds to the pointee: only the innermost pointer is `*const`.
+        let kind = if is_const && level == 0 {
+            "*const"
+        } else {
+            "*mut"
+        };
+        ty = format!("{kind} {ty}");
+    }
+    format!("{}: {ty}", rust_name(&name))
+}
+
+/// A C parameter name as a Rust identifier (keywords get a trailing underscore).
+fn rust_name(name: &str) -> String {
+    match name {
+        "type" | "ref" | "fn" | "mod" | "move" | "loop" | "match" | "use" | "impl" | "in" => {
+            format!("{name}_")
+        }
+        n => n.to_owned(),
+    }
+}
+
+/// `real::NAME`: the typed call to each hooked or called entry point's real function, its parameter
+/// types taken from the table's `signature` column (NVIDIA's prototype) and nowhere else.
+fn real_declarations(hooks: &[Hooked]) -> String {
+    let mut out = String::new();
+    for (library, ret, missing) in [
+        ("Cuda", "CUresult", "Err(CUerror::NOT_INITIALIZED)"),
+        (
+            "Nvml",
+            "NvmlReturn",
+            "Err(gpuslice_api::NvmlError::UNINITIALIZED)",
+        ),
+    ] {
+        writeln!(
+            out,
+            "real_fns! {{
+    ret = {ret}, missing = {missing};"
+        )
+        .unwrap();
+        for h in hooks.iter().filter(|h| h.library == library) {
+            let parameters: Vec<String> = if h.signature.trim() == "void" {
+                Vec::new()
+            } else {
+                h.signature
+                    .split(',')
+                    .enumerate()
+                    .map(|(i, p)| rust_parameter(p, i))
+                    .collect()
+            };
+            writeln!(out, "    fn {}({});", h.symbol, parameters.join(", ")).unwrap();
+        }
+        out.push_str(
+            "}
+",
+        );
+    }
+    out
 }
 
 fn main() {
@@ -60,8 +218,13 @@ fn main() {
         exports.display()
     );
 
-    let mut hooks = hooked("src/api/driver_entry_points.tsv", 0, 6, "Cuda");
-    hooks.extend(hooked("src/api/nvml_entry_points.tsv", 0, 3, "Nvml"));
+    let mut hooks = hooked("src/api/driver_entry_points.tsv", "Cuda");
+    hooks.extend(hooked("src/api/nvml_entry_points.tsv", "Nvml"));
+    std::fs::write(
+        Path::new(&out_dir).join("real_declarations.rs"),
+        real_declarations(&hooks),
+    )
+    .unwrap();
 
     let mut out = String::new();
     out.push_str("/// Every hooked entry point: the index of its real-function slot.\n");

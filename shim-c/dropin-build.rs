@@ -10,6 +10,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+include!("../src/api/tsv_table.rs");
+
 struct Entry {
     symbol: String,
     data: bool,
@@ -17,18 +19,14 @@ struct Entry {
 }
 
 /// Reads a table: `symbol_col`, the `kind` column (`func`/`data`) and the `hook` column.
-fn read_table(path: &Path, kind_col: usize, hook_col: usize) -> Vec<Entry> {
-    println!("cargo:rerun-if-changed={}", path.display());
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| {
-            let c: Vec<&str> = l.split('\t').collect();
-            let hook = c[hook_col];
+fn read_table(path: &Path) -> Vec<Entry> {
+    Table::read(&path.display().to_string())
+        .rows()
+        .map(|r| {
+            let hook = r.get("hook");
             Entry {
-                symbol: c[0].to_owned(),
-                data: c[kind_col] == "data",
+                symbol: r.get("symbol").to_owned(),
+                data: r.get("kind") == "data",
                 hooked: hook != "-" && hook != "call",
             }
         })
@@ -157,12 +155,12 @@ fn trampolines_aarch64(funcs: &[&Entry], out: &mut String) {
 }
 
 /// Generates the trampolines, names and export map for one table.
-fn generate(table: &str, kind_col: usize, hook_col: usize) {
+fn generate(table: &str) {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap();
     println!("cargo:rerun-if-changed=../dropin-build.rs");
-    let entries = read_table(&manifest.join("../..").join(table), kind_col, hook_col);
+    let entries = read_table(&manifest.join("../..").join(table));
     let funcs: Vec<&Entry> = entries.iter().filter(|e| !e.data && !e.hooked).collect();
 
     let mut asm = String::from(

@@ -53,6 +53,10 @@ fn cuda13() -> Vec<Layout> {
         }
         CUDA_ARRAY_DESCRIPTOR { Width, Height, Format, NumChannels }
         CUDA_ARRAY3D_DESCRIPTOR { Width, Height, Depth, Format, NumChannels, Flags }
+        CUDA_LAUNCH_PARAMS {
+            function, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+            hStream, kernelParams,
+        }
         CUmemLocation { type_ as "type", id }
         CUmemAllocationProp {
             type_ as "type", requestedHandleTypes, location, win32HandleMetaData,
@@ -86,6 +90,16 @@ fn cuda13() -> Vec<Layout> {
     }
 }
 
+/// The 32-bit legacy structs of the entry points that predate `_v2` (`cuArrayCreate`): cuda.h declares
+/// them only with `__CUDA_API_VERSION_INTERNAL` defined, and the real driver still exports those
+/// entry points.
+fn cuda13_legacy() -> Vec<Layout> {
+    layouts! {
+        CUDA_ARRAY_DESCRIPTOR_v1 { Width, Height, Format, NumChannels }
+        CUDA_ARRAY3D_DESCRIPTOR_v1 { Width, Height, Depth, Format, NumChannels, Flags }
+    }
+}
+
 /// Checked against CUDA 12's cuda.h: where the API keeps 12's member names (13 renamed the tail).
 fn cuda12() -> Vec<Layout> {
     layouts! {
@@ -113,9 +127,14 @@ fn nvml() -> Vec<Layout> {
 }
 
 /// What the C compiler says, as `name size align` and `name.field offset` lines.
-fn c_layouts(header: &str, include: &str, layouts: &[Layout]) -> BTreeMap<String, usize> {
+fn c_layouts(
+    header: &str,
+    include: &str,
+    defines: &str,
+    layouts: &[Layout],
+) -> BTreeMap<String, usize> {
     let mut c = format!(
-        "#include <stddef.h>\n#include <stdio.h>\n#include <{header}>\nint main(void) {{\n"
+        "{defines}#include <stddef.h>\n#include <stdio.h>\n#include <{header}>\nint main(void) {{\n"
     );
     for l in layouts {
         c.push_str(&format!(
@@ -130,8 +149,11 @@ fn c_layouts(header: &str, include: &str, layouts: &[Layout]) -> BTreeMap<String
         }
     }
     c.push_str("  return 0;\n}\n");
+    // One directory per program: the tests run in parallel, and two of them read the same header.
+    static PROGRAMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = PROGRAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("layout-{}-{include}", std::process::id()));
+        .join(format!("layout-{}-{include}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("layout.c");
     let exe = dir.join("layout");
@@ -171,7 +193,11 @@ fn rust_layouts(layouts: &[Layout]) -> BTreeMap<String, usize> {
 }
 
 fn check(header: &str, include: &str, layouts: Vec<Layout>) {
-    let c = c_layouts(header, include, &layouts);
+    check_with(header, include, "", layouts)
+}
+
+fn check_with(header: &str, include: &str, defines: &str, layouts: Vec<Layout>) {
+    let c = c_layouts(header, include, defines, &layouts);
     let rust = rust_layouts(&layouts);
     let diffs: Vec<String> = rust
         .iter()
@@ -188,6 +214,16 @@ fn check(header: &str, include: &str, layouts: Vec<Layout>) {
 #[test]
 fn cuda_structs_match_cuda13_header() {
     check("cuda.h", "cu13", cuda13());
+}
+
+#[test]
+fn legacy_cuda_structs_match_cuda13_header() {
+    check_with(
+        "cuda.h",
+        "cu13",
+        "#define __CUDA_API_VERSION_INTERNAL 1\n",
+        cuda13_legacy(),
+    );
 }
 
 #[test]
@@ -241,7 +277,12 @@ fn declared(file: &str) -> BTreeSet<String> {
 #[test]
 fn every_api_struct_is_checked() {
     let mut covered = BTreeSet::new();
-    for l in cuda13().into_iter().chain(cuda12()).chain(nvml()) {
+    for l in cuda13()
+        .into_iter()
+        .chain(cuda13_legacy())
+        .chain(cuda12())
+        .chain(nvml())
+    {
         covered.insert(l.name.to_string());
         for (f, _, _) in l.fields {
             covered.insert(format!("{}.{f}", l.name));

@@ -3,6 +3,6 @@
 include!("../dropin-build.rs");
 
 fn main() {
-    generate("src/api/driver_entry_points.tsv", 4, 6);
+    generate("src/api/driver_entry_points.tsv");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
 }

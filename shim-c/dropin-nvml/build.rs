@@ -3,6 +3,6 @@
 include!("../dropin-build.rs");
 
 fn main() {
-    generate("src/api/nvml_entry_points.tsv", 1, 3);
+    generate("src/api/nvml_entry_points.tsv");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnvidia-ml.so.1");
 }

@@ -4,14 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-fn rows(path: &str) -> Vec<Vec<String>> {
-    println!("cargo:rerun-if-changed={path}");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
-    text.lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| l.split('\t').map(str::to_owned).collect())
-        .collect()
-}
+include!("tsv_table.rs");
 
 fn stream(s: &str) -> &'static str {
     match s {
@@ -35,12 +28,18 @@ fn main() {
 
     out.push_str("/// Every CUDA driver entry point, sorted by (base, version, stream).\n");
     out.push_str("pub static DRIVER_ENTRY_POINTS: &[DriverEntryPoint] = &[\n");
-    for r in rows("driver_entry_points.tsv") {
-        assert_eq!(r.len(), 8, "driver_entry_points.tsv: bad row {r:?}");
+    for r in Table::read("driver_entry_points.tsv").rows() {
         writeln!(
             out,
             "    DriverEntryPoint {{ symbol: {:?}, base: {:?}, version: {}, stream: {}, kind: {}, in_535: {}, hook: {:?}, signature: {:?} }},",
-            r[0], r[1], r[2], stream(&r[3]), kind(&r[4]), r[5] == "1", r[6], r[7]
+            r.get("symbol"),
+            r.get("base"),
+            r.get("version"),
+            stream(r.get("stream")),
+            kind(r.get("kind")),
+            r.get("in_535") == "1",
+            r.get("hook"),
+            r.get("signature")
         )
         .unwrap();
     }
@@ -48,12 +47,15 @@ fn main() {
 
     out.push_str("/// Every NVML entry point, sorted by name.\n");
     out.push_str("pub static NVML_ENTRY_POINTS: &[NvmlEntryPoint] = &[\n");
-    for r in rows("nvml_entry_points.tsv") {
-        assert_eq!(r.len(), 5, "nvml_entry_points.tsv: bad row {r:?}");
+    for r in Table::read("nvml_entry_points.tsv").rows() {
         writeln!(
             out,
             "    NvmlEntryPoint {{ symbol: {:?}, kind: {}, in_535: {}, hook: {:?}, signature: {:?} }},",
-            r[0], kind(&r[1]), r[2] == "1", r[3], r[4]
+            r.get("symbol"),
+            kind(r.get("kind")),
+            r.get("in_535") == "1",
+            r.get("hook"),
+            r.get("signature")
         )
         .unwrap();
     }
@@ -61,22 +63,22 @@ fn main() {
 
     write("entry_points.rs", &out);
     let mut out = String::new();
-    let errors = rows("errors.tsv");
+    let errors = Table::read("errors.tsv");
     for (api, ty, prefix) in [
         ("cuda", "CUerror", "CUDA_ERROR_"),
         ("nvml", "NvmlError", "NVML_ERROR_"),
     ] {
         let codes: Vec<_> = errors
-            .iter()
-            .filter(|r| r[0] == api && r[1] != "0")
+            .rows()
+            .filter(|r| r.get("api") == api && r.get("code") != "0")
             .collect();
         writeln!(out, "impl {ty} {{").unwrap();
         for r in &codes {
-            let short = r[2].strip_prefix(prefix).unwrap_or(&r[2]);
+            let short = r.get("name").strip_prefix(prefix).unwrap_or(r.get("name"));
             writeln!(
                 out,
                 "    pub const {short}: Self = Self(match NonZeroU32::new({}) {{ Some(c) => c, None => unreachable!() }});",
-                r[1]
+                r.get("code")
             )
             .unwrap();
         }
@@ -92,10 +94,17 @@ fn main() {
             api.to_uppercase()
         )
         .unwrap();
-        let mut all: Vec<_> = errors.iter().filter(|r| r[0] == api).collect();
-        all.sort_by_key(|r| r[1].parse::<u32>().unwrap());
+        let mut all: Vec<_> = errors.rows().filter(|r| r.get("api") == api).collect();
+        all.sort_by_key(|r| r.get("code").parse::<u32>().unwrap());
         for r in all {
-            writeln!(out, "    ({}, {:?}, {:?}),", r[1], r[2], r[3]).unwrap();
+            writeln!(
+                out,
+                "    ({}, {:?}, {:?}),",
+                r.get("code"),
+                r.get("name"),
+                r.get("string")
+            )
+            .unwrap();
         }
         out.push_str("];\n\n");
     }

@@ -2,7 +2,7 @@
 #![allow(non_camel_case_types, non_snake_case)]
 
 use crate::types::{CUcontext, CUfunction, CUgraphNode, CUkernel, CUstream};
-use std::ffi::c_void;
+use std::ffi::{c_uint, c_void};
 
 /// `CUstream_flags`
 pub const CU_STREAM_DEFAULT: u32 = 0x0;
@@ -177,4 +177,20 @@ mod tests {
         assert_eq!(size_of::<CUDA_KERNEL_NODE_PARAMS_v2>(), 72);
         assert_eq!(size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS>(), 32);
     }
+}
+
+/// `CUDA_LAUNCH_PARAMS_v1` (cuda.h): the element of `cuLaunchCooperativeKernelMultiDevice`'s list.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_LAUNCH_PARAMS {
+    pub function: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub kernelParams: *mut *mut c_void,
 }

@@ -101,6 +101,29 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
     pub Flags: u32,
 }
 
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (the legacy `cuArrayCreate` ABI: 32-bit sizes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub Width: u32,
+    pub Height: u32,
+    /// `CUarray_format`
+    pub Format: u32,
+    pub NumChannels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (the legacy `cuArray3DCreate` ABI: 32-bit sizes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub Width: u32,
+    pub Height: u32,
+    pub Depth: u32,
+    pub Format: u32,
+    pub NumChannels: u32,
+    pub Flags: u32,
+}
+
 /// `CUmemLocation` (the union is the `int id` member; `localized` overlays its two low bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

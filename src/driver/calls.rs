@@ -1,56 +1,14 @@
 //! Real driver functions the accounting calls (without hooking them, or past their hooks), and small
 //! queries built on them: the layer below accounting, so that it never calls up into the hooks.
 
-use super::real_calls;
 use gpuslice_api::types::{
-    CUcontext, CUdevice, CUevent, CUgraph, CUgraphNode, CUlibrary, CUmemAllocationProp,
-    CUmemoryPool, CUmodule, CUstream, CUuuid, CUDA_MEM_ALLOC_NODE_PARAMS,
+    CUcontext, CUdevice, CUmemAllocationProp, CUmemoryPool, CUstream, CUuuid,
 };
-use gpuslice_api::{CUerror, CUresult, NvmlReturn};
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use gpuslice_api::CUerror;
+use std::ffi::{c_int, c_uint};
 
-real_calls! {
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
-    fn cuCtxGetCurrent(pctx: *mut CUcontext);
-    fn cuCtxGetDevice(device: *mut CUdevice);
-    fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int);
-    fn cuDeviceGetCount(count: *mut c_int);
-    fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
-    fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
-    fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
-    fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
-    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void);
-    fn cuStreamGetCtx(stream: CUstream, pctx: *mut CUcontext);
-    fn cuCtxPushCurrent_v2(ctx: CUcontext);
-    fn cuCtxPopCurrent_v2(pctx: *mut CUcontext);
-    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64);
-    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: c_int);
-    fn cuMemRelease(handle: u64);
-    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize);
-    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
-    fn cuDeviceGetAttribute(value: *mut c_int, attr: c_int, dev: CUdevice);
-    fn cuCtxDestroy_v2(ctx: CUcontext);
-    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice);
-    fn cuCtxGetLimit(value: *mut usize, limit: c_int);
-    fn cuCtxSetLimit(limit: c_int, value: usize);
-    fn cuModuleUnload(module: CUmodule);
-    fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
-    fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint);
-    fn cuLibraryUnload(library: CUlibrary);
-    fn cuModuleGetLoadingMode(mode: *mut c_int);
-    fn cuGraphGetNodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize);
-    fn cuGraphNodeGetType(node: CUgraphNode, kind: *mut c_uint);
-    fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
-    fn cuGraphMemFreeNodeGetParams(node: CUgraphNode, dptr: *mut u64);
-    fn cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: u64);
-    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
-    fn cuEventCreate(event: *mut CUevent, flags: c_uint);
-    fn cuEventRecord(event: CUevent, stream: CUstream);
-    fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
-    fn cuEventQuery(event: CUevent);
-    fn cuEventDestroy_v2(event: CUevent);
-    fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
-}
+/// Typed calls to the real functions (generated from the table).
+pub use super::real;
 
 /// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h).
 const CAPTURE_MODE_RELAXED: c_uint = 2;
@@ -111,15 +69,7 @@ pub fn pointer_known(ptr: u64) -> bool {
 
 /// NVML functions (a separate library, its own error type).
 pub mod nvml {
-    use super::*;
-    real_calls! {
-        ret = NvmlReturn, missing = Err(gpuslice_api::NvmlError::UNINITIALIZED);
-        fn nvmlDeviceGetUUID(device: gpuslice_api::nvml::nvmlDevice_t, uuid: *mut c_char, length: c_uint);
-        fn nvmlInit_v2();
-        fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut gpuslice_api::nvml::nvmlDevice_t);
-        fn nvmlDeviceGetMemoryInfo(device: gpuslice_api::nvml::nvmlDevice_t, memory: *mut gpuslice_api::nvml::nvmlMemory_t);
-        fn nvmlDeviceGetComputeRunningProcesses_v3(device: gpuslice_api::nvml::nvmlDevice_t, count: *mut c_uint, infos: *mut gpuslice_api::nvml::nvmlProcessInfo_t);
-    }
+    pub use crate::driver::real;
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` for a CUDA device ordinal.

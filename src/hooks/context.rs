@@ -14,11 +14,11 @@ use gpuslice_api::types::{
     CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUfunction, CUgreenCtx, CUkernel,
     CUlibrary, CUmodule,
 };
-use gpuslice_api::{CUerror, CUresult};
+use gpuslice_api::CUresult;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 hooks! {
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    ret = CUresult;
     fn cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice)
         => create(Out::new(pctx), dev, || real::cuCtxCreate(pctx, flags, dev));
     fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice)

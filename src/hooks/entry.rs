@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 hooks! {
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    ret = CUresult;
     fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64)
         => get_proc_address(symbol, Out::new(pfn), None, (cuda_version, flags),
                             || real::cuGetProcAddress(symbol, pfn, cuda_version, flags));

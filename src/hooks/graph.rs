@@ -6,7 +6,7 @@ use super::hooks;
 use crate::accounting::graphs;
 use crate::scheduling::gate;
 use gpuslice_api::types::{CUgraphExec, CUstream};
-use gpuslice_api::{CUerror, CUresult};
+use gpuslice_api::CUresult;
 
 pub mod instantiate;
 pub use instantiate::*;
@@ -14,7 +14,7 @@ pub use instantiate::*;
 hooks! {
     // A graph launch also allocates the graph's memory nodes (accounting::graphs): straight to the
     // driver only when, besides, no executable graph of this process has any.
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED),
+    ret = CUresult,
     fast = crate::scheduling::launch_passes() && !graphs::any();
     fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream)
         => gate(&[stream], false, || graphs::launch(exec as usize, stream, false, || real::cuGraphLaunch(exec, stream)));

@@ -4,11 +4,11 @@
 use super::{hooks, Out};
 use crate::accounting::tenant;
 use gpuslice_api::types::CUdevice;
-use gpuslice_api::{CUerror, CUresult};
+use gpuslice_api::CUresult;
 use std::ffi::c_uint;
 
 hooks! {
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    ret = CUresult;
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize)
         => mem_get_info(Out::new(free), Out::new(total), || real::cuMemGetInfo_v2(free, total));
     fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint)

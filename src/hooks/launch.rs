@@ -3,26 +3,14 @@
 
 use super::{hooks, In};
 use crate::scheduling::gate;
-use gpuslice_api::launch_types::CUlaunchConfig;
+use gpuslice_api::launch_types::{CUlaunchConfig, CUDA_LAUNCH_PARAMS};
 use gpuslice_api::types::{CUfunction, CUstream};
-use gpuslice_api::{CUerror, CUresult};
+use gpuslice_api::CUresult;
 use std::ffi::{c_uint, c_void};
-
-/// `CUDA_LAUNCH_PARAMS_v1` (cuda.h): the element of cuLaunchCooperativeKernelMultiDevice's list.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct LaunchParams {
-    pub function: CUfunction,
-    pub grid: [c_uint; 3],
-    pub block: [c_uint; 3],
-    pub shared_mem_bytes: c_uint,
-    pub stream: CUstream,
-    pub kernel_params: *mut *mut c_void,
-}
 
 hooks! {
     // Uncontended (or no compute sharing at all): straight to the driver, before any other work.
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED), fast = crate::scheduling::launch_passes();
+    ret = CUresult, fast = crate::scheduling::launch_passes();
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                       shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
         => gate(&[stream], false, || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra));
@@ -39,7 +27,7 @@ hooks! {
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                                       shared: c_uint, stream: CUstream, params: *mut *mut c_void)
         => gate(&[stream], true, || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params));
-    fn cuLaunchCooperativeKernelMultiDevice(list: *mut LaunchParams, count: c_uint, flags: c_uint)
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, count: c_uint, flags: c_uint)
         => gate(&multi_streams(list, count), false, || real::cuLaunchCooperativeKernelMultiDevice(list, count, flags));
 }
 
@@ -58,7 +46,7 @@ unsafe fn config_stream(config: *const CUlaunchConfig) -> CUstream {
 ///
 /// # Safety
 /// `list` is NULL or points to `count` elements, as the driver API requires.
-unsafe fn multi_streams(list: *const LaunchParams, count: c_uint) -> Vec<CUstream> {
+unsafe fn multi_streams(list: *const CUDA_LAUNCH_PARAMS, count: c_uint) -> Vec<CUstream> {
     if list.is_null() {
         return Vec::new();
     }
@@ -67,18 +55,7 @@ unsafe fn multi_streams(list: *const LaunchParams, count: c_uint) -> Vec<CUstrea
             // SAFETY: element `i < count` of the caller's array.
             unsafe { In::new(list.wrapping_add(i)) }
                 .get()
-                .map(|p| p.stream)
+                .map(|p| p.hStream)
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn launch_params_layout_matches_cuda_h() {
-        use std::mem::{offset_of, size_of};
-        assert_eq!(size_of::<super::LaunchParams>(), 56);
-        assert_eq!(offset_of!(super::LaunchParams, stream), 40);
-        assert_eq!(offset_of!(super::LaunchParams, kernel_params), 48);
-    }
 }

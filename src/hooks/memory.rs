@@ -11,38 +11,17 @@ use super::{hooks, In, Out, Word};
 use crate::accounting::{allocation_size, tenant, Device, FreedOn, PendingFree, Tenant};
 use crate::driver::calls as driver;
 use gpuslice_api::types::{
-    CUarray, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps,
-    CUmemoryPool, CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
+    CUDA_ARRAY3D_DESCRIPTOR_v1, CUDA_ARRAY_DESCRIPTOR_v1, CUarray, CUdeviceptr,
+    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
+    CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
     CU_MEM_LOCATION_TYPE_DEVICE,
 };
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// `CUDA_ARRAY_DESCRIPTOR_v1` (the legacy `cuArrayCreate` ABI: 32-bit sizes).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct ArrayDescriptorV1 {
-    pub width: c_uint,
-    pub height: c_uint,
-    pub format: c_uint,
-    pub num_channels: c_uint,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR_v1`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Array3DDescriptorV1 {
-    pub width: c_uint,
-    pub height: c_uint,
-    pub depth: c_uint,
-    pub format: c_uint,
-    pub num_channels: c_uint,
-    pub flags: c_uint,
-}
-
 hooks! {
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    ret = CUresult;
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize)
         => alloc(Out::new(dptr), bytesize as u64, "cuMemAlloc", || real::cuMemAlloc_v2(dptr, bytesize));
     fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint)
@@ -94,14 +73,14 @@ hooks! {
     fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR)
         => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.Width as u64, d.Height as u64, 0, d.Format, d.NumChannels, 1)),
                         || real::cuArrayCreate_v2(handle, desc));
-    fn cuArrayCreate(handle: *mut CUarray, desc: *const ArrayDescriptorV1)
-        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.width as u64, d.height as u64, 0, d.format, d.num_channels, 1)),
+    fn cuArrayCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1)
+        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.Width as u64, d.Height as u64, 0, d.Format, d.NumChannels, 1)),
                         || real::cuArrayCreate(handle, desc));
     fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR)
         => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.Width as u64, d.Height as u64, d.Depth as u64, d.Format, d.NumChannels, 1)),
                         || real::cuArray3DCreate_v2(handle, desc));
-    fn cuArray3DCreate(handle: *mut CUarray, desc: *const Array3DDescriptorV1)
-        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.width as u64, d.height as u64, d.depth as u64, d.format, d.num_channels, 1)),
+    fn cuArray3DCreate(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1)
+        => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.Width as u64, d.Height as u64, d.Depth as u64, d.Format, d.NumChannels, 1)),
                         || real::cuArray3DCreate(handle, desc));
     fn cuArrayDestroy(handle: CUarray) => array_destroy(handle as usize, || real::cuArrayDestroy(handle));
     fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint)

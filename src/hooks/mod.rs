@@ -8,7 +8,6 @@
 
 use std::cell::Cell;
 
-pub mod calls;
 pub mod context;
 pub mod entry;
 pub mod graph;
@@ -132,27 +131,26 @@ impl<T: Copy> In<T> {
     }
 }
 
-/// Typed calls to real functions (`real::NAME`), declared in the driver layer.
-pub(crate) use crate::driver::real_calls;
-
-/// Declares hooks: for each `fn name(args) -> ret => body;` it exports `name` (the C ABI entry point)
-/// and adds `real::name`, the typed call to the real function. `missing` is what a call answers when
-/// the real library or function is not there. An optional `fast = predicate;` is checked before
-/// anything else: when it holds, the export calls the real function directly (the launch fast path).
+/// Declares hooks: for each `fn name(args) -> ret => body;` it exports `name` (the C ABI entry point);
+/// the body reaches the real function as `real::name` ([`crate::driver::real`], generated from the
+/// table). A hook's parameters must be the table's (NVIDIA's prototype): one declared otherwise does
+/// not compile. An optional `fast = predicate;` is checked before anything else: when it holds, the
+/// export calls the real function directly (the launch fast path).
 macro_rules! hooks {
-    (ret = $ret:ty, missing = $missing:expr;
+    (ret = $ret:ty;
      $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
         $crate::hooks::hooks! {
-            ret = $ret, missing = $missing, fast = false;
+            ret = $ret, fast = false;
             $( fn $name ( $($arg : $ty),* ) => $body ; )*
         }
     };
-    (ret = $ret:ty, missing = $missing:expr, fast = $fast:expr;
+    (ret = $ret:ty, fast = $fast:expr;
      $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
-        $crate::hooks::real_calls! {
-            ret = $ret, missing = $missing;
-            $( fn $name ( $($arg : $ty),* ); )*
-        }
+        use $crate::driver::real;
+        // Each export's signature is the table's: the generated declaration coerces to it only then.
+        const _: () = {
+            $( let _: unsafe fn($($ty),*) -> $ret = real::$name; )*
+        };
         /// The hook bodies, out of line so that an export's fast path stays a few instructions.
         /// They have the export's C ABI, so the export's call to one is a jump (a sibling call):
         /// the application's call reaches the real function one frame deeper, not two. Every frame

@@ -28,7 +28,7 @@ use std::ffi::{c_char, c_uint, c_ulonglong};
 use ProcessList::{Compute, Graphics, Mps};
 
 hooks! {
-    ret = NvmlReturn, missing = Err(NvmlError::UNINITIALIZED);
+    ret = NvmlReturn;
     fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t)
         => memory_info(device, Out::new(memory), || real::nvmlDeviceGetMemoryInfo(device, memory));
     fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t)

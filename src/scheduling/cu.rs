@@ -6,21 +6,13 @@ use crate::driver::calls::real::cuDeviceGetCount;
 pub use crate::driver::calls::{
     capturing, in_context, primary_context_active, stream_device, RelaxedCapture,
 };
-use gpuslice_api::types::{CUdevice, CUevent, CUstream};
-use gpuslice_api::{CUerror, CUresult};
-use std::ffi::{c_int, c_uint};
+use gpuslice_api::types::CUdevice;
+use std::ffi::c_int;
 
-crate::driver::real_calls! {
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
-    fn cuEventCreate(event: *mut CUevent, flags: c_uint);
-    fn cuEventQuery(event: CUevent);
-    fn cuEventRecord(event: CUevent, stream: CUstream);
-    fn cuEventRecord_ptsz(event: CUevent, stream: CUstream);
-    fn cuEventSynchronize(event: CUevent);
-    fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
-}
-
-pub use real::*;
+pub use crate::driver::real::{
+    cuEventCreate, cuEventElapsedTime, cuEventQuery, cuEventRecord, cuEventRecord_ptsz,
+    cuEventSynchronize,
+};
 
 /// How many devices the process sees (0 before `cuInit` or on error).
 pub fn device_count() -> u32 {

@@ -7,6 +7,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
+include!("../../src/api/tsv_table.rs");
+
 /// One row of the table: the exported name, and whether it is data rather than a function.
 pub struct Symbol {
     pub name: String,
@@ -14,17 +16,12 @@ pub struct Symbol {
 }
 
 /// The rows of a `.tsv` table (`symbol_col`, and `kind_col` holding `func`/`data` if there is one).
-pub fn table(path: &str, symbol_col: usize, kind_col: usize) -> Vec<Symbol> {
-    println!("cargo:rerun-if-changed={path}");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
-    text.lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| {
-            let cols: Vec<&str> = l.split('\t').collect();
-            Symbol {
-                name: cols[symbol_col].to_owned(),
-                data: cols[kind_col] == "data",
-            }
+pub fn table(path: &str) -> Vec<Symbol> {
+    Table::read(path)
+        .rows()
+        .map(|r| Symbol {
+            name: r.get("symbol").to_owned(),
+            data: r.get("kind") == "data",
         })
         .collect()
 }

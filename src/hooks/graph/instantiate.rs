@@ -3,11 +3,11 @@
 use crate::accounting::graphs;
 use crate::hooks::{hooks, Out};
 use gpuslice_api::types::{CUgraph, CUgraphExec, CUgraphNode};
-use gpuslice_api::{CUerror, CUresult};
+use gpuslice_api::CUresult;
 use std::ffi::{c_char, c_void};
 hooks! {
     // What a graph's launches will allocate is read once, when it is instantiated.
-    ret = CUresult, missing = Err(CUerror::NOT_INITIALIZED);
+    ret = CUresult;
     fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, log_size: usize)
         => instantiate(exec, graph, || real::cuGraphInstantiate(exec, graph, error_node, log, log_size));
     fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, log_size: usize)

@@ -11,6 +11,6 @@ fn main() {
     // As NVIDIA links libcuda.so.1 (DT_SYMBOLIC): the library's own references, such as the addresses
     // cuGetProcAddress hands out, bind to its own functions, never to a preloaded library's.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
-    let symbols = exports::table("../../../src/api/driver_entry_points.tsv", 0, 4);
+    let symbols = exports::table("../../../src/api/driver_entry_points.tsv");
     exports::generate(&symbols, "cu", "crate::not_supported(\"NAME\")", true);
 }

@@ -6,6 +6,6 @@ mod exports;
 
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnvidia-ml.so.1");
-    let symbols = exports::table("../../../src/api/nvml_entry_points.tsv", 0, 1);
+    let symbols = exports::table("../../../src/api/nvml_entry_points.tsv");
     exports::generate(&symbols, "nvml", "crate::not_supported(\"NAME\")", false);
 }
