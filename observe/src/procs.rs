@@ -406,3 +406,56 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A report older than this is not exported (the node stopped reconciling).
+pub const REPORT_FRESH_MS: u64 = 60_000;
+
+/// The unmanaged processes of a fresh report as exposition text: `gpuslice_unmanaged_memory_bytes`
+/// per process (labels `gpu`, `UUID`, `pid`, `command`; only where NVML says how much) and
+/// `gpuslice_unmanaged_processes` per GPU that has any.
+pub fn encode_unmanaged(
+    report: Option<&(u64, Vec<Unmanaged>)>,
+    now_ms: u64,
+    gpus: &mut crate::gpus::GpuIndex,
+) -> String {
+    use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
+    let Some((when, list)) = report.filter(|(w, _)| now_ms.saturating_sub(*w) <= REPORT_FRESH_MS)
+    else {
+        return String::new();
+    };
+    let _ = when;
+    if list.is_empty() {
+        return String::new();
+    }
+    let bytes = IntGaugeVec::new(
+        Opts::new(
+            "gpuslice_unmanaged_memory_bytes",
+            "Device memory a process uses on the GPU under no tenant (no gpuslice ledger: a static binary, a container without the library), as NVML reports it.",
+        ),
+        &["gpu", "UUID", "pid", "command"],
+    )
+    .expect("valid metric definition");
+    let count = IntGaugeVec::new(
+        Opts::new(
+            "gpuslice_unmanaged_processes",
+            "Processes using the GPU under no tenant, as the node last found them.",
+        ),
+        &["gpu", "UUID"],
+    )
+    .expect("valid metric definition");
+    for u in list {
+        let gpu = gpus.label(&u.uuid);
+        count.with_label_values(&[&gpu, &u.uuid]).inc();
+        if let Some(b) = u.used {
+            bytes
+                .with_label_values(&[&gpu, &u.uuid, &u.pid.to_string(), &u.command])
+                .set(i64::try_from(b).unwrap_or(i64::MAX));
+        }
+    }
+    let registry = Registry::new();
+    let _ = registry.register(Box::new(bytes));
+    let _ = registry.register(Box::new(count));
+    let mut out = Vec::new();
+    let _ = TextEncoder::new().encode(&registry.gather(), &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
