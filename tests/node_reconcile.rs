@@ -427,3 +427,67 @@ fn a_process_using_the_gpu_without_gpuslice_is_reported_unmanaged() {
     );
     drop(exporter);
 }
+
+/// `gpuslice doctor` says how a program started in its environment knows its driver memory: from
+/// its own NVML figure in the host's PID namespace; in a container (its own PID namespace and
+/// `/proc`), estimated and not reconciled until a node's pass went through the tenant's ledger, then
+/// reconciled by the node.
+#[test]
+fn doctor_says_whether_driver_memory_is_reconciled() {
+    let dir = scratch("doctor");
+    let sim = Sim::new("reconcile-doctor").env("SIMGPU_MEMORY", "4GiB");
+    let ledger = dir.join("d.ledger");
+    // A tenant process makes the ledger (and holds a slot the node reconciles).
+    let mut tenant = sim.command(compile(&CLIENT));
+    tenant
+        .args(["hold"])
+        .env("LD_PRELOAD", libgpuslice())
+        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+        .env("GPUSLICE_LEDGER", &ledger)
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"));
+    let mut tenant = Killed(sim.spawn(&mut tenant));
+    wait_for_key(&mut tenant.0, "ready");
+    let doctor = |container: bool| {
+        let mut cmd = if container {
+            let mut c = sim.command("unshare");
+            c.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+                .arg(gpuslice_bin());
+            c
+        } else {
+            sim.command(gpuslice_bin())
+        };
+        cmd.arg("doctor")
+            .env("LD_PRELOAD", libgpuslice())
+            .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+            .env("GPUSLICE_LEDGER", &ledger)
+            .env("GPUSLICE_DEVICE_DIR", dir.join("devices"));
+        let run = sim.run_cmd(&mut cmd);
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("driver memory:"))
+            .unwrap_or_else(|| panic!("no driver memory line\n{}", run.report()))
+            .to_string();
+        (line, run)
+    };
+    let (line, run) = doctor(false);
+    assert!(line.contains("own NVML figure"), "{}", run.report());
+    let (line, run) = doctor(true);
+    assert!(line.contains("estimated, not reconciled"), "{}", run.report());
+    assert!(
+        run.stdout
+            .contains("note: driver memory is estimated, not reconciled"),
+        "{}",
+        run.report()
+    );
+    let once = sim.run_cmd(
+        sim.command(gpuslice_bin())
+            .args(["node", "reconcile", "--once", "--ledger-dir"])
+            .arg(&dir)
+            .arg("--state-dir")
+            .arg(dir.join("state")),
+    );
+    once.assert_success();
+    let (line, run) = doctor(true);
+    assert!(line.contains("reconciled by the node"), "{}", run.report());
+}
