@@ -170,8 +170,7 @@ fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
     wait_until("the pod's measurement", || {
         std::fs::read_dir(&devices).is_ok_and(|entries| {
             entries.flatten().any(|e| {
-                e.path().extension().is_some_and(|x| x == "measure")
-                    && locked_by_another(&e.path())
+                e.path().extension().is_some_and(|x| x == "measure") && locked_by_another(&e.path())
             })
         })
     });
@@ -283,10 +282,7 @@ fn driver_memory_of_a_process_in_a_container_is_reconciled_through_the_node() {
         "the outsider {:?} in {list:?}",
         run.outsider
     );
-    assert!(
-        !list.iter().any(|(pid, _)| *pid == run.pod_pid),
-        "{list:?}"
-    );
+    assert!(!list.iter().any(|(pid, _)| *pid == run.pod_pid), "{list:?}");
 }
 
 /// The node's report (`<state>/reconcile/unmanaged`): when, and (pid, bytes) lines.
@@ -473,7 +469,11 @@ fn doctor_says_whether_driver_memory_is_reconciled() {
     let (line, run) = doctor(false);
     assert!(line.contains("own NVML figure"), "{}", run.report());
     let (line, run) = doctor(true);
-    assert!(line.contains("estimated, not reconciled"), "{}", run.report());
+    assert!(
+        line.contains("estimated, not reconciled"),
+        "{}",
+        run.report()
+    );
     assert!(
         run.stdout
             .contains("note: driver memory is estimated, not reconciled"),

@@ -238,11 +238,9 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         })
         .collect();
     // The node's report: --state-dir's, else the node's default state directory's.
-    let unmanaged = gpuslice_observe::procs::read_unmanaged(
-        a.state_dir
-            .as_deref()
-            .unwrap_or(std::path::Path::new(gpuslice_observe::collect::DEFAULT_STATE_DIR)),
-    )
+    let unmanaged = gpuslice_observe::procs::read_unmanaged(a.state_dir.as_deref().unwrap_or(
+        std::path::Path::new(gpuslice_observe::collect::DEFAULT_STATE_DIR),
+    ))
     .map(|(_, list)| {
         list.into_iter()
             .map(|u| UnmanagedDocument {

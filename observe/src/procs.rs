@@ -59,7 +59,8 @@ pub fn gpu_processes() -> Result<Vec<GpuProcess>, String> {
     type Dev = *mut c_void;
     let name = library_name();
     // SAFETY: loading NVML runs its initialisers, which have no preconditions.
-    let lib = unsafe { libloading::Library::new(&name) }.map_err(|e| format!("NVML ({name}): {e}"))?;
+    let lib =
+        unsafe { libloading::Library::new(&name) }.map_err(|e| format!("NVML ({name}): {e}"))?;
     let sym_err = |e: libloading::Error| format!("NVML ({name}): {e}");
     // SAFETY: each symbol's type is its declaration in nvml.h.
     unsafe {
@@ -70,7 +71,9 @@ pub fn gpu_processes() -> Result<Vec<GpuProcess>, String> {
             .get::<unsafe extern "C" fn(*mut c_uint) -> Ret>(b"nvmlDeviceGetCount_v2\0")
             .map_err(sym_err)?;
         let by_index = lib
-            .get::<unsafe extern "C" fn(c_uint, *mut Dev) -> Ret>(b"nvmlDeviceGetHandleByIndex_v2\0")
+            .get::<unsafe extern "C" fn(c_uint, *mut Dev) -> Ret>(
+                b"nvmlDeviceGetHandleByIndex_v2\0",
+            )
             .map_err(sym_err)?;
         let uuid = lib
             .get::<unsafe extern "C" fn(Dev, *mut c_char, c_uint) -> Ret>(b"nvmlDeviceGetUUID\0")
@@ -165,7 +168,10 @@ pub fn slot_locks(proc_root: &Path, pid: u32) -> Descriptors {
     let mut locks = Vec::new();
     for entry in entries.flatten().take(MAX_FDS) {
         let name = entry.file_name();
-        let Some(fd) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+        let Some(fd) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
             continue;
         };
         let Some(text) = read_small(&dir.join("fdinfo").join(fd), 64 << 10) else {
@@ -319,6 +325,58 @@ pub fn read_unmanaged(state_dir: &Path) -> Option<(u64, Vec<Unmanaged>)> {
     Some((when, list))
 }
 
+/// A report older than this is not exported (the node stopped reconciling).
+pub const REPORT_FRESH_MS: u64 = 60_000;
+
+/// The unmanaged processes of a fresh report as exposition text: `gpuslice_unmanaged_memory_bytes`
+/// per process (labels `gpu`, `UUID`, `pid`, `command`; only where NVML says how much) and
+/// `gpuslice_unmanaged_processes` per GPU that has any.
+pub fn encode_unmanaged(
+    report: Option<&(u64, Vec<Unmanaged>)>,
+    now_ms: u64,
+    gpus: &mut crate::gpus::GpuIndex,
+) -> String {
+    use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
+    let Some((_, list)) = report.filter(|(w, _)| now_ms.saturating_sub(*w) <= REPORT_FRESH_MS)
+    else {
+        return String::new();
+    };
+    if list.is_empty() {
+        return String::new();
+    }
+    let bytes = IntGaugeVec::new(
+        Opts::new(
+            "gpuslice_unmanaged_memory_bytes",
+            "Device memory a process uses on the GPU under no tenant (no gpuslice ledger: a static binary, a container without the library), as NVML reports it.",
+        ),
+        &["gpu", "UUID", "pid", "command"],
+    )
+    .expect("valid metric definition");
+    let count = IntGaugeVec::new(
+        Opts::new(
+            "gpuslice_unmanaged_processes",
+            "Processes using the GPU under no tenant, as the node last found them.",
+        ),
+        &["gpu", "UUID"],
+    )
+    .expect("valid metric definition");
+    for u in list {
+        let gpu = gpus.label(&u.uuid);
+        count.with_label_values(&[&gpu, &u.uuid]).inc();
+        if let Some(b) = u.used {
+            bytes
+                .with_label_values(&[&gpu, &u.uuid, &u.pid.to_string(), &u.command])
+                .set(i64::try_from(b).unwrap_or(i64::MAX));
+        }
+    }
+    let registry = Registry::new();
+    let _ = registry.register(Box::new(bytes));
+    let _ = registry.register(Box::new(count));
+    let mut out = Vec::new();
+    let _ = TextEncoder::new().encode(&registry.gather(), &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,57 +463,4 @@ mod tests {
         drop(l);
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
-
-/// A report older than this is not exported (the node stopped reconciling).
-pub const REPORT_FRESH_MS: u64 = 60_000;
-
-/// The unmanaged processes of a fresh report as exposition text: `gpuslice_unmanaged_memory_bytes`
-/// per process (labels `gpu`, `UUID`, `pid`, `command`; only where NVML says how much) and
-/// `gpuslice_unmanaged_processes` per GPU that has any.
-pub fn encode_unmanaged(
-    report: Option<&(u64, Vec<Unmanaged>)>,
-    now_ms: u64,
-    gpus: &mut crate::gpus::GpuIndex,
-) -> String {
-    use prometheus::{Encoder, IntGaugeVec, Opts, Registry, TextEncoder};
-    let Some((when, list)) = report.filter(|(w, _)| now_ms.saturating_sub(*w) <= REPORT_FRESH_MS)
-    else {
-        return String::new();
-    };
-    let _ = when;
-    if list.is_empty() {
-        return String::new();
-    }
-    let bytes = IntGaugeVec::new(
-        Opts::new(
-            "gpuslice_unmanaged_memory_bytes",
-            "Device memory a process uses on the GPU under no tenant (no gpuslice ledger: a static binary, a container without the library), as NVML reports it.",
-        ),
-        &["gpu", "UUID", "pid", "command"],
-    )
-    .expect("valid metric definition");
-    let count = IntGaugeVec::new(
-        Opts::new(
-            "gpuslice_unmanaged_processes",
-            "Processes using the GPU under no tenant, as the node last found them.",
-        ),
-        &["gpu", "UUID"],
-    )
-    .expect("valid metric definition");
-    for u in list {
-        let gpu = gpus.label(&u.uuid);
-        count.with_label_values(&[&gpu, &u.uuid]).inc();
-        if let Some(b) = u.used {
-            bytes
-                .with_label_values(&[&gpu, &u.uuid, &u.pid.to_string(), &u.command])
-                .set(i64::try_from(b).unwrap_or(i64::MAX));
-        }
-    }
-    let registry = Registry::new();
-    let _ = registry.register(Box::new(bytes));
-    let _ = registry.register(Box::new(count));
-    let mut out = Vec::new();
-    let _ = TextEncoder::new().encode(&registry.gather(), &mut out);
-    String::from_utf8(out).unwrap_or_default()
 }

@@ -467,7 +467,11 @@ fn the_nodes_word_is_for_the_claim_it_was_read_for() {
     let d = a.device_index(UUID_A).unwrap();
     a.try_reserve(d, MIB).unwrap();
     let slot = a.slot().unwrap();
-    assert_eq!(a.node_word_for_me(d), None, "nothing before the node writes");
+    assert_eq!(
+        a.node_word_for_me(d),
+        None,
+        "nothing before the node writes"
+    );
     let node = Ledger::open_existing(&path).unwrap();
     assert_eq!(node.find_device(UUID_A), Some(d));
     let (claim, used, _) = node.slot_charges(slot, d).unwrap();
@@ -489,7 +493,11 @@ fn the_nodes_word_is_for_the_claim_it_was_read_for() {
     let b = Ledger::open(&path, &limited(GIB)).unwrap();
     b.try_reserve(d, MIB).unwrap();
     assert_eq!(b.slot(), Some(slot), "the slot is claimed again");
-    assert_eq!(b.node_word_for_me(d), None, "the last holder's word is not the new one's");
+    assert_eq!(
+        b.node_word_for_me(d),
+        None,
+        "the last holder's word is not the new one's"
+    );
     assert!(node.slot_charges(slot, d).unwrap().0 > claim);
     // A lock byte names its slot.
     use crate::slotfile::SlotLayout;
