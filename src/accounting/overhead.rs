@@ -830,3 +830,80 @@ impl LazyCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Limit;
+    use crate::ledger::{Ledger, LedgerOptions, MAX_DEVICES, NODE_NOT_LISTED};
+
+    const UUID: &str = "GPU-00000000-0000-4000-8000-0000000000aa";
+    const MIB: u64 = 1 << 20;
+
+    /// A process's ledger with a slot, and the node's handle on it.
+    fn ledgers(tag: &str) -> (std::path::PathBuf, Ledger, Ledger, usize) {
+        let dir =
+            std::env::temp_dir().join(format!("gpuslice-node-word-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.ledger");
+        let opts = LedgerOptions {
+            tenant: "t".into(),
+            default_limit: Limit::Bytes(1 << 30),
+            devices: vec![(UUID.into(), Limit::Bytes(1 << 30))],
+            group: None,
+        };
+        let me = Ledger::open(&path, &opts).unwrap();
+        let d = me.device_index(UUID).unwrap();
+        me.try_reserve(d, MIB).unwrap();
+        let node = Ledger::open_existing(&path).unwrap();
+        (dir, me, node, d)
+    }
+
+    fn word(node: &Ledger, me: &Ledger, d: usize, bytes: u64, ms: u64) {
+        let slot = me.slot().unwrap();
+        let claim = node.slot_charges(slot, d).unwrap().0;
+        let mut words = [NODE_NOT_LISTED; MAX_DEVICES];
+        words[d] = bytes;
+        node.publish_node_word(slot, claim, 77, &words, ms);
+    }
+
+    /// The node's word is a hint: used while fresh, only to lower what reconciliation added when it
+    /// was read before the recorded overhead last fell, and not at all when stale, from the future
+    /// or for a device the process is not listed on.
+    #[test]
+    fn the_nodes_word_is_used_fresh_and_bounded() {
+        let _serial = crate::slotfile::serial_test();
+        let (dir, me, node, d) = ledgers("fresh");
+        let now = unix_ms();
+        assert_eq!(node_overhead(&me, d, UUID, 0), None, "no word yet");
+        word(&node, &me, d, 40 * MIB, now);
+        assert_eq!(node_overhead(&me, d, UUID, 0), Some((40 * MIB, true)));
+        // Read before the recorded overhead fell: it still counts what was destroyed since.
+        assert_eq!(
+            node_overhead(&me, d, UUID, now + 1),
+            Some((40 * MIB, false))
+        );
+        word(&node, &me, d, 40 * MIB, now - NODE_WORD_FRESH_MS - 1_000);
+        assert_eq!(node_overhead(&me, d, UUID, 0), None, "stale");
+        word(&node, &me, d, 40 * MIB, now + NODE_WORD_FRESH_MS + 60_000);
+        assert_eq!(node_overhead(&me, d, UUID, 0), None, "from the future");
+        word(&node, &me, d, NODE_NOT_LISTED, now);
+        assert_eq!(node_overhead(&me, d, UUID, 0), None, "not listed");
+        drop((me, node));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A fall of the recorded overhead is noted with its time; a rise is not.
+    #[test]
+    fn a_fall_of_the_recorded_overhead_is_dated() {
+        let slot = MAX_DEVICES - 1;
+        let before = unix_ms();
+        note_recorded(slot, 100);
+        let first = note_recorded(slot, 200);
+        assert!(first < before || first == 0, "a rise is no fall");
+        let fell = note_recorded(slot, 50);
+        assert!(fell >= before, "{fell} < {before}");
+        assert_eq!(note_recorded(MAX_DEVICES, 1), u64::MAX, "no such device");
+    }
+}
