@@ -153,7 +153,7 @@ struct PodRun {
     peak: u64,
 }
 
-/// A tenant process in a container creates its context (1.5 s) while a process outside gpuslice
+/// A tenant process in a container creates its context (5 s) while a process outside gpuslice
 /// starts on the GPU (so the process cannot tell itself from the newcomer in NVML's list), loads a
 /// module simgpu makes cost 3x its image (measured from the device's used memory, it is charged at
 /// most what its image takes), then fills its quota; with or without the node reconciling.
@@ -164,7 +164,7 @@ fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
     let _node = with_node.then(|| node(&sim, dir));
     let module = MODULE_MIB.to_string();
     let mut pod = client_in_container(&sim, dir, "pod", &["hold", &module, "8", "1024"]);
-    let mut pod = sim.spawn(pod.env("SIMGPU_CONTEXT_CREATE_US", "1500000"));
+    let mut pod = sim.spawn(pod.env("SIMGPU_CONTEXT_CREATE_US", "5000000"));
     // Its context is being created (under the device's measurement lock): another process appears.
     let devices = dir.join("devices");
     wait_until("the pod's measurement", || {
@@ -180,6 +180,16 @@ fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
         .env("SIMGPU_GROUP", "outsider");
     let mut outsider = Killed(sim.spawn(&mut outsider));
     wait_for_key(&mut outsider.0, "ready");
+    let measuring = std::fs::read_dir(&devices).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.path().extension().is_some_and(|x| x == "measure") && locked_by_another(&e.path())
+        })
+    });
+    assert!(
+        measuring,
+        "the outsider's context came after the pod's was measured (5 s): the machine is too \
+         loaded for this test's premise"
+    );
     wait_for_key(&mut pod, "ready");
     let ready_ms = unix_ms();
     let ledger = dir.join("pod.ledger");
@@ -261,9 +271,10 @@ fn driver_memory_of_a_process_in_a_container_is_reconciled_through_the_node() {
     assert_eq!(run.real, spent + run.fill, "simgpu's figure");
     assert!(
         run.charged.abs_diff(run.real) <= GRANULE,
-        "with the node, charged {} and simgpu's {} agree to a granule",
+        "with the node, charged {} and simgpu's {} agree to a granule: {}",
         run.charged,
-        run.real
+        run.real,
+        run.status
     );
     assert!(
         run.fill + spent <= QUOTA && run.fill + spent + GRANULE >= QUOTA,
