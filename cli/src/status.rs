@@ -75,7 +75,8 @@ struct StatusDocument {
     /// Each device ledger's health (what may keep processes out of its arbitration).
     compute_health: Vec<compute::HealthRow>,
     /// Processes using a GPU under no tenant, from the node's last report
-    /// (`<state>/reconcile/unmanaged`); `null`: no report (no node reconciling).
+    /// (`<state>/reconcile/unmanaged` of `--state-dir`); `null`: no `--state-dir`, or no report
+    /// (no node reconciling).
     unmanaged: Option<Vec<UnmanagedDocument>>,
 }
 
@@ -237,20 +238,21 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
             container: k.container,
         })
         .collect();
-    // The node's report: --state-dir's, else the node's default state directory's.
-    let unmanaged = gpuslice_observe::procs::read_unmanaged(a.state_dir.as_deref().unwrap_or(
-        std::path::Path::new(gpuslice_observe::collect::DEFAULT_STATE_DIR),
-    ))
-    .map(|(_, list)| {
-        list.into_iter()
-            .map(|u| UnmanagedDocument {
-                uuid: u.uuid,
-                pid: u.pid,
-                used: u.used,
-                command: u.command,
-            })
-            .collect::<Vec<_>>()
-    });
+    // The node's report of processes using a GPU under no tenant (with --state-dir).
+    let unmanaged = a
+        .state_dir
+        .as_deref()
+        .and_then(gpuslice_observe::procs::read_unmanaged)
+        .map(|(_, list)| {
+            list.into_iter()
+                .map(|u| UnmanagedDocument {
+                    uuid: u.uuid,
+                    pid: u.pid,
+                    used: u.used,
+                    command: u.command,
+                })
+                .collect::<Vec<_>>()
+        });
     for t in &twice {
         eprintln!(
             "gpuslice: GPU {} is also allocated through nvidia.com/gpu to {}/{} ({}): handed out twice",
