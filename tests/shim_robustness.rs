@@ -678,12 +678,17 @@ fn broken_ledgers_fail_closed() {
     // Header: magic u64 at 0, layout version u32 at 8 (src/ledger/shm.rs).
     let p = dir.join("version.ledger");
     let mut bytes = valid.clone();
-    assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 3);
-    bytes[8..12].copy_from_slice(&4u32.to_ne_bytes());
+    let version = gpuslice::ledger::LAYOUT_VERSION;
+    assert_eq!(
+        u32::from_ne_bytes(bytes[8..12].try_into().unwrap()),
+        version
+    );
+    bytes[8..12].copy_from_slice(&(version + 1).to_ne_bytes());
     std::fs::write(&p, bytes).unwrap();
     let msg = format!(
-        "gpuslice: error: ledger {}: layout version 4, this gpuslice uses 3 (all processes sharing it must run the same gpuslice){tail}",
-        p.display()
+        "gpuslice: error: ledger {}: layout version {}, this gpuslice uses {version} (all processes sharing it must run the same gpuslice){tail}",
+        p.display(),
+        version + 1
     );
     assert_fails_closed(&sim, &p, &limit, &msg);
 

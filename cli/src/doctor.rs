@@ -261,6 +261,53 @@ fn describe_limits(cfg: &Config) -> String {
     }
 }
 
+/// A node's pass older than this does not count as reconciling (the node stopped).
+const NODE_PASS_FRESH_MS: u64 = 30_000;
+
+/// How a program started here knows the driver memory it is charged (docs/MEMORY.md): from its
+/// own line in NVML's lists (the host's PID namespace), from the node's word (a node's
+/// reconciliation went through the ledger lately), else estimated. The note when estimated.
+fn driver_memory_check(ledger: &std::path::Path) -> (String, Option<String>) {
+    let me = std::process::id();
+    let seen = std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str().and_then(|s| s.parse::<u32>().ok()));
+    let initial = std::fs::read_link("/proc/self/ns/pid")
+        .map_or(true, |ns| ns.to_str() == Some("pid:[4026531836]"));
+    if seen.map_or(true, |p| p == me) && initial {
+        return (
+            "reconciled from each process's own NVML figure (the host's PID namespace)".into(),
+            None,
+        );
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let pass = gpuslice::ledger::Ledger::open_readonly(ledger)
+        .ok()
+        .and_then(|l| l.snapshot().node_ms);
+    match pass {
+        Some(ms) if now.saturating_sub(ms) <= NODE_PASS_FRESH_MS => (
+            format!(
+                "reconciled by the node (its last pass through the ledger {:.1} s ago)",
+                now.saturating_sub(ms) as f64 / 1000.0
+            ),
+            None,
+        ),
+        _ => (
+            "estimated, not reconciled".into(),
+            Some(
+                "driver memory is estimated, not reconciled: this environment has a PID namespace of \
+                 its own (NVML lists host PIDs, so a program cannot find its own figure) and no node \
+                 reconciliation (`gpuslice node reconcile`) has gone through the ledger in the last \
+                 30 s: memory the driver spends outside the calls gpuslice measures (code loaded at \
+                 a kernel's first launch, caches) is not charged (docs/MEMORY.md)"
+                    .into(),
+            ),
+        ),
+    }
+}
+
 pub fn doctor() -> Result<i32, String> {
     let mut problems: Vec<String> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -392,6 +439,9 @@ pub fn doctor() -> Result<i32, String> {
         device_dir_check(&dir, compute_configured, cfg.policy.is_some());
     problems.extend(device_problems);
     println!("  device ledgers: {} ({device_state})", dir.display());
+    let (driver_memory, estimated) = driver_memory_check(&cfg.ledger_path);
+    println!("  driver memory: {driver_memory}");
+    notes.extend(estimated);
     for m in &probe.messages {
         notes.push(format!("the library says: {m}"));
     }

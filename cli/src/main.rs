@@ -5,6 +5,7 @@
 mod compute;
 mod demo;
 mod doctor;
+mod node;
 mod observe;
 mod run;
 mod status;
@@ -58,6 +59,9 @@ enum Command {
     InstallLibrary(tenant::InstallArgs),
     /// Kubernetes device plugin: GPUs as slices, a tenant per allocation (root).
     DevicePlugin(tenant::DevicePluginArgs),
+    /// Node daemons: driver-memory reconciliation for tenants in containers (root, host PIDs).
+    #[command(subcommand)]
+    Node(node::NodeCommand),
     /// Print a completion script for SHELL (e.g. `gpuslice completions bash > /etc/bash_completion.d/gpuslice`).
     Completions {
         #[arg(value_enum)]
@@ -116,6 +120,7 @@ fn main() {
         Command::Cdi(c) => tenant::cdi(c),
         Command::InstallLibrary(a) => tenant::install(a),
         Command::DevicePlugin(a) => tenant::device_plugin(a),
+        Command::Node(c) => node::node(c),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -20,7 +20,7 @@ pub(crate) struct SourceArgs {
 }
 
 impl SourceArgs {
-    fn sources(self) -> Sources {
+    pub(crate) fn sources(self) -> Sources {
         Sources::new(self.state_dir, self.ledger_dir, self.device_dir)
     }
 }

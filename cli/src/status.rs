@@ -74,6 +74,10 @@ struct StatusDocument {
     also_allocated: Vec<AlsoAllocated>,
     /// Each device ledger's health (what may keep processes out of its arbitration).
     compute_health: Vec<compute::HealthRow>,
+    /// Processes using a GPU under no tenant, from the node's last report
+    /// (`<state>/reconcile/unmanaged` of `--state-dir`); `null`: no `--state-dir`, or no report
+    /// (no node reconciling).
+    unmanaged: Option<Vec<UnmanagedDocument>>,
 }
 
 #[derive(Serialize)]
@@ -90,6 +94,8 @@ struct MemoryDocument {
     ledger: String,
     devices: Vec<DeviceDocument>,
     processes: Vec<ProcessDocument>,
+    /// When a node's reconciliation last went through the ledger (unix ms).
+    node_reconciled_unix_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -115,6 +121,30 @@ struct ProcessDocument {
     allocations: Vec<ProcessUsage>,
     /// What the driver spent for it (contexts, module code, limits).
     overhead: Vec<ProcessUsage>,
+    /// How its driver memory is known: `own` (its own NVML figure), `node` (the node's word),
+    /// `estimated` (neither: not reconciled), `unknown` (nothing published yet).
+    driver_memory: &'static str,
+    /// The PID the driver lists it under, as the node found it.
+    host_pid: Option<u32>,
+}
+
+/// A process using a GPU under no tenant, as the node last reported it.
+#[derive(Serialize)]
+struct UnmanagedDocument {
+    uuid: String,
+    pid: u32,
+    /// `null`: NVML cannot say.
+    used: Option<u64>,
+    command: String,
+}
+
+fn driver_memory(how: u32) -> &'static str {
+    match how {
+        gpuslice::ledger::RECONCILED_OWN => "own",
+        gpuslice::ledger::RECONCILED_NODE => "node",
+        gpuslice::ledger::RECONCILED_ESTIMATED => "estimated",
+        _ => "unknown",
+    }
 }
 
 #[derive(Serialize)]
@@ -156,9 +186,12 @@ impl From<&Snapshot> for MemoryDocument {
                         used: usage(&p.used),
                         allocations: usage(&allocations(p)),
                         overhead: usage(&p.overhead),
+                        driver_memory: driver_memory(p.reconciled),
+                        host_pid: p.node.map(|(pid, _)| pid),
                     }
                 })
                 .collect(),
+            node_reconciled_unix_ms: s.node_ms,
         }
     }
 }
@@ -205,6 +238,21 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
             container: k.container,
         })
         .collect();
+    // The node's report of processes using a GPU under no tenant (with --state-dir).
+    let unmanaged = a
+        .state_dir
+        .as_deref()
+        .and_then(gpuslice_observe::procs::read_unmanaged)
+        .map(|(_, list)| {
+            list.into_iter()
+                .map(|u| UnmanagedDocument {
+                    uuid: u.uuid,
+                    pid: u.pid,
+                    used: u.used,
+                    command: u.command,
+                })
+                .collect::<Vec<_>>()
+        });
     for t in &twice {
         eprintln!(
             "gpuslice: GPU {} is also allocated through nvidia.com/gpu to {}/{} ({}): handed out twice",
@@ -222,6 +270,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
             compute_error: compute.as_ref().and_then(|c| c.as_ref().err()).cloned(),
             also_allocated: twice,
             compute_health: health,
+            unmanaged,
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         println!("{text}");
@@ -239,6 +288,20 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         }
         if compute.is_some() {
             print!("{}", compute::health_text(&health));
+        }
+        if let Some(list) = unmanaged.as_ref().filter(|l| !l.is_empty()) {
+            let mut text = String::from("GPU memory used under no tenant (unmanaged):\n");
+            for u in list {
+                let _ = writeln!(
+                    text,
+                    "  pid {:<10} {:<42} {:>12}  {}",
+                    u.pid,
+                    u.uuid,
+                    u.used.map_or_else(|| "?".into(), format_bytes),
+                    u.command
+                );
+            }
+            print!("{}", printable(&text));
         }
     }
     if shown {
@@ -315,6 +378,19 @@ fn table(s: &Snapshot) -> String {
         if p.used.is_empty() {
             let _ = writeln!(out, "  {:<12} (nothing charged){state}", p.pid);
         }
+    }
+    for p in s.processes.iter().filter(|p| p.alive) {
+        let how = match (p.reconciled, p.node) {
+            (gpuslice::ledger::RECONCILED_NODE, Some((host, _))) => {
+                format!("reconciled by the node (the driver lists it as PID {host})")
+            }
+            (gpuslice::ledger::RECONCILED_NODE, None) => "reconciled by the node".into(),
+            (gpuslice::ledger::RECONCILED_ESTIMATED, _) => {
+                "estimated, not reconciled (another PID namespace, and no node's word: run `gpuslice node reconcile` on the node)".into()
+            }
+            _ => continue,
+        };
+        let _ = writeln!(out, "driver memory of process {}: {how}", p.pid);
     }
     out
 }

@@ -7,6 +7,7 @@ pub mod files;
 pub mod nvml;
 pub mod plugin;
 pub mod policy;
+pub mod reconcile;
 pub mod tenant;
 
 /// The kubelet's gRPC APIs (node/proto, generated at build time).

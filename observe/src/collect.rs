@@ -131,6 +131,7 @@ impl Sources {
             devices,
             owners,
             also_allocated: read_conflicts(&self.state_dir.join("device-plugin/conflicts")),
+            unmanaged: crate::procs::read_unmanaged(&self.state_dir),
         }
     }
 }
@@ -253,6 +254,8 @@ pub struct Reading {
     pub owners: BTreeMap<String, Option<Kubernetes>>,
     /// GPUs also allocated through NVIDIA's resource, and to whom ([`read_conflicts`]).
     pub also_allocated: Vec<(String, Kubernetes)>,
+    /// The node's last report of processes using a GPU under no tenant (when, which).
+    pub unmanaged: Option<(u64, Vec<crate::procs::Unmanaged>)>,
 }
 
 impl Reading {

@@ -9,6 +9,7 @@ pub mod collect;
 pub mod exporter;
 pub mod gpus;
 pub mod metrics;
+pub mod procs;
 pub mod top;
 
 pub use collect::{Reading, Sources};

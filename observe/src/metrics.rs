@@ -269,5 +269,9 @@ pub fn encode(reading: &Reading, gpus: &mut GpuIndex) -> String {
     let mut out = Vec::new();
     // Encoding into a Vec fails only on invalid metric families, which the definitions above rule out.
     let _ = TextEncoder::new().encode(&f.registry().gather(), &mut out);
-    String::from_utf8(out).unwrap_or_default()
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let unmanaged = crate::procs::encode_unmanaged(reading.unmanaged.as_ref(), now, gpus);
+    String::from_utf8(out).unwrap_or_default() + &unmanaged
 }

@@ -57,6 +57,9 @@ impl Tenant {
         bytes: u64,
         what: &str,
     ) -> Result<Reservation<'_>, CUerror> {
+        if self.node_word_due() {
+            self.apply_node_word(device);
+        }
         // The common case inline: a device with a ledger slot, no node ceiling, room left.
         if let (Ok(slot), None, Some(Ok(ledger))) =
             (&device.slot, device.ceiling, self.ledger.get())

@@ -78,6 +78,15 @@ pub fn device_used(uuid: &str) -> Option<u64> {
     (total > 0).then(|| (total as u64).saturating_sub(free as u64))
 }
 
+/// The device's total memory as NVML reports it (`None` without NVML).
+pub fn device_total(uuid: &str) -> Option<u64> {
+    let device = nvml_device(uuid)?;
+    let mut m = nvmlMemory_t::default();
+    // SAFETY: `m` is a valid out-parameter of the v1 struct.
+    unsafe { nvml::nvmlDeviceGetMemoryInfo(device, &mut m) }.ok()?;
+    (m.total > 0).then_some(m.total)
+}
+
 /// The initial PID namespace's inode number (`PROC_PID_INIT_INO`, include/linux/proc_ns.h), which
 /// `/proc/self/ns/pid` names as `pid:[4026531836]` in the namespace the driver sees PIDs in.
 const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";

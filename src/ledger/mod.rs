@@ -34,7 +34,10 @@ use crate::slotfile::{self, io_err, sys, CreateOptions, ReadOnly, Writable};
 pub use shm::Layout;
 #[cfg(test)]
 use shm::TOTAL_SIZE;
-pub use shm::{LAYOUT_VERSION, MAX_DEVICES, MAX_SLOTS, UNLIMITED};
+pub use shm::{
+    LAYOUT_VERSION, MAX_DEVICES, MAX_SLOTS, NODE_NOT_LISTED, RECONCILED_ESTIMATED, RECONCILED_NODE,
+    RECONCILED_OWN, RECONCILED_UNKNOWN, UNLIMITED,
+};
 
 /// Why a ledger could not be opened (the slot file's errors). Each message names the path; the
 /// caller denies allocations.
@@ -209,6 +212,11 @@ pub struct ProcessSnapshot {
     /// `(device index, bytes)`: the part of `used` that is driver overhead (contexts, module code,
     /// limits); the rest is allocations.
     pub overhead: Vec<(usize, u64)>,
+    /// How the process knows its driver memory, as it published it (`RECONCILED_*`).
+    pub reconciled: u32,
+    /// The node's word for this process: the PID the driver lists it under and when the node
+    /// read it (unix ms).
+    pub node: Option<(u32, u64)>,
 }
 
 /// A read-only view for `gpuslice status`.
@@ -220,8 +228,19 @@ pub struct Snapshot {
     /// Limit for devices first seen later (`UNLIMITED` = none).
     pub default_limit: u64,
     pub reclaims: u64,
+    /// When a node's reconciliation last went through the ledger (unix ms).
+    pub node_ms: Option<u64>,
     pub devices: Vec<DeviceSnapshot>,
     pub processes: Vec<ProcessSnapshot>,
+}
+
+/// The slot whose liveness lock is the byte at `offset` of a ledger (as `/proc/<pid>/fdinfo`
+/// lists a process's locks), if it is one.
+pub fn slot_of_lock_offset(offset: u64) -> Option<usize> {
+    use crate::slotfile::SlotLayout;
+    let base = Layout::lock_offset(0);
+    let slot = usize::try_from(offset.checked_sub(base)?).ok()?;
+    (slot < MAX_SLOTS).then_some(slot)
 }
 
 /// The file behind a [`Ledger`]: shared and writable, or a private copy read once.
@@ -555,6 +574,81 @@ impl Ledger {
             if self.writable && dev < MAX_DEVICES {
                 self.layout().set_slot_overhead(s, dev, bytes);
             }
+        }
+    }
+
+    /// The node's word for this process on `dev`: (driver memory beyond its allocations, when the
+    /// node read it, unix ms). Untrusted (the tenant can write it): a hint.
+    pub fn node_word_for_me(&self, dev: usize) -> Option<(u64, u64)> {
+        match self.slot() {
+            Some(s) if dev < MAX_DEVICES && !self.fork_pending() => self
+                .layout()
+                .node_word(s, dev)
+                .filter(|&(figure, _, _)| figure != NODE_NOT_LISTED)
+                .map(|(figure, ms, _)| (figure, ms)),
+            _ => None,
+        }
+    }
+
+    /// When the node last wrote a word for this process (unix ms; 0: never): cheap enough for
+    /// the allocation path to notice a new one.
+    pub fn node_stamp_for_me(&self) -> u64 {
+        match self.slot() {
+            Some(s) => self.layout().slots[s]
+                .node_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+            None => 0,
+        }
+    }
+
+    /// Publishes how this process knows its driver memory (`RECONCILED_*`, for status).
+    pub fn set_reconciled_by_me(&self, how: u32) {
+        if let Some(s) = self.slot() {
+            if self.writable && self.layout().slot_reconciled(s) != how {
+                self.layout().set_slot_reconciled(s, how);
+            }
+        }
+    }
+
+    /// The node: a READY device's index by UUID, never adding one.
+    pub fn find_device(&self, uuid: &str) -> Option<usize> {
+        self.layout().find_device(&device_key(uuid)?)
+    }
+
+    /// The node: the claim number of `slot`'s holder and what the slot is charged on `dev`
+    /// (everything, and the part the holder published as driver overhead). `None`: a free slot.
+    pub fn slot_charges(&self, slot: usize, dev: usize) -> Option<(u64, u64, u64)> {
+        let l = self.layout();
+        if slot >= MAX_SLOTS || dev >= MAX_DEVICES || l.slot_state(slot) != shm::SLOT_ACTIVE {
+            return None;
+        }
+        Some((
+            l.slot_claims(slot),
+            l.slot_used(slot, dev),
+            l.slot_overhead(slot, dev),
+        ))
+    }
+
+    /// The node: publishes its word for the holder of claim `claim` of `slot` (see
+    /// `shm::Layout::publish_node_word`). Nothing on a read-only ledger or a free slot.
+    pub fn publish_node_word(
+        &self,
+        slot: usize,
+        claim: u64,
+        host_pid: u32,
+        overhead: &[u64; MAX_DEVICES],
+        now_ms: u64,
+    ) {
+        let l = self.layout();
+        if self.writable && slot < MAX_SLOTS && l.slot_state(slot) == shm::SLOT_ACTIVE {
+            l.publish_node_word(slot, claim, host_pid, overhead, now_ms);
+        }
+    }
+
+    /// The node: records that its reconciliation went through this ledger at `now_ms`.
+    pub fn publish_node_pass(&self, now_ms: u64) {
+        if self.writable {
+            self.layout().set_node_pass_ms(now_ms);
         }
     }
 
@@ -934,6 +1028,8 @@ impl Ledger {
                     .map(|d| (d, l.slot_overhead(i, d).min(l.slot_used(i, d))))
                     .filter(|&(_, n)| n > 0)
                     .collect(),
+                reconciled: l.slot_reconciled(i),
+                node: l.node_word(i, 0).map(|(_, ms, pid)| (pid, ms)),
             })
             .collect();
         Snapshot {
@@ -942,6 +1038,7 @@ impl Ledger {
             creator_pid: l.creator_pid(),
             default_limit: l.default_limit().0,
             reclaims: l.reclaims(),
+            node_ms: Some(l.node_pass_ms()).filter(|&ms| ms != 0),
             devices,
             processes,
         }

@@ -12,8 +12,9 @@ use crate::slotfile::{pack_text, unpack_text, Prefix, SlotLayout};
 
 /// First 8 bytes of every ledger.
 pub const MAGIC: [u8; 8] = *b"GPUSLICE";
-/// Layout version; bumped on any change of this file's structs (2: per-device `denied`; 3: per-slot `overhead`).
-pub const LAYOUT_VERSION: u32 = 3;
+/// Layout version; bumped on any change of this file's structs (2: per-device `denied`; 3: per-slot
+/// `overhead`; 4: the node's word per slot, `claims`, `reconciled`, the header's `node_ms`).
+pub const LAYOUT_VERSION: u32 = 4;
 /// Devices a ledger can track.
 pub const MAX_DEVICES: usize = 16;
 /// Processes that can share a ledger at once.
@@ -64,7 +65,10 @@ pub struct Header {
     /// last seen (CLOCK_MONOTONIC ns). Compute scheduling lets the tenant's ranks on other devices
     /// through their gates for one round (docs/COMPUTE.md). Zero in ledgers made before it: no wait.
     pub stall: [AtomicU64; 3],
-    pub _reserved: [AtomicU64; 8],
+    /// When a node's reconciliation (`gpuslice node reconcile`) last went through this ledger
+    /// (unix ms; 0: never). Written by the node, read by `gpuslice doctor` and `status`.
+    pub node_ms: AtomicU64,
+    pub _reserved: [AtomicU64; 7],
 }
 
 #[repr(C)]
@@ -89,7 +93,33 @@ pub struct Slot {
     /// The part of `used` that is driver overhead (contexts, module code, limits), as the holder
     /// last published it (informational: for `gpuslice status`; never released from).
     pub overhead: [AtomicU64; MAX_DEVICES],
+    /// Times this slot was claimed: each holder's own number, which the node's word names.
+    pub claims: AtomicU64,
+    /// How the holder knows its driver memory (`RECONCILED_*`), as it last published it.
+    pub reconciled: AtomicU32,
+    /// The PID the driver lists the holder under, as the node found it (0: not found).
+    pub node_pid: AtomicU32,
+    /// The claim (`claims`) the node's word below was read for; 0 while it is being written.
+    pub node_claim: AtomicU64,
+    /// When the node read it (unix ms).
+    pub node_ms: AtomicU64,
+    /// Per device: the driver memory the node found the holder using beyond its allocations (NVML's
+    /// per-process used memory, by host PID, less what the slot was charged for allocations when
+    /// it was read); `NODE_NOT_LISTED`: not listed there. Tenant-writable: a hint.
+    pub node_overhead: [AtomicU64; MAX_DEVICES],
 }
+
+/// `Slot::node_overhead` of a device the node did not find the process on.
+pub const NODE_NOT_LISTED: u64 = u64::MAX;
+
+/// `Slot::reconciled`: nothing published yet (no driver overhead measured).
+pub const RECONCILED_UNKNOWN: u32 = 0;
+/// From the process's own line in NVML's lists (it knows the PID the driver lists it under).
+pub const RECONCILED_OWN: u32 = 1;
+/// From the node's word (another PID namespace, a node reconciling).
+pub const RECONCILED_NODE: u32 = 2;
+/// Not reconciled: measured from the device's used memory, estimated where it cannot be.
+pub const RECONCILED_ESTIMATED: u32 = 3;
 
 /// The whole file.
 #[repr(C)]
@@ -444,7 +474,70 @@ impl Layout {
         for u in s.used.iter().chain(&s.overhead) {
             u.store(0, Ordering::Relaxed);
         }
+        s.reconciled.store(RECONCILED_UNKNOWN, Ordering::Relaxed);
+        s.node_claim.store(0, Ordering::Relaxed);
+        s.node_pid.store(0, Ordering::Relaxed);
+        s.claims.fetch_add(1, Ordering::AcqRel);
         true
+    }
+
+    // ---- the node's word (docs/MEMORY.md, "Reconciled by the node") ----
+
+    /// The claim number of the slot's current holder.
+    pub fn slot_claims(&self, slot: usize) -> u64 {
+        self.slots[slot].claims.load(Ordering::Acquire)
+    }
+
+    pub fn slot_reconciled(&self, slot: usize) -> u32 {
+        self.slots[slot].reconciled.load(Ordering::Relaxed)
+    }
+
+    pub fn set_slot_reconciled(&self, slot: usize, how: u32) {
+        self.slots[slot].reconciled.store(how, Ordering::Relaxed);
+    }
+
+    /// The node writes what it found for the holder of claim `claim` of `slot` (`overhead`, per
+    /// device, `NODE_NOT_LISTED` where not listed), read at `now_ms`, the driver listing it as
+    /// `host_pid`. The claim is cleared first and written last, so a reader that sees the same
+    /// claim before and after reading the figures read them whole.
+    pub fn publish_node_word(
+        &self,
+        slot: usize,
+        claim: u64,
+        host_pid: u32,
+        overhead: &[u64; MAX_DEVICES],
+        now_ms: u64,
+    ) {
+        let s = &self.slots[slot];
+        s.node_claim.store(0, Ordering::Release);
+        for (dst, v) in s.node_overhead.iter().zip(overhead) {
+            dst.store(*v, Ordering::Release);
+        }
+        s.node_ms.store(now_ms, Ordering::Release);
+        s.node_pid.store(host_pid, Ordering::Release);
+        s.node_claim.store(claim, Ordering::Release);
+    }
+
+    /// The node's word for the slot's current holder: (figure on `dev`, when read, host PID);
+    /// `None` when there is none for this claim, or it changed while read. Untrusted words.
+    pub fn node_word(&self, slot: usize, dev: usize) -> Option<(u64, u64, u32)> {
+        let s = &self.slots[slot];
+        let claim = s.claims.load(Ordering::Acquire);
+        if claim == 0 || s.node_claim.load(Ordering::Acquire) != claim {
+            return None;
+        }
+        let figure = s.node_overhead[dev].load(Ordering::Acquire);
+        let ms = s.node_ms.load(Ordering::Acquire);
+        let pid = s.node_pid.load(Ordering::Acquire);
+        (s.node_claim.load(Ordering::Acquire) == claim).then_some((figure, ms, pid))
+    }
+
+    pub fn node_pass_ms(&self) -> u64 {
+        self.header.node_ms.load(Ordering::Acquire)
+    }
+
+    pub fn set_node_pass_ms(&self, ms: u64) {
+        self.header.node_ms.store(ms, Ordering::Release);
     }
 
     pub fn slot_overhead(&self, slot: usize, dev: usize) -> u64 {
@@ -546,10 +639,10 @@ mod tests {
 
     #[test]
     fn layout_is_stable() {
-        // Offsets are part of the file format (LAYOUT_VERSION 3).
+        // Offsets are part of the file format (LAYOUT_VERSION 4).
         assert_eq!(HEADER_SIZE, 256);
         assert_eq!(size_of::<DeviceEntry>(), 104);
-        assert_eq!(size_of::<Slot>(), 16 + 2 * 8 * MAX_DEVICES);
+        assert_eq!(size_of::<Slot>(), 16 + 3 * 8 * MAX_DEVICES + 32);
         assert_eq!(DEVICE_TABLE_OFFSET, HEADER_SIZE);
         assert_eq!(SLOT_TABLE_OFFSET, HEADER_SIZE + MAX_DEVICES * 104);
         assert_eq!(

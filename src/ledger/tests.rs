@@ -452,8 +452,58 @@ fn snapshot_and_readonly() {
             alive: true,
             used: vec![(d, GIB)],
             overhead: vec![],
+            reconciled: RECONCILED_UNKNOWN,
+            node: None,
         }]
     );
+}
+
+/// The node's word reaches the process it was read for, and never the next holder of its slot.
+#[test]
+fn the_nodes_word_is_for_the_claim_it_was_read_for() {
+    let _serial = crate::slotfile::serial_test();
+    let path = ledger_path("node-word");
+    let a = Ledger::open(&path, &limited(GIB)).unwrap();
+    let d = a.device_index(UUID_A).unwrap();
+    a.try_reserve(d, MIB).unwrap();
+    let slot = a.slot().unwrap();
+    assert_eq!(
+        a.node_word_for_me(d),
+        None,
+        "nothing before the node writes"
+    );
+    let node = Ledger::open_existing(&path).unwrap();
+    assert_eq!(node.find_device(UUID_A), Some(d));
+    let (claim, used, _) = node.slot_charges(slot, d).unwrap();
+    assert_eq!(used, MIB);
+    let mut words = [NODE_NOT_LISTED; MAX_DEVICES];
+    words[d] = 7 * MIB;
+    node.publish_node_word(slot, claim, 4242, &words, 1234);
+    node.publish_node_pass(1235);
+    assert_eq!(a.node_word_for_me(d), Some((7 * MIB, 1234)));
+    assert_eq!(a.node_stamp_for_me(), 1234);
+    let s = Ledger::open_readonly(&path).unwrap().snapshot();
+    assert_eq!(s.node_ms, Some(1235));
+    assert_eq!(s.processes[0].node, Some((4242, 1234)));
+    // A word for an earlier claim of the slot is nobody's.
+    node.publish_node_word(slot, claim.wrapping_sub(1), 1, &words, 99);
+    assert_eq!(a.node_word_for_me(d), None);
+    node.publish_node_word(slot, claim, 4242, &words, 1300);
+    drop(a);
+    let b = Ledger::open(&path, &limited(GIB)).unwrap();
+    b.try_reserve(d, MIB).unwrap();
+    assert_eq!(b.slot(), Some(slot), "the slot is claimed again");
+    assert_eq!(
+        b.node_word_for_me(d),
+        None,
+        "the last holder's word is not the new one's"
+    );
+    assert!(node.slot_charges(slot, d).unwrap().0 > claim);
+    // A lock byte names its slot.
+    use crate::slotfile::SlotLayout;
+    assert_eq!(slot_of_lock_offset(Layout::lock_offset(slot)), Some(slot));
+    assert_eq!(slot_of_lock_offset(0), None);
+    assert_eq!(slot_of_lock_offset(Layout::lock_offset(MAX_SLOTS)), None);
 }
 
 #[test]

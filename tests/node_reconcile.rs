@@ -1,0 +1,504 @@
+//! Driver memory reconciled through the node (`gpuslice node reconcile`), and GPU memory used under
+//! no tenant reported (docs/MEMORY.md "Reconciled by the node", docs/OBSERVABILITY.md). Judged by
+//! simgpu's own counters: a process in a container (its own PID namespace and `/proc`) cannot find
+//! itself in NVML's lists (simgpu lists host PIDs, as a driver does), so only the node, which sees
+//! host PIDs, can tell it what the driver holds for it.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const QUOTA: u64 = GIB;
+/// The driver reserves device memory in 2 MiB pages: reconciled charges are exact to one.
+const GRANULE: u64 = 2 * MIB;
+/// simgpu's default context cost.
+const SIM_CONTEXT: u64 = 300 * MIB;
+/// The module the tenant loads (PTX text), and what simgpu makes it cost (`SIMGPU_MODULE_SCALE`):
+/// more than its image says, which a measurement from the device's used memory never charges.
+const MODULE_MIB: u64 = 20;
+const MODULE_SCALE: u64 = 3;
+
+const CLIENT: CBuild = CBuild {
+    name: "quota-overhead",
+    source: "quota_overhead.c",
+    include: "cu12",
+    link_cuda: true,
+};
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("node_reconcile-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    dir
+}
+
+/// A child killed (and reaped) when the test ends, however it ends.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The client as a process of `tenant` (quota 1 GiB, ledger and device directory in `dir`) in a
+/// container of its own, as a pod runs it: its namespace's init, with a PID namespace and its own
+/// `/proc` (`unshare --pid --fork --mount-proc`). The host's `/proc` is bind-mounted first where
+/// simgpu alone reads it (`SIMGPU_HOST_PROC`): a driver lists it under its host PID, which the
+/// process cannot read.
+fn client_in_container(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
+    let host_proc = dir.join(format!("hostproc-{tenant}"));
+    std::fs::create_dir_all(&host_proc).unwrap();
+    let program = compile(&CLIENT);
+    let mut cmd = sim.command("unshare");
+    cmd.args([
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        r#"mount --bind /proc "$SIMGPU_HOST_PROC" && mount -t proc proc /proc && exec "$0" "$@""#,
+    ])
+    .arg(program)
+    .args(args)
+    .env("LD_PRELOAD", libgpuslice())
+    .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+    .env("GPUSLICE_TENANT", tenant)
+    .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
+    .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+    .env("SIMGPU_GROUP", tenant)
+    .env("SIMGPU_HOST_PROC", &host_proc);
+    cmd
+}
+
+/// Whether another process holds the `flock` lock on `path` (a measurement lock).
+fn locked_by_another(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor this function owns; LOCK_NB never blocks.
+    let taken = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    !taken
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{what}: not within 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A simgpu group's (a tenant's or an outsider's) one process: (host PID, used on device 0).
+fn group_process(stat: &Json, group: &str) -> (u64, u64) {
+    let Json::Arr(procs) = stat.at("processes") else {
+        panic!("simgpu-stat: no processes in {stat}")
+    };
+    let p = procs
+        .iter()
+        .find(|p| p.at("group") == &Json::Str(group.to_string()))
+        .unwrap_or_else(|| panic!("no process of {group} in {stat}"));
+    (p.u64("pid"), p.u64("used.0"))
+}
+
+/// `gpuslice node reconcile` every 100 ms on `dir`'s ledgers.
+fn node(sim: &Sim, dir: &Path) -> Killed {
+    let child = sim
+        .command(gpuslice_bin())
+        .args(["node", "reconcile", "--interval-ms", "100", "--ledger-dir"])
+        .arg(dir)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--device-dir")
+        .arg(dir.join("devices"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start gpuslice node reconcile");
+    Killed(child)
+}
+
+/// What one run in a container shows.
+struct PodRun {
+    /// The pod process's charge in its ledger, and what simgpu says it uses.
+    charged: u64,
+    real: u64,
+    fill: u64,
+    /// `gpuslice status --json --ledger ...` then.
+    status: Json,
+    /// The host PIDs of the pod's process and of the outsider (a process outside gpuslice).
+    pod_pid: u64,
+    outsider: (u64, u64),
+    peak: u64,
+}
+
+/// A tenant process in a container creates its context (5 s) while a process outside gpuslice
+/// starts on the GPU (so the process cannot tell itself from the newcomer in NVML's list), loads a
+/// module simgpu makes cost 3x its image (measured from the device's used memory, it is charged at
+/// most what its image takes), then fills its quota; with or without the node reconciling.
+fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
+    let sim = Sim::new(tag)
+        .env("SIMGPU_MEMORY", "4GiB")
+        .env("SIMGPU_MODULE_SCALE", &MODULE_SCALE.to_string());
+    let _node = with_node.then(|| node(&sim, dir));
+    let module = MODULE_MIB.to_string();
+    let mut pod = client_in_container(&sim, dir, "pod", &["hold", &module, "8", "1024"]);
+    let mut pod = sim.spawn(pod.env("SIMGPU_CONTEXT_CREATE_US", "5000000"));
+    // Its context is being created (under the device's measurement lock): another process appears.
+    let devices = dir.join("devices");
+    wait_until("the pod's measurement", || {
+        std::fs::read_dir(&devices).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                e.path().extension().is_some_and(|x| x == "measure") && locked_by_another(&e.path())
+            })
+        })
+    });
+    let mut outsider = sim.command(compile(&CLIENT));
+    outsider
+        .args(["leave", "64", "wait"])
+        .env("SIMGPU_GROUP", "outsider");
+    let mut outsider = Killed(sim.spawn(&mut outsider));
+    wait_for_key(&mut outsider.0, "ready");
+    let measuring = std::fs::read_dir(&devices).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.path().extension().is_some_and(|x| x == "measure") && locked_by_another(&e.path())
+        })
+    });
+    assert!(
+        measuring,
+        "the outsider's context came after the pod's was measured (5 s): the machine is too \
+         loaded for this test's premise"
+    );
+    wait_for_key(&mut pod, "ready");
+    let ready_ms = unix_ms();
+    let ledger = dir.join("pod.ledger");
+    let snapshot = || {
+        gpuslice::ledger::Ledger::open_readonly(&ledger)
+            .expect("the pod's ledger")
+            .snapshot()
+    };
+    if with_node {
+        // A word the node read after the module was loaded.
+        wait_until("the node's word", || {
+            snapshot()
+                .processes
+                .iter()
+                .any(|p| p.node.is_some_and(|(_, ms)| ms > ready_ms))
+        });
+    }
+    pod.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let fill: u64 = wait_for_key(&mut pod, "fill_bytes")["fill_bytes"]
+        .parse()
+        .unwrap();
+    let stat = sim.stat();
+    let (pod_pid, real) = group_process(&stat, "pod");
+    let outsider_seen = group_process(&stat, "outsider");
+    let s = snapshot();
+    assert_eq!(s.processes.len(), 1, "{s:?}");
+    let charged = s.processes[0].used.iter().map(|(_, b)| b).sum();
+    let mut cmd = Command::new(gpuslice_bin());
+    cmd.args(["status", "--json", "--ledger"])
+        .arg(&ledger)
+        .env("GPUSLICE_DEVICE_DIR", &devices);
+    let run = sim.run_cmd(&mut cmd);
+    run.assert_success();
+    let status = Json::parse(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()));
+    let peak = group(&sim.stat(), "pod").u64("peak.0");
+    finish(pod, "pod").assert_success();
+    PodRun {
+        charged,
+        real,
+        fill,
+        status,
+        pod_pid,
+        outsider: outsider_seen,
+        peak,
+    }
+}
+
+/// A process in a container whose driver memory grows beyond what any measurement can see (code the
+/// driver makes larger than its image, measured from the device's used memory while another
+/// process started beside it) is charged what simgpu says it uses, to a granule, once the node
+/// reconciles; without the node the two differ, and `gpuslice status` says so.
+#[test]
+fn driver_memory_of_a_process_in_a_container_is_reconciled_through_the_node() {
+    let spent = SIM_CONTEXT + MODULE_SCALE * MODULE_MIB * MIB;
+    let image = MODULE_MIB * MIB;
+
+    // Without the node: the module is charged its image, and nothing corrects it.
+    let dir = scratch("without");
+    let alone = pod_run("reconcile-without", false, &dir);
+    assert_eq!(alone.real, spent + alone.fill, "simgpu's figure");
+    assert!(
+        alone.real - alone.charged > GRANULE,
+        "without the node, the charge ({}) misses what the driver spent beyond the image ({} in \
+         all): the test shows nothing otherwise",
+        alone.charged,
+        alone.real
+    );
+    assert!(
+        alone.charged.abs_diff(SIM_CONTEXT + image + alone.fill) <= GRANULE,
+        "charged {}: the context and the module's image",
+        alone.charged
+    );
+    let p = &alone.status.arr("memory.processes")[0];
+    assert_eq!(p.str("driver_memory"), "estimated", "{}", alone.status);
+
+    // With the node: the charge is what simgpu says the process uses.
+    let dir = scratch("with");
+    let run = pod_run("reconcile-with", true, &dir);
+    assert_eq!(run.real, spent + run.fill, "simgpu's figure");
+    assert!(
+        run.charged.abs_diff(run.real) <= GRANULE,
+        "with the node, charged {} and simgpu's {} agree to a granule: {}",
+        run.charged,
+        run.real,
+        run.status
+    );
+    assert!(
+        run.fill + spent <= QUOTA && run.fill + spent + GRANULE >= QUOTA,
+        "the quota filled, never passed: {} beside {spent}",
+        run.fill
+    );
+    assert!(run.peak <= QUOTA, "simgpu's peak {} for the pod", run.peak);
+    let p = &run.status.arr("memory.processes")[0];
+    assert_eq!(p.str("driver_memory"), "node", "{}", run.status);
+    assert_eq!(p.u64("host_pid"), run.pod_pid, "{}", run.status);
+    // The process outside gpuslice was reported as unmanaged, the pod's not.
+    let (_, list) = gpuslice_observe_report(&dir.join("state"));
+    assert!(
+        list.iter()
+            .any(|(pid, used)| *pid == run.outsider.0 && *used == run.outsider.1),
+        "the outsider {:?} in {list:?}",
+        run.outsider
+    );
+    assert!(!list.iter().any(|(pid, _)| *pid == run.pod_pid), "{list:?}");
+}
+
+/// The node's report (`<state>/reconcile/unmanaged`): when, and (pid, bytes) lines.
+fn gpuslice_observe_report(state: &Path) -> (u64, Vec<(u64, u64)>) {
+    let text = std::fs::read_to_string(state.join("reconcile/unmanaged")).expect("the report");
+    let mut lines = text.lines();
+    let when = lines
+        .next()
+        .and_then(|l| l.strip_prefix("# "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("report: {text}"));
+    let list = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f[1].parse().unwrap(), f[2].parse().unwrap_or(0))
+        })
+        .collect();
+    (when, list)
+}
+
+/// GET /metrics from `addr` (HTTP/1.0).
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    raw.split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string())
+}
+
+/// A process using simgpu without gpuslice, beside a tenant's, is shown by `gpuslice status` and
+/// exported as unmanaged memory; the tenant's is not.
+#[test]
+fn a_process_using_the_gpu_without_gpuslice_is_reported_unmanaged() {
+    let dir = scratch("unmanaged");
+    let sim = Sim::new("reconcile-unmanaged").env("SIMGPU_MEMORY", "4GiB");
+    let mut tenant = sim.command(compile(&CLIENT));
+    tenant
+        .args(["hold"])
+        .env("LD_PRELOAD", libgpuslice())
+        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+        .env("GPUSLICE_TENANT", "t")
+        .env("GPUSLICE_LEDGER", dir.join("t.ledger"))
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+        .env("SIMGPU_GROUP", "t");
+    let mut tenant = Killed(sim.spawn(&mut tenant));
+    wait_for_key(&mut tenant.0, "ready");
+    let mut outsider = sim.command(compile(&CLIENT));
+    outsider
+        .args(["leave", "64", "wait"])
+        .env("SIMGPU_GROUP", "outsider");
+    let mut outsider = Killed(sim.spawn(&mut outsider));
+    wait_for_key(&mut outsider.0, "ready");
+    let stat = sim.stat();
+    let (outsider_pid, outsider_used) = group_process(&stat, "outsider");
+    let (tenant_pid, _) = group_process(&stat, "t");
+    let state = dir.join("state");
+    let status = || {
+        let run = sim.run_cmd(
+            Command::new(gpuslice_bin())
+                .args(["status", "--json", "--compute", "--state-dir"])
+                .arg(&state),
+        );
+        Json::parse(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()))
+    };
+    assert_eq!(
+        status().at("unmanaged"),
+        &Json::Null,
+        "no report before the node ran"
+    );
+    let _node = node(&sim, &dir);
+    wait_until("the node's report", || {
+        state.join("reconcile/unmanaged").exists()
+    });
+    let doc = status();
+    let list = doc.arr("unmanaged");
+    assert_eq!(list.len(), 1, "{doc}");
+    assert_eq!(list[0].u64("pid"), outsider_pid, "{doc}");
+    assert_eq!(list[0].u64("used"), outsider_used, "{doc}");
+    assert_ne!(list[0].u64("pid"), tenant_pid);
+    // The table says it too.
+    let run = sim.run_cmd(
+        Command::new(gpuslice_bin())
+            .args(["status", "--compute", "--state-dir"])
+            .arg(&state),
+    );
+    assert!(
+        run.stdout.contains("under no tenant")
+            && run.stdout.contains(&format!("pid {outsider_pid}")),
+        "{}",
+        run.report()
+    );
+    // The exporter exports it.
+    let mut exporter = sim
+        .command(gpuslice_bin())
+        .args(["exporter", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(&state)
+        .arg("--ledger-dir")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start gpuslice exporter");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(exporter.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let exporter = Killed(exporter);
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("exporter printed {line:?}"))
+        .to_string();
+    let text = scrape(&addr);
+    let series = text
+        .lines()
+        .find(|l| l.starts_with("gpuslice_unmanaged_memory_bytes{"))
+        .unwrap_or_else(|| panic!("no unmanaged memory exported:\n{text}"));
+    assert!(
+        series.contains(&format!("pid=\"{outsider_pid}\""))
+            && series.contains("gpu=\"0\"")
+            && series.ends_with(&format!(" {outsider_used}")),
+        "{series}"
+    );
+    assert!(
+        !text.contains(&format!("pid=\"{tenant_pid}\"")),
+        "the tenant's process is not unmanaged:\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gpuslice_unmanaged_processes{") && l.ends_with(" 1")),
+        "{text}"
+    );
+    drop(exporter);
+}
+
+/// `gpuslice doctor` says how a program started in its environment knows its driver memory: from
+/// its own NVML figure in the host's PID namespace; in a container (its own PID namespace and
+/// `/proc`), estimated and not reconciled until a node's pass went through the tenant's ledger, then
+/// reconciled by the node.
+#[test]
+fn doctor_says_whether_driver_memory_is_reconciled() {
+    let dir = scratch("doctor");
+    let sim = Sim::new("reconcile-doctor").env("SIMGPU_MEMORY", "4GiB");
+    let ledger = dir.join("d.ledger");
+    // A tenant process makes the ledger (and holds a slot the node reconciles).
+    let mut tenant = sim.command(compile(&CLIENT));
+    tenant
+        .args(["hold"])
+        .env("LD_PRELOAD", libgpuslice())
+        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+        .env("GPUSLICE_LEDGER", &ledger)
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"));
+    let mut tenant = Killed(sim.spawn(&mut tenant));
+    wait_for_key(&mut tenant.0, "ready");
+    let doctor = |container: bool| {
+        let mut cmd = if container {
+            let mut c = sim.command("unshare");
+            c.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+                .arg(gpuslice_bin());
+            c
+        } else {
+            sim.command(gpuslice_bin())
+        };
+        cmd.arg("doctor")
+            .env("LD_PRELOAD", libgpuslice())
+            .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+            .env("GPUSLICE_LEDGER", &ledger)
+            .env("GPUSLICE_DEVICE_DIR", dir.join("devices"));
+        let run = sim.run_cmd(&mut cmd);
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("driver memory:"))
+            .unwrap_or_else(|| panic!("no driver memory line\n{}", run.report()))
+            .to_string();
+        (line, run)
+    };
+    let (line, run) = doctor(false);
+    assert!(line.contains("own NVML figure"), "{}", run.report());
+    let (line, run) = doctor(true);
+    assert!(
+        line.contains("estimated, not reconciled"),
+        "{}",
+        run.report()
+    );
+    assert!(
+        run.stdout
+            .contains("note: driver memory is estimated, not reconciled"),
+        "{}",
+        run.report()
+    );
+    let once = sim.run_cmd(
+        sim.command(gpuslice_bin())
+            .args(["node", "reconcile", "--once", "--ledger-dir"])
+            .arg(&dir)
+            .arg("--state-dir")
+            .arg(dir.join("state")),
+    );
+    once.assert_success();
+    let (line, run) = doctor(true);
+    assert!(line.contains("reconciled by the node"), "{}", run.report());
+}
