@@ -195,15 +195,24 @@ mod tests {
     fn keys_tell_default_streams_apart() {
         assert_eq!(stream_key(0, false), StreamKey::Legacy);
         assert_eq!(stream_key(STREAM_LEGACY, true), StreamKey::Legacy);
-        assert_eq!(stream_key(0x7f00_1000, false), StreamKey::Handle(0x7f00_1000));
-        assert_eq!(stream_key(0x7f00_1000, true), StreamKey::Handle(0x7f00_1000));
+        assert_eq!(
+            stream_key(0x7f00_1000, false),
+            StreamKey::Handle(0x7f00_1000)
+        );
+        assert_eq!(
+            stream_key(0x7f00_1000, true),
+            StreamKey::Handle(0x7f00_1000)
+        );
         let here = stream_key(0, true);
         assert!(matches!(here, StreamKey::Thread(_)));
         assert_eq!(stream_key(STREAM_PER_THREAD, false), here);
         let there = std::thread::spawn(|| stream_key(STREAM_PER_THREAD, false))
             .join()
             .unwrap();
-        assert_ne!(here, there, "each thread's per-thread default stream is its own");
+        assert_ne!(
+            here, there,
+            "each thread's per-thread default stream is its own"
+        );
     }
 
     #[test]

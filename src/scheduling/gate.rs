@@ -489,9 +489,12 @@ impl Sched {
         loop {
             let (t, teardowns) = {
                 let mut f = self.inflight.lock();
-                let Pick::Wait(i) =
-                    flow::pick(f.iter().map(Tracked::flow_key), &(key, ctx), q, flow::TOTAL_DEPTH)
-                else {
+                let Pick::Wait(i) = flow::pick(
+                    f.iter().map(Tracked::flow_key),
+                    &(key, ctx),
+                    q,
+                    flow::TOTAL_DEPTH,
+                ) else {
                     return Flow::Tracked;
                 };
                 let Some(t) = f.remove(i) else {
