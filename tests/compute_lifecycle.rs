@@ -387,6 +387,115 @@ fn idle_high_scenario(failures: &mut Vec<String>) {
     failures.push(last);
 }
 
+/// Flow control never hangs a program: a host function on the stream waits for a flag its own
+/// thread sets only after 40 more launches behind it (as a kernel spinning on a host flag would).
+/// Without gpuslice the launches queue and the program finishes; under contention the gate keeps
+/// `Q` launches in flight per stream, and a wait for the oldest that completes nothing while the
+/// tenant owns the device ends in letting one launch through (docs/COMPUTE.md, "Flow control").
+/// An unbounded wait (`cuEventSynchronize`) hung here.
+fn hostflag_scenario(failures: &mut Vec<String>) {
+    const OTHER_MS: u64 = 8_000;
+    let scene = Scene::new("lifecycle", "hostflag");
+    let start = start_in(300);
+    let share = [("GPUSLICE_COMPUTE_SHARE", "50")];
+    let other = scene.client(
+        "other",
+        true,
+        &share,
+        &[s("spin"), s(start), s(OTHER_MS), s(200)],
+    );
+    // Under contention from the start: the other tenant launches for a second first.
+    std::thread::sleep(Duration::from_millis(1_300));
+    let t0 = Instant::now();
+    // Half a second of synchronised launches first: the client is gated by then (a process's first
+    // launches may pass before its scheduler thread has seen the neighbour want the device).
+    let flag = scene.client(
+        "flag",
+        true,
+        &share,
+        &[s("hostflag"), s(200), s(40), s(500)],
+    );
+    // Then 40 launches at one per bound (10 ms of owned time) beside a tenant of equal share: under a
+    // second of owned time, a few seconds on a loaded machine.
+    let deadline = t0 + Duration::from_millis(5_500);
+    if let Some(run) = expect_success(flag, "hostflag client", deadline, failures) {
+        println!(
+            "lifecycle: hostflag: 40 launches behind a host function waiting for them finished in {} ms under contention",
+            t0.elapsed().as_millis()
+        );
+        if run.get("done") != "1" {
+            failures.push(format!("hostflag: no done=1\n{}", run.report()));
+        }
+    }
+    let _ = expect_success(
+        other,
+        "hostflag's neighbour",
+        Instant::now() + Duration::from_millis(OTHER_MS + 10_000),
+        failures,
+    );
+}
+
+/// A long kernel on one stream does not hold up another stream of the process: a tenant loops
+/// 20 ms kernels on one stream (two queued) and 50 us kernels on another (four queued) beside an
+/// idle neighbour (one 50 us kernel every 100 ms), and keeps at least `bound` of the rate of 50 us
+/// kernels of the same program without gpuslice, run at the same moment on a device of its own.
+/// Twice: as is (95%: beside an idle neighbour the launches take the fast path), and with a cap
+/// of 99% (40%: a capped tenant's launches always take the slow path, flow control included,
+/// whose driver calls cost simgpu's host about 20 us each, and the cap hands the device over now
+/// and then; about 65% here, where one queue for all streams, the 50 us launches waiting behind
+/// the 20 ms kernels, kept it below 1%).
+fn sidestream_scenario(failures: &mut Vec<String>) {
+    for (cap, bound) in [(None, 0.95), (Some("99"), 0.40)] {
+        sidestream_run(cap, bound, failures);
+    }
+}
+
+fn sidestream_run(cap: Option<&str>, bound: f64, failures: &mut Vec<String>) {
+    const MS: u64 = 3_000;
+    let what = if cap.is_some() {
+        "sidestream-cap"
+    } else {
+        "sidestream"
+    };
+    let scene = Scene::new("lifecycle", what);
+    let control = Scene::new("lifecycle", &format!("{what}-control"));
+    let start = start_in(500);
+    let mut share = vec![("GPUSLICE_COMPUTE_SHARE", "50")];
+    let neighbour_share = share.clone();
+    share.extend(cap.map(|c| ("GPUSLICE_COMPUTE_LIMIT", c)));
+    let neighbour_args = [s("request"), s(start), s(MS), s(100), s(1), s(50)];
+    let side_args = [s("sidestream"), s(start), s(MS), s(20_000), s(50)];
+    let neighbour = scene.client("neighbour", true, &neighbour_share, &neighbour_args);
+    let side = scene.client("side", true, &share, &side_args);
+    let c_neighbour = control.client("neighbour", false, &[], &neighbour_args);
+    let c_side = control.client("side", false, &[], &side_args);
+    let deadline = Instant::now() + Duration::from_millis(MS + 15_000);
+    let run = expect_success(side, "sidestream tenant", deadline, failures);
+    let c_run = expect_success(c_side, "sidestream control", deadline, failures);
+    let _ = expect_success(neighbour, "idle neighbour", deadline, failures);
+    let _ = expect_success(c_neighbour, "idle neighbour (control)", deadline, failures);
+    let (Some(run), Some(c_run)) = (run, c_run) else {
+        return;
+    };
+    let n = |r: &Run| r.get("short_launches").parse::<f64>().unwrap_or(0.0);
+    let ratio = n(&run) / n(&c_run).max(1.0);
+    println!(
+        "lifecycle: {what}: {} 50 us launches beside a 20 ms kernel loop, {} without gpuslice ({:.1}%, bound {:.0}%)",
+        n(&run),
+        n(&c_run),
+        ratio * 100.0,
+        bound * 100.0
+    );
+    if ratio < bound {
+        failures.push(format!(
+            "{what}: {:.1}% of the 50 us launch rate without gpuslice, bound {:.0}%\n{}",
+            ratio * 100.0,
+            bound * 100.0,
+            run.report()
+        ));
+    }
+}
+
 /// Driver calls one client made, by name, from simgpu's trace of it.
 fn calls(trace: &std::path::Path) -> std::collections::HashMap<String, u64> {
     let mut m = std::collections::HashMap::new();
@@ -491,8 +600,8 @@ fn idle_neighbour_scenario(failures: &mut Vec<String>) {
 
 #[test]
 fn compute_lifecycle_on_simgpu() {
-    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour (a comma list) runs only those, for
-    // development.
+    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream (a comma list) runs
+    // only those, for development.
     let only = std::env::var("COMPUTE_SCENARIOS").ok();
     let wanted = |name: &str| {
         only.as_deref()
@@ -515,6 +624,12 @@ fn compute_lifecycle_on_simgpu() {
     }
     if wanted("neighbour") {
         idle_neighbour_scenario(&mut failures);
+    }
+    if wanted("hostflag") {
+        hostflag_scenario(&mut failures);
+    }
+    if wanted("sidestream") {
+        sidestream_scenario(&mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

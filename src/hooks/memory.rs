@@ -17,6 +17,7 @@ use gpuslice_api::types::{
     CU_MEM_LOCATION_TYPE_DEVICE,
 };
 use gpuslice_api::{CUerror, CUresult};
+use parking_lot::ReentrantMutexGuard;
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -270,19 +271,22 @@ fn alloc_from_pool(
         Some(Some(ordinal)) if ordinal != device.ordinal => t.device(ordinal).unwrap_or(device),
         _ => device,
     };
-    let _serial = t.pool_serial();
+    let mut serial = t.pool_serial();
     // The pool may grow by the whole request: reserve it before the driver is asked (a block the
     // pool reuses is given back right after). Near the quota, memory the pool holds for blocks
     // already freed on this stream is released first -- the stream is synchronised so that those
-    // frees have run, and the pool trimmed to what is in use -- rather than refusing.
+    // frees have run, and the pool trimmed to what is in use -- rather than refusing. The
+    // synchronisations run without the pool bookkeeping's lock (the process's other stream-ordered
+    // allocations must not wait for this stream): what they decide is read again after them.
     let reservation = t.reserve_or_make_room(device, bytes, "cuMemAllocAsync", || {
         if t.pool_untrusted(pool) {
             // Its figures cannot say what trimming would release: trimmed to nothing once every
             // enqueued free has run, it holds only its outstanding blocks.
-            if sync().is_err() {
-                return false;
-            }
-            let Some(waited) = wait_for_pending_frees(t, pool) else {
+            let waited = ReentrantMutexGuard::unlocked(&mut serial, || {
+                sync().ok()?;
+                wait_for_pending_frees(t, pool)
+            });
+            let Some(waited) = waited else {
                 return false;
             };
             // SAFETY: `pool` is the caller's pool handle, valid for this call.
@@ -293,9 +297,11 @@ fn alloc_from_pool(
         else {
             return false;
         };
-        if held <= used || sync().is_err() {
+        if held <= used || ReentrantMutexGuard::unlocked(&mut serial, &sync).is_err() {
             return false;
         }
+        // Trimming to `used` as read before the synchronisation is safe if another allocation
+        // grew the pool since: the driver never releases memory a block holds.
         // SAFETY: `pool` is the caller's pool handle, valid for this call.
         let _ = unsafe { driver::real::cuMemPoolTrimTo(pool as CUmemoryPool, used as usize) };
         let now = driver::pool_reserved(pool);
@@ -312,7 +318,7 @@ fn alloc_from_pool(
         // The pool grew by more than the request (allocation granularity) and the quota has no room
         // for the rest: give the block back, shrink the pool, refuse.
         if t.uncharge(block, || free(block)).is_ok() {
-            let _ = sync();
+            let _ = ReentrantMutexGuard::unlocked(&mut serial, &sync);
         }
         // Trimming releases only memory no block holds: to 0 when the driver cannot say what is used.
         let used = driver::pool_used(pool).unwrap_or(0);

@@ -6,7 +6,9 @@
 use super::arbiter::DRAIN_LIMIT_NS;
 use super::cu;
 use super::device::now_ns;
+use super::flow::{self, Next, OwnedClock, StreamKey};
 use super::gate::Sched;
+use super::runtime;
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::VecDeque;
@@ -15,6 +17,11 @@ use std::time::Duration;
 
 /// How often an empty event pair is recorded to re-measure the per-launch event overhead.
 const CALIBRATION_NS: u64 = 250_000_000;
+/// Pauses between two queries of the launch a flow-control wait waits for: from the first to the
+/// last, doubling (the queue holds about 1 ms of work when a launch waits: a late look leaves the
+/// device busy with the rest).
+const FLOW_POLL_FIRST_NS: u64 = 2_000;
+const FLOW_POLL_MAX_NS: u64 = 200_000;
 
 /// One of our events, and the context it belongs to.
 pub(super) struct Pending {
@@ -33,8 +40,9 @@ pub(super) struct Pending {
 pub(super) struct Tracked {
     start: Option<Pending>,
     end: Pending,
-    /// The stream the events were recorded on (a chained start is found by it).
-    stream: usize,
+    /// The stream the events were recorded on (a chained start is found by it; flow control counts
+    /// launches per stream by it): the per-thread default stream is the launching thread's.
+    key: StreamKey,
     calibration: bool,
     /// `end` is also the next launch's `start`: not recycled with this one.
     end_shared: bool,
@@ -42,6 +50,23 @@ pub(super) struct Tracked {
     /// stream the device stamps that event at once and the kernel only when it is launched: a
     /// thread preempted in between would be charged its wait as device time.
     start_gap_ns: u64,
+}
+
+impl Tracked {
+    /// Flow control's key: the stream, and the context (the default streams are one per context).
+    pub(super) fn flow_key(&self) -> (StreamKey, usize) {
+        (self.key, self.end.ctx)
+    }
+}
+
+/// How a flow-control wait ended.
+pub(super) enum Waited {
+    /// The launch waited for completed (accounted).
+    Completed,
+    /// It completed nothing for the bound while we owned the device: the new launch goes through.
+    Pass,
+    /// We do not own the device (or it is no longer contended): the new launch goes back to the gate.
+    Regrant,
 }
 
 /// What a query of one of our events says.
@@ -77,7 +102,7 @@ impl Sched {
         let mut recorded_at = [0u64; 4];
         if !high {
             for ((start, at), &s) in starts.iter_mut().zip(&mut recorded_at).zip(streams) {
-                *start = self.chain(s, ctx);
+                *start = self.chain(flow::stream_key(s as usize, per_thread), ctx);
                 if start.is_none() {
                     *start = self.record(s, ctx, per_thread);
                     *at = now_ns();
@@ -96,7 +121,7 @@ impl Sched {
                 Some(end) => self.inflight.lock().push_back(Tracked {
                     start,
                     end,
-                    stream: s as usize,
+                    key: flow::stream_key(s as usize, per_thread),
                     calibration: false,
                     end_shared: false,
                     start_gap_ns: if at == 0 {
@@ -121,12 +146,12 @@ impl Sched {
     /// The start of a launch on `stream` when the previous launch there is still running: that
     /// launch's end event, which the new launch then owns. `None` when there is none (the device
     /// may be idle between the two: a start event of its own measures the launch alone).
-    fn chain(&self, stream: CUstream, ctx: CUcontext) -> Option<Pending> {
+    fn chain(&self, key: StreamKey, ctx: CUcontext) -> Option<Pending> {
         let mut f = self.inflight.lock();
         let prev = f
             .iter_mut()
             .rev()
-            .find(|t| t.stream == stream as usize && t.end.ctx == ctx as usize)?;
+            .find(|t| t.key == key && t.end.ctx == ctx as usize)?;
         if prev.end_shared || !matches!(query(&prev.end), State::Running) {
             return None;
         }
@@ -215,7 +240,7 @@ impl Sched {
             Some(end) => self.inflight.lock().push_back(Tracked {
                 start: Some(start),
                 end,
-                stream: stream as usize,
+                key: flow::stream_key(stream as usize, per_thread),
                 calibration: true,
                 end_shared: false,
                 start_gap_ns: 0,
@@ -224,23 +249,59 @@ impl Sched {
         }
     }
 
-    /// Waits for a tracked launch taken off the queue by flow control (when [`Sched::teardowns`]
-    /// read `teardowns`), and accounts it.
-    pub(super) fn wait_completed(&self, t: Tracked, teardowns: u64) {
-        // SAFETY: an event we created and recorded.
-        let gone = unsafe { cu::cuEventSynchronize(t.end.event as CUevent) }.is_err();
-        if !t.calibration {
-            // With the queue full the device runs our work back to back: the interval between two
-            // completions seen here is one launch's work.
-            let now = now_ns();
-            let prev = self.last_completion_ns.swap(now, AcqRel);
-            let gap = now.saturating_sub(prev);
-            if prev != 0 && gap < 200_000_000 {
-                let old = self.launch_ns.load(Relaxed);
-                self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
+    /// Waits for a tracked launch `t` taken off the queue by flow control (when [`Sched::teardowns`]
+    /// read `teardowns`), and accounts it when it completes. Bounded (`flow`): past
+    /// [`flow::WaitBound::limit_ns`] of owned time without `t` completing, or as long without
+    /// owning the device, `t` goes back to the queue's front and the wait ends without it.
+    pub(super) fn wait_bounded(&self, t: Tracked, teardowns: u64) -> Waited {
+        let limit = self.wait_bound.lock().limit_ns();
+        let mut clock = OwnedClock::start(now_ns());
+        let mut pause = FLOW_POLL_FIRST_NS;
+        loop {
+            let state = query(&t.end);
+            if !matches!(state, State::Running) {
+                if !t.calibration {
+                    self.wait_bound.lock().completed_after(clock.owned_ns());
+                    // With the queue full the device runs our work back to back: the interval
+                    // between two completions seen here is one launch's work.
+                    let now = now_ns();
+                    let prev = self.last_completion_ns.swap(now, AcqRel);
+                    let gap = now.saturating_sub(prev);
+                    if prev != 0 && gap < 200_000_000 {
+                        let old = self.launch_ns.load(Relaxed);
+                        self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
+                    }
+                }
+                self.completed_launch(t, matches!(state, State::Gone), teardowns);
+                return Waited::Completed;
             }
+            let next = if !self.contended() || runtime::stopped() {
+                Next::Regrant
+            } else {
+                clock.step(now_ns(), self.owns_now(), limit)
+            };
+            if next != Next::Wait {
+                if next == Next::Pass {
+                    crate::log::debug(format_args!(
+                        "compute: device {}: a launch passes flow control: the launch it waited for completed nothing in {} ms of ownership",
+                        self.ordinal,
+                        clock.owned_ns() / 1_000_000
+                    ));
+                }
+                let mut f = self.inflight.lock();
+                // Unless its context was let go of meanwhile (its events may be someone else's).
+                if self.teardowns.load(Acquire) == teardowns {
+                    f.push_front(t);
+                }
+                return if next == Next::Pass {
+                    Waited::Pass
+                } else {
+                    Waited::Regrant
+                };
+            }
+            std::thread::sleep(Duration::from_nanos(pause));
+            pause = (pause * 2).min(FLOW_POLL_MAX_NS);
         }
-        self.completed_launch(t, gone, teardowns);
     }
 
     /// Adds a completed launch's device time to what the next charge takes (or, for an empty pair,

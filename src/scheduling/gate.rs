@@ -6,7 +6,8 @@ use super::arbiter::{self, Choice, GRACE_NS, SLICE_NS};
 use super::cu::{self, RelaxedCapture};
 use super::demand::DemandState;
 use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
-use super::events::{Pending, Tracked};
+use super::events::{Pending, Tracked, Waited};
+use super::flow::{self, Pick, StreamKey, WaitBound};
 use super::{incident, runtime, Holder, Incident, TenantId};
 use gpuslice_api::types::{CUcontext, CUstream};
 use gpuslice_api::CUresult;
@@ -74,8 +75,11 @@ pub struct Sched {
     pub(super) last_completion_ns: AtomicU64,
     /// When one of our tracked launches last completed (any path): our work makes progress.
     pub(super) progress_ns: AtomicU64,
-    /// Event pairs in flight: around a launch, or empty (`Tracked::calibration`).
+    /// Event pairs in flight: around a launch, or empty (`Tracked::calibration`), oldest first, of
+    /// every stream (flow control counts them per stream, `flow`).
     pub(super) inflight: Mutex<VecDeque<Tracked>>,
+    /// How long a flow-control wait may last (`flow::WaitBound`).
+    pub(super) wait_bound: Mutex<WaitBound>,
     /// Device time of our launches completed during the current ownership (ns), not charged yet.
     pub(super) measured_ns: AtomicU64,
     /// Device time of launches that completed after we handed the device over (ns), not charged yet.
@@ -138,6 +142,7 @@ impl Sched {
             last_completion_ns: AtomicU64::new(0),
             progress_ns: AtomicU64::new(0),
             inflight: Mutex::new(VecDeque::new()),
+            wait_bound: Mutex::new(WaitBound::default()),
             measured_ns: AtomicU64::new(0),
             carried_ns: AtomicU64::new(0),
             event_overhead_ns: AtomicU64::new(0),
@@ -192,6 +197,9 @@ impl Sched {
         if streams.iter().any(|&s| cu::capturing(s, per_thread)) {
             return launch();
         }
+        let key = streams.first().map_or(StreamKey::Legacy, |&s| {
+            flow::stream_key(s as usize, per_thread)
+        });
         let mut waited_from = 0;
         loop {
             if !self.contended() || runtime::stopped() {
@@ -199,13 +207,21 @@ impl Sched {
             }
             if self.owns_now() {
                 // Before counting as launching: a drain does not wait for our queue to shrink.
-                self.flow_control();
+                let tracked = match self.flow_control(key, ctx as usize) {
+                    Flow::Regrant => continue,
+                    Flow::Tracked => true,
+                    Flow::Untracked => false,
+                };
                 self.launching.fetch_add(1, SeqCst);
                 if !self.owns_now() {
                     self.launching.fetch_sub(1, SeqCst);
                     continue;
                 }
-                let r = self.launch_tracked(streams, ctx, per_thread, launch);
+                let r = if tracked {
+                    self.launch_tracked(streams, ctx, per_thread, launch)
+                } else {
+                    launch()
+                };
                 self.last_submit_ns.store(now_ns(), Release);
                 self.launching.fetch_sub(1, SeqCst);
                 if waited_from != 0 {
@@ -461,26 +477,58 @@ impl Sched {
         futex_wake(&h.epoch);
     }
 
-    /// Keeps at most `Q` launches in flight: waits for the oldest.
-    fn flow_control(&self) {
+    /// Keeps at most `Q` launches in flight on the launch's stream `key` (of context `ctx`), and
+    /// [`flow::TOTAL_DEPTH`] over all streams of the process: waits for the oldest of the stream
+    /// (`flow::pick`), each wait bounded (`Sched::wait_bounded`).
+    fn flow_control(&self, key: StreamKey, ctx: usize) -> Flow {
         let q = if self.beside_high.load(Relaxed) && !self.high.load(Relaxed) {
             arbiter::QUEUE_DEPTH_BESIDE_HIGH
         } else {
             arbiter::queue_depth(self.launch_ns.load(Relaxed))
         };
         loop {
-            let oldest = {
+            let (t, teardowns) = {
                 let mut f = self.inflight.lock();
-                if f.len() < q {
-                    return;
-                }
-                f.pop_front().map(|t| (t, self.teardowns.load(Acquire)))
+                let Pick::Wait(i) = flow::pick(
+                    f.iter().map(Tracked::flow_key),
+                    &(key, ctx),
+                    q,
+                    flow::TOTAL_DEPTH,
+                ) else {
+                    return Flow::Tracked;
+                };
+                let Some(t) = f.remove(i) else {
+                    return Flow::Tracked;
+                };
+                (t, self.teardowns.load(Acquire))
             };
-            if let Some((p, teardowns)) = oldest {
-                self.flow_waiting.fetch_add(1, SeqCst);
-                self.wait_completed(p, teardowns);
-                self.flow_waiting.fetch_sub(1, SeqCst);
+            self.flow_waiting.fetch_add(1, SeqCst);
+            let waited = self.wait_bounded(t, teardowns);
+            self.flow_waiting.fetch_sub(1, SeqCst);
+            match waited {
+                Waited::Completed => {}
+                // Our work made no progress for the bound while we owned the device: it may wait
+                // for something this very thread does later. This launch goes through, as it
+                // would without us; the next one waits again.
+                Waited::Pass => {
+                    return if self.inflight.lock().len() < flow::HARD_DEPTH {
+                        Flow::Tracked
+                    } else {
+                        Flow::Untracked
+                    };
+                }
+                Waited::Regrant => return Flow::Regrant,
             }
         }
     }
+}
+
+/// What flow control lets a launch do.
+enum Flow {
+    /// Go through, between events of ours.
+    Tracked,
+    /// Go through untracked (past the bound with [`flow::HARD_DEPTH`] launches tracked).
+    Untracked,
+    /// Back to the gate: we do not own the device (or it is no longer contended).
+    Regrant,
 }

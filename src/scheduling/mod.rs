@@ -16,6 +16,7 @@ mod cu;
 pub mod demand;
 pub mod device;
 mod events;
+mod flow;
 mod gate;
 #[cfg(test)]
 mod hostile_tests;

@@ -37,10 +37,12 @@
  *   idle START_NS MS                   one kernel (joins the device); at START_NS ten 50 us kernels,
  *                                      then nothing until MS after START_NS (a registered tenant
  *                                      without work)
- *   hostflag US LATER                  a host function on the stream waits for a flag this thread
- *                                      sets only after LATER more spin launches of US behind it on
- *                                      the same stream (as a kernel spinning on a host flag would);
- *                                      then synchronises. Prints done=1 (never, if a launch hangs)
+ *   hostflag US LATER [WARM_MS]        (after WARM_MS, default 0, of spin launches of US, each
+ *                                      synchronised) a host function on the stream waits for a flag
+ *                                      this thread sets only after LATER more spin launches of US
+ *                                      behind it on the same stream (as a kernel spinning on a host
+ *                                      flag would); then synchronises. Prints done=1 (never, if a
+ *                                      launch hangs)
  *   sidestream START_NS MS LONG_US US  one stream loops LONG_US kernels (two queued), another
  *                                      launches US kernels (DEPTH 4 queued) for MS ms; prints
  *                                      short_launches=
@@ -510,8 +512,13 @@ static void CUDA_CB wait_flag(void *arg) {
         usleep(100);
 }
 
-static int mode_hostflag(uint64_t us, int later) {
+static int mode_hostflag(uint64_t us, int later, uint64_t warm_ms) {
     setup();
+    uint64_t warm_end = now_ns(CLOCK_MONOTONIC) + warm_ms * 1000000ull;
+    while (now_ns(CLOCK_MONOTONIC) < warm_end) {
+        CHECK(launch(us));
+        CHECK(cuStreamSynchronize(stream));
+    }
     CHECK(cuLaunchHostFunc(stream, wait_flag, NULL));
     for (int i = 0; i < later; i++)
         CHECK(launch(us));
@@ -587,8 +594,9 @@ int main(int argc, char **argv) {
                          strtoull(argv[4], NULL, 10), argv[5]);
     if (strcmp(m, "idle") == 0 && argc == 4)
         return mode_idle(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
-    if (strcmp(m, "hostflag") == 0 && argc == 4)
-        return mode_hostflag(strtoull(argv[2], NULL, 10), atoi(argv[3]));
+    if (strcmp(m, "hostflag") == 0 && (argc == 4 || argc == 5))
+        return mode_hostflag(strtoull(argv[2], NULL, 10), atoi(argv[3]),
+                             argc == 5 ? strtoull(argv[4], NULL, 10) : 0);
     if (strcmp(m, "sidestream") == 0 && argc == 6)
         return mode_sidestream(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                                strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
