@@ -309,3 +309,66 @@ except nv.NVMLError_NotFound:
     assert_eq!(run.get("i1_gi"), "2", "{report}");
     assert_eq!(run.get("i2"), "not_found", "{report}");
 }
+
+/// The exporter names a tenant's quota on a MIG instance by the instance's `MIG-` UUID, with its
+/// GPU's NVML index as the `gpu` label (as dcgm-exporter labels MIG devices), and `gpuslice status`
+/// shows the instance by its UUID.
+#[test]
+fn the_exporter_and_status_show_the_instance() {
+    use std::io::{BufRead, Read};
+    let sim = sim("mig-exporter");
+    let limit = format!("{INSTANCE1}=2GiB");
+    // The tenant's ledger in the machine's ledger directory (the Sim's private one).
+    let mut cmd = sim.command(venv_python());
+    cmd.env("LD_PRELOAD", libgpuslice())
+        .arg(client_source("mig_views.py"))
+        .args(["64", "4096"])
+        .env("CUDA_VISIBLE_DEVICES", INSTANCE1)
+        .env("GPUSLICE_MEMORY_LIMIT", &limit)
+        .env("GPUSLICE_TENANT", "x");
+    run_command(&mut cmd).assert_success();
+
+    let status = run_command(
+        sim.command(gpuslice_bin())
+            .args(["status", "--tenant", "x"])
+            .env("GPUSLICE_TENANT", "x"),
+    );
+    status.assert_success();
+    assert!(status.stdout.contains(INSTANCE1), "{}", status.report());
+
+    let mut child = sim
+        .command(gpuslice_bin())
+        .args(["exporter", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(sim.dir.join("node"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("start gpuslice exporter");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("exporter printed {line:?}"))
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let found = body.lines().find(|l| {
+        l.starts_with("gpuslice_memory_limit_bytes{")
+            && l.contains(&format!("UUID=\"{INSTANCE1}\""))
+            && l.contains("tenant=\"x\"")
+    });
+    let found = found.unwrap_or_else(|| panic!("no limit series of the instance:\n{body}"));
+    assert!(found.contains("gpu=\"0\""), "{found}");
+    assert!(found.ends_with(" 2147483648"), "{found}");
+}
