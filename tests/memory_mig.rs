@@ -186,6 +186,8 @@ fn a_limit_keyed_by_a_mig_uuid_is_enforced_and_shown_on_the_instance() {
             near(get("alloc_v2_used"), SIM_CONTEXT + GIB),
             "{deploy:?}: {report}"
         );
+        // The instance's process list names the instance (simgpu: GPU instance 2 for instance 1).
+        assert_eq!(run.get("alloc_procs_v3_gi"), "2", "{deploy:?}: {report}");
         let stat = sim.stat();
         assert!(
             group_peak(&stat, "m", 1) <= 2 * GIB,

@@ -119,6 +119,8 @@ pub mod nvml {
         fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut gpuslice_api::nvml::nvmlDevice_t);
         fn nvmlDeviceGetMemoryInfo(device: gpuslice_api::nvml::nvmlDevice_t, memory: *mut gpuslice_api::nvml::nvmlMemory_t);
         fn nvmlDeviceGetComputeRunningProcesses_v3(device: gpuslice_api::nvml::nvmlDevice_t, count: *mut c_uint, infos: *mut gpuslice_api::nvml::nvmlProcessInfo_t);
+        fn nvmlDeviceGetGpuInstanceId(device: gpuslice_api::nvml::nvmlDevice_t, id: *mut c_uint);
+        fn nvmlDeviceGetComputeInstanceId(device: gpuslice_api::nvml::nvmlDevice_t, id: *mut c_uint);
     }
 }
 

@@ -45,6 +45,9 @@ def nvml_views(step, handle):
         lines.append(f"{step}_{name}_count={len(procs)}")
         lines.append(f"{step}_{name}_used={sum(p.usedGpuMemory for p in procs)}")
         lines.append(f"{step}_{name}_pids={','.join(str(p.pid) for p in procs)}")
+        if name == "procs_v3":
+            gis = ",".join(str(p.gpuInstanceId) for p in procs)
+            lines.append(f"{step}_{name}_gi={gis}")
     print("\n".join(lines), flush=True)
 
 
