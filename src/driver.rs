@@ -17,6 +17,7 @@ include!(concat!(env!("OUT_DIR"), "/hook_table.rs"));
 
 pub mod calls;
 pub mod measure;
+pub mod mig;
 
 /// Which real library holds a function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -41,7 +41,8 @@ pub(crate) struct SetArgs {
     /// New memory limit (SIZE or `unlimited`); applies to the tenant's next allocation.
     #[arg(long, value_name = "SIZE")]
     memory: Option<String>,
-    /// Only this device: a GPU UUID, or an index in the ledger (memory) / a GPU UUID (compute).
+    /// Only this device: a GPU (or MIG) UUID, or an index in the ledger (memory) / a GPU (or MIG)
+    /// UUID (compute).
     #[arg(long, value_name = "GPU-UUID|INDEX")]
     device: Option<String>,
     /// Compute share under contention, percent.
@@ -462,10 +463,11 @@ fn set_memory(ledger: &LedgerArgs, memory: &str, device: Option<&str>) -> Result
     let snap = ledger.snapshot();
     let targets: Vec<usize> = match device {
         None => snap.devices.iter().map(|d| d.index).collect(),
-        Some(key) if key.starts_with("GPU-") => {
+        // A GPU's UUID, or a MIG instance's (`MIG-…`, as the ledger keys it).
+        Some(key) if key.starts_with("GPU-") || key.starts_with("MIG-") => {
             vec![ledger
                 .device_index(key)
-                .ok_or_else(|| format!("--device {key}: not a GPU UUID"))?]
+                .ok_or_else(|| format!("--device {key}: not a GPU or MIG UUID"))?]
         }
         Some(key) => {
             let i: usize = key

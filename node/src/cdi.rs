@@ -327,7 +327,8 @@ pub struct NvidiaSpec {
 
 impl NvidiaSpec {
     /// The CDI device naming a GPU: by UUID if the spec has it, else by NVML index.
-    pub fn device_for(&self, uuid: &str, index: u32) -> Option<String> {
+    /// `index` as [`crate::nvml::Gpu::index_name`] gives it (`0`, or `0:1` for a MIG device).
+    pub fn device_for(&self, uuid: &str, index: &str) -> Option<String> {
         if self.names.contains(uuid) {
             return Some(format!("{NVIDIA_KIND}={uuid}"));
         }
@@ -425,16 +426,16 @@ mod nvidia_tests {
             names: nvidia_device_names(json, true).unwrap(),
         };
         assert_eq!(
-            spec.device_for("GPU-9", 3).as_deref(),
+            spec.device_for("GPU-9", "3").as_deref(),
             Some("nvidia.com/gpu=GPU-9")
         );
-        assert_eq!(spec.device_for("GPU-8", 3), None);
+        assert_eq!(spec.device_for("GPU-8", "3"), None);
         let by_index = NvidiaSpec {
             path: "x".into(),
             names: nvidia_device_names(yaml, false).unwrap(),
         };
         assert_eq!(
-            by_index.device_for("GPU-7", 0).as_deref(),
+            by_index.device_for("GPU-7", "0").as_deref(),
             Some("nvidia.com/gpu=0")
         );
         // Another vendor's spec, or ours, is not NVIDIA's.

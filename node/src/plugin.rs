@@ -648,7 +648,7 @@ impl Plugin {
         let mut map = HashMap::new();
         if let Some(s) = &spec {
             for o in &self.gpus {
-                match s.device_for(&o.gpu.uuid, o.gpu.index) {
+                match s.device_for(&o.gpu.uuid, &o.gpu.index_name()) {
                     Some(d) => {
                         map.insert(o.gpu.uuid.clone(), d);
                     }
@@ -983,7 +983,7 @@ fn conflicts_of(
     for (id, who) in nvidia {
         if let Some(o) = gpus
             .iter()
-            .find(|o| o.gpu.uuid == *id || o.gpu.index.to_string() == *id)
+            .find(|o| o.gpu.uuid == *id || o.gpu.index_name() == *id)
         {
             out.entry(o.gpu.uuid.clone()).or_default().push(who.clone());
         }
@@ -1132,10 +1132,7 @@ fn select_gpus(all: Vec<Gpu>, own: &[String]) -> Result<Vec<Gpu>, String> {
         return Ok(all);
     }
     for w in own {
-        if !all
-            .iter()
-            .any(|g| g.uuid == *w || g.index.to_string() == *w)
-        {
+        if !all.iter().any(|g| g.uuid == *w || g.index_name() == *w) {
             return Err(format!(
                 "--gpus {w}: no such GPU on this node (NVML reports {})",
                 all.iter()
@@ -1147,10 +1144,7 @@ fn select_gpus(all: Vec<Gpu>, own: &[String]) -> Result<Vec<Gpu>, String> {
     }
     Ok(all
         .into_iter()
-        .filter(|g| {
-            own.iter()
-                .any(|w| g.uuid == *w || g.index.to_string() == *w)
-        })
+        .filter(|g| own.iter().any(|w| g.uuid == *w || g.index_name() == *w))
         .collect())
 }
 
@@ -1478,6 +1472,7 @@ mod tests {
         let gpu = |index: u32, uuid: &str| Offered {
             gpu: Gpu {
                 index,
+                mig: None,
                 uuid: uuid.into(),
                 name: "sim".into(),
                 memory: 16 << 30,

@@ -90,7 +90,7 @@ fn check_name(name: &str) -> Result<(), String> {
 pub fn resolve_gpus<'a>(wanted: &[String], gpus: &'a [Gpu]) -> Result<Vec<&'a Gpu>, String> {
     let known = || {
         gpus.iter()
-            .map(|g| format!("{} {}", g.index, g.uuid))
+            .map(|g| format!("{} {}", g.index_name(), g.uuid))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -102,11 +102,10 @@ pub fn resolve_gpus<'a>(wanted: &[String], gpus: &'a [Gpu]) -> Result<Vec<&'a Gp
     }
     let mut out: Vec<&Gpu> = Vec::new();
     for w in wanted {
-        let found = match w.trim().parse::<u32>() {
-            Ok(i) => gpus.iter().find(|g| g.index == i),
-            Err(_) => {
-                gpuslice::config::canonical_uuid(w).and_then(|u| gpus.iter().find(|g| g.uuid == u))
-            }
+        // An NVML index (`0`, or `0:1` for MIG device 1 of GPU 0), or a `GPU-`/`MIG-` UUID.
+        let found = match gpuslice::config::canonical_uuid(w) {
+            Some(u) => gpus.iter().find(|g| g.uuid == u),
+            None => gpus.iter().find(|g| g.index_name() == w.trim()),
         };
         let g = found.ok_or_else(|| {
             format!(
@@ -591,7 +590,7 @@ pub fn create_with(
             return Err(format!(
                 "--memory {}: larger than GPU {} {} ({})",
                 gpuslice::config::format_bytes(req.memory),
-                g.index,
+                g.index_name(),
                 g.uuid,
                 gpuslice::config::format_bytes(g.memory)
             ));

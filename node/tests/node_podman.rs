@@ -219,7 +219,7 @@ fn podman_runs_a_client_within_its_tenant_quota() {
     // The device plugin finds this spec and names the GPU's device as the container below gets it.
     let nvidia_device = gpuslice_node::cdi::find_nvidia(std::slice::from_ref(&scene.cdi))
         .expect("the stand-in is found as NVIDIA's spec")
-        .device_for(&uuid, 0)
+        .device_for(&uuid, "0")
         .expect("named by UUID");
     assert_eq!(nvidia_device, format!("nvidia.com/gpu={uuid}"));
     let gid = std::os::unix::fs::MetadataExt::gid(

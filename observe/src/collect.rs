@@ -167,7 +167,8 @@ pub fn read_conflicts(path: &Path) -> Vec<(String, Kubernetes)> {
                 pod: it.next()?.to_string(),
                 container: it.next()?.to_string(),
             };
-            uuid.starts_with("GPU-").then_some((uuid, k))
+            // A GPU's UUID, or a MIG instance's.
+            (uuid.starts_with("GPU-") || uuid.starts_with("MIG-")).then_some((uuid, k))
         })
         .collect()
 }

@@ -1,6 +1,8 @@
 //! GPU indices as NVML numbers them (the `gpu` label of dcgm-exporter and of `nvidia-smi`), by UUID.
 //! The ledgers know GPUs only by UUID; NVML (`libnvidia-ml.so.1`, loaded at run time) tells the
-//! index. Without NVML the map is empty and series carry `gpu=""` (join on `UUID`).
+//! index. Without NVML the map is empty and series carry `gpu=""` (join on `UUID`). A MIG device
+//! (`MIG-<uuid>`, nvml.h's MIG device handles) carries its GPU's index, as dcgm-exporter's `gpu`
+//! label does for MIG devices.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -43,6 +45,27 @@ fn query() -> Option<HashMap<String, u32>> {
         let shutdown = lib
             .get::<unsafe extern "C" fn() -> NvmlReturn>(b"nvmlShutdown\0")
             .ok()?;
+        // nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t, unsigned*) and
+        // nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t, unsigned, nvmlDevice_t*): optional.
+        let mig_count = lib
+            .get::<unsafe extern "C" fn(NvmlDevice, *mut c_uint) -> NvmlReturn>(
+                b"nvmlDeviceGetMaxMigDeviceCount\0",
+            )
+            .ok();
+        let mig_by_index = lib
+            .get::<unsafe extern "C" fn(NvmlDevice, c_uint, *mut NvmlDevice) -> NvmlReturn>(
+                b"nvmlDeviceGetMigDeviceHandleByIndex\0",
+            )
+            .ok();
+        let text_of = |dev: NvmlDevice| -> Option<String> {
+            let mut buf = [0 as c_char; UUID_BUFFER];
+            if uuid(dev, buf.as_mut_ptr(), UUID_BUFFER as c_uint) != 0 {
+                return None;
+            }
+            // The buffer is NUL-terminated by NVML; the last byte is kept 0 regardless.
+            buf[UUID_BUFFER - 1] = 0;
+            Some(CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned())
+        };
         if init() != 0 {
             return None;
         }
@@ -51,14 +74,24 @@ fn query() -> Option<HashMap<String, u32>> {
         if count(&mut n) == 0 {
             for i in 0..n.min(64) {
                 let mut dev: NvmlDevice = std::ptr::null_mut();
-                let mut buf = [0 as c_char; UUID_BUFFER];
-                if by_index(i, &mut dev) == 0
-                    && uuid(dev, buf.as_mut_ptr(), UUID_BUFFER as c_uint) == 0
-                {
-                    // The buffer is NUL-terminated by NVML; the last byte is kept 0 regardless.
-                    buf[UUID_BUFFER - 1] = 0;
-                    let text = CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
+                if by_index(i, &mut dev) != 0 {
+                    continue;
+                }
+                if let Some(text) = text_of(dev) {
                     out.insert(text, i);
+                }
+                let mut max: c_uint = 0;
+                if let (Some(count), Some(mig)) = (&mig_count, &mig_by_index) {
+                    if count(dev, &mut max) == 0 {
+                        for m in 0..max.min(64) {
+                            let mut instance: NvmlDevice = std::ptr::null_mut();
+                            if mig(dev, m, &mut instance) == 0 {
+                                if let Some(text) = text_of(instance) {
+                                    out.insert(text, i);
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -72,14 +72,16 @@ pub mod nvml {
     pub use crate::driver::real;
 }
 
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` for a CUDA device ordinal.
+/// The identity of a CUDA device ordinal, as NVML, `nvidia-smi -L` and `CUDA_VISIBLE_DEVICES` spell
+/// it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, or `MIG-…` for a MIG instance (whose UUID
+/// `cuDeviceGetUuid_v2` returns in MIG mode: [`super::mig`]).
 pub fn device_uuid(ordinal: CUdevice) -> Result<String, CUerror> {
     let mut uuid = CUuuid::default();
     // SAFETY: `uuid` is a valid out-parameter.
     let r = unsafe { real::cuDeviceGetUuid_v2(&mut uuid, ordinal) };
     // SAFETY: as above; the legacy entry point for drivers that predate _v2.
     r.or_else(|_| unsafe { real::cuDeviceGetUuid(&mut uuid, ordinal) })?;
-    Ok(format_uuid(&uuid.bytes))
+    Ok(super::mig::device_key(&uuid.bytes))
 }
 
 pub fn format_uuid(b: &[u8; 16]) -> String {

@@ -54,6 +54,20 @@ fn nvml_device(uuid: &str) -> Option<nvmlDevice_t> {
     Some(device)
 }
 
+/// Whether NVML knows the device whose UUID's `GPU-` form is `gpu_form` as a MIG instance only
+/// (`nvmlDeviceGetHandleByUUID` takes "the UUID of the target GPU or MIG instance": a GPU's UUID
+/// never names an instance, nor the reverse). `None` when NVML is not there to ask.
+pub fn known_as_mig_instance(gpu_form: &str) -> Option<bool> {
+    if !nvml_ready() {
+        return None;
+    }
+    if nvml_device(gpu_form).is_some() {
+        return Some(false);
+    }
+    let mig = format!("MIG-{}", gpu_form.get(4..)?);
+    Some(nvml_device(&mig).is_some())
+}
+
 fn lookup_handle(uuid: &str) -> Option<nvmlDevice_t> {
     let uuid = CString::new(uuid).ok()?;
     let mut device: nvmlDevice_t = std::ptr::null_mut();

@@ -148,13 +148,30 @@ fn tenant_processes(device: nvmlDevice_t) -> Option<Vec<TenantProcess>> {
     t.processes_by_uuid(&device_uuid(device)?)
 }
 
+/// The GPU and compute instance ids of a MIG device handle (nvml.h `nvmlDeviceGetGpuInstanceId`,
+/// `nvmlDeviceGetComputeInstanceId`), which the process lists of a MIG device carry; `u32::MAX`
+/// each (NVML's "no instance") for a GPU's handle, where the driver refuses them.
+fn instance_ids(device: nvmlDevice_t) -> (u32, u32) {
+    let (mut gi, mut ci): (c_uint, c_uint) = (0, 0);
+    // SAFETY: valid out-parameters; the handle is the caller's, validated by the driver.
+    let ok = unsafe {
+        nvml_real::nvmlDeviceGetGpuInstanceId(device, &mut gi).is_ok()
+            && nvml_real::nvmlDeviceGetComputeInstanceId(device, &mut ci).is_ok()
+    };
+    if ok {
+        (gi, ci)
+    } else {
+        (u32::MAX, u32::MAX)
+    }
+}
+
 /// Both process-info structs.
 trait ProcessEntry: Copy + Default {
-    fn new(pid: u32, used: u64) -> Self;
+    fn new(pid: u32, used: u64, instance: (u32, u32)) -> Self;
     fn pid(&self) -> u32;
 }
 impl ProcessEntry for nvmlProcessInfo_v1_t {
-    fn new(pid: u32, used: u64) -> Self {
+    fn new(pid: u32, used: u64, _instance: (u32, u32)) -> Self {
         nvmlProcessInfo_v1_t {
             pid,
             usedGpuMemory: used,
@@ -165,12 +182,12 @@ impl ProcessEntry for nvmlProcessInfo_v1_t {
     }
 }
 impl ProcessEntry for nvmlProcessInfo_t {
-    fn new(pid: u32, used: u64) -> Self {
+    fn new(pid: u32, used: u64, (gi, ci): (u32, u32)) -> Self {
         nvmlProcessInfo_t {
             pid,
             usedGpuMemory: used,
-            gpuInstanceId: u32::MAX,
-            computeInstanceId: u32::MAX,
+            gpuInstanceId: gi,
+            computeInstanceId: ci,
         }
     }
     fn pid(&self) -> u32 {
@@ -213,7 +230,12 @@ fn processes<P: ProcessEntry>(
     };
     let shown = shown_list(list, &mine, P::pid, read_all)?;
     count.set(entry_count(&shown));
-    write_entries(infos, room, shown.iter().map(|p| P::new(p.pid, p.used)))
+    let instance = instance_ids(device);
+    write_entries(
+        infos,
+        room,
+        shown.iter().map(|p| P::new(p.pid, p.used, instance)),
+    )
 }
 
 /// `nvmlDeviceGetRunningProcessDetailList`: the tenant's own processes of the list's mode, as
@@ -258,11 +280,12 @@ fn process_detail_list(
     let room = request.numProcArrayEntries;
     request.numProcArrayEntries = entry_count(&shown);
     plist.set(request);
+    let (gi, ci) = instance_ids(device);
     let entries = shown.iter().map(|p| nvmlProcessDetail_v1_t {
         pid: p.pid,
         usedGpuMemory: p.used,
-        gpuInstanceId: u32::MAX,
-        computeInstanceId: u32::MAX,
+        gpuInstanceId: gi,
+        computeInstanceId: ci,
         usedGpuCcProtectedMemory: driver
             .iter()
             .find(|e| e.pid == p.pid)

@@ -52,6 +52,10 @@ pub struct Config {
     /// `nvmlDeviceGetConfComputeProtectedMemoryUsage` (all device memory is protected memory); off,
     /// `NVML_ERROR_NOT_SUPPORTED`. Read by the process asking NVML.
     pub conf_compute: bool,
+    /// `SIMGPU_MIG` (*file*): GPUs in MIG mode, each with the memory of its MIG instances, in
+    /// instance order: `0:10GiB,20GiB` (GPU 0 with two instances), `;` between GPUs. See
+    /// [`crate::mig`].
+    pub mig: Vec<(u32, Vec<u64>)>,
 }
 
 /// Most devices a state file holds.
@@ -76,6 +80,7 @@ impl Default for Config {
             graphics_clients: false,
             accounting_mode: false,
             conf_compute: false,
+            mig: Vec::new(),
         }
     }
 }
@@ -213,6 +218,12 @@ impl Config {
         };
         c.accounting_mode = switch("SIMGPU_ACCOUNTING_MODE", c.accounting_mode);
         c.conf_compute = switch("SIMGPU_CONF_COMPUTE", c.conf_compute);
+        let mig = std::cell::RefCell::new(Vec::new());
+        get("SIMGPU_MIG", &|v| {
+            *mig.borrow_mut() = crate::mig::parse(v, devices.get(), memory.get())?;
+            Some(())
+        });
+        c.mig = mig.into_inner();
         c.devices = devices.get();
         c.memory = memory.get();
         c.driver_version = driver.get();

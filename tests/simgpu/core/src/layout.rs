@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// "SIMGPU" + layout generation; published last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPUst");
 /// Bumped whenever this layout changes.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 pub const MAX_DEVICES: usize = crate::config::MAX_DEVICES as usize;
 pub const MAX_PROCESSES: usize = 256;
 pub const MAX_GROUPS: usize = 64;
@@ -223,6 +223,20 @@ pub struct State {
     pub barriers: [Barrier; MAX_BARRIERS],
     pub slots: [Slot; MAX_PROCESSES],
     pub groups: [Group; MAX_GROUPS],
+    pub topology: Topology,
+}
+
+/// Which GPU each device is, or is a MIG instance of (`crate::mig`). All zero in a file whose
+/// creator knew no MIG: `gpus` 0 reads as one GPU per device.
+#[repr(C)]
+pub struct Topology {
+    pub gpus: AtomicU32,
+    pub _pad: AtomicU32,
+    /// Each GPU's memory (a GPU in MIG mode: all of it, its instances' and the rest).
+    pub gpu_memory: [AtomicU64; MAX_DEVICES],
+    /// Per device: its GPU, and its MIG instance index + 1 (0: the whole GPU).
+    pub device_gpu: [AtomicU32; MAX_DEVICES],
+    pub device_instance: [AtomicU32; MAX_DEVICES],
 }
 
 pub const STATE_SIZE: usize = std::mem::size_of::<State>();

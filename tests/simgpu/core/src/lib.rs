@@ -7,11 +7,13 @@
 
 mod config;
 mod layout;
+pub mod mig;
 mod shared;
 mod sys;
 
 pub use config::{config, parse_size, Config, MAX_DEVICES};
 pub use layout::{MAX_GROUPS, MAX_PROCESSES};
+pub use mig::MAX_INSTANCES;
 pub use shared::{
     snapshot, AccountingRecord, DeviceSnapshot, DeviceTurn, GroupUsage, KernelRun, ProcessUsage,
     Shared, Snapshot, Submission, Work, UTILIZATION_WINDOW_NS,
@@ -22,9 +24,10 @@ pub use sys::realtime_ns;
 use std::io::Write as _;
 use std::sync::OnceLock;
 
-/// A simulated physical device.
+/// A simulated device as CUDA sees it: a whole GPU, or a MIG instance of one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// Its index in the state file (simgpu's "physical" device).
     pub ordinal: u32,
     pub name: String,
     pub uuid: [u8; 16],
@@ -33,6 +36,40 @@ pub struct DeviceInfo {
     pub total_memory: u64,
     pub multiprocessor_count: i32,
     pub compute_capability: (i32, i32),
+    /// The MIG instance this device is (`None`: a whole GPU).
+    pub mig: Option<MigInstance>,
+}
+
+/// Where a MIG instance is: its GPU (NVML's index), its MIG device index under it, and NVML's GPU
+/// and compute instance ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigInstance {
+    pub gpu: u32,
+    pub index: u32,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
+impl DeviceInfo {
+    /// Its UUID as NVML and `nvidia-smi -L` spell it: `GPU-…`, or `MIG-…` for a MIG instance.
+    pub fn uuid_text(&self) -> String {
+        let text = format_uuid(&self.uuid);
+        match self.mig {
+            Some(_) => format!("MIG-{}", &text[4..]),
+            None => text,
+        }
+    }
+}
+
+/// A GPU as NVML enumerates it: in MIG mode, its instances are devices of their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub index: u32,
+    /// Its description (name, UUID, PCI location, memory: all of the GPU's).
+    pub info: DeviceInfo,
+    /// Its devices in the state file: itself, or its MIG instances in index order.
+    pub devices: Vec<u32>,
+    pub mig_mode: bool,
 }
 
 /// The state of this process's `SIMGPU_STATE`, mapped (created if needed) but without registering
@@ -68,25 +105,69 @@ extern "C" fn release_at_exit() {
 }
 
 /// All devices of the state (its creator decided their number and memory; this process's
-/// configuration if the state cannot be opened). `CUDA_VISIBLE_DEVICES` is not applied here.
+/// configuration if the state cannot be opened): whole GPUs, and MIG instances of GPUs in MIG mode.
+/// `CUDA_VISIBLE_DEVICES` is not applied here.
 pub fn physical_devices() -> &'static [DeviceInfo] {
-    static DEVICES: OnceLock<Vec<DeviceInfo>> = OnceLock::new();
-    DEVICES.get_or_init(|| {
-        let (count, capacity) = match attach() {
-            Ok(s) => (
-                s.device_count(),
-                (0..s.device_count())
-                    .map(|d| s.device_capacity(d))
-                    .collect(),
-            ),
-            Err(_) => (
-                config().devices,
-                vec![config().memory; config().devices as usize],
-            ),
+    &topology().0
+}
+
+/// The GPUs, as NVML enumerates them.
+pub fn gpus() -> &'static [GpuInfo] {
+    &topology().1
+}
+
+fn topology() -> &'static (Vec<DeviceInfo>, Vec<GpuInfo>) {
+    static TOPOLOGY: OnceLock<(Vec<DeviceInfo>, Vec<GpuInfo>)> = OnceLock::new();
+    TOPOLOGY.get_or_init(|| {
+        let (placements, gpu_memory) = match attach() {
+            Ok(s) => s.topology(),
+            Err(_) => {
+                let c = config();
+                let gpus = c.devices.clamp(1, MAX_DEVICES);
+                (
+                    mig::placements(gpus, c.memory, &c.mig),
+                    vec![c.memory; gpus as usize],
+                )
+            }
         };
-        (0..count)
-            .map(|i| device_info(i, capacity[i as usize]))
-            .collect()
+        let mut gpus: Vec<GpuInfo> = gpu_memory
+            .iter()
+            .enumerate()
+            .map(|(g, &memory)| GpuInfo {
+                index: g as u32,
+                info: device_info(g as u32, memory),
+                devices: Vec::new(),
+                mig_mode: false,
+            })
+            .collect();
+        let devices = placements
+            .iter()
+            .enumerate()
+            .map(|(d, p)| {
+                let gpu = &mut gpus[p.gpu as usize];
+                gpu.devices.push(d as u32);
+                let mut info = gpu.info.clone();
+                info.ordinal = d as u32;
+                info.total_memory = p.memory;
+                if let Some(i) = p.instance {
+                    gpu.mig_mode = true;
+                    info.uuid = mig::instance_uuid(p.gpu, i);
+                    info.name = format!(
+                        "NVIDIA H100 80GB HBM3 MIG {}GiB (simgpu)",
+                        p.memory.div_ceil(1 << 30)
+                    );
+                    // GPU instance ids as NVML gives them (from 1); one compute instance each (0).
+                    info.mig = Some(MigInstance {
+                        gpu: p.gpu,
+                        index: i,
+                        gpu_instance_id: i + 1,
+                        compute_instance_id: 0,
+                    });
+                }
+                info
+            })
+            .collect();
+        (devices, gpus)
     })
 }
 
@@ -105,6 +186,7 @@ fn device_info(ordinal: u32, total_memory: u64) -> DeviceInfo {
         total_memory,
         multiprocessor_count: 132,
         compute_capability: (9, 0),
+        mig: None,
     }
 }
 

@@ -210,7 +210,18 @@ impl Shared {
             file.set_len(STATE_SIZE as u64).map_err(|e| err(&tmp, e))?;
             let map = Mapping::map(file.as_raw_fd(), true).map_err(|e| err(&tmp, e))?;
             let st = map.state();
-            let devices = config.devices.clamp(1, MAX_DEVICES as u32);
+            let gpus = config.devices.clamp(1, MAX_DEVICES as u32);
+            let placements = crate::mig::placements(gpus, config.memory, &config.mig);
+            let devices = placements.len() as u32;
+            let t = &st.topology;
+            t.gpus.store(gpus, Relaxed);
+            for m in t.gpu_memory.iter().take(gpus as usize) {
+                m.store(config.memory, Relaxed);
+            }
+            for (d, p) in placements.iter().enumerate() {
+                t.device_gpu[d].store(p.gpu, Relaxed);
+                t.device_instance[d].store(p.instance.map_or(0, |i| i + 1), Relaxed);
+            }
             let h = &st.header;
             h.devices.store(devices, Relaxed);
             h.file_size.store(STATE_SIZE as u64, Relaxed);
@@ -220,8 +231,8 @@ impl Shared {
             h.driver_version
                 .store(config.driver_version as u32, Relaxed);
             h.created_ns.store(sys::realtime_ns(), Relaxed);
-            for d in &st.devices[..devices as usize] {
-                d.capacity.store(config.memory, Relaxed);
+            for (d, p) in st.devices.iter().zip(&placements) {
+                d.capacity.store(p.memory, Relaxed);
             }
             h.layout_version.store(LAYOUT_VERSION, Release);
             h.magic.store(MAGIC, Release);
@@ -566,6 +577,40 @@ impl Shared {
 
     pub fn device_used(&self, device: u32) -> u64 {
         self.device(device).map_or(0, |d| d.used.load(Acquire))
+    }
+
+    /// The devices of the state file: each one's GPU, MIG instance (`None`: the whole GPU) and
+    /// memory; and each GPU's memory. Every value read is bounds-checked.
+    pub fn topology(&self) -> (Vec<crate::mig::Placement>, Vec<u64>) {
+        let t = &self.st().topology;
+        let gpus = t.gpus.load(Acquire).min(MAX_DEVICES as u32);
+        if gpus == 0 {
+            // A file made without a topology: one GPU per device.
+            let devices = (0..self.devices)
+                .map(|d| crate::mig::Placement {
+                    gpu: d,
+                    instance: None,
+                    memory: self.device_capacity(d),
+                })
+                .collect();
+            let memory = (0..self.devices).map(|d| self.device_capacity(d)).collect();
+            return (devices, memory);
+        }
+        let devices = (0..self.devices)
+            .map(|d| crate::mig::Placement {
+                gpu: t.device_gpu[d as usize].load(Relaxed).min(gpus - 1),
+                instance: t.device_instance[d as usize]
+                    .load(Relaxed)
+                    .checked_sub(1)
+                    .map(|i| i.min(crate::mig::MAX_INSTANCES)),
+                memory: self.device_capacity(d),
+            })
+            .collect();
+        let memory = t.gpu_memory[..gpus as usize]
+            .iter()
+            .map(|m| m.load(Relaxed))
+            .collect();
+        (devices, memory)
     }
 
     pub fn device_capacity(&self, device: u32) -> u64 {

@@ -2,39 +2,64 @@
 
 use gpuslice_api::types::{CUdevice, CUdevprop, CUmemoryPool, CUuuid, CU_DEVICE_ATTRIBUTE_MAX};
 use gpuslice_api::{CUerror, CUresult};
-use simgpu_core::DeviceInfo;
+use simgpu_core::{DeviceInfo, GpuInfo};
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::OnceLock;
 
 /// Parses CUDA_VISIBLE_DEVICES as the real driver does: a comma list of indices or UUIDs (full or a
-/// unique prefix, `GPU-` included); the list ends at the first invalid, out-of-range or duplicate
-/// entry. Returns physical ordinals in visible order.
-fn parse_visible(spec: &str, devices: &[DeviceInfo]) -> Vec<u32> {
+/// unique prefix, `GPU-` or `MIG-` included); the list ends at the first invalid, out-of-range or
+/// duplicate entry. An index or a `GPU-` UUID names a GPU (NVML's index), which is its MIG instances
+/// when it is in MIG mode; a `MIG-` UUID names one instance (drivers R470 and later; the older
+/// `MIG-GPU-<uuid>/<gi>/<ci>` form is not modelled). Returns physical ordinals in visible order,
+/// with the MIG rule applied ([`mig_rule`]).
+fn parse_visible(spec: &str, devices: &[DeviceInfo], gpus: &[GpuInfo]) -> Vec<u32> {
     let mut out: Vec<u32> = Vec::new();
+    let gpu_devices = |gpu: u32| -> Vec<u32> {
+        gpus.get(gpu as usize)
+            .map_or_else(Vec::new, |g| g.devices.clone())
+    };
     for entry in spec.split(',') {
         let entry = entry.trim();
-        let found = if let Ok(i) = entry.parse::<u32>() {
-            devices.iter().find(|d| d.ordinal == i).map(|d| d.ordinal)
-        } else if entry.len() > 4 && entry[..4].eq_ignore_ascii_case("GPU-") {
+        let found: Vec<u32> = if let Ok(i) = entry.parse::<u32>() {
+            gpu_devices(i)
+        } else if entry.len() > 4
+            && (entry[..4].eq_ignore_ascii_case("GPU-") || entry[..4].eq_ignore_ascii_case("MIG-"))
+        {
             let wanted = entry.to_ascii_lowercase();
-            let mut matches = devices.iter().filter(|d| {
-                simgpu_core::format_uuid(&d.uuid)
-                    .to_ascii_lowercase()
-                    .starts_with(&wanted)
-            });
+            let mut matches = gpus
+                .iter()
+                .map(|g| (g.info.uuid_text(), gpu_devices(g.index)))
+                .chain(
+                    devices
+                        .iter()
+                        .filter(|d| d.mig.is_some())
+                        .map(|d| (d.uuid_text(), vec![d.ordinal])),
+                )
+                .filter(|(uuid, _)| uuid.to_ascii_lowercase().starts_with(&wanted));
             match (matches.next(), matches.next()) {
-                (Some(d), None) => Some(d.ordinal),
-                _ => None,
+                (Some((_, d)), None) => d,
+                _ => Vec::new(),
             }
         } else {
-            None
+            Vec::new()
         };
-        match found {
-            Some(o) if !out.contains(&o) => out.push(o),
-            _ => break,
+        if found.is_empty() || found.iter().any(|o| out.contains(o)) {
+            break;
         }
+        out.extend(found);
     }
-    out
+    mig_rule(out, devices)
+}
+
+/// The MIG user guide ("CUDA Device Enumeration"): "CUDA can only enumerate a single compute
+/// instance" and "will not enumerate non-MIG GPU if any compute instance is enumerated on any other
+/// GPU": of a list with MIG instances, the first instance alone.
+fn mig_rule(visible: Vec<u32>, devices: &[DeviceInfo]) -> Vec<u32> {
+    let is_mig = |o: &u32| devices.get(*o as usize).is_some_and(|d| d.mig.is_some());
+    match visible.iter().find(|o| is_mig(o)) {
+        Some(&first) => vec![first],
+        None => visible,
+    }
 }
 
 /// Physical ordinals of the visible devices, indexed by visible ordinal (CUdevice).
@@ -43,8 +68,8 @@ pub fn visible() -> &'static [u32] {
     VISIBLE.get_or_init(|| {
         let devices = simgpu_core::physical_devices();
         match std::env::var("CUDA_VISIBLE_DEVICES") {
-            Ok(spec) => parse_visible(&spec, devices),
-            Err(_) => devices.iter().map(|d| d.ordinal).collect(),
+            Ok(spec) => parse_visible(&spec, devices, simgpu_core::gpus()),
+            Err(_) => mig_rule(devices.iter().map(|d| d.ordinal).collect(), devices),
         }
     })
 }
@@ -440,6 +465,19 @@ mod tests {
                 total_memory: 1 << 30,
                 multiprocessor_count: 132,
                 compute_capability: (9, 0),
+                mig: None,
+            })
+            .collect()
+    }
+
+    fn gpus(devices: &[DeviceInfo]) -> Vec<GpuInfo> {
+        devices
+            .iter()
+            .map(|d| GpuInfo {
+                index: d.ordinal,
+                info: d.clone(),
+                devices: vec![d.ordinal],
+                mig_mode: false,
             })
             .collect()
     }
@@ -447,13 +485,44 @@ mod tests {
     #[test]
     fn visible_devices() {
         let d = devices(4);
-        assert_eq!(parse_visible("2,0", &d), [2, 0]);
-        assert_eq!(parse_visible("1,7,0", &d), [1]);
-        assert_eq!(parse_visible("1,1,0", &d), [1]);
-        assert_eq!(parse_visible("", &d), Vec::<u32>::new());
-        assert_eq!(parse_visible("GPU-22222222,0", &d), [2, 0]);
-        assert_eq!(parse_visible("GPU-,0", &d), Vec::<u32>::new());
+        let g = gpus(&d);
+        assert_eq!(parse_visible("2,0", &d, &g), [2, 0]);
+        assert_eq!(parse_visible("1,7,0", &d, &g), [1]);
+        assert_eq!(parse_visible("1,1,0", &d, &g), [1]);
+        assert_eq!(parse_visible("", &d, &g), Vec::<u32>::new());
+        assert_eq!(parse_visible("GPU-22222222,0", &d, &g), [2, 0]);
+        assert_eq!(parse_visible("GPU-,0", &d, &g), Vec::<u32>::new());
         assert_eq!(parse_pci("00000000:0A:00.0"), Some((0, 10, 0, 0)));
         assert_eq!(parse_pci("0000:0a:00.0"), Some((0, 10, 0, 0)));
+    }
+
+    #[test]
+    fn mig_instances_are_enumerated_one_at_a_time() {
+        // GPU 0 in MIG mode with instances (devices 0 and 1), GPU 1 whole (device 2).
+        let mut d = devices(3);
+        for (i, dev) in d.iter_mut().take(2).enumerate() {
+            dev.mig = Some(simgpu_core::MigInstance {
+                gpu: 0,
+                index: i as u32,
+                gpu_instance_id: i as u32 + 1,
+                compute_instance_id: 0,
+            });
+        }
+        let whole = |o: u32, devices: Vec<u32>| GpuInfo {
+            index: o,
+            info: d[devices[0] as usize].clone(),
+            devices,
+            mig_mode: false,
+        };
+        let g = vec![whole(0, vec![0, 1]), whole(1, vec![2])];
+        let mig1 = d[1].uuid_text();
+        assert!(mig1.starts_with("MIG-"), "{mig1}");
+        assert_eq!(parse_visible(&mig1, &d, &g), [1]);
+        assert_eq!(parse_visible(&format!("{mig1},1"), &d, &g), [1]);
+        // GPU 1 first: the instance alone all the same.
+        assert_eq!(parse_visible(&format!("1,{mig1}"), &d, &g), [1]);
+        assert_eq!(parse_visible("0", &d, &g), [0]);
+        assert_eq!(parse_visible("1", &d, &g), [2]);
+        assert_eq!(mig_rule(vec![2, 0, 1], &d), [0]);
     }
 }

@@ -11,7 +11,7 @@ use gpuslice_api::nvml::*;
 use gpuslice_api::result::nvml_error_string;
 use gpuslice_api::{NvmlError, NvmlReturn};
 use simgpu_core::{
-    attach, config, format_uuid, physical_devices, AccountingRecord, DeviceInfo, Shared,
+    attach, config, gpus, physical_devices, AccountingRecord, DeviceInfo, GpuInfo, Shared,
     MAX_DEVICES, MAX_PROCESSES,
 };
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, CStr};
@@ -21,6 +21,8 @@ use std::sync::OnceLock;
 mod exports {
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
+
+mod mig;
 
 /// `nvmlInit` count: NVML is usable while it is positive.
 static INIT: AtomicU32 = AtomicU32::new(0);
@@ -38,8 +40,74 @@ static HANDLES: [Handle; MAX_DEVICES as usize] = {
     h
 };
 
+/// MIG device handles, by simgpu device (only those that are MIG instances are ever given out).
+static MIG_HANDLES: [Handle; MAX_DEVICES as usize] = {
+    let mut h = [const { Handle(0) }; MAX_DEVICES as usize];
+    let mut i = 0;
+    while i < h.len() {
+        h[i] = Handle(i as u32);
+        i += 1;
+    }
+    h
+};
+
 fn handle(index: u32) -> nvmlDevice_t {
     &HANDLES[index as usize] as *const Handle as nvmlDevice_t
+}
+
+fn mig_handle(device: u32) -> nvmlDevice_t {
+    &MIG_HANDLES[device as usize] as *const Handle as nvmlDevice_t
+}
+
+/// What a handle designates: a GPU, or a MIG instance (a simgpu device).
+#[derive(Clone, Copy)]
+enum Target {
+    Gpu(&'static GpuInfo),
+    Mig(&'static DeviceInfo),
+}
+
+/// The index of `h` in `table`, if it is one of its entries.
+fn index_in(table: &[Handle], h: nvmlDevice_t) -> Option<usize> {
+    let base = table.as_ptr() as usize;
+    let addr = h as usize;
+    let size = std::mem::size_of::<Handle>();
+    let offset = addr.checked_sub(base)?;
+    (offset.is_multiple_of(size) && offset / size < table.len()).then_some(offset / size)
+}
+
+fn target(h: nvmlDevice_t) -> Result<Target, NvmlError> {
+    if let Some(i) = index_in(&HANDLES, h) {
+        return gpus()
+            .get(i)
+            .map(Target::Gpu)
+            .ok_or(NvmlError::INVALID_ARGUMENT);
+    }
+    if let Some(i) = index_in(&MIG_HANDLES, h) {
+        return physical_devices()
+            .get(i)
+            .filter(|d| d.mig.is_some())
+            .map(Target::Mig)
+            .ok_or(NvmlError::INVALID_ARGUMENT);
+    }
+    Err(NvmlError::INVALID_ARGUMENT)
+}
+
+/// The simgpu devices a handle covers: a GPU's (itself, or its MIG instances), or an instance.
+fn devices_of(h: nvmlDevice_t) -> Result<Vec<u32>, NvmlError> {
+    Ok(match target(h)? {
+        Target::Gpu(g) => g.devices.clone(),
+        Target::Mig(d) => vec![d.ordinal],
+    })
+}
+
+/// The one simgpu device a handle is, for figures NVML does not give for a GPU in MIG mode as a
+/// whole (`NVML_ERROR_NOT_SUPPORTED`: `nvidia-smi` shows "N/A" for such a GPU's utilisation).
+fn single_device(h: nvmlDevice_t) -> Result<u32, NvmlError> {
+    match target(h)? {
+        Target::Gpu(g) if !g.mig_mode => g.devices.first().copied().ok_or(NvmlError::UNKNOWN),
+        Target::Gpu(_) => Err(NvmlError::NOT_SUPPORTED),
+        Target::Mig(d) => Ok(d.ordinal),
+    }
 }
 
 /// Runs an entry point's body: traces it, requires initialisation if `needs_init`, maps panics.
@@ -65,17 +133,13 @@ fn state() -> Result<&'static Shared, NvmlError> {
     attach().map_err(|_| NvmlError::DRIVER_NOT_LOADED)
 }
 
-/// The device a handle designates.
+/// The description of what a handle designates: a GPU's, or a MIG instance's (its name, UUID and
+/// memory; the rest is its GPU's).
 fn device(h: nvmlDevice_t) -> Result<&'static DeviceInfo, NvmlError> {
-    let base = HANDLES.as_ptr() as usize;
-    let addr = h as usize;
-    let size = std::mem::size_of::<Handle>();
-    if addr < base || !(addr - base).is_multiple_of(size) {
-        return Err(NvmlError::INVALID_ARGUMENT);
-    }
-    physical_devices()
-        .get((addr - base) / size)
-        .ok_or(NvmlError::INVALID_ARGUMENT)
+    Ok(match target(h)? {
+        Target::Gpu(g) => &g.info,
+        Target::Mig(d) => d,
+    })
 }
 
 /// Stores `v` in `*p`.
@@ -302,7 +366,7 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
 // ---- devices ----------------------------------------------------------------------------------
 
 fn count() -> u32 {
-    physical_devices().len() as u32
+    gpus().len() as u32
 }
 
 /// # Safety
@@ -362,23 +426,31 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
 ) -> NvmlReturn {
     call("nvmlDeviceGetHandleByUUID", true, || {
         // SAFETY: the caller's contract.
-        let want = unsafe { arg_str(uuid) }?;
+        let want = unsafe { arg_str(uuid) }?.trim();
+        // "The UUID of the target GPU or MIG instance" (nvml.h).
+        if let Some(g) = gpus()
+            .iter()
+            .find(|g| g.info.uuid_text().eq_ignore_ascii_case(want))
+        {
+            return by_index(g.index, device);
+        }
         let d = physical_devices()
             .iter()
-            .find(|d| format_uuid(&d.uuid).eq_ignore_ascii_case(want.trim()))
+            .find(|d| d.mig.is_some() && d.uuid_text().eq_ignore_ascii_case(want))
             .ok_or(NvmlError::NOT_FOUND)?;
-        by_index(d.ordinal, device)
+        // SAFETY: the caller's contract.
+        unsafe { put(device, mig_handle(d.ordinal)) }
     })
 }
 
 fn by_bus_id(bus: *const c_char, device: *mut nvmlDevice_t) -> NvmlReturn {
     // SAFETY: the entry point's contract: null or a NUL-terminated string.
     let want = parse_bus_id(unsafe { arg_str(bus) }?).ok_or(NvmlError::INVALID_ARGUMENT)?;
-    let d = physical_devices()
+    let g = gpus()
         .iter()
-        .find(|d| parse_bus_id(&d.pci_bus_id) == Some(want))
+        .find(|g| parse_bus_id(&g.info.pci_bus_id) == Some(want))
         .ok_or(NvmlError::NOT_FOUND)?;
-    by_index(d.ordinal, device)
+    by_index(g.index, device)
 }
 
 /// # Safety
@@ -429,7 +501,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 ) -> NvmlReturn {
     // SAFETY: the caller's contract.
     call("nvmlDeviceGetUUID", true, || unsafe {
-        put_str(uuid, length, &format_uuid(&self::device(device)?.uuid))
+        put_str(uuid, length, &self::device(device)?.uuid_text())
     })
 }
 
@@ -442,7 +514,13 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
 ) -> NvmlReturn {
     // SAFETY: the caller's contract.
     call("nvmlDeviceGetIndex", true, || unsafe {
-        put(index, self::device(device)?.ordinal)
+        // A MIG device's index under its GPU (nvml.h: "indices that can be passed to
+        // nvmlDeviceGetMigDeviceHandleByIndex").
+        let i = match target(device)? {
+            Target::Gpu(g) => g.index,
+            Target::Mig(d) => d.mig.map_or(0, |m| m.index),
+        };
+        put(index, i)
     })
 }
 
@@ -455,7 +533,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
 ) -> NvmlReturn {
     // SAFETY: the caller's contract.
     call("nvmlDeviceGetMinorNumber", true, || unsafe {
-        put(minor, self::device(device)?.ordinal)
+        let gpu = match target(device)? {
+            Target::Gpu(g) => g.index,
+            Target::Mig(d) => d.mig.map_or(0, |m| m.gpu),
+        };
+        put(minor, gpu)
     })
 }
 
@@ -616,13 +698,18 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
 
 // ---- memory, processes, utilization -----------------------------------------------------------
 
-/// (total, used) of a device, from the shared state.
+/// (total, used) of a device, from the shared state: a MIG instance's own; a GPU in MIG mode's
+/// total is all of its memory, its used memory its instances'.
 fn memory(device: nvmlDevice_t) -> Result<(u64, u64), NvmlError> {
-    let d = self::device(device)?;
     let s = state()?;
     s.reclaim_dead();
-    let total = s.device_capacity(d.ordinal);
-    Ok((total, s.device_used(d.ordinal).min(total)))
+    let devices = devices_of(device)?;
+    let total = match target(device)? {
+        Target::Gpu(g) if g.mig_mode => g.info.total_memory,
+        _ => devices.iter().map(|&d| s.device_capacity(d)).sum(),
+    };
+    let used: u64 = devices.iter().map(|&d| s.device_used(d)).sum();
+    Ok((total, used.min(total)))
 }
 
 /// The device's memory as `nvmlMemory_t` (total, used, free) at `memory`.
@@ -698,8 +785,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     u: *mut nvmlUtilization_t,
 ) -> NvmlReturn {
     call("nvmlDeviceGetUtilizationRates", true, || {
-        let d = self::device(device)?;
-        let gpu = state()?.utilization(d.ordinal);
+        let d = single_device(device)?;
+        let gpu = state()?.utilization(d);
         // Simulated kernels touch memory for as long as they run.
         // SAFETY: the caller's contract.
         unsafe { put(u, nvmlUtilization_t { gpu, memory: gpu }) }
@@ -710,18 +797,40 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 /// or holding its memory: (pid, bytes), by pid. A context is listed whatever it costs
 /// (`SIMGPU_CONTEXT_MEMORY=0` too).
 fn running(device: nvmlDevice_t) -> Result<Vec<(u32, u64)>, NvmlError> {
-    let d = self::device(device)?.ordinal as usize;
-    let mut v: Vec<(u32, u64)> = state()?
-        .processes()
+    Ok(running_in(device)?
         .into_iter()
-        .filter_map(|p| {
+        .map(|(pid, used, _)| (pid, used))
+        .collect())
+}
+
+/// [`running`], each entry with the MIG instance it is on (a GPU in MIG mode lists its instances'
+/// processes, one entry per process and instance).
+fn running_in(device: nvmlDevice_t) -> Result<Vec<(u32, u64, Option<u32>)>, NvmlError> {
+    let processes = state()?.processes();
+    let mut v = Vec::new();
+    for d in devices_of(device)? {
+        let instance = physical_devices()
+            .get(d as usize)
+            .and_then(|i| i.mig.map(|_| d));
+        let d = d as usize;
+        v.extend(processes.iter().filter_map(|p| {
             let used = p.used.get(d).copied().unwrap_or(0);
             let contexts = p.contexts.get(d).copied().unwrap_or(0);
-            (used > 0 || contexts > 0).then_some((p.pid, used))
-        })
-        .collect();
+            (used > 0 || contexts > 0).then_some((p.pid, used, instance))
+        }));
+    }
     v.sort_unstable();
     Ok(v)
+}
+
+/// NVML's GPU and compute instance ids of the MIG instance at simgpu device `device` (`u32::MAX`
+/// each: no MIG).
+fn instance_ids(device: Option<u32>) -> (u32, u32) {
+    device
+        .and_then(|d| physical_devices().get(d as usize)?.mig)
+        .map_or((u32::MAX, u32::MAX), |m| {
+            (m.gpu_instance_id, m.compute_instance_id)
+        })
 }
 
 /// NVML's count-in/count-out protocol: writes `items` if `*count` is large enough, else reports the
@@ -780,7 +889,18 @@ fn process_info((pid, usedGpuMemory): (u32, u64)) -> nvmlProcessInfo_t {
 }
 
 fn process_infos(device: nvmlDevice_t) -> Result<Vec<nvmlProcessInfo_t>, NvmlError> {
-    Ok(running(device)?.into_iter().map(process_info).collect())
+    Ok(running_in(device)?
+        .into_iter()
+        .map(|(pid, usedGpuMemory, instance)| {
+            let (gpuInstanceId, computeInstanceId) = instance_ids(instance);
+            nvmlProcessInfo_t {
+                pid,
+                usedGpuMemory,
+                gpuInstanceId,
+                computeInstanceId,
+            }
+        })
+        .collect())
 }
 
 /// # Safety
@@ -848,7 +968,7 @@ fn utilization_samples(
     device: nvmlDevice_t,
     last_seen_us: u64,
 ) -> Result<Vec<(u32, u64, u32)>, NvmlError> {
-    let d = self::device(device)?.ordinal;
+    let d = single_device(device)?;
     let now_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |t| t.as_micros() as u64);
@@ -1049,18 +1169,18 @@ pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
             return Err(NvmlError::NOT_SUPPORTED);
         }
         let processes = match list.mode {
-            NVML_PROCESS_MODE_COMPUTE => running(device)?,
-            NVML_PROCESS_MODE_GRAPHICS => graphics(device)?,
-            NVML_PROCESS_MODE_MPS => Vec::new(),
+            NVML_PROCESS_MODE_COMPUTE => running_in(device)?,
+            NVML_PROCESS_MODE_GRAPHICS if config().graphics_clients => running_in(device)?,
+            NVML_PROCESS_MODE_GRAPHICS | NVML_PROCESS_MODE_MPS => Vec::new(),
             _ => return Err(NvmlError::INVALID_ARGUMENT),
         };
         let items: Vec<nvmlProcessDetail_v1_t> = processes
             .into_iter()
-            .map(|(pid, usedGpuMemory)| nvmlProcessDetail_v1_t {
+            .map(|(pid, usedGpuMemory, instance)| nvmlProcessDetail_v1_t {
                 pid,
                 usedGpuMemory,
-                gpuInstanceId: u32::MAX,
-                computeInstanceId: u32::MAX,
+                gpuInstanceId: instance_ids(instance).0,
+                computeInstanceId: instance_ids(instance).1,
                 // In confidential-computing mode all of a process's memory is protected memory.
                 usedGpuCcProtectedMemory: if config().conf_compute {
                     usedGpuMemory
@@ -1115,11 +1235,11 @@ pub unsafe extern "C" fn nvmlDeviceGetAccountingMode(
 /// Accounting mode's records of `device`; `NVML_ERROR_NOT_SUPPORTED` while the mode is off
 /// (nvml.h: "if device doesn't support this feature or accounting mode is disabled").
 fn accounting(device: nvmlDevice_t) -> Result<Vec<AccountingRecord>, NvmlError> {
-    let d = self::device(device)?;
+    let d = single_device(device)?;
     if !config().accounting_mode {
         return Err(NvmlError::NOT_SUPPORTED);
     }
-    Ok(state()?.accounting(d.ordinal))
+    Ok(state()?.accounting(d))
 }
 
 /// The records the driver keeps (a circular buffer: simgpu's process slots).
