@@ -11,7 +11,6 @@ use std::ffi::c_int;
 
 pub use crate::driver::real::{
     cuEventCreate, cuEventElapsedTime, cuEventQuery, cuEventRecord, cuEventRecord_ptsz,
-    cuEventSynchronize,
 };
 
 /// How many devices the process sees (0 before `cuInit` or on error).
