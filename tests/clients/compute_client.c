@@ -47,11 +47,12 @@
  *   stamp START_NS MS US WHAT LEDGER LOCK LOCK_NS OWNER GRANT EPOCH BEAT SLOTS SLOT_SIZE PID
  *                                      as `spin` (depth 8), while a second thread of this process
  *                                      attacks the device ledger LEDGER (byte offsets of its words
- *                                      given) every 5 ms: WHAT = lock: while the owner word names
- *                                      this process's slot (the slot whose pid word is ours), writes
- *                                      the arbitration lock word naming that slot, stamped now;
- *                                      owner: always writes the owner word naming our slot, the
- *                                      grant and heartbeat now, and a new epoch. Prints stamped=
+ *                                      given) every 5 ms: WHAT = lock: writes the arbitration lock
+ *                                      word naming this process's slot (the slot whose pid word is
+ *                                      ours), stamped now, and takes it back within 100 us whenever
+ *                                      it is let go of; owner: writes the owner word naming our
+ *                                      slot, the grant and heartbeat now, and a new epoch. Prints
+ *                                      stamped=
  *
  * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
@@ -603,12 +604,25 @@ static void *stamp_thread(void *arg) {
             __atomic_store_n((uint32_t *)(m + st->at[2]), mine, __ATOMIC_RELEASE);
             __atomic_store_n(epoch, __atomic_load_n(epoch, __ATOMIC_ACQUIRE) + 1, __ATOMIC_RELEASE);
             st->stamped++;
-        } else if (mine && __atomic_load_n((uint32_t *)(m + st->at[2]), __ATOMIC_ACQUIRE) == mine) {
-            __atomic_store_n((uint32_t *)(m + st->at[0]), mine, __ATOMIC_RELEASE);
+            usleep(5000);
+        } else if (mine) {
+            /* Re-stamped every 5 ms, and taken back within 100 us whenever our own scheduler
+             * thread (which may take a word naming its slot) lets go of it. */
+            uint32_t *lock = (uint32_t *)(m + st->at[0]);
+            __atomic_store_n(lock, mine, __ATOMIC_RELEASE);
             __atomic_store_n((uint64_t *)(m + st->at[1]), t, __ATOMIC_RELEASE);
             st->stamped++;
+            for (int i = 0; i < 50; i++) {
+                usleep(100);
+                if (__atomic_load_n(lock, __ATOMIC_ACQUIRE) != mine) {
+                    __atomic_store_n(lock, mine, __ATOMIC_RELEASE);
+                    __atomic_store_n((uint64_t *)(m + st->at[1]), now_ns(CLOCK_MONOTONIC),
+                                     __ATOMIC_RELEASE);
+                }
+            }
+        } else {
+            usleep(5000);
         }
-        usleep(5000);
     }
     return NULL;
 }
