@@ -193,7 +193,10 @@ fn attacked_shares(tag: &str, what: &str) {
         "the attack never ran:\n{}",
         runs[0].report()
     );
-    println!("{tag}: the attacker wrote {} times", runs[0].get_u64("stamped"));
+    println!(
+        "{tag}: the attacker wrote {} times",
+        runs[0].get_u64("stamped")
+    );
     // Policy: 10 / 30 / 30 of the busy time among the three active tenants.
     assert_shares(
         tag,
