@@ -9,6 +9,7 @@ use super::device::now_ns;
 use super::flow::{self, Next, OwnedClock, StreamKey};
 use super::gate::Sched;
 use super::runtime;
+use super::meter::{self, Reading};
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::VecDeque;
@@ -118,7 +119,7 @@ impl Sched {
                 continue;
             }
             match r.is_ok().then(|| self.record(s, ctx, per_thread)).flatten() {
-                Some(end) => self.inflight.lock().push_back(Tracked {
+                Some(end) => self.pending(launched_at).push_back(Tracked {
                     start,
                     end,
                     key: flow::stream_key(s as usize, per_thread),
@@ -141,6 +142,16 @@ impl Sched {
             self.calibrate(streams, ctx, per_thread);
         }
         r
+    }
+
+    /// The queue of tracked launches, about to take one submitted at `at`: with nothing of ours in
+    /// flight, our work runs from `at` at most (`meter::running_ns`).
+    fn pending(&self, at: u64) -> parking_lot::MutexGuard<'_, VecDeque<Tracked>> {
+        let f = self.inflight.lock();
+        if f.is_empty() && self.flow_waiting.load(SeqCst) == 0 {
+            self.pending_since_ns.store(at, Release);
+        }
+        f
     }
 
     /// The start of a launch on `stream` when the previous launch there is still running: that
@@ -389,18 +400,33 @@ impl Sched {
         }
     }
 
-    /// What this ownership is charged at `now`: its measured device time, at most the wall time since
-    /// `since` (the grant or last renewal; overlapping streams count once), plus what completed after
-    /// an earlier ownership; for a high-priority tenant the wall time since `since`.
+    /// What this ownership is charged at `now` for the time since `since` (the grant or last
+    /// renewal), by [`meter::Meter::charge`]: its measured device time less what was charged for it while
+    /// it ran, at most the wall time (overlapping streams count once), plus what our unfinished
+    /// work ran since `since`, plus what completed after an earlier ownership; for a high-priority
+    /// tenant the wall time since `since`.
     pub(super) fn take_charge(&self, now: u64, since: u64) -> u64 {
-        let measured = self.measured_ns.swap(0, AcqRel);
-        let carried = self.carried_ns.swap(0, AcqRel);
         let wall = now.saturating_sub(since.min(now));
         if self.high.load(Relaxed) {
-            wall
-        } else {
-            measured.min(wall).saturating_add(carried)
+            self.measured_ns.swap(0, AcqRel);
+            self.carried_ns.swap(0, AcqRel);
+            return wall;
         }
+        // Completions seen now are measured now, not run as if still running.
+        let pending = !self.completed() || self.flow_waiting.load(SeqCst) > 0;
+        let running = meter::running_ns(
+            pending,
+            now,
+            since,
+            self.pending_since_ns.load(Acquire),
+            self.progress_ns.load(Acquire),
+        );
+        self.meter.lock().charge(Reading {
+            measured_ns: self.measured_ns.swap(0, AcqRel),
+            carried_ns: self.carried_ns.swap(0, AcqRel),
+            running_ns: running,
+            wall_ns: wall,
+        })
     }
 
     /// Whether every tracked launch has completed (completed ones are accounted and recycled).

@@ -8,6 +8,8 @@ use super::demand::DemandState;
 use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
 use super::events::{Pending, Tracked, Waited};
 use super::flow::{self, Pick, StreamKey, WaitBound};
+
+use super::meter::Meter;
 use super::{incident, runtime, Holder, Incident, TenantId};
 use gpuslice_api::types::{CUcontext, CUstream};
 use gpuslice_api::CUresult;
@@ -84,6 +86,10 @@ pub struct Sched {
     pub(super) measured_ns: AtomicU64,
     /// Device time of launches that completed after we handed the device over (ns), not charged yet.
     pub(super) carried_ns: AtomicU64,
+    /// What was charged for our work while it ran, not yet matched by its measured completion.
+    pub(super) meter: Mutex<Meter>,
+    /// When a launch was submitted with nothing of ours in flight: our work runs since then at most.
+    pub(super) pending_since_ns: AtomicU64,
     /// What an empty event pair measures (the driver's own step from one stream operation to the
     /// next, not device time): taken off each launch's two steps. Running low estimate.
     pub(super) event_overhead_ns: AtomicU64,
@@ -145,6 +151,8 @@ impl Sched {
             wait_bound: Mutex::new(WaitBound::default()),
             measured_ns: AtomicU64::new(0),
             carried_ns: AtomicU64::new(0),
+            meter: Mutex::new(Meter::default()),
+            pending_since_ns: AtomicU64::new(0),
             event_overhead_ns: AtomicU64::new(0),
             last_calibration_ns: AtomicU64::new(0),
             free_events: Mutex::new(Vec::new()),

@@ -2,7 +2,8 @@
 //! device ledger, without a daemon.
 //!
 //! * [`arbiter`]: the pure logic (virtual time, token bucket, choice of the next owner), unit-tested;
-//!   [`demand`]: who wants the device (contention from demand, not presence), unit-tested.
+//!   [`demand`]: who wants the device (contention from demand, not presence), unit-tested;
+//!   [`meter`]: what an ownership is charged (work still running included), unit-tested.
 //! * [`device`]: the shared file (layout and encodings in `shm.rs`), its arbitration lock, tenants,
 //!   slots, liveness. Every word read from it is untrusted.
 //! * The process's side: [`runtime`] (the devices the process may take part on, one participation
@@ -21,6 +22,7 @@ mod gate;
 #[cfg(test)]
 mod hostile_tests;
 mod lock;
+pub mod meter;
 mod owner;
 pub mod policy;
 pub mod runtime;

@@ -46,16 +46,27 @@
  *   sidestream START_NS MS LONG_US US  one stream loops LONG_US kernels (two queued), another
  *                                      launches US kernels (DEPTH 4 queued) for MS ms; prints
  *                                      short_launches=
+ *   stamp START_NS MS US WHAT LEDGER LOCK LOCK_NS OWNER GRANT EPOCH BEAT SLOTS SLOT_SIZE PID
+ *                                      as `spin` (depth 8), while a second thread of this process
+ *                                      attacks the device ledger LEDGER (byte offsets of its words
+ *                                      given) every 5 ms: WHAT = lock: writes the arbitration lock
+ *                                      word naming this process's slot (the slot whose pid word is
+ *                                      ours), stamped now, and takes it back within 100 us whenever
+ *                                      it is let go of; owner: writes the owner word naming our
+ *                                      slot, the grant and heartbeat now, and a new epoch. Prints
+ *                                      stamped=
  *
  * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
 #include <cuda.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -560,6 +571,85 @@ static int mode_sidestream(uint64_t start_ns, uint64_t ms, uint64_t long_us, uin
     return 0;
 }
 
+struct stamper {
+    int owner_mode;
+    const char *path;
+    size_t at[10]; /* lock, lock_ns, owner, grant, epoch, beat, slots, slot size, pid, unused */
+    uint64_t end_ns;
+    long stamped;
+};
+
+static void *stamp_thread(void *arg) {
+    struct stamper *st = arg;
+    int fd = open(st->path, O_RDWR);
+    if (fd < 0) {
+        perror(st->path);
+        exit(3);
+    }
+    size_t size = st->at[6] + 256 * st->at[7];
+    unsigned char *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        perror("mmap");
+        exit(3);
+    }
+    uint32_t self = (uint32_t)getpid();
+    while (now_ns(CLOCK_REALTIME) < st->end_ns) {
+        uint32_t mine = 0;
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t pid = __atomic_load_n((uint32_t *)(m + st->at[6] + i * st->at[7] + st->at[8]),
+                                           __ATOMIC_ACQUIRE);
+            if (pid == self) {
+                mine = i + 1;
+                break;
+            }
+        }
+        uint64_t t = now_ns(CLOCK_MONOTONIC);
+        if (mine && st->owner_mode) {
+            uint32_t *epoch = (uint32_t *)(m + st->at[4]);
+            __atomic_store_n((uint64_t *)(m + st->at[3]), t, __ATOMIC_RELEASE);
+            __atomic_store_n((uint64_t *)(m + st->at[5]), t, __ATOMIC_RELEASE);
+            __atomic_store_n((uint32_t *)(m + st->at[2]), mine, __ATOMIC_RELEASE);
+            __atomic_store_n(epoch, __atomic_load_n(epoch, __ATOMIC_ACQUIRE) + 1, __ATOMIC_RELEASE);
+            st->stamped++;
+            usleep(5000);
+        } else if (mine) {
+            /* Re-stamped every 5 ms, and taken back within 100 us whenever our own scheduler
+             * thread (which may take a word naming its slot) lets go of it. */
+            uint32_t *lock = (uint32_t *)(m + st->at[0]);
+            __atomic_store_n(lock, mine, __ATOMIC_RELEASE);
+            __atomic_store_n((uint64_t *)(m + st->at[1]), t, __ATOMIC_RELEASE);
+            st->stamped++;
+            for (int i = 0; i < 50; i++) {
+                usleep(100);
+                if (__atomic_load_n(lock, __ATOMIC_ACQUIRE) != mine) {
+                    __atomic_store_n(lock, mine, __ATOMIC_RELEASE);
+                    __atomic_store_n((uint64_t *)(m + st->at[1]), now_ns(CLOCK_MONOTONIC),
+                                     __ATOMIC_RELEASE);
+                }
+            }
+        } else {
+            usleep(5000);
+        }
+    }
+    return NULL;
+}
+
+static int mode_stamp(char **argv) {
+    struct stamper st = {0};
+    uint64_t start = strtoull(argv[2], NULL, 10), ms = strtoull(argv[3], NULL, 10);
+    st.owner_mode = strcmp(argv[5], "owner") == 0;
+    st.path = argv[6];
+    for (int i = 0; i < 9; i++)
+        st.at[i] = strtoull(argv[7 + i], NULL, 10);
+    st.end_ns = start + ms * 1000000ull;
+    pthread_t t;
+    pthread_create(&t, NULL, stamp_thread, &st);
+    int r = mode_spin(start, ms, strtoull(argv[4], NULL, 10), 8);
+    pthread_join(t, NULL);
+    printf("stamped=%ld\n", st.stamped);
+    return r;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *m = argc > 1 ? argv[1] : "";
@@ -600,6 +690,8 @@ int main(int argc, char **argv) {
     if (strcmp(m, "sidestream") == 0 && argc == 6)
         return mode_sidestream(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                                strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
+    if (strcmp(m, "stamp") == 0 && argc == 16)
+        return mode_stamp(argv);
     if (strcmp(m, "bench") == 0 && argc == 4)
         return mode_bench(atoi(argv[2]), atoi(argv[3]));
     fprintf(stderr, "usage: see the comment at the top of compute_client.c\n");
