@@ -3,7 +3,7 @@
 
 use super::real_calls;
 use gpuslice_api::types::{
-    CUcontext, CUdevice, CUevent, CUgraph, CUgraphNode, CUlibrary, CUmemAllocationProp,
+    CUcontext, CUdevice, CUevent, CUfunction, CUgraph, CUgraphNode, CUlibrary, CUmemAllocationProp,
     CUmemoryPool, CUmodule, CUstream, CUuuid, CUDA_MEM_ALLOC_NODE_PARAMS,
 };
 use gpuslice_api::{CUerror, CUresult, NvmlReturn};
@@ -32,6 +32,7 @@ real_calls! {
     fn cuCtxDestroy_v2(ctx: CUcontext);
     fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice);
     fn cuCtxGetLimit(value: *mut usize, limit: c_int);
+    fn cuFuncGetAttribute(value: *mut c_int, attr: c_int, f: CUfunction);
     fn cuCtxSetLimit(limit: c_int, value: usize);
     fn cuModuleUnload(module: CUmodule);
     fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
