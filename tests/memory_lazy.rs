@@ -143,7 +143,12 @@ fn lazy_code_is_charged_at_first_launch_and_kernel_function() {
 fn a_first_launch_without_room_for_the_code_is_refused() {
     let dir = scratch("first-launch-room");
     let sim = sim("lazy-first-launch-room");
-    let mut child = sim.spawn(&mut client(&sim, &dir, "room", &["firstlaunch", "10", "24"]));
+    let mut child = sim.spawn(&mut client(
+        &sim,
+        &dir,
+        "room",
+        &["firstlaunch", "10", "24"],
+    ));
     wait_for_key(&mut child, "got");
     go(&mut child);
     let kv = wait_for_key(&mut child, "done");

@@ -445,7 +445,11 @@ fn module_function(
 
 /// `cuKernelGetFunction`: the kernel loaded in the current context ([`load_kernel`]) and the
 /// function's local frame noted for its first launch.
-fn kernel_function(func: Out<CUfunction>, kernel: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+fn kernel_function(
+    func: Out<CUfunction>,
+    kernel: usize,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     load_kernel(kernel, call)?;
     if let (Some(t), Some(f)) = (tenant(), func.get()) {
         note_local_frame(t, f);

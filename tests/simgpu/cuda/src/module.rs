@@ -79,7 +79,9 @@ impl Function {
         }
         Ok(match attr {
             CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
-            CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES => i32::try_from(self.local_size()).unwrap_or(i32::MAX),
+            CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES => {
+                i32::try_from(self.local_size()).unwrap_or(i32::MAX)
+            }
             CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES | CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES => 0,
             CU_FUNC_ATTRIBUTE_NUM_REGS => 16,
             CU_FUNC_ATTRIBUTE_PTX_VERSION | CU_FUNC_ATTRIBUTE_BINARY_VERSION => 80,
