@@ -34,7 +34,7 @@ static WARNED_FULL: AtomicBool = AtomicBool::new(false);
 #[inline(always)]
 fn home(kernel: usize) -> usize {
     // Fibonacci hashing: handles are heap addresses, alike in their low bits.
-    (kernel.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - SLOTS.trailing_zeros())) as usize
+    kernel.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - SLOTS.trailing_zeros())
 }
 
 #[inline(always)]
