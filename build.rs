@@ -83,6 +83,7 @@ fn rust_type(c: &str) -> &'static str {
         | "CUgraphNodeType" => "c_uint",
         "CUlimit"
         | "CUdevice_attribute"
+        | "CUfunction_attribute"
         | "CUmemPool_attribute"
         | "CUmemAllocationGranularity_flags"
         | "CUmoduleLoadingMode"

@@ -18,6 +18,7 @@
 use std::sync::OnceLock;
 
 pub mod contexts;
+pub mod first_launch;
 pub mod graphs;
 pub mod overhead;
 pub mod pools;

@@ -684,6 +684,15 @@ impl Tenant {
         );
     }
 
+    /// Whether a module or library is loaded lazily and `kernel`'s code is not loaded yet.
+    pub fn lazy_code_pending(&self, kind: Overhead, handle: usize, kernel: &[u8]) -> bool {
+        let records = self.records.lock();
+        records
+            .lazy_code
+            .get(&(kind as u8, handle))
+            .is_some_and(|lazy| lazy.after_lookup(kernel).0 != lazy.bytes)
+    }
+
     /// What looking up `kernel` in a lazily loaded module or library will make the driver load (the
     /// module's data on its first lookup, the kernel's code), in the pages it adds: `None` when it
     /// loads nothing new, or nothing that needs another page (then it is marked loaded).
@@ -741,6 +750,9 @@ impl Tenant {
     pub fn forget_overhead(&self, kind: Overhead, handle: usize) {
         let mut records = self.records.lock();
         records.lazy_code.remove(&(kind as u8, handle));
+        if kind == Overhead::Library {
+            super::first_launch::forget_library(&mut records, handle);
+        }
         let old = records.overhead.remove(&(kind as u8, handle));
         drop(records);
         if let Some(old) = old {

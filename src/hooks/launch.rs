@@ -2,6 +2,7 @@
 //! gate ([`crate::scheduling::gate`]) before the real driver sees it. Graph launches: `graph.rs`.
 
 use super::{hooks, In};
+use crate::accounting::first_launch;
 use crate::scheduling::gate;
 use gpuslice_api::launch_types::{CUlaunchConfig, CUDA_LAUNCH_PARAMS};
 use gpuslice_api::types::{CUfunction, CUstream};
@@ -9,26 +10,51 @@ use gpuslice_api::CUresult;
 use std::ffi::{c_uint, c_void};
 
 hooks! {
-    // Uncontended (or no compute sharing at all): straight to the driver, before any other work.
-    ret = CUresult, fast = crate::scheduling::launch_passes();
+    // Uncontended (or no compute sharing at all), and not a kernel whose code the driver loads at
+    // this launch: straight to the driver, before any other work.
+    ret = CUresult,
+    fast = crate::scheduling::launch_passes() && !first_launch::pending(f as usize);
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                       shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-        => gate(&[stream], false, || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra));
+        => launch(f, || gate(&[stream], false, || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)));
     fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                            shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
-        => gate(&[stream], true, || real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra));
+        => launch(f, || gate(&[stream], true, || real::cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)));
     fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void)
-        => gate(&[config_stream(config)], false, || real::cuLaunchKernelEx(config, f, params, extra));
+        => launch(f, || gate(&[config_stream(config)], false, || real::cuLaunchKernelEx(config, f, params, extra)));
     fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void)
-        => gate(&[config_stream(config)], true, || real::cuLaunchKernelEx_ptsz(config, f, params, extra));
+        => launch(f, || gate(&[config_stream(config)], true, || real::cuLaunchKernelEx_ptsz(config, f, params, extra)));
     fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                                  shared: c_uint, stream: CUstream, params: *mut *mut c_void)
-        => gate(&[stream], false, || real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params));
+        => launch(f, || gate(&[stream], false, || real::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params)));
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                                       shared: c_uint, stream: CUstream, params: *mut *mut c_void)
-        => gate(&[stream], true, || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params));
-    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, count: c_uint, flags: c_uint)
-        => gate(&multi_streams(list, count), false, || real::cuLaunchCooperativeKernelMultiDevice(list, count, flags));
+        => launch(f, || gate(&[stream], true, || real::cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params)));
+}
+
+/// The multi-device launch names its kernels in a list: not read on the fast path (a lazily
+/// loaded library's kernel first launched this way is charged by reconciliation).
+mod multi {
+    use super::{gate, hooks, multi_streams, CUDA_LAUNCH_PARAMS};
+    use gpuslice_api::CUresult;
+    use std::ffi::c_uint;
+
+    hooks! {
+        ret = CUresult, fast = crate::scheduling::launch_passes();
+        fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, count: c_uint, flags: c_uint)
+            => gate(&multi_streams(list, count), false, || real::cuLaunchCooperativeKernelMultiDevice(list, count, flags));
+    }
+}
+
+pub use multi::cuLaunchCooperativeKernelMultiDevice;
+
+/// A launch off the fast path: a kernel whose code the driver loads first is loaded and charged
+/// (`context::first_launch`), then the launch goes through the compute-share gate.
+fn launch(f: CUfunction, launch: impl FnOnce() -> CUresult) -> CUresult {
+    if first_launch::pending(f as usize) {
+        return super::context::first_launch(f, launch);
+    }
+    launch()
 }
 
 /// The stream of a `cuLaunchKernelEx` configuration (NULL config: the driver reports it).

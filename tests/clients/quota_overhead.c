@@ -25,7 +25,8 @@
  *   modules ROOM_MIB FILE...                context, the quota filled but ROOM_MIB; then each image
  *                                           FILE loaded from memory (cuModuleLoadData), from the file
  *                                           (cuModuleLoad) and as a library (cuLibraryLoadData), its
- *                                           kernel `saxpy` looked up in each, each unloaded when
+ *                                           kernel `saxpy` looked up in each (a library's: its
+ *                                           cuLibraryGetKernel, then cuKernelGetFunction), each unloaded when
  *                                           loaded: loadN_PATH_rc, loadN_PATH_lookup_rc (PATH: data,
  *                                           file, library); views after each as loadN
  *   mix SEED STEPS KINDS                    the primary context, then STEPS random steps (seeded) of
@@ -549,7 +550,10 @@ int main(int argc, char **argv) {
             rc = cuLibraryLoadData(&lib, image, 0, 0, 0, 0, 0, 0);
             printf("load%d_library_rc=%d\n", a - 3, (int)rc);
             if (rc == CUDA_SUCCESS) {
-                printf("load%d_library_lookup_rc=%d\n", a - 3, (int)cuLibraryGetKernel(&kernel, lib, "saxpy"));
+                /* A library's kernel is loaded when a function is needed for the context. */
+                rc = cuLibraryGetKernel(&kernel, lib, "saxpy");
+                if (rc == CUDA_SUCCESS) rc = cuKernelGetFunction(&fn, kernel);
+                printf("load%d_library_lookup_rc=%d\n", a - 3, (int)rc);
                 CHECK(cuLibraryUnload(lib));
             }
             free(image);

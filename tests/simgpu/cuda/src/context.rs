@@ -517,24 +517,42 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: c_uint, value: usize) -> CUresult 
         if limit as usize >= KNOWN_LIMITS {
             return Err(CUerror::UNSUPPORTED_LIMIT);
         }
-        let mut limits = lock(&ctx.limits);
-        let mut next = *limits;
-        next[limit as usize] = value;
-        // What the new limits take beyond the old: reserved before they apply (a device without the
-        // room refuses, as a real driver does), or given back.
-        let before = ctx.limits_charge.load(Ordering::Acquire);
-        let after = limits_cost(ctx.device, &next);
-        if after > before {
-            if !shared()?.try_reserve(ctx.device, after - before) {
-                return Err(CUerror::OUT_OF_MEMORY);
-            }
-        } else if after < before {
-            shared()?.release(ctx.device, before - after);
-        }
-        ctx.limits_charge.store(after, Ordering::Release);
-        *limits = next;
-        Ok(())
+        set_limit(&ctx, limit as usize, |_| value)
     })
+}
+
+/// Sets limit `limit` of `ctx` to `value(old)`: what the new limits take beyond the old is reserved
+/// before they apply (a device without the room refuses, as a real driver does), or given back.
+fn set_limit(ctx: &Context, limit: usize, value: impl FnOnce(usize) -> usize) -> CUresult {
+    let mut limits = lock(&ctx.limits);
+    let mut next = *limits;
+    next[limit] = value(limits[limit]);
+    let before = ctx.limits_charge.load(Ordering::Acquire);
+    let after = limits_cost(ctx.device, &next);
+    if after > before {
+        if !shared()?.try_reserve(ctx.device, after - before) {
+            return Err(CUerror::OUT_OF_MEMORY);
+        }
+    } else if after < before {
+        shared()?.release(ctx.device, before - after);
+    }
+    ctx.limits_charge.store(after, Ordering::Release);
+    *limits = next;
+    Ok(())
+}
+
+/// A launch of a kernel whose local frame is `local` bytes per thread: a context whose local memory
+/// holds less per thread grows it for every thread the device can hold resident, and keeps it
+/// (cuda.h: `CU_CTX_LMEM_RESIZE_TO_MAX`, "Keep local memory allocation after launch", the default
+/// from CUDA 12.9; the per-thread size is the stack size, `CU_LIMIT_STACK_SIZE`, which then reads
+/// the larger value). Modelled as the stack limit raised to `local` (costed as `cuCtxSetLimit`
+/// costs it); `CUDA_ERROR_OUT_OF_MEMORY` when the device has no room (nothing runs).
+pub fn grow_local_memory(ctx: &Context, local: u64) -> CUresult {
+    let local = usize::try_from(local).unwrap_or(usize::MAX);
+    if local <= lock(&ctx.limits)[0] {
+        return Ok(());
+    }
+    set_limit(ctx, 0, |old| old.max(local))
 }
 
 #[no_mangle]

@@ -121,6 +121,36 @@ fn ptx_layouts(text: &str) -> ParamLayouts {
     out
 }
 
+/// Each PTX kernel's local frame in bytes per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`): the
+/// `__local_depot` arrays nvcc declares in the kernel's body (`.local .align 8 .b8
+/// __local_depot0[4096];`). Kernels without one (and cubins, whose frames are not read) have none.
+pub fn local_sizes(image: &[u8]) -> std::collections::HashMap<String, u64> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(text) = std::str::from_utf8(image) else {
+        return out;
+    };
+    let entries: Vec<usize> = text.match_indices(".entry").map(|(at, _)| at).collect();
+    for (i, &at) in entries.iter().enumerate() {
+        let rest = &text[at + ".entry".len()..entries.get(i + 1).copied().unwrap_or(text.len())];
+        let Some(open) = rest.find('(') else { continue };
+        let name = rest[..open].trim();
+        let mut local = 0u64;
+        for (d, _) in rest.match_indices("__local_depot") {
+            let tail = &rest[d..];
+            let size = tail
+                .find('[')
+                .zip(tail.find(']'))
+                .filter(|(o, c)| o < c)
+                .and_then(|(o, c)| tail[o + 1..c].trim().parse::<u64>().ok());
+            local = local.saturating_add(size.unwrap_or(0));
+        }
+        if !name.is_empty() && local > 0 {
+            out.insert(name.to_owned(), local);
+        }
+    }
+    out
+}
+
 /// (size, alignment) of one `.param` declaration.
 fn ptx_param_size(decl: &str) -> (usize, usize) {
     let words: Vec<&str> = decl.split_whitespace().collect();
@@ -195,6 +225,16 @@ fn cubin_layouts(elf: &[u8]) -> ParamLayouts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ptx_kernels_local_frame_is_its_local_depot() {
+        let ptx = b".version 7.0\n.target sm_80\n.address_size 64\n\
+            .visible .entry big(.param .u64 p)\n{\n.local .align 8 .b8 __local_depot0[4096];\nret;\n}\n\
+            .visible .entry small(.param .u64 p)\n{ ret; }\n";
+        let sizes = local_sizes(ptx);
+        assert_eq!(sizes.get("big"), Some(&4096));
+        assert_eq!(sizes.get("small"), None);
+    }
 
     #[test]
     fn ptx_parameters_are_laid_out_aligned() {

@@ -231,6 +231,8 @@ pub(crate) unsafe fn prepare(
     if !params.kernel_params.is_null() && !params.extra.is_null() {
         return Err(CUerror::INVALID_VALUE);
     }
+    // A library's kernel loaded lazily is loaded at its first launch (module.rs).
+    func.load()?;
     let default = Work::Timed(Duration::from_nanos(simgpu_core::config().kernel_ns));
     // SAFETY: forwarded contract.
     let size = unsafe { extra_buffer_size(params.extra) };
@@ -288,6 +290,9 @@ unsafe fn launch(
     let tag = s.context()?.tag;
     // SAFETY: forwarded contract.
     let k = unsafe { prepare(f, shape, params, s.device(), tag) }?;
+    if s.capture().is_none() {
+        crate::context::grow_local_memory(&ctx, k.func.local_size())?;
+    }
     submit(&s, k)
 }
 

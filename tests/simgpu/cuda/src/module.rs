@@ -14,10 +14,18 @@
 //!
 //! Loading is lazy as NVIDIA's driver makes it by default since CUDA 12.2 (`CUDA_MODULE_LOADING`:
 //! `LAZY`, or `EAGER` to load everything at `cuModuleLoad*`/`cuLibraryLoad*`; the default follows
-//! `SIMGPU_DRIVER_VERSION`): a load spends nothing; a kernel's lookup (`cuModuleGetFunction`,
-//! `cuLibraryGetKernel`) loads the module's data on the module's first lookup and the kernel's code
-//! (`gpuslice_api::image::Code`), or answers `CUDA_ERROR_OUT_OF_MEMORY` when the device has no room.
-//! The module's pages are its loaded bytes rounded up, so a lookup spends the pages they add.
+//! `SIMGPU_DRIVER_VERSION`): a load spends nothing; a module's kernel is loaded at its lookup
+//! (`cuModuleGetFunction`), as the CUDA Programming Guide ("Lazy Loading") says: "loading a module
+//! (cuModuleLoad*() family of functions) will not be loading kernels immediately, instead it will
+//! delay loading of a kernel until cuModuleGetFunction() is called". A library's kernel is loaded
+//! when a function is needed for a context, not at `cuLibraryGetKernel`: `cuLibraryLoadData`'s
+//! documentation says a lazily loaded library "will only be loaded when a function is needed for
+//! that context, such as a kernel launch", so at `cuKernelGetFunction` or at the first launch of
+//! the `CUkernel` (or its function). Each loads the module's data on the module's first load and
+//! the kernel's code (`gpuslice_api::image::Code`), or answers `CUDA_ERROR_OUT_OF_MEMORY` when the
+//! device has no room (a launch then runs nothing). The module's pages are its loaded bytes rounded
+//! up, so a load spends the pages it adds. A library's code is loaded once, on the library's device,
+//! not once per context.
 
 use crate::stream::lock;
 use gpuslice_api::launch_types::*;
@@ -25,6 +33,7 @@ use gpuslice_api::types::{CUdeviceptr, CUfunction, CUkernel, CUlibrary, CUmodule
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// Default dynamic shared memory limit per block, and the opt-in maximum of the simulated
@@ -36,6 +45,8 @@ pub struct Module {
     functions: Mutex<HashMap<String, Arc<Function>>>,
     /// Parameter layouts by kernel name, from the image.
     params: crate::image::ParamLayouts,
+    /// Local frames (bytes per thread) by kernel name, from the image.
+    locals: HashMap<String, u64>,
     /// Physical device, what the image puts there, and what of it is loaded.
     device: u32,
     code: gpuslice_api::image::Code,
@@ -47,6 +58,8 @@ pub struct Module {
 pub struct Function {
     name: CString,
     module: Weak<Module>,
+    /// Its code is on the device (a library's kernel loads at its first use: [`Function::load`]).
+    loaded: AtomicBool,
     /// Attributes set with cuFuncSetAttribute, by attribute number.
     attrs: Mutex<[Option<i32>; CU_FUNC_ATTRIBUTE_MAX as usize]>,
 }
@@ -66,9 +79,10 @@ impl Function {
         }
         Ok(match attr {
             CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
-            CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
-            | CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES
-            | CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES => 0,
+            CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES => {
+                i32::try_from(self.local_size()).unwrap_or(i32::MAX)
+            }
+            CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES | CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES => 0,
             CU_FUNC_ATTRIBUTE_NUM_REGS => 16,
             CU_FUNC_ATTRIBUTE_PTX_VERSION | CU_FUNC_ATTRIBUTE_BINARY_VERSION => 80,
             CU_FUNC_ATTRIBUTE_CACHE_MODE_CA => 0,
@@ -93,6 +107,27 @@ impl Function {
             return Err(CUerror::INVALID_VALUE);
         }
         lock(&self.attrs)[attr as usize] = Some(value);
+        Ok(())
+    }
+    /// Its local frame in bytes per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`: a PTX kernel's
+    /// `__local_depot`), which a launch makes the context's local memory hold for every resident
+    /// thread (`context::grow_local_memory`).
+    pub fn local_size(&self) -> u64 {
+        self.module
+            .upgrade()
+            .and_then(|m| m.locals.get(self.name()).copied())
+            .unwrap_or(0)
+    }
+    /// Loads its code if it is not on the device yet (a library's kernel, loaded lazily at its first
+    /// `cuKernelGetFunction` or launch): `CUDA_ERROR_OUT_OF_MEMORY` when the device has no room.
+    /// One load when loaded.
+    pub fn load(&self) -> CUresult {
+        if self.loaded.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let m = self.module.upgrade().ok_or(CUerror::INVALID_HANDLE)?;
+        m.load_for(Some(self.name()), false)?;
+        self.loaded.store(true, Ordering::Release);
         Ok(())
     }
     /// The largest dynamic shared memory a launch of this function may ask for.
@@ -213,6 +248,7 @@ fn new_module(image: &crate::image::Image, library: bool) -> Result<Arc<Module>,
     let m = Arc::new(Module {
         functions: Mutex::new(HashMap::new()),
         params: crate::image::param_layouts(&image.bytes),
+        locals: crate::image::local_sizes(&image.bytes),
         device,
         code,
         loaded: Mutex::new(Loaded::default()),
@@ -249,13 +285,15 @@ fn unload_module(m: &Arc<Module>) {
     }
 }
 
-/// The module's function `name`: the same handle every time it is asked for.
-fn get_function(m: &Arc<Module>, name: &str) -> CUfunction {
+/// The module's function `name`: the same handle every time it is asked for. `loaded`: its code is
+/// on the device already (a module's lookup loads it; a library's kernel loads at first use).
+fn get_function(m: &Arc<Module>, name: &str, loaded: bool) -> CUfunction {
     let mut fns = lock(&m.functions);
     let f = fns.entry(name.to_owned()).or_insert_with(|| {
         let f = Arc::new(Function {
             name: CString::new(name).unwrap_or_default(),
             module: Arc::downgrade(m),
+            loaded: AtomicBool::new(loaded),
             attrs: Mutex::new([None; CU_FUNC_ATTRIBUTE_MAX as usize]),
         });
         lock(&FUNCTIONS).insert(Arc::as_ptr(&f) as usize, f.clone());
@@ -451,7 +489,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         // SAFETY: `name` is a C string per the API.
         let name = unsafe { c_str(name) }?;
         m.load_for(Some(name), false)?;
-        *pf = get_function(&m, name);
+        *pf = get_function(&m, name, true);
         Ok(())
     })
 }
@@ -550,8 +588,9 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
         let lib = library(h)?;
         // SAFETY: `name` is a C string per the API.
         let name = unsafe { c_str(name) }?;
-        lib.module.load_for(Some(name), false)?;
-        *pk = get_function(&lib.module, name) as CUkernel;
+        // Lazily: nothing is loaded until a function is needed for a context (`Function::load`);
+        // eagerly, everything was loaded with the library.
+        *pk = get_function(&lib.module, name, !lazy_loading()) as CUkernel;
         Ok(())
     })
 }
@@ -571,6 +610,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(pf: Option<&mut CUfunction>, k: CUk
         let pf = crate::out(pf)?;
         crate::context::current()?;
         let f = function(k as CUfunction)?;
+        f.load()?;
         *pf = Arc::as_ptr(&f) as CUfunction;
         Ok(())
     })

@@ -1,0 +1,122 @@
+/* Driver memory spent where the driver spends it: a lazily loaded library's code at its kernel's
+ * first launch or cuKernelGetFunction. Prints `key=value` lines that tests/memory_lazy.rs judges
+ * against simgpu's own counters. Never asks cuMemGetInfo (which reconciles the charge with what the
+ * driver holds): the charge judged is what the operations themselves were charged.
+ *
+ * Modes (argv[1]):
+ *   firstlaunch ROOM_MIB LIB_MIB   a context; the quota filled but ROOM_MIB (`-`: nothing filled);
+ *                                  two libraries of a LIB_MIB MiB PTX kernel `touch` loaded
+ *                                  (cuLibraryLoadData) and their kernels got (cuLibraryGetKernel):
+ *                                  got=1, wait for a line; the first kernel launched twice as a
+ *                                  function (launch1_rc, launch2_rc), the second's function asked
+ *                                  (getfn_rc) and launched (launch3_rc); synchronised: done=1, wait
+ *                                  for a line
+ *   lmem ROOM_MIB LOCAL_BYTES      a context; the quota filled but ROOM_MIB (`-`: nothing filled);
+ *                                  a module (cuModuleLoadData) whose kernel `touch` has a local
+ *                                  frame of LOCAL_BYTES per thread: loaded=1, wait for a line; the
+ *                                  kernel launched twice (launch1_rc, launch2_rc), synchronised,
+ *                                  the stack limit read (stack=): done=1, wait for a line
+ */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MIB (1024ull * 1024ull)
+
+#include "check.h"
+
+static void wait_line(void) {
+    char line[64];
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) exit(0);
+}
+
+/* Fills the quota in 2 MiB chunks, then gives back exactly `mib` MiB of room. */
+static void leave_room(unsigned long long mib) {
+    static CUdeviceptr chunks[1 << 14];
+    int n = 0;
+    while (n < (int)(sizeof chunks / sizeof *chunks) && cuMemAlloc(&chunks[n], 2 * MIB) == CUDA_SUCCESS) n++;
+    for (unsigned long long freed = 0; freed < mib && n > 0; freed += 2) CHECK(cuMemFree(chunks[--n]));
+}
+
+/* A PTX image of `mib` MiB whose kernel `touch` has a local frame of `local` bytes (none: 0). */
+static char *ptx_of(unsigned long long mib, unsigned long long local) {
+    char head[512];
+    if (local)
+        snprintf(head, sizeof head,
+                 ".version 7.0\n.target sm_80\n.address_size 64\n"
+                 ".visible .entry touch(.param .u64 p)\n{\n.local .align 8 .b8 __local_depot0[%llu];\nret;\n}\n//",
+                 local);
+    else
+        snprintf(head, sizeof head, ".version 7.0\n.target sm_80\n.address_size 64\n"
+                                    ".visible .entry touch(.param .u64 p)\n{ ret; }\n//");
+    size_t n = (size_t)(mib * MIB);
+    if (n < strlen(head) + 2) n = strlen(head) + 2;
+    char *s = malloc(n + 1);
+    memset(s, 'x', n);
+    memcpy(s, head, strlen(head));
+    s[n - 1] = '\n';
+    s[n] = 0;
+    return s;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("pid=%d\n", (int)getpid());
+    const char *mode = argc > 1 ? argv[1] : "";
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuCtxCreate(&ctx, 0, dev));
+    unsigned long long p = 0;
+    void *params[] = {&p};
+    if (strcmp(mode, "firstlaunch") == 0 && argc == 4) {
+        if (strcmp(argv[2], "-") != 0) leave_room(strtoull(argv[2], 0, 10));
+        char *ptx = ptx_of(strtoull(argv[3], 0, 10), 0);
+        CUlibrary lib1, lib2;
+        CUkernel k1, k2;
+        CHECK(cuLibraryLoadData(&lib1, ptx, 0, 0, 0, 0, 0, 0));
+        CHECK(cuLibraryLoadData(&lib2, ptx, 0, 0, 0, 0, 0, 0));
+        free(ptx);
+        CHECK(cuLibraryGetKernel(&k1, lib1, "touch"));
+        CHECK(cuLibraryGetKernel(&k2, lib2, "touch"));
+        printf("got=1\n");
+        wait_line();
+        printf("launch1_rc=%d\n", (int)cuLaunchKernel((CUfunction)k1, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        printf("launch2_rc=%d\n", (int)cuLaunchKernel((CUfunction)k1, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        CUfunction f2;
+        CUresult rc = cuKernelGetFunction(&f2, k2);
+        printf("getfn_rc=%d\n", (int)rc);
+        if (rc == CUDA_SUCCESS)
+            printf("launch3_rc=%d\n", (int)cuLaunchKernel(f2, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        CHECK(cuCtxSynchronize());
+        printf("done=1\n");
+        wait_line();
+        return 0;
+    }
+    if (strcmp(mode, "lmem") == 0 && argc == 4) {
+        if (strcmp(argv[2], "-") != 0) leave_room(strtoull(argv[2], 0, 10));
+        char *ptx = ptx_of(0, strtoull(argv[3], 0, 10));
+        CUmodule mod;
+        CUfunction f;
+        CHECK(cuModuleLoadData(&mod, ptx));
+        free(ptx);
+        CHECK(cuModuleGetFunction(&f, mod, "touch"));
+        printf("loaded=1\n");
+        wait_line();
+        printf("launch1_rc=%d\n", (int)cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        printf("launch2_rc=%d\n", (int)cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        CHECK(cuCtxSynchronize());
+        size_t stack = 0;
+        CHECK(cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE));
+        printf("stack=%zu\n", stack);
+        printf("done=1\n");
+        wait_line();
+        return 0;
+    }
+    fprintf(stderr, "usage: memory_lazy firstlaunch ROOM_MIB LIB_MIB | lmem ROOM_MIB LOCAL_BYTES\n");
+    return 2;
+}

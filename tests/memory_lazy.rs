@@ -1,0 +1,240 @@
+//! Driver memory charged where the driver spends it: a lazily loaded library's code at its kernel's
+//! first launch (or `cuKernelGetFunction`), not at `cuLibraryGetKernel`; the local memory a launch
+//! grows for a kernel with a large frame. Judged by simgpu's own
+//! counters (per-process and per-group used memory) through a C client
+//! (tests/clients/memory_lazy.c) that never asks `cuMemGetInfo`, so what is judged is what the
+//! operations were charged, not what reconciliation found later.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const QUOTA: u64 = GIB;
+/// The driver reserves device memory in 2 MiB pages: measured charges are exact to one of them.
+const GRANULE: u64 = 2 * MIB;
+
+const CLIENT: CBuild = CBuild {
+    name: "memory-lazy",
+    source: "memory_lazy.c",
+    include: "cu12",
+    link_cuda: true,
+};
+
+/// A private directory for one test's ledgers and measurement locks.
+fn scratch(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "memory_lazy-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn sim(tag: &str) -> Sim {
+    Sim::new(tag)
+        .env("SIMGPU_MEMORY", "4GiB")
+        .env("CUDA_MODULE_LOADING", "LAZY")
+}
+
+/// The client as a preloaded process of `tenant` (quota 1 GiB, its ledger and device directory in
+/// `dir`).
+fn client(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
+    let mut cmd = sim.command(compile(&CLIENT));
+    cmd.args(args)
+        .env("LD_PRELOAD", libgpuslice())
+        .env("CUDA_MODULE_LOADING", "LAZY")
+        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+        .env("GPUSLICE_TENANT", tenant)
+        .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+        .env("SIMGPU_GROUP", tenant);
+    cmd
+}
+
+/// What a live process uses on device 0 by simgpu's counters.
+fn process_used(stat: &Json, pid: &str) -> u64 {
+    let Json::Arr(procs) = stat.at("processes") else {
+        panic!("simgpu-stat: no processes in {stat}")
+    };
+    procs
+        .iter()
+        .find(|p| p.u64("pid").to_string() == pid)
+        .map_or_else(
+            || panic!("process {pid} not in {stat}"),
+            |p| p.u64("used.0"),
+        )
+}
+
+/// The group's (tenant's) peak device memory by simgpu's counters.
+fn group_peak(stat: &Json, tenant: &str) -> u64 {
+    let Json::Arr(groups) = stat.at("groups") else {
+        panic!("simgpu-stat: no groups in {stat}")
+    };
+    groups
+        .iter()
+        .find(|g| g.at("name") == &Json::Str(tenant.to_string()))
+        .map_or(0, |g| g.u64("peak.0"))
+}
+
+/// What a process of `tenant` is charged in the ledger (allocations and driver overhead).
+fn charged(dir: &Path, tenant: &str, pid: &str) -> u64 {
+    let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join(format!("{tenant}.ledger")))
+        .expect("the tenant's ledger");
+    let snapshot = ledger.snapshot();
+    let process = snapshot
+        .processes
+        .iter()
+        .find(|p| p.pid.to_string() == pid)
+        .unwrap_or_else(|| panic!("process {pid} not in the ledger: {snapshot:?}"));
+    process.used.iter().map(|(_, bytes)| bytes).sum()
+}
+
+fn go(child: &mut Child) {
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+}
+
+/// A lazily loaded library's code is charged where the driver loads it: not at
+/// `cuLibraryGetKernel` (nothing is on the device yet, nothing charged), at the kernel's first
+/// launch and at `cuKernelGetFunction`. After both, the process's charge is simgpu's figure for it
+/// to within one page, and later launches of the same kernel add nothing.
+#[test]
+fn lazy_code_is_charged_at_first_launch_and_kernel_function() {
+    let dir = scratch("first-launch");
+    let sim = sim("lazy-first-launch");
+    let mut child = sim.spawn(&mut client(&sim, &dir, "lazy", &["firstlaunch", "-", "24"]));
+    let kv = wait_for_key(&mut child, "got");
+    let pid = kv["pid"].clone();
+    let used_before = process_used(&sim.stat(), &pid);
+    let charged_before = charged(&dir, "lazy", &pid);
+    assert!(
+        used_before.abs_diff(charged_before) <= GRANULE,
+        "before any launch: charged {charged_before}, simgpu holds {used_before}"
+    );
+    go(&mut child);
+    let kv = wait_for_key(&mut child, "done");
+    for key in ["launch1_rc", "launch2_rc", "getfn_rc", "launch3_rc"] {
+        assert_eq!(kv.get(key).map(String::as_str), Some("0"), "{key}: {kv:?}");
+    }
+    let used = process_used(&sim.stat(), &pid);
+    let charge = charged(&dir, "lazy", &pid);
+    assert!(
+        used >= used_before + 48 * MIB,
+        "simgpu loaded both libraries' code at their first use: {used_before} -> {used}"
+    );
+    assert!(
+        used.abs_diff(charge) <= GRANULE,
+        "after the first launch and cuKernelGetFunction: charged {charge}, simgpu holds {used}"
+    );
+    go(&mut child);
+    finish(child, "firstlaunch").assert_success();
+}
+
+/// A first launch whose code the quota has no room for fails with `CUDA_ERROR_OUT_OF_MEMORY`, as a
+/// driver that cannot load the code answers, with one log line, and the driver never loads it: the
+/// tenant's peak by simgpu's counters stays within its quota. So does `cuKernelGetFunction`.
+#[test]
+fn a_first_launch_without_room_for_the_code_is_refused() {
+    let dir = scratch("first-launch-room");
+    let sim = sim("lazy-first-launch-room");
+    let mut child = sim.spawn(&mut client(
+        &sim,
+        &dir,
+        "room",
+        &["firstlaunch", "10", "24"],
+    ));
+    wait_for_key(&mut child, "got");
+    go(&mut child);
+    let kv = wait_for_key(&mut child, "done");
+    go(&mut child);
+    let run = finish(child, "firstlaunch without room");
+    run.assert_success();
+    for key in ["launch1_rc", "launch2_rc", "getfn_rc"] {
+        assert_eq!(
+            kv.get(key).map(String::as_str),
+            Some("2"),
+            "{key}: {kv:?}\n{}",
+            run.report()
+        );
+    }
+    let peak = group_peak(&sim.stat(), "room");
+    assert!(
+        peak <= QUOTA,
+        "the driver was let load code the quota had no room for: peak {peak}\n{}",
+        run.report()
+    );
+    assert!(
+        run.stderr.contains("refused"),
+        "a refused first launch is logged:\n{}",
+        run.report()
+    );
+}
+
+/// The simulated device's multiprocessors and resident threads per multiprocessor.
+const THREADS: u64 = 132 * 2048;
+
+/// A kernel whose local frame (2 KiB per thread) is larger than the context's stack (1 KiB) makes
+/// the driver grow the context's local memory at its first launch, for every resident thread, and
+/// keep it: the charge is simgpu's figure for the process to within one page afterwards, and a
+/// second launch adds nothing.
+#[test]
+fn local_memory_grown_at_launch_is_charged() {
+    let dir = scratch("lmem");
+    let sim = sim("lazy-lmem");
+    let mut child = sim.spawn(&mut client(&sim, &dir, "lmem", &["lmem", "-", "2048"]));
+    let kv = wait_for_key(&mut child, "loaded");
+    let pid = kv["pid"].clone();
+    let used_before = process_used(&sim.stat(), &pid);
+    go(&mut child);
+    let kv = wait_for_key(&mut child, "done");
+    for key in ["launch1_rc", "launch2_rc"] {
+        assert_eq!(kv.get(key).map(String::as_str), Some("0"), "{key}: {kv:?}");
+    }
+    assert_eq!(kv.get("stack").map(String::as_str), Some("2048"), "{kv:?}");
+    let used = process_used(&sim.stat(), &pid);
+    let charge = charged(&dir, "lmem", &pid);
+    assert!(
+        used >= used_before + 1024 * THREADS,
+        "simgpu grew the local memory at the launch: {used_before} -> {used}"
+    );
+    assert!(
+        used.abs_diff(charge) <= GRANULE,
+        "after the launch: charged {charge}, simgpu holds {used}"
+    );
+    go(&mut child);
+    finish(child, "lmem").assert_success();
+}
+
+/// A launch whose local memory growth the quota has no room for fails with
+/// `CUDA_ERROR_OUT_OF_MEMORY` before the driver grows it: the tenant's peak by simgpu's counters
+/// stays within its quota.
+#[test]
+fn a_launch_without_room_for_its_local_memory_is_refused() {
+    let dir = scratch("lmem-room");
+    let sim = sim("lazy-lmem-room");
+    let mut child = sim.spawn(&mut client(&sim, &dir, "lroom", &["lmem", "100", "2048"]));
+    wait_for_key(&mut child, "loaded");
+    go(&mut child);
+    let kv = wait_for_key(&mut child, "done");
+    go(&mut child);
+    let run = finish(child, "lmem without room");
+    run.assert_success();
+    assert_eq!(
+        kv.get("launch1_rc").map(String::as_str),
+        Some("2"),
+        "{kv:?}\n{}",
+        run.report()
+    );
+    let peak = group_peak(&sim.stat(), "lroom");
+    assert!(
+        peak <= QUOTA,
+        "the driver was let grow local memory the quota had no room for: peak {peak}\n{}",
+        run.report()
+    );
+}
