@@ -389,6 +389,11 @@ pub struct ComputeTenant {
     pub waiting: u32,
     /// It holds the device now.
     pub owner: bool,
+    /// Ownerships of the device granted to its processes, and taken back from them (dead or
+    /// stopped), as its entry in the per-tenant counters' file says (`None`: no such file). Words any
+    /// tenant can write: a count, never trusted for anything else.
+    pub handovers: Option<u64>,
+    pub revocations: Option<u64>,
 }
 
 fn read_device(path: &Path) -> Option<DeviceReading> {
@@ -451,6 +456,7 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
             };
             // What the arbitration obeys: the node's compute policy for the tenants it lists.
             let v = l.view(t);
+            let counts = l.tenant_counts(t);
             ComputeTenant {
                 tenant: tenant_name(&l, t),
                 share: v.share.min(100),
@@ -461,6 +467,8 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
                 recent_share,
                 waiting: waiting[t],
                 owner: owner == Some(t),
+                handovers: counts.map(|c| c.0),
+                revocations: counts.map(|c| c.1),
             }
         })
         .collect();
