@@ -560,6 +560,56 @@ mod tests {
 }
 
 #[cfg(test)]
+mod conflict_tests {
+    use super::*;
+    use crate::gpus::GpuIndex;
+
+    /// The device plugin's record of GPUs also allocated through `nvidia.com/gpu` becomes
+    /// `gpuslice_gpu_also_allocated` (the alert's series); lines that name no GPU, a link in its
+    /// place, and a file past 64 KiB give nothing.
+    #[test]
+    fn gpus_allocated_twice_are_exported() {
+        let d = std::env::temp_dir().join(format!("observe-conflicts-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("device-plugin")).unwrap();
+        let file = d.join("device-plugin/conflicts");
+        std::fs::write(
+            &file,
+            "GPU-b\tml\twhole-gpu\tcuda\nnot-a-gpu\tml\tp\tc\nGPU-c\tshort\n",
+        )
+        .unwrap();
+        let sources = Sources::new(Some(d.clone()), Some(d.join("none")), None);
+        let r = sources.read();
+        assert_eq!(r.also_allocated.len(), 1, "{:?}", r.also_allocated);
+        let text = crate::metrics::encode(
+            &r,
+            &mut GpuIndex::with(|| [("GPU-b".to_string(), 1)].into()),
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("gpuslice_gpu_also_allocated{"))
+            .unwrap_or_else(|| panic!("{text}"));
+        for part in [
+            "gpu=\"1\"",
+            "UUID=\"GPU-b\"",
+            "namespace=\"ml\"",
+            "pod=\"whole-gpu\"",
+            "} 1",
+        ] {
+            assert!(line.contains(part), "{line}");
+        }
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(d.join("elsewhere"), &file).unwrap();
+        std::fs::write(d.join("elsewhere"), "GPU-b\tml\twhole-gpu\tcuda\n").unwrap();
+        assert!(read_conflicts(&file).is_empty(), "a link is not followed");
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(&file, "GPU-b\tml\tp\tc\n".repeat(6000)).unwrap();
+        assert!(read_conflicts(&file).is_empty(), "past 64 KiB");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+#[cfg(test)]
 mod ledger_file_tests {
     use super::*;
 

@@ -285,7 +285,10 @@ fn per_tenant_counts_follow_their_tenant_and_saturate() {
     // A hostile word: the count stays at the top instead of wrapping to zero.
     let at = std::mem::size_of::<slotfile::Prefix>() + a * std::mem::size_of::<TallyEntry>() + 16;
     std::os::unix::fs::FileExt::write_all_at(
-        &std::fs::OpenOptions::new().write(true).open(&tally).unwrap(),
+        &std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tally)
+            .unwrap(),
         &u64::MAX.to_ne_bytes(),
         at as u64,
     )
@@ -298,8 +301,12 @@ fn per_tenant_counts_follow_their_tenant_and_saturate() {
     l.count(a, true);
     assert_eq!(seen(a), Some((0, 1)));
     // Grown by somebody: the next joiner sets its size back (and counts on).
-    let f = std::fs::OpenOptions::new().write(true).open(&tally).unwrap();
-    f.set_len(std::mem::size_of::<Tally>() as u64 + 4096).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&tally)
+        .unwrap();
+    f.set_len(std::mem::size_of::<Tally>() as u64 + 4096)
+        .unwrap();
     drop(DeviceLedger::open(&path, UUID, false).unwrap());
     assert_eq!(
         std::fs::metadata(&tally).unwrap().len(),
