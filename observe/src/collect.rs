@@ -3,7 +3,7 @@
 //! Sources (docs/OBSERVABILITY.md, "Where the figures come from"):
 //! * node tenants: `<state>/tenants/<NAME>/policy.toml` and `<NAME>.ledger` beside it;
 //! * other tenants: every `*.ledger` in the ledger directory;
-//! * compute: every `*.dev` in the device directory.
+//! * compute: every `*.dev` in the device directory (and the `.tally` beside it).
 //!
 //! Every file is opened read-only and read on its own: a file that vanished between the listing and
 //! the open gives nothing, a file that cannot be read as a ledger gives an error for that file only.
