@@ -7,15 +7,27 @@
 #      Prometheus's answers to the panels' own queries; headless Chromium (Debian's `chromium`)
 #      takes the screenshot.
 # usage: scripts/dashboard-screenshot.sh [SECONDS (default 30)] [OUT.png (default docs/img/dashboard.png)]
-# Needs: prometheus, chromium (apt-get install prometheus chromium).
+# Needs: prometheus, chromium: Debian's packages, installed here with apt-get when missing (as root;
+# otherwise the script says what to install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_SECONDS=${1:-30}
 OUT=${2:-docs/img/dashboard.png}
 TARGET=${CARGO_TARGET_DIR:-target}
+missing=()
 for tool in prometheus chromium; do
-  command -v $tool >/dev/null || { echo "$tool is missing: apt-get install $tool" >&2; exit 1; }
+  command -v $tool >/dev/null || missing+=("$tool")
 done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing ${missing[*]} (Debian packages)" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "${missing[*]} missing: apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+fi
 work=$(mktemp -d)
 pids=()
 cleanup() {

@@ -108,10 +108,11 @@ fn round(how: Damage) -> Option<String> {
     let mut children = vec![("a", spawn("a")), ("b", spawn("b"))];
     let t0 = Instant::now() + Duration::from_millis(400);
     std::thread::sleep((t0 + Duration::from_millis(400)).saturating_duration_since(Instant::now()));
-    let ledger = std::fs::read_dir(&devices)
-        .ok()
-        .and_then(|mut d| d.find_map(|e| e.ok().map(|e| e.path())))
-        .filter(|p| p.extension().is_some_and(|x| x == "dev"));
+    // The device ledger among the files there (its per-tenant counters, the measurement lock).
+    let ledger = std::fs::read_dir(&devices).ok().and_then(|d| {
+        d.filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "dev"))
+    });
     let Some(ledger) = ledger else {
         return Some(format!(
             "{how:?}: no device ledger in {}",

@@ -773,3 +773,155 @@ fn alert_rules_pass_promtool_and_the_quota_alert_fires() {
         String::from_utf8_lossy(&test.stderr)
     );
 }
+
+/// Two tenants spinning on one simulated GPU take turns: each tenant's own hand-over counter
+/// (`gpuslice_compute_tenant_handovers_total`, from the per-tenant counters' file beside the device
+/// ledger) grows while they contend, their sum stays within the GPU's, and `gpuslice status --json`
+/// shows the exporter's figures for each.
+#[test]
+fn each_tenants_handovers_grow_under_contention() {
+    let _serial = heavy();
+    let sim = Sim::new("exporter-tally");
+    let (_exporter, addr) = start_exporter(&sim, &sim.dir.join("node"));
+    let spin = ["--spin-us", "200", "--seconds", "8"];
+    let started = Instant::now();
+    let mut children: Vec<Killed> = ["alpha", "beta"]
+        .into_iter()
+        .map(|t| {
+            Killed(
+                tenant(&sim, t, &[("GPUSLICE_COMPUTE_SHARE", "50")], &spin)
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let counts = |samples: &[Sample]| {
+        ["alpha", "beta"].map(|t| {
+            find(
+                samples,
+                "gpuslice_compute_tenant_handovers_total",
+                &[("tenant", t)],
+            )
+            .map_or(0.0, |s| s.value)
+        })
+    };
+    // The first reading where both have been handed the device at least once (both are running).
+    let first = loop {
+        let c = counts(&parse(&scrape(&addr)));
+        if c.iter().all(|v| *v > 0.0) {
+            break c;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "no hand-over to both tenants during the run: {c:?}\n{}",
+            scrape(&addr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for c in &mut children {
+        let status = c.0.wait().unwrap();
+        assert!(status.success(), "a tenant failed: {status}");
+    }
+    let text = scrape(&addr);
+    promtool_check_metrics(&text);
+    let last_samples = parse(&text);
+    let last = counts(&last_samples);
+    println!("per-tenant hand-overs: first {first:?}, last {last:?}");
+    for (i, t) in ["alpha", "beta"].into_iter().enumerate() {
+        assert!(
+            last[i] > first[i],
+            "{t}: hand-overs {} then {} while contending\n{text}",
+            first[i],
+            last[i]
+        );
+        assert_eq!(
+            value(
+                &last_samples,
+                "gpuslice_compute_tenant_revocations_total",
+                &[("tenant", t)]
+            ),
+            0.0,
+            "{t}: nobody died or stopped"
+        );
+    }
+    let gpu = value(&last_samples, "gpuslice_compute_handovers_total", &[]);
+    assert!(
+        last.iter().sum::<f64>() <= gpu,
+        "per-tenant {last:?} past the GPU's {gpu}"
+    );
+    // `gpuslice status --compute --json` shows the same counts for each tenant.
+    let status = sim.run(gpuslice_bin(), &["status", "--compute", "--json"]);
+    status.assert_success();
+    let doc = Json::parse(&status.stdout).unwrap();
+    for row in doc.arr("compute") {
+        let t = row.str("tenant");
+        let i = ["alpha", "beta"].iter().position(|n| *n == t).unwrap();
+        assert_eq!(
+            row.u64("handovers") as f64,
+            last[i],
+            "{t}: status --json vs exporter\n{}",
+            status.stdout
+        );
+        assert_eq!(row.u64("revocations"), 0, "{}", status.stdout);
+    }
+    let table = sim.run(gpuslice_bin(), &["status", "--compute"]);
+    table.assert_success();
+    assert!(
+        table.stdout.contains("handovers") && table.stdout.contains("revoked"),
+        "{}",
+        table.stdout
+    );
+}
+
+/// A process killed while it holds memory: the exporter shows what it held as the exited part of
+/// the tenant's use (`gpuslice_memory_exited_bytes`, all of `used` here), with no live process,
+/// and `gpuslice status --json` shows the process as not alive.
+#[test]
+fn memory_of_a_killed_process_is_shown_as_exited() {
+    let _serial = heavy();
+    let sim = Sim::new("exporter-exited");
+    let (_exporter, addr) = start_exporter(&sim, &sim.dir.join("node"));
+    let mut holder = tenant(
+        &sim,
+        "gamma",
+        &[("GPUSLICE_MEMORY_LIMIT", "1GiB")],
+        &["--chunk", "256", "--max", "256", "--hold-ms", "120000"],
+    )
+    .spawn()
+    .unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("free_after=") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the holder ended before allocating"
+        );
+    }
+    let live = parse(&scrape(&addr));
+    let labels = [("tenant", "gamma")];
+    assert!(value(&live, "gpuslice_memory_used_bytes", &labels) >= (256u64 << 20) as f64);
+    assert_eq!(value(&live, "gpuslice_memory_exited_bytes", &labels), 0.0);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let text = scrape(&addr);
+    let dead = parse(&text);
+    let used = value(&dead, "gpuslice_memory_used_bytes", &labels);
+    assert!(used >= (256u64 << 20) as f64, "{text}");
+    assert_eq!(
+        value(&dead, "gpuslice_memory_exited_bytes", &labels),
+        used,
+        "{text}"
+    );
+    assert_eq!(value(&dead, "gpuslice_tenant_processes", &labels), 0.0);
+    let status = sim.run(gpuslice_bin(), &["status", "--json", "--tenant", "gamma"]);
+    status.assert_success();
+    let doc = Json::parse(&status.stdout).unwrap();
+    assert!(
+        doc.arr("memory.processes")
+            .iter()
+            .all(|p| matches!(p.at("alive"), Json::Bool(false))),
+        "{}",
+        status.stdout
+    );
+}

@@ -107,6 +107,11 @@ pub(crate) struct ComputeRow {
     pub charged_ns: u64,
     /// The tenant holds the device now.
     pub owner: bool,
+    /// Ownerships of the device granted to its processes, and taken back from them (dead or
+    /// stopped), from the per-tenant counters' file (null: the GPU has none). Words any tenant can
+    /// write: counts to read, nothing more.
+    pub handovers: Option<u64>,
+    pub revocations: Option<u64>,
 }
 
 /// Per device and tenant: share, cap, priority, achieved share over the last window (up to 15 s),
@@ -162,6 +167,8 @@ pub(crate) fn rows(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Compu
                 waited_s: (e.wait_ns.load(Acquire) / 1_000_000) as f64 / 1000.0,
                 charged_ns: e.charged_ns.load(Acquire),
                 owner: owner == Some(t),
+                handovers: l.tenant_counts(t).map(|c| c.0),
+                revocations: l.tenant_counts(t).map(|c| c.1),
             });
         }
     }
@@ -243,13 +250,21 @@ pub(crate) fn table(rows: &[ComputeRow]) -> String {
             let _ = writeln!(out, "compute {device}");
             let _ = writeln!(
                 out,
-                "  {:<20} {:<8} {:>6} {:>6} {:>8} {:>9} {:>10}",
-                "tenant", "id", "share", "cap", "priority", "achieved", "waited"
+                "  {:<20} {:<8} {:>6} {:>6} {:>8} {:>9} {:>10} {:>9} {:>7}",
+                "tenant",
+                "id",
+                "share",
+                "cap",
+                "priority",
+                "achieved",
+                "waited",
+                "handovers",
+                "revoked"
             );
         }
         let _ = writeln!(
             out,
-            "  {:<20} {:<8} {:>5}% {:>6} {:>8} {:>8.1}% {:>9.2}s{}",
+            "  {:<20} {:<8} {:>5}% {:>6} {:>8} {:>8.1}% {:>9.2}s {:>9} {:>7}{}",
             r.tenant,
             r.id,
             r.share,
@@ -261,6 +276,8 @@ pub(crate) fn table(rows: &[ComputeRow]) -> String {
             r.priority,
             r.achieved_percent,
             r.waited_s,
+            r.handovers.map_or("-".to_string(), |n| n.to_string()),
+            r.revocations.map_or("-".to_string(), |n| n.to_string()),
             if r.owner { "  (running)" } else { "" }
         );
     }

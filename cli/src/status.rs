@@ -79,6 +79,121 @@ struct StatusDocument {
     /// (`<state>/reconcile/unmanaged` of `--state-dir`); `null`: no `--state-dir`, or no report
     /// (no node reconciling).
     unmanaged: Option<Vec<UnmanagedDocument>>,
+    /// With --state-dir: every tenant the node created, with the exporter's figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_tenants: Option<Vec<NodeTenant>>,
+}
+
+/// A node tenant as the exporter reads it (`gpuslice_observe::collect`): its pod, and per GPU its
+/// memory (exited processes' part apart), or why its ledger could not be read.
+#[derive(Serialize)]
+struct NodeTenant {
+    tenant: String,
+    namespace: Option<String>,
+    pod: Option<String>,
+    container: Option<String>,
+    ledger: String,
+    /// Live processes attached to its ledger.
+    processes: Option<usize>,
+    devices: Vec<NodeTenantDevice>,
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct NodeTenantDevice {
+    uuid: String,
+    /// `null`: unlimited.
+    limit: Option<u64>,
+    used: u64,
+    /// The part of `used` still charged to processes that have exited.
+    exited: u64,
+    peak: u64,
+    denied: u64,
+}
+
+/// The node's tenants under `state` (`<state>/tenants/*`), read as the exporter reads them.
+fn node_tenants(state: &std::path::Path) -> Vec<NodeTenant> {
+    let layout = gpuslice_node::policy::Layout::new(state);
+    let sources = gpuslice_observe::collect::Sources::new(
+        Some(state.to_path_buf()),
+        // Only the node's tenants: no other ledger directory is listed.
+        Some(layout.tenants_dir().join(".none")),
+        Some(layout.devices_dir()),
+    );
+    let tenants_dir = layout.tenants_dir();
+    sources
+        .read()
+        .tenants
+        .into_iter()
+        .filter(|t| t.ledger.starts_with(&tenants_dir))
+        .map(|t| {
+            let k = t.kubernetes.as_ref();
+            let (processes, devices, error) = match &t.memory {
+                Ok(m) => (
+                    Some(m.processes),
+                    m.devices
+                        .iter()
+                        .map(|d| NodeTenantDevice {
+                            uuid: d.uuid.clone(),
+                            limit: d.limit,
+                            used: d.used,
+                            exited: d.exited,
+                            peak: d.peak,
+                            denied: d.denied,
+                        })
+                        .collect(),
+                    None,
+                ),
+                Err(e) => (None, Vec::new(), Some(e.clone())),
+            };
+            NodeTenant {
+                tenant: t.tenant.clone(),
+                namespace: k.map(|k| k.namespace.clone()),
+                pod: k.map(|k| k.pod.clone()),
+                container: k.map(|k| k.container.clone()),
+                ledger: t.ledger.display().to_string(),
+                processes,
+                devices,
+                error,
+            }
+        })
+        .collect()
+}
+
+/// The node tenants as text: one line per tenant and GPU.
+fn node_table(tenants: &[NodeTenant]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<28} {:<14} {:>10} {:>10} {:>10} {:>6} {:>9}",
+        "node tenant", "pod", "gpu", "used", "exited", "limit", "denied", "processes"
+    );
+    for t in tenants {
+        let pod = match (&t.namespace, &t.pod) {
+            (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
+            _ => "-".into(),
+        };
+        if let Some(e) = &t.error {
+            let _ = writeln!(out, "{:<24} {:<28} unreadable: {e}", t.tenant, pod);
+            continue;
+        }
+        for d in &t.devices {
+            let gpu: String = d.uuid.chars().take(12).collect();
+            let _ = writeln!(
+                out,
+                "{:<24} {:<28} {:<14} {:>10} {:>10} {:>10} {:>6} {:>9}",
+                t.tenant,
+                pod,
+                gpu,
+                format_bytes(d.used),
+                format_bytes(d.exited),
+                d.limit.map_or("unlimited".into(), format_bytes),
+                d.denied,
+                t.processes.unwrap_or(0)
+            );
+        }
+    }
+    out
 }
 
 #[derive(Serialize)]
@@ -205,7 +320,10 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         }
         a.device_dir = Some(layout.devices_dir());
     }
-    let memory = if a.compute {
+    // A node's state directory without --tenant: every node tenant (below), not a default ledger.
+    let node = (a.state_dir.is_some() && a.ledger.tenant.is_none() && !a.compute)
+        .then(|| a.state_dir.as_deref().map(node_tenants).unwrap_or_default());
+    let memory = if a.compute || node.is_some() {
         None
     } else {
         let path = a.ledger.path();
@@ -225,7 +343,10 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         other => Some(other),
     };
     let health = compute::health(a.device_dir.as_deref(), a.device.as_deref()).unwrap_or_default();
-    let shown = matches!(memory, Some(Ok(_))) || matches!(compute, Some(Ok(_)));
+    let shown = matches!(memory, Some(Ok(_)))
+        || matches!(compute, Some(Ok(_)))
+        || node.as_ref().is_some_and(|n| !n.is_empty());
+    let node_asked = node.is_some();
     let twice: Vec<AlsoAllocated> = a
         .state_dir
         .as_ref()
@@ -272,6 +393,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
             also_allocated: twice,
             compute_health: health,
             unmanaged,
+            node_tenants: node,
         };
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         println!("{text}");
@@ -281,8 +403,11 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
         if let Some(Ok(snap)) = &memory {
             print!("{}", printable(&table(snap)));
         }
+        if let Some(n) = node.as_ref().filter(|n| !n.is_empty()) {
+            print!("{}", printable(&node_table(n)));
+        }
         if let Some(Ok(rows)) = &compute {
-            if matches!(memory, Some(Ok(_))) {
+            if matches!(memory, Some(Ok(_))) || node.as_ref().is_some_and(|n| !n.is_empty()) {
                 println!();
             }
             print!("{}", printable(&compute::table(rows)));
@@ -312,7 +437,10 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
     let reason = memory
         .and_then(Result::err)
         .or_else(|| compute.and_then(Result::err))
-        .unwrap_or_else(|| "nothing to show".into());
+        .unwrap_or_else(|| match node_asked {
+            true => "no node tenants and no device ledgers".into(),
+            false => "nothing to show".into(),
+        });
     Err(reason)
 }
 

@@ -141,11 +141,21 @@ fn node_edits(node: &Node, gpus: &[String]) -> Edits {
     };
     // The device ledgers themselves, writable (every tenant of a GPU writes its device ledger).
     for uuid in gpus {
+        let ledger = node.layout.device_ledger(uuid);
         edits.mounts.push(mount(
-            &node.layout.device_ledger(uuid),
+            &ledger,
             &format!("{CONTAINER_DEVICE_DIR}/{uuid}.dev"),
             true,
         ));
+        // Its per-tenant counters, where the node made them (a bind mount needs the file).
+        let tally = gpuslice::scheduling::device::tally_path_for(&ledger);
+        if tally.is_file() {
+            edits.mounts.push(mount(
+                &tally,
+                &format!("{CONTAINER_DEVICE_DIR}/{uuid}.tally"),
+                true,
+            ));
+        }
     }
     if let Some(tools) = node.tools.as_ref().filter(|t| t.is_dir()) {
         edits.mounts.push(mount(tools, CONTAINER_TOOLS, false));

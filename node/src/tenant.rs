@@ -151,11 +151,16 @@ pub fn ensure_state(layout: &Layout) -> Result<(), String> {
     state_dirs(layout).map(|_| ())
 }
 
-/// The device ledger of `gpu`, created (root:DEVICE_GID 0660) if missing.
+/// The device ledger of `gpu` and its per-tenant counters, created (root:DEVICE_GID 0660) if missing.
 fn device_ledger(layout: &Layout, devices: &Dir, uuid: &str) -> Result<DeviceLedger, String> {
     let path = layout.device_ledger(uuid);
     let l = DeviceLedger::open(&path, uuid, true).map_err(|e| e.to_string())?;
     devices.fix_file(&format!("{uuid}.dev"), 0, DEVICE_GID, 0o660)?;
+    // Its per-tenant counters, created with it (none where the file could not be made: arbitration
+    // works without them).
+    if gpuslice::scheduling::device::tally_path_for(&path).is_file() {
+        devices.fix_file(&format!("{uuid}.tally"), 0, DEVICE_GID, 0o660)?;
+    }
     Ok(l)
 }
 

@@ -104,7 +104,11 @@ fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>, u32)> {
             if m.is_dir() {
                 todo.push(p.clone());
                 out.push((p, Vec::new(), m.mode()));
-            } else if m.is_file() && !p.extension().is_some_and(|x| x == "ledger" || x == "dev") {
+            } else if m.is_file()
+                && !p
+                    .extension()
+                    .is_some_and(|x| x == "ledger" || x == "dev" || x == "tally")
+            {
                 out.push((p.clone(), std::fs::read(&p).unwrap(), m.mode()));
             } else {
                 out.push((p, Vec::new(), m.mode()));

@@ -91,7 +91,8 @@ fn two_uids_share_a_gpu_under_node_policies() {
         r.report()
     );
 
-    // Every file the tenant can open for writing: its ledger and the device ledgers, nothing else;
+    // Every file the tenant can open for writing: its ledger, the device ledgers and their per-tenant
+    // counters, nothing else;
     // the other tenant's ledger cannot even be read.
     let t2_ledger = scene.state.join("tenants/t2/t2.ledger");
     let probe = format!(
@@ -111,7 +112,7 @@ fn two_uids_share_a_gpu_under_node_policies() {
     assert!(!writable.is_empty(), "{}", r.report());
     for f in &writable {
         assert!(
-            f.ends_with("/t1.ledger") || f.ends_with(".dev"),
+            f.ends_with("/t1.ledger") || f.ends_with(".dev") || f.ends_with(".tally"),
             "the tenant can write {f}: {}",
             r.report()
         );
@@ -203,6 +204,37 @@ fn two_uids_share_a_gpu_under_node_policies() {
         .unwrap()
         .iter()
         .any(|row| row["tenant"] == "t2" && row["share"] == 70));
+    // Without --tenant: every node tenant with the exporter's figures, and each tenant's own
+    // hand-overs (counted through the per-tenant counters' file the spec mounts beside the ledger).
+    let r = scene.gpuslice(&["status", "--state-dir", &state, "--json"]);
+    r.assert_success();
+    let doc: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let node = doc["node_tenants"].as_array().expect(&r.stdout);
+    for t in ["t1", "t2"] {
+        assert!(node.iter().any(|n| n["tenant"] == t), "{t}: {}", r.stdout);
+    }
+    let t2 = node.iter().find(|n| n["tenant"] == "t2").unwrap();
+    assert_eq!(t2["devices"][0]["limit"], 6 * GIB, "{}", r.stdout);
+    // Its workload above exited: what it still holds is shown as exited (part of `used`).
+    let (used, exited) = (
+        t2["devices"][0]["used"].as_u64(),
+        t2["devices"][0]["exited"].as_u64(),
+    );
+    assert!(exited.is_some() && exited <= used, "{}", r.stdout);
+    assert_eq!(t2["processes"], 0, "{}", r.stdout);
+    for t in ["t1", "t2"] {
+        let row = doc["compute"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|row| row["tenant"] == t)
+            .unwrap_or_else(|| panic!("{t}: {}", r.stdout));
+        assert!(
+            row["handovers"].as_u64().is_some_and(|n| n > 0),
+            "{t} spun beside the other: {}",
+            r.stdout
+        );
+    }
 
     // Delete: refused while a process of the tenant lives, done once it is gone.
     let mut holder = workload(

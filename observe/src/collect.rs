@@ -3,7 +3,7 @@
 //! Sources (docs/OBSERVABILITY.md, "Where the figures come from"):
 //! * node tenants: `<state>/tenants/<NAME>/policy.toml` and `<NAME>.ledger` beside it;
 //! * other tenants: every `*.ledger` in the ledger directory;
-//! * compute: every `*.dev` in the device directory.
+//! * compute: every `*.dev` in the device directory (and the `.tally` beside it).
 //!
 //! Every file is opened read-only and read on its own: a file that vanished between the listing and
 //! the open gives nothing, a file that cannot be read as a ledger gives an error for that file only.
@@ -393,6 +393,11 @@ pub struct ComputeTenant {
     pub waiting: u32,
     /// It holds the device now.
     pub owner: bool,
+    /// Ownerships of the device granted to its processes, and taken back from them (dead or
+    /// stopped), as its entry in the per-tenant counters' file says (`None`: no such file). Words any
+    /// tenant can write: a count, never trusted for anything else.
+    pub handovers: Option<u64>,
+    pub revocations: Option<u64>,
 }
 
 fn read_device(path: &Path) -> Option<DeviceReading> {
@@ -455,6 +460,7 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
             };
             // What the arbitration obeys: the node's compute policy for the tenants it lists.
             let v = l.view(t);
+            let counts = l.tenant_counts(t);
             ComputeTenant {
                 tenant: tenant_name(&l, t),
                 share: v.share.min(100),
@@ -465,6 +471,8 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
                 recent_share,
                 waiting: waiting[t],
                 owner: owner == Some(t),
+                handovers: counts.map(|c| c.0),
+                revocations: counts.map(|c| c.1),
             }
         })
         .collect();
@@ -552,6 +560,56 @@ mod tests {
             assert!(line.contains(part), "{line}");
         }
         std::fs::remove_dir_all(&d).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod conflict_tests {
+    use super::*;
+    use crate::gpus::GpuIndex;
+
+    /// The device plugin's record of GPUs also allocated through `nvidia.com/gpu` becomes
+    /// `gpuslice_gpu_also_allocated` (the alert's series); lines that name no GPU, a link in its
+    /// place, and a file past 64 KiB give nothing.
+    #[test]
+    fn gpus_allocated_twice_are_exported() {
+        let d = std::env::temp_dir().join(format!("observe-conflicts-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("device-plugin")).unwrap();
+        let file = d.join("device-plugin/conflicts");
+        std::fs::write(
+            &file,
+            "GPU-b\tml\twhole-gpu\tcuda\nnot-a-gpu\tml\tp\tc\nGPU-c\tshort\n",
+        )
+        .unwrap();
+        let sources = Sources::new(Some(d.clone()), Some(d.join("none")), None);
+        let r = sources.read();
+        assert_eq!(r.also_allocated.len(), 1, "{:?}", r.also_allocated);
+        let text = crate::metrics::encode(
+            &r,
+            &mut GpuIndex::with(|| [("GPU-b".to_string(), 1)].into()),
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("gpuslice_gpu_also_allocated{"))
+            .unwrap_or_else(|| panic!("{text}"));
+        for part in [
+            "gpu=\"1\"",
+            "UUID=\"GPU-b\"",
+            "namespace=\"ml\"",
+            "pod=\"whole-gpu\"",
+            "} 1",
+        ] {
+            assert!(line.contains(part), "{line}");
+        }
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(d.join("elsewhere"), &file).unwrap();
+        std::fs::write(d.join("elsewhere"), "GPU-b\tml\twhole-gpu\tcuda\n").unwrap();
+        assert!(read_conflicts(&file).is_empty(), "a link is not followed");
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(&file, "GPU-b\tml\tp\tc\n".repeat(6000)).unwrap();
+        assert!(read_conflicts(&file).is_empty(), "past 64 KiB");
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
 

@@ -64,6 +64,8 @@ struct Families {
     wait: CounterVec,
     handovers: IntCounterVec,
     revocations: IntCounterVec,
+    tenant_handovers: IntCounterVec,
+    tenant_revocations: IntCounterVec,
     valid: IntGaugeVec,
     also: IntGaugeVec,
     unhealthy: IntGaugeVec,
@@ -132,6 +134,16 @@ impl Families {
                 "gpuslice_compute_revocations_total",
                 "Ownerships of the GPU taken back from a holder that died or stopped.",
                 GPU,
+            ),
+            tenant_handovers: counter(
+                "gpuslice_compute_tenant_handovers_total",
+                "Ownerships of the GPU granted to the tenant's processes (absent: the GPU keeps no per-tenant counters).",
+                TENANT_GPU,
+            ),
+            tenant_revocations: counter(
+                "gpuslice_compute_tenant_revocations_total",
+                "Ownerships of the GPU taken back from a process of the tenant that died or stopped (absent: no per-tenant counters).",
+                TENANT_GPU,
             ),
             valid: int_gauge(
                 "gpuslice_ledger_valid",
@@ -211,12 +223,16 @@ impl Families {
             self.wait
                 .with_label_values(&l)
                 .inc_by(t.wait_ns as f64 / 1e9);
+            if let (Some(h), Some(r)) = (t.handovers, t.revocations) {
+                self.tenant_handovers.with_label_values(&l).inc_by(h);
+                self.tenant_revocations.with_label_values(&l).inc_by(r);
+            }
         }
     }
 
     fn registry(self) -> Registry {
         let registry = Registry::new();
-        let all: [Box<dyn Collector>; 16] = [
+        let all: [Box<dyn Collector>; 18] = [
             Box::new(self.limit),
             Box::new(self.used),
             Box::new(self.peak),
@@ -229,6 +245,8 @@ impl Families {
             Box::new(self.wait),
             Box::new(self.handovers),
             Box::new(self.revocations),
+            Box::new(self.tenant_handovers),
+            Box::new(self.tenant_revocations),
             Box::new(self.valid),
             Box::new(self.also),
             Box::new(self.unhealthy),

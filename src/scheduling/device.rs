@@ -81,10 +81,30 @@ pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
     dir.join(format!("{uuid}.dev"))
 }
 
+/// The per-tenant counters' file beside the device ledger at `ledger` ([`Tally`]).
+pub fn tally_path_for(ledger: &Path) -> PathBuf {
+    ledger.with_extension("tally")
+}
+
 /// The file: shared and writable, or a private copy read once (`gpuslice status`).
 enum Map {
     Shared(Writable<Layout>),
     Copy(ReadOnly<Layout>),
+}
+
+/// The per-tenant counters' file, as the ledger's.
+enum TallyMap {
+    Shared(Writable<Tally>),
+    Copy(ReadOnly<Tally>),
+}
+
+impl TallyMap {
+    fn layout(&self) -> &Tally {
+        match self {
+            TallyMap::Shared(w) => w.layout(),
+            TallyMap::Copy(r) => r.layout(),
+        }
+    }
 }
 
 /// What this process put in the file, to put back if a truncation zeroed it.
@@ -112,6 +132,8 @@ pub struct DeviceLedger {
     /// The node's compute policy of this GPU (root's file beside the ledger), if any: it overrides
     /// the ledger's share, cap and class words of the tenants it lists.
     policy: Overlay,
+    /// The per-tenant counters, when their file could be opened (`None`: not counted).
+    tally: Option<TallyMap>,
 }
 
 impl DeviceLedger {
@@ -134,7 +156,8 @@ impl DeviceLedger {
             .lock_fd()
             .map_err(|e| DeviceLedgerError::Io(path.to_path_buf(), "reopen", e))?;
         let repaired = file.repaired_at_join().map(str::to_string);
-        let l = Self::new(path, Map::Shared(file), Some(lock_fd), Overlay::new(path));
+        let mut l = Self::new(path, Map::Shared(file), Some(lock_fd), Overlay::new(path));
+        l.tally = Self::open_tally(path, create);
         if let Some(what) = repaired {
             l.repaired_header(uuid);
             l.layout().header.size_repairs.fetch_add(1, Relaxed);
@@ -167,6 +190,25 @@ impl DeviceLedger {
         ))
     }
 
+    /// The per-tenant counters' file beside the ledger at `path`, created with it (same options).
+    /// Without it arbitration works the same and the counters are not kept: a container given the
+    /// ledger but not this file, a file another user created, an older node.
+    fn open_tally(path: &Path, create: bool) -> Option<TallyMap> {
+        let at = tally_path_for(path);
+        let opts = create.then_some(CreateOptions {
+            mode: 0o600,
+            gid: None,
+            shared_dir: true,
+        });
+        match Writable::<Tally>::open(&at, opts, |_| {}) {
+            Ok(t) => Some(TallyMap::Shared(t)),
+            Err(e) => {
+                crate::log::info(format_args!("{e}; per-tenant hand-overs not counted"));
+                None
+            }
+        }
+    }
+
     /// After an in-place repair of a zeroed header: the words the creator wrote besides the
     /// prefix (the epoch, a futex word, is never 0; the UUID).
     fn repaired_header(&self, uuid: &str) {
@@ -183,7 +225,11 @@ impl DeviceLedger {
     /// can store through and a truncation cannot fault.
     pub fn open_readonly(path: &Path) -> Result<DeviceLedger, DeviceLedgerError> {
         let file = ReadOnly::<Layout>::open(path)?;
-        Ok(Self::new(path, Map::Copy(file), None, Overlay::new(path)))
+        let mut l = Self::new(path, Map::Copy(file), None, Overlay::new(path));
+        l.tally = ReadOnly::<Tally>::open(&tally_path_for(path))
+            .ok()
+            .map(TallyMap::Copy);
+        Ok(l)
     }
 
     fn new(path: &Path, map: Map, lock_fd: Option<OwnedFd>, policy: Overlay) -> DeviceLedger {
@@ -197,6 +243,7 @@ impl DeviceLedger {
             arbitration: parking_lot::ReentrantMutex::new(()),
             repairs: AtomicUsize::new(0),
             policy,
+            tally: None,
         }
     }
 
@@ -414,6 +461,9 @@ impl DeviceLedger {
             return;
         }
         self.repair();
+        if let Some(TallyMap::Shared(t)) = &self.tally {
+            t.trim_excess();
+        }
         let l = self.layout();
         for i in 0..MAX_SLOTS {
             // Any state but FREE counts: a scribbled state word must not keep a slot forever.
@@ -548,6 +598,45 @@ impl DeviceLedger {
         if let Some(t) = self.layout().tenants.get(i) {
             fill_tenant(t, id, label, v.share, v.cap, v.high);
         }
+    }
+
+    /// Counts a hand-over to (or, `revocation`, a revocation from) tenant entry `t`, in the
+    /// per-tenant counters' file when there is one. Caller holds the arbitration lock. The entry is
+    /// taken over from a tenant that no longer holds `t` (from zero); the words are anybody's, so
+    /// the count saturates instead of wrapping.
+    pub(super) fn count(&self, t: usize, revocation: bool) {
+        let Some(TallyMap::Shared(w)) = &self.tally else {
+            return;
+        };
+        let Some(e) = w.layout().tenants.get(t) else {
+            return;
+        };
+        let id = self.tenant_id(t);
+        if id.0 == 0 {
+            return;
+        }
+        if TenantId::load(&e.id) != id {
+            e.hand_overs.store(0, Release);
+            e.revocations.store(0, Release);
+            id.store(&e.id);
+        }
+        let c = if revocation {
+            &e.revocations
+        } else {
+            &e.hand_overs
+        };
+        c.store(c.load(Acquire).saturating_add(1), Release);
+    }
+
+    /// Tenant entry `t`'s hand-overs and revocations (`count`): `None` without the counters'
+    /// file; zeros when the file's entry counts for another tenant (or nobody) still.
+    pub fn tenant_counts(&self, t: usize) -> Option<(u64, u64)> {
+        let e = self.tally.as_ref()?.layout().tenants.get(t)?;
+        let id = self.tenant_id(t);
+        if id.0 == 0 || TenantId::load(&e.id) != id {
+            return Some((0, 0));
+        }
+        Some((e.hand_overs.load(Acquire), e.revocations.load(Acquire)))
     }
 
     /// The identity of tenant entry `i`.

@@ -475,6 +475,7 @@ impl Sched {
                 .min(SLICE_NS)
                 .saturating_add(GRACE_NS);
             g.charge(t, held.min(bound), now);
+            self.ledger.count(t, true);
             crate::log::info(format_args!(
                 "compute: revoked the device from slot {slot} (dead or stopped)"
             ));

@@ -253,3 +253,73 @@ fn demand_locks_are_seen_and_cannot_be_cleared_by_another() {
     drop((ours, theirs));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The per-tenant counters' file: each tenant entry counts for the tenant that holds it (a recycled
+/// entry starts from zero), a count saturates at a hostile word instead of wrapping, a readonly
+/// reader sees what was counted, a ledger without the file counts nothing and says `None`, and a
+/// file of the wrong size is repaired by its next joiner.
+#[test]
+fn per_tenant_counts_follow_their_tenant_and_saturate() {
+    let _serial = slotfile::serial_test();
+    let dir = scratch("tally");
+    let path = dir.join(format!("{UUID}.dev"));
+    let tally = super::device::tally_path_for(&path);
+    let l = DeviceLedger::open(&path, UUID, true).unwrap();
+    assert!(tally.is_file(), "created with the ledger");
+    let slot = l.claim_slot(0).unwrap();
+    let (a, b) = {
+        let g = l.lock(slot);
+        (
+            l.find_or_add_tenant(&g, TenantId(1), "a", 50, 0, false)
+                .unwrap(),
+            l.find_or_add_tenant(&g, TenantId(2), "b", 50, 0, false)
+                .unwrap(),
+        )
+    };
+    l.count(a, false);
+    l.count(a, false);
+    l.count(b, true);
+    let seen = |i| DeviceLedger::open_readonly(&path).unwrap().tenant_counts(i);
+    assert_eq!(seen(a), Some((2, 0)));
+    assert_eq!(seen(b), Some((0, 1)));
+    // A hostile word: the count stays at the top instead of wrapping to zero.
+    let at = std::mem::size_of::<slotfile::Prefix>() + a * std::mem::size_of::<TallyEntry>() + 16;
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new()
+            .write(true)
+            .open(&tally)
+            .unwrap(),
+        &u64::MAX.to_ne_bytes(),
+        at as u64,
+    )
+    .unwrap();
+    l.count(a, false);
+    assert_eq!(seen(a), Some((u64::MAX, 0)));
+    // Entry `a` recycled for another tenant: its counts start from zero.
+    l.rewrite_tenant(a, TenantId(3), "c", &l.view(a));
+    assert_eq!(seen(a), Some((0, 0)));
+    l.count(a, true);
+    assert_eq!(seen(a), Some((0, 1)));
+    // Grown by somebody: the next joiner sets its size back (and counts on).
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&tally)
+        .unwrap();
+    f.set_len(std::mem::size_of::<Tally>() as u64 + 4096)
+        .unwrap();
+    drop(DeviceLedger::open(&path, UUID, false).unwrap());
+    assert_eq!(
+        std::fs::metadata(&tally).unwrap().len(),
+        std::mem::size_of::<Tally>() as u64
+    );
+    assert_eq!(seen(a), Some((0, 1)));
+    // Without the file (an older node, a container not given it): nothing counted, `None` read.
+    drop(l);
+    std::fs::remove_file(&tally).unwrap();
+    let l = DeviceLedger::open(&path, UUID, false).unwrap();
+    assert!(!tally.exists(), "a joiner that may not create does not");
+    l.count(b, false);
+    assert_eq!(l.tenant_counts(b), None);
+    assert_eq!(seen(b), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}

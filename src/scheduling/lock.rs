@@ -178,6 +178,7 @@ impl LockGuard<'_> {
                 if t < MAX_TENANTS && views[t].high {
                     h.preempt.store(0, Release);
                 }
+                self.l.count(t, false);
             }
             _ => h.owner.store(Holder::NONE.word(), Release),
         }

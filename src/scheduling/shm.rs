@@ -121,6 +121,40 @@ unsafe impl SlotLayout for Layout {
     const REPAIRABLE: bool = true;
 }
 
+/// The counters kept per tenant of a device ledger, in a file of their own beside it
+/// (`<GPU-UUID>.tally`): the device ledger's layout has no room for them, and a new layout would
+/// keep processes of this version and of the last out of each other's arbitration. Entry `i`
+/// counts for the device ledger's tenant entry `i` while its `id` is that entry's tenant's (a
+/// recycled entry starts from zero). Written under the arbitration lock, by whoever decides;
+/// read as untrusted words like the rest (any process of any tenant can write them).
+pub const TALLY_MAGIC: [u8; 8] = *b"GSLCTLY1";
+pub const TALLY_VERSION: u32 = 1;
+
+#[repr(C)]
+pub struct TallyEntry {
+    /// The tenant counted here ([`TenantId`]); 0: nobody yet.
+    pub id: [AtomicU64; 2],
+    /// Ownerships of the device granted to the tenant's processes.
+    pub hand_overs: AtomicU64,
+    /// Ownerships taken back from a process of the tenant that died or stopped.
+    pub revocations: AtomicU64,
+}
+
+#[repr(C)]
+pub struct Tally {
+    pub prefix: Prefix,
+    pub tenants: [TallyEntry; MAX_TENANTS],
+}
+
+// SAFETY: `#[repr(C)]`, only atomics, starts with the slot file's `Prefix`, 8-byte aligned.
+unsafe impl SlotLayout for Tally {
+    const MAGIC: [u8; 8] = TALLY_MAGIC;
+    const VERSION: u32 = TALLY_VERSION;
+    const HEADER_BYTES: usize = size_of::<Prefix>();
+    /// Soft state, like the device ledger's: repaired in place, never refusing a joiner.
+    const REPAIRABLE: bool = true;
+}
+
 /// Bytes of a tenant name or UUID (the tenant ledger's and the configuration's limit too).
 pub const NAME_BYTES: usize = 64;
 
