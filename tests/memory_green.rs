@@ -61,16 +61,7 @@ fn client(sim: &Sim, deploy: Deploy, dir: &Path, args: &[&str]) -> Command {
 
 /// What a live process uses on device 0 by simgpu's counters.
 fn process_used(stat: &Json, pid: &str) -> u64 {
-    let Json::Arr(procs) = stat.at("processes") else {
-        panic!("simgpu-stat: no processes in {stat}")
-    };
-    procs
-        .iter()
-        .find(|p| p.u64("pid").to_string() == pid)
-        .map_or_else(
-            || panic!("process {pid} not in {stat}"),
-            |p| p.u64("used.0"),
-        )
+    process_used_on(stat, pid, 0)
 }
 
 /// The driver overhead the process published in the tenant's ledger.

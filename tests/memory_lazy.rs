@@ -11,7 +11,6 @@ use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 const QUOTA: u64 = GIB;
 /// The driver reserves device memory in 2 MiB pages: measured charges are exact to one of them.
@@ -26,15 +25,7 @@ const CLIENT: CBuild = CBuild {
 
 /// A private directory for one test's ledgers and measurement locks.
 fn scratch(tag: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "memory_lazy-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    scratch_dir("memory_lazy", tag)
 }
 
 fn sim(tag: &str) -> Sim {
@@ -60,27 +51,12 @@ fn client(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
 
 /// What a live process uses on device 0 by simgpu's counters.
 fn process_used(stat: &Json, pid: &str) -> u64 {
-    let Json::Arr(procs) = stat.at("processes") else {
-        panic!("simgpu-stat: no processes in {stat}")
-    };
-    procs
-        .iter()
-        .find(|p| p.u64("pid").to_string() == pid)
-        .map_or_else(
-            || panic!("process {pid} not in {stat}"),
-            |p| p.u64("used.0"),
-        )
+    process_used_on(stat, pid, 0)
 }
 
 /// The group's (tenant's) peak device memory by simgpu's counters.
 fn group_peak(stat: &Json, tenant: &str) -> u64 {
-    let Json::Arr(groups) = stat.at("groups") else {
-        panic!("simgpu-stat: no groups in {stat}")
-    };
-    groups
-        .iter()
-        .find(|g| g.at("name") == &Json::Str(tenant.to_string()))
-        .map_or(0, |g| g.u64("peak.0"))
+    group_peak_on(stat, tenant, 0)
 }
 
 /// What a process of `tenant` is charged in the ledger (allocations and driver overhead).

@@ -35,16 +35,7 @@ fn sim(tag: &str) -> Sim {
 }
 
 fn scratch(tag: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "mig-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    scratch_dir("mig", tag)
 }
 
 /// The client on `visible` (a `CUDA_VISIBLE_DEVICES` value), as a process of tenant `tenant` with

@@ -30,9 +30,7 @@ const CLIENT: CBuild = CBuild {
 };
 
 fn scratch(tag: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("node_reconcile-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = scratch_dir("node_reconcile", tag);
     std::fs::create_dir_all(dir.join("state")).unwrap();
     dir
 }

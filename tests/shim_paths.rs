@@ -13,7 +13,6 @@ use common::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// The tenant's quota.
@@ -101,15 +100,7 @@ const PATHS: [(&str, CBuild, &[&str]); 6] = [
 
 /// A private directory for one test's ledgers and builds.
 fn scratch(tag: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "shim_paths-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    scratch_dir("shim_paths", tag)
 }
 
 /// `cc` with extra flags (the harness's `compile` takes none): -rdynamic clients, preloadable libraries.

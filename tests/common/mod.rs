@@ -750,6 +750,40 @@ pub fn group<'a>(stat: &'a Json, name: &str) -> &'a Json {
         .unwrap_or_else(|| panic!("simgpu-stat has no group `{name}`:\n{stat}"))
 }
 
+/// A fresh private directory for one test (`<prefix>-<tag>-<pid>-<n>` under the test target's
+/// temporary directory): ledgers, device ledgers, measurement locks.
+pub fn scratch_dir(prefix: &str, tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{prefix}-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// What the live process `pid` uses on simgpu device `device` by simgpu's counters.
+pub fn process_used_on(stat: &Json, pid: &str, device: usize) -> u64 {
+    let Json::Arr(procs) = stat.at("processes") else {
+        panic!("simgpu-stat: no processes in {stat}")
+    };
+    procs
+        .iter()
+        .find(|p| p.u64("pid").to_string() == pid)
+        .map_or_else(
+            || panic!("process {pid} not in {stat}"),
+            |p| p.u64(&format!("used.{device}")),
+        )
+}
+
+/// The group's (tenant's) peak device memory on simgpu device `device` (0 when it has none).
+pub fn group_peak_on(stat: &Json, name: &str, device: usize) -> u64 {
+    stat.find("groups", "name", &Json::Str(name.to_string()))
+        .map_or(0, |g| g.u64(&format!("peak.{device}")))
+}
+
 /// One scenario: a simulated machine and a private directory for its ledgers and device ledgers
 /// (`<dir>/devices`), removed when the scenario ends. Test files add their own methods.
 pub struct Scene {
