@@ -59,11 +59,6 @@ fn client(sim: &Sim, deploy: Deploy, dir: &Path, args: &[&str]) -> Command {
     cmd
 }
 
-/// What a live process uses on device 0 by simgpu's counters.
-fn process_used(stat: &Json, pid: &str) -> u64 {
-    process_used_on(stat, pid, 0)
-}
-
 /// The driver overhead the process published in the tenant's ledger.
 fn ledger_overhead(dir: &Path, pid: &str) -> u64 {
     let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join("t.ledger"))
@@ -88,7 +83,7 @@ fn green_contexts_retain_the_primary_context_charged_once(deploy: Deploy, n: usi
     assert_eq!(kv["stream_green_ok"], "1", "{deploy:?}: {kv:?}");
     assert_eq!(kv["stream_ctx_ok"], "1", "{deploy:?}: {kv:?}");
     // simgpu spent one primary context for the process, whatever the number of green contexts.
-    let used = process_used(&sim.stat(), &pid);
+    let used = process_used_on(&sim.stat(), &pid, 0);
     assert_eq!(used, SIM_CONTEXT, "{deploy:?}, {n} green contexts");
     let overhead = ledger_overhead(&dir, &pid);
     assert!(
@@ -111,7 +106,7 @@ fn green_contexts_retain_the_primary_context_charged_once(deploy: Deploy, n: usi
     );
     assert_eq!(kv["primary_active"], "0", "{deploy:?}: {kv:?}");
     // The last green context and the program's reference gone: so is the charge.
-    assert_eq!(process_used(&sim.stat(), &pid), 0, "{deploy:?}");
+    assert_eq!(process_used_on(&sim.stat(), &pid, 0), 0, "{deploy:?}");
     assert_eq!(ledger_overhead(&dir, &pid), 0, "{deploy:?}");
     drop(child.stdin.take());
     let run = finish(child, "green client");

@@ -49,16 +49,6 @@ fn client(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
     cmd
 }
 
-/// What a live process uses on device 0 by simgpu's counters.
-fn process_used(stat: &Json, pid: &str) -> u64 {
-    process_used_on(stat, pid, 0)
-}
-
-/// The group's (tenant's) peak device memory by simgpu's counters.
-fn group_peak(stat: &Json, tenant: &str) -> u64 {
-    group_peak_on(stat, tenant, 0)
-}
-
 /// What a process of `tenant` is charged in the ledger (allocations and driver overhead).
 fn charged(dir: &Path, tenant: &str, pid: &str) -> u64 {
     let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join(format!("{tenant}.ledger")))
@@ -87,7 +77,7 @@ fn lazy_code_is_charged_at_first_launch_and_kernel_function() {
     let mut child = sim.spawn(&mut client(&sim, &dir, "lazy", &["firstlaunch", "-", "24"]));
     let kv = wait_for_key(&mut child, "got");
     let pid = kv["pid"].clone();
-    let used_before = process_used(&sim.stat(), &pid);
+    let used_before = process_used_on(&sim.stat(), &pid, 0);
     let charged_before = charged(&dir, "lazy", &pid);
     assert!(
         used_before.abs_diff(charged_before) <= GRANULE,
@@ -98,7 +88,7 @@ fn lazy_code_is_charged_at_first_launch_and_kernel_function() {
     for key in ["launch1_rc", "launch2_rc", "getfn_rc", "launch3_rc"] {
         assert_eq!(kv.get(key).map(String::as_str), Some("0"), "{key}: {kv:?}");
     }
-    let used = process_used(&sim.stat(), &pid);
+    let used = process_used_on(&sim.stat(), &pid, 0);
     let charge = charged(&dir, "lazy", &pid);
     assert!(
         used >= used_before + 48 * MIB,
@@ -139,7 +129,7 @@ fn a_first_launch_without_room_for_the_code_is_refused() {
             run.report()
         );
     }
-    let peak = group_peak(&sim.stat(), "room");
+    let peak = group_peak_on(&sim.stat(), "room", 0);
     assert!(
         peak <= QUOTA,
         "the driver was let load code the quota had no room for: peak {peak}\n{}",
@@ -166,14 +156,14 @@ fn local_memory_grown_at_launch_is_charged() {
     let mut child = sim.spawn(&mut client(&sim, &dir, "lmem", &["lmem", "-", "2048"]));
     let kv = wait_for_key(&mut child, "loaded");
     let pid = kv["pid"].clone();
-    let used_before = process_used(&sim.stat(), &pid);
+    let used_before = process_used_on(&sim.stat(), &pid, 0);
     go(&mut child);
     let kv = wait_for_key(&mut child, "done");
     for key in ["launch1_rc", "launch2_rc"] {
         assert_eq!(kv.get(key).map(String::as_str), Some("0"), "{key}: {kv:?}");
     }
     assert_eq!(kv.get("stack").map(String::as_str), Some("2048"), "{kv:?}");
-    let used = process_used(&sim.stat(), &pid);
+    let used = process_used_on(&sim.stat(), &pid, 0);
     let charge = charged(&dir, "lmem", &pid);
     assert!(
         used >= used_before + 1024 * THREADS,
@@ -207,7 +197,7 @@ fn a_launch_without_room_for_its_local_memory_is_refused() {
         "{kv:?}\n{}",
         run.report()
     );
-    let peak = group_peak(&sim.stat(), "lroom");
+    let peak = group_peak_on(&sim.stat(), "lroom", 0);
     assert!(
         peak <= QUOTA,
         "the driver was let grow local memory the quota had no room for: peak {peak}\n{}",

@@ -142,16 +142,6 @@ fn near(a: u64, b: u64) -> bool {
     a.abs_diff(b) <= GRANULE
 }
 
-/// The group's (tenant's) peak device memory by simgpu's counters.
-fn group_peak(stat: &Json, tenant: &str) -> u64 {
-    group_peak_on(stat, tenant, 0)
-}
-
-/// What a live process uses on device 0 by simgpu's counters.
-fn process_used(stat: &Json, pid: &str) -> u64 {
-    process_used_on(stat, pid, 0)
-}
-
 /// The driver overhead a process of `tenant` published in the ledger (what `gpuslice status` shows
 /// apart from its allocations).
 fn ledger_overhead(dir: &Path, tenant: &str, pid: &str) -> u64 {
@@ -199,7 +189,7 @@ fn fill_in_turn(
         results.push((
             get("fill_bytes"),
             get("held_procs3_mine"),
-            process_used(&stat, pid),
+            process_used_on(&stat, pid, 0),
             ledger_overhead(dir, tenant, pid),
         ));
     }
@@ -228,7 +218,7 @@ fn free_contexts_leave_the_whole_quota() {
                 "nothing charged beyond the allocations ({results:?})"
             );
         }
-        assert!(group_peak(&sim.stat(), "free") <= QUOTA);
+        assert!(group_peak_on(&sim.stat(), "free", 0) <= QUOTA);
     }
 }
 
@@ -247,7 +237,7 @@ fn small_allocations_are_charged_the_driver_alignment() {
         assert_eq!(run.get_u64("tiny"), MIB / 256, "{deploy:?}\n{report}");
         assert_eq!(run.get_u64("tiny_free"), 0, "{deploy:?}\n{report}");
         assert!(
-            group_peak(&sim.stat(), "tiny") <= QUOTA,
+            group_peak_on(&sim.stat(), "tiny", 0) <= QUOTA,
             "{deploy:?}: simgpu's peak passed the quota\n{report}"
         );
     }
@@ -338,7 +328,7 @@ fn contexts_are_charged_what_they_cost() {
                 );
             }
             assert!(
-                group_peak(&sim.stat(), "ctx") <= QUOTA,
+                group_peak_on(&sim.stat(), "ctx", 0) <= QUOTA,
                 "{deploy:?}: the tenant passed its quota by simgpu's counters"
             );
         }
@@ -368,7 +358,7 @@ fn a_context_without_room_is_refused_before_the_driver_spends_it() {
             "{deploy:?}: the fourth context is refused (out of memory)\n{}",
             fourth.report()
         );
-        let peak = group_peak(&sim.stat(), "full");
+        let peak = group_peak_on(&sim.stat(), "full", 0);
         assert!(
             peak <= QUOTA,
             "{deploy:?}: the tenant held {peak} bytes by simgpu's counters, more than its quota"
@@ -401,7 +391,7 @@ fn contexts_created_at_once_never_take_the_tenant_past_its_quota() {
                     .any(|l| l.starts_with("ready="))
             })
             .collect();
-        let peak = group_peak(&sim.stat(), "once");
+        let peak = group_peak_on(&sim.stat(), "once", 0);
         let runs: Vec<Run> = children.into_iter().map(|c| finish(c, "client")).collect();
         let report: String = runs.iter().map(Run::report).collect();
         assert_eq!(
@@ -508,7 +498,7 @@ fn allocations_go_with_their_context(deploy: Deploy) {
             "{deploy:?} {how}\n{report}"
         );
         assert!(
-            group_peak(&sim.stat(), "torn") <= QUOTA,
+            group_peak_on(&sim.stat(), "torn", 0) <= QUOTA,
             "{deploy:?} {how}\n{report}"
         );
     }
@@ -687,7 +677,7 @@ fn modules_and_limits_are_charged_what_they_cost() {
         "allocated {fill}: the overhead {} should be {overhead} (what simgpu spent)",
         real - fill
     );
-    assert!(group_peak(&sim.stat(), "mod") <= QUOTA);
+    assert!(group_peak_on(&sim.stat(), "mod", 0) <= QUOTA);
 }
 
 /// The module images NVIDIA's tools built (`tests/fixtures/modules`).
@@ -778,7 +768,7 @@ fn a_module_without_room_is_refused_before_the_driver_loads_it() {
                 );
             }
             assert!(
-                group_peak(&sim.stat(), "mods") <= QUOTA,
+                group_peak_on(&sim.stat(), "mods", 0) <= QUOTA,
                 "{mode}: the driver was let load code the quota had no room for\n{}",
                 run.report()
             );
@@ -831,7 +821,7 @@ fn processes_mixing_every_kind_of_charge_never_take_the_tenant_past_its_quota() 
             refused > 0,
             "{deploy:?}: the quota was never reached\n{report}"
         );
-        let peak = group_peak(&sim.stat(), &tenant);
+        let peak = group_peak_on(&sim.stat(), &tenant, 0);
         assert!(
             peak <= QUOTA,
             "{deploy:?}: the tenant held {peak} bytes, past its quota\n{report}"
@@ -859,7 +849,7 @@ fn allocate_after_a_sibling_ends(tag: &str, end: impl FnOnce(&Sim, &Path) -> Str
     let second = finish(waiting, "second");
     second.assert_success();
     assert_eq!(second.get("left"), "1", "{ended}\n{}", second.report());
-    let peak = group_peak(&sim.stat(), tag);
+    let peak = group_peak_on(&sim.stat(), tag, 0);
     assert!(
         peak <= QUOTA,
         "{ended}, and its memory was still held when the other allocated: {peak}\n{}",
@@ -923,7 +913,7 @@ fn a_limit_is_charged_the_pages_the_driver_maps() {
             "{room} MiB of room\n{}",
             run.report()
         );
-        let peak = group_peak(&sim.stat(), &tenant);
+        let peak = group_peak_on(&sim.stat(), &tenant, 0);
         assert!(
             peak <= QUOTA,
             "{room} MiB of room: {peak}\n{}",
@@ -1060,7 +1050,7 @@ fn views_agree(deploy: Deploy) {
         "{deploy:?}: filled to the quota\n{report}"
     );
     assert!(
-        group_peak(&sim.stat(), "views") <= QUOTA,
+        group_peak_on(&sim.stat(), "views", 0) <= QUOTA,
         "{deploy:?}\n{report}"
     );
 }
@@ -1084,7 +1074,7 @@ fn pool_attributes_answering_zero_do_not_loosen_the_quota() {
         &["async", "3"],
     ));
     run.assert_success();
-    let peak = group_peak(&sim.stat(), "pools");
+    let peak = group_peak_on(&sim.stat(), "pools", 0);
     assert!(
         peak <= QUOTA,
         "simgpu's peak {peak} passed the quota:\n{}",
@@ -1123,7 +1113,7 @@ fn pool_attributes_answering_zero_do_not_let_larger_blocks_pass_the_quota() {
     ));
     run.assert_success();
     let report = run.report();
-    let peak = group_peak(&sim.stat(), "pools");
+    let peak = group_peak_on(&sim.stat(), "pools", 0);
     assert!(
         peak <= QUOTA,
         "simgpu's peak {peak} passed the quota:\n{report}"
@@ -1166,7 +1156,7 @@ fn a_free_still_pending_on_another_stream_is_waited_for() {
                 "it fits once the free ran\n{report}"
             );
         }
-        let peak = group_peak(&sim.stat(), "pools");
+        let peak = group_peak_on(&sim.stat(), "pools", 0);
         assert!(peak <= QUOTA, "zero={zero}: peak {peak}\n{report}");
     }
 }
@@ -1187,7 +1177,7 @@ fn a_free_on_a_stream_destroyed_since_is_counted_once_it_ran() {
     run.assert_success();
     let report = run.report();
     assert_eq!(run.get("after_destroyed_rc"), "0", "{report}");
-    assert!(group_peak(&sim.stat(), "pools") <= QUOTA, "{report}");
+    assert!(group_peak_on(&sim.stat(), "pools", 0) <= QUOTA, "{report}");
 }
 
 /// A pool destroyed while a block of it is still allocated lives on until that block is freed
@@ -1208,7 +1198,7 @@ fn a_pool_destroyed_with_a_block_allocated_stays_charged_until_it_is_freed() {
         let report = run.report();
         assert_eq!(run.get("after_destroy_rc"), "2", "out of memory\n{report}");
         assert_eq!(run.get("after_free_rc"), "0", "{report}");
-        assert!(group_peak(&sim.stat(), "pools") <= QUOTA, "{report}");
+        assert!(group_peak_on(&sim.stat(), "pools", 0) <= QUOTA, "{report}");
     }
 }
 
@@ -1236,7 +1226,7 @@ fn a_pool_serves_smaller_blocks_from_the_memory_it_holds() {
             run.report()
         );
     }
-    let peak = group_peak(&sim.stat(), "sizes");
+    let peak = group_peak_on(&sim.stat(), "sizes", 0);
     assert!(
         peak <= QUOTA,
         "simgpu's peak {peak} passed the quota:\n{}",
@@ -1260,7 +1250,7 @@ fn limits_are_charged_beyond_their_defaults() {
         &["limits", "s512", "s1536", "s768", "h134217728"],
     ));
     let kv = wait_for_key(&mut child, "limits_set");
-    let simgpu_used = process_used(&sim.stat(), &kv["pid"]);
+    let simgpu_used = process_used_on(&sim.stat(), &kv["pid"], 0);
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     let run = finish(child, "limits");
     run.assert_success();
@@ -1293,7 +1283,7 @@ fn limits_are_charged_beyond_their_defaults() {
         run.report()
     );
     assert!(
-        group_peak(&sim.stat(), "limits") <= QUOTA,
+        group_peak_on(&sim.stat(), "limits", 0) <= QUOTA,
         "{}",
         run.report()
     );
@@ -1326,7 +1316,7 @@ fn a_malloc_heap_beyond_the_quota_is_refused_before_the_driver_reserves_it() {
         run.report()
     );
     assert!(
-        group_peak(&sim.stat(), "heap") <= QUOTA,
+        group_peak_on(&sim.stat(), "heap", 0) <= QUOTA,
         "the driver was let reserve the heap\n{}",
         run.report()
     );
@@ -1393,7 +1383,7 @@ fn frameworks_see_the_quota_and_fit_with_the_documented_settings() {
     let tf = run(&["tf"]);
     assert_eq!(tf.get("region_rc"), "0", "{}", tf.report());
     assert_eq!(tf.get_u64("end_free"), 225 * MIB, "{}", tf.report());
-    assert!(group_peak(&sim.stat(), "fw") <= QUOTA);
+    assert!(group_peak_on(&sim.stat(), "fw", 0) <= QUOTA);
 }
 
 #[test]
@@ -1609,7 +1599,7 @@ fn cuda_core_sees_its_quota(deploy: Deploy) {
         "{deploy:?}: no panic, the driver's or ours, at exit\n{report}"
     );
     assert!(
-        group_peak(&sim.stat(), "core") <= QUOTA,
+        group_peak_on(&sim.stat(), "core", 0) <= QUOTA,
         "{deploy:?}\n{report}"
     );
 }
@@ -2093,7 +2083,7 @@ fn nvml_views_of_an_overcommitted_card_add_up() {
     );
     let mut neighbour = sim.spawn(cmd.env("GPUSLICE_MEMORY_LIMIT", "2GiB"));
     let pid = wait_for_key(&mut neighbour, "pid")["pid"].clone();
-    let card_free = 2 * GIB - process_used(&sim.stat(), &pid);
+    let card_free = 2 * GIB - process_used_on(&sim.stat(), &pid, 0);
     assert!(card_free < QUOTA, "the card has {card_free} free");
     for deploy in [Deploy::Preload, Deploy::Dropin, Deploy::Mixed] {
         let view = nvml_view(&sim, deploy, &dir, "views");
@@ -2211,7 +2201,7 @@ fn status_shows_allocations_and_overhead_per_process() {
     let kv = wait_for_key(&mut holder, "held_procs3_sum");
     let fill: u64 = kv["fill_bytes"].parse().unwrap();
     let nvml_used: u64 = kv["held_procs3_mine"].parse().unwrap();
-    let real = process_used(&sim.stat(), &pid);
+    let real = process_used_on(&sim.stat(), &pid, 0);
     let ledger = dir.join("shown.ledger");
     let status = |json: bool| {
         let mut cmd = Command::new(common::gpuslice_bin());
@@ -2358,7 +2348,7 @@ fn contexts_in_their_own_pid_namespaces_are_charged_what_they_cost() {
         filled <= want && filled + N as u64 * GRANULE >= want,
         "{filled} allocated by {N} processes, want {want} (each context charged 300 MiB)"
     );
-    assert!(group_peak(&sim.stat(), "ns") <= QUOTA);
+    assert!(group_peak_on(&sim.stat(), "ns", 0) <= QUOTA);
     for h in holders {
         let run = finish(h, "holder");
         run.assert_success();
@@ -2584,5 +2574,9 @@ fn a_context_created_in_a_container_is_not_charged_a_neighbours_allocations() {
         "{fill} allocated beside a {SIM_CONTEXT}-byte context under a {QUOTA}-byte quota\n{}",
         run.report()
     );
-    assert!(group_peak(&sim.stat(), "pod") <= QUOTA, "{}", run.report());
+    assert!(
+        group_peak_on(&sim.stat(), "pod", 0) <= QUOTA,
+        "{}",
+        run.report()
+    );
 }
