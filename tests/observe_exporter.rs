@@ -359,9 +359,21 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
         refused.report()
     );
 
-    // A scrape during the run (both tenants spinning, nothing allocating).
+    // A scrape during the run (both tenants spinning, nothing allocating), once both spinning
+    // processes are attached: on a busy machine a client may take seconds to start.
     std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
-    let text = scrape(&addr);
+    let attached = |text: &str| {
+        let parsed = parse(text);
+        ["alpha", "beta"].iter().all(|t| {
+            find(&parsed, "gpuslice_tenant_processes", &[("tenant", t)])
+                .is_some_and(|sample| sample.value >= 1.0)
+        })
+    };
+    let mut text = scrape(&addr);
+    while !attached(&text) && started.elapsed() < Duration::from_secs(SPIN_SECONDS - 3) {
+        std::thread::sleep(Duration::from_millis(200));
+        text = scrape(&addr);
+    }
     promtool_check_metrics(&text);
     let second = parse(&text);
 

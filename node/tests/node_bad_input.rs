@@ -135,6 +135,10 @@ fn full_or_read_only_state_directory() {
     scene.gpuslice(&["tenant", "list"]).assert_success();
     let mnt = scene.dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
+    // Room for the tenant's policy (a page) and its ledger, and one page more: not for the device
+    // ledger (5 pages). Taken from the ledger's layout, which grows with it.
+    let ledger_pages = std::mem::size_of::<gpuslice::ledger::Layout>().div_ceil(4096);
+    let device_case_kib = (ledger_pages + 2) * 4;
     // `case NAME`: what the tmpfs holds before and after one `tenant create`, and its exit status.
     let script = format!(
         "set -u\n\
@@ -148,8 +152,8 @@ fn full_or_read_only_state_directory() {
          mount -t tmpfs -o size=48k gpuslice-full \"$m\"\n\
          case_ tiny create t1 \"$m/state\" \"$m/cdi\"\n\
          umount \"$m\"\n\
-         # 2. Room for the tenant's policy and ledger (19 pages), not the device ledger (5 more).\n\
-         mount -t tmpfs -o size=80k gpuslice-full \"$m\"\n\
+         # 2. Room for the tenant's policy and ledger, not the device ledger.\n\
+         mount -t tmpfs -o size={device_case_kib}k gpuslice-full \"$m\"\n\
          case_ device create t1 \"$m/state\" \"$m/cdi\"\n\
          umount \"$m\"\n\
          # 3. The state is fine, the CDI directory is full: the published tenant is taken back.\n\
@@ -169,7 +173,7 @@ fn full_or_read_only_state_directory() {
          mount -o remount,ro \"$m\"\n\
          case_ rotenant create t1 \"$m/state\" \"$m/cdi\"\n\
          umount \"$m\"\n",
-        m = mnt.display()
+        m = mnt.display(),
     );
     let mut cmd = scene.command("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script])
