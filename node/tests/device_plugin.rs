@@ -6,125 +6,15 @@ mod support;
 
 use gpuslice_node::api::deviceplugin as dp;
 use gpuslice_node::api::podresources as pr;
-use gpuslice_node::plugin::{slice_memory, unix_channel};
+use gpuslice_node::plugin::slice_memory;
 use std::path::Path;
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::kubelet::*;
 use support::*;
-use tokio::sync::mpsc;
-
-struct Kubelet {
-    tx: mpsc::UnboundedSender<dp::RegisterRequest>,
-}
-
-#[tonic::async_trait]
-impl dp::registration_server::Registration for Kubelet {
-    async fn register(
-        &self,
-        request: tonic::Request<dp::RegisterRequest>,
-    ) -> Result<tonic::Response<dp::Empty>, tonic::Status> {
-        let _ = self.tx.send(request.into_inner());
-        Ok(tonic::Response::new(dp::Empty {}))
-    }
-}
-
-#[derive(Clone, Default)]
-struct PodResources(Arc<Mutex<Vec<pr::PodResources>>>);
-
-#[tonic::async_trait]
-impl pr::pod_resources_lister_server::PodResourcesLister for PodResources {
-    async fn list(
-        &self,
-        _: tonic::Request<pr::ListPodResourcesRequest>,
-    ) -> Result<tonic::Response<pr::ListPodResourcesResponse>, tonic::Status> {
-        Ok(tonic::Response::new(pr::ListPodResourcesResponse {
-            pod_resources: self.0.lock().unwrap().clone(),
-        }))
-    }
-}
-
-/// The kubelet's registration server on `<dir>/kubelet.sock`.
-fn serve_kubelet(dir: &Path) -> mpsc::UnboundedReceiver<dp::RegisterRequest> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let listener = tokio::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(dp::registration_server::RegistrationServer::new(Kubelet {
-                tx,
-            }))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
-    rx
-}
-
-async fn next_registration(
-    rx: &mut mpsc::UnboundedReceiver<dp::RegisterRequest>,
-) -> dp::RegisterRequest {
-    tokio::time::timeout(Duration::from_secs(60), rx.recv())
-        .await
-        .expect("the plugin registers within 60 s")
-        .expect("registration channel open")
-}
-
-/// The first device list ListAndWatch sends.
-async fn first_device_list(kubelet: &Path) -> Vec<dp::Device> {
-    let mut stream = plugin_client(kubelet)
-        .await
-        .list_and_watch(dp::Empty {})
-        .await
-        .unwrap()
-        .into_inner();
-    stream.message().await.unwrap().unwrap().devices
-}
-
-async fn plugin_client(
-    kubelet: &Path,
-) -> dp::device_plugin_client::DevicePluginClient<tonic::transport::Channel> {
-    dp::device_plugin_client::DevicePluginClient::new(
-        unix_channel(&kubelet.join("gpuslice.sock")).await.unwrap(),
-    )
-}
-
-/// The plugin process, killed when the test ends however it ends; its standard error is collected
-/// as it comes.
-struct PluginProcess {
-    child: Option<Child>,
-    stderr: Arc<Mutex<String>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl PluginProcess {
-    /// What it has written to standard error so far.
-    fn stderr_so_far(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Stops it and returns what it wrote to standard error.
-    fn stop(mut self) -> String {
-        let mut child = self.child.take().expect("running");
-        let _ = child.kill();
-        let _ = child.wait();
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        self.stderr_so_far()
-    }
-}
-
-impl Drop for PluginProcess {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path, extra: &[&str]) -> PluginProcess {
-    let child = scene
-        .command(gpuslice_bin())
-        .arg("device-plugin")
+    let mut cmd = scene.command(gpuslice_bin());
+    cmd.arg("device-plugin")
         .arg("--kubelet-dir")
         .arg(kubelet)
         .arg("--state-dir")
@@ -136,29 +26,8 @@ fn start_plugin(scene: &Scene, kubelet: &Path, podres: &Path, extra: &[&str]) ->
         .arg("--pod-resources-socket")
         .arg(podres)
         .args(["--sweep-seconds", "1"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("gpuslice device-plugin starts");
-    let mut child = child;
-    let pipe = child.stderr.take().unwrap();
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let collected = stderr.clone();
-    let reader = std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
-            let mut s = collected.lock().unwrap();
-            s.push_str(&line);
-            s.push('\n');
-        }
-    });
-    PluginProcess {
-        child: Some(child),
-        stderr,
-        reader: Some(reader),
-    }
+        .args(extra);
+    PluginProcess::spawn(cmd)
 }
 
 /// The workload as root in a private mount namespace with an Allocate response's mounts and env
@@ -215,14 +84,6 @@ fn device_share(scene: &Scene, tenant: &str) -> Option<u64> {
         .and_then(|row| row["share"].as_u64())
 }
 
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn device_plugin_against_a_kubelet_stand_in() {
     let scene = Scene::new(
@@ -237,14 +98,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
     let pods = PodResources::default();
     let serve_pods = |pods: &PodResources| {
         let _ = std::fs::remove_file(&podres_sock);
-        let listener = tokio::net::UnixListener::bind(&podres_sock).unwrap();
-        rt.spawn(
-            tonic::transport::Server::builder()
-                .add_service(
-                    pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()),
-                )
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-        )
+        serve_pod_resources(&rt, &podres_sock, pods)
     };
     let pod_server = serve_pods(&pods);
 
@@ -663,46 +517,6 @@ fn kubelet_going_away_mid_call() {
     assert!(stderr.contains("the kubelet restarted"), "{stderr}");
 }
 
-/// One Allocate call of one container, and how long it took.
-fn allocate(
-    rt: &tokio::runtime::Runtime,
-    kubelet: &Path,
-    ids: Vec<String>,
-) -> (
-    Result<dp::ContainerAllocateResponse, tonic::Status>,
-    Duration,
-) {
-    let start = Instant::now();
-    let r = rt.block_on(async {
-        plugin_client(kubelet)
-            .await
-            .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }],
-            })
-            .await
-    });
-    (
-        r.map(|r| r.into_inner().container_responses.remove(0)),
-        start.elapsed(),
-    )
-}
-
-/// The plugin's socket answers (it serves before it registers, so no kubelet is needed).
-fn wait_for_socket(kubelet: &Path, plugin: &PluginProcess) {
-    wait_until("the plugin serving", Duration::from_secs(60), || {
-        assert!(
-            !plugin.stderr_so_far().contains("gpuslice: "),
-            "{}",
-            plugin.stderr_so_far()
-        );
-        kubelet.join("gpuslice.sock").exists()
-    });
-}
-
-fn cdi_names(resp: &dp::ContainerAllocateResponse) -> Vec<String> {
-    resp.cdi_devices.iter().map(|d| d.name.clone()).collect()
-}
-
 /// A CDI-default cluster: once NVIDIA's CDI spec (kind `nvidia.com/gpu`) is in a CDI spec
 /// directory, Allocate names NVIDIA's device for the GPU beside ours; before it, and with
 /// `--nvidia-cdi off`, it does not; with `--nvidia-cdi on` it names the GPU by UUID regardless.
@@ -814,14 +628,7 @@ fn hostile_files_and_requests() {
     let rt = kubelet_runtime();
     let _guard = rt.enter();
     let pods = PodResources::default();
-    let listener = tokio::net::UnixListener::bind(&podres_sock).unwrap();
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(
-                pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()),
-            )
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    serve_pod_resources(&rt, &podres_sock, &pods);
     let plugin = start_plugin(&scene, &kubelet, &podres_sock, &[]);
     wait_for_socket(&kubelet, &plugin);
     let devices = rt.block_on(first_device_list(&kubelet));
@@ -1085,14 +892,7 @@ fn gpu_also_allocated_through_nvidia() {
     let rt = kubelet_runtime();
     let _guard = rt.enter();
     let pods = PodResources::default();
-    let listener = tokio::net::UnixListener::bind(&podres_sock).unwrap();
-    rt.spawn(
-        tonic::transport::Server::builder()
-            .add_service(
-                pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()),
-            )
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    serve_pod_resources(&rt, &podres_sock, &pods);
     let plugin = start_plugin(&scene, &kubelet, &podres_sock, &[]);
     wait_for_socket(&kubelet, &plugin);
     let mut stream = rt
@@ -1285,13 +1085,4 @@ fn allocate_answers_while_a_tenant_holds_the_arbitration_lock() {
         refused.is_empty() || stderr.contains("no answer within"),
         "{stderr}"
     );
-}
-
-/// The runtime the kubelet stand-in's gRPC servers and clients run on.
-fn kubelet_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }

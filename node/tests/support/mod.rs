@@ -6,6 +6,8 @@
 //! traverse wherever the tree is (a clone under `/root` or in a 0700 home directory).
 #![allow(dead_code)]
 
+pub mod kubelet;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
