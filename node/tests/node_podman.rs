@@ -13,10 +13,16 @@
 //! generate` names them), mounts its libraries and its state file; the container gets
 //! `nvidia.com/gpu=<UUID>` beside `gpuslice.io/tenant=t1`, as the device plugin answers on a
 //! CDI-default cluster.
+//!
+//! `podman_runs_a_pod_set_up_by_the_chart` takes the whole set-up from the Helm chart instead:
+//! `helm template` (helm as scripts/check-deploy installs it under `<target>/tools`; skipped, saying
+//! so, without helm or podman), the DaemonSet's install step and device plugin run with the rendered
+//! arguments, environment and mounts, and podman runs what the plugin's Allocate answers.
 
 mod support;
 
 use std::path::{Path, PathBuf};
+use support::kubelet::*;
 use support::*;
 
 /// `name` on PATH, or None.
@@ -49,8 +55,8 @@ fn copy_with_libraries(rootfs: &Path, file: &Path, to: &str) {
     }
 }
 
-/// The node's "GPU": a CDI spec mounting simgpu's driver libraries and its state.
-fn write_simgpu_spec(scene: &Scene, uuid: &str) {
+/// The node's "GPU": a CDI spec in `dir` mounting simgpu's driver libraries and its state.
+fn write_simgpu_spec(scene: &Scene, dir: &Path, uuid: &str) {
     let lib = |name: &str| {
         std::fs::canonicalize(simgpu_lib_dir().join(name))
             .unwrap()
@@ -73,7 +79,7 @@ fn write_simgpu_spec(scene: &Scene, uuid: &str) {
             ]}})).collect::<Vec<_>>())
     });
     std::fs::write(
-        scene.cdi.join("nvidia.json"),
+        dir.join("nvidia.json"),
         serde_json::to_string_pretty(&spec).unwrap(),
     )
     .unwrap();
@@ -115,7 +121,8 @@ fn remove_cgroup(dir: &Path) {
 }
 
 impl Podman {
-    fn new(scene: &Scene, podman: PathBuf, runtime: &Path) -> Podman {
+    /// Podman reading CDI specs from `cdi` (bound on /var/run/cdi).
+    fn new(scene: &Scene, podman: PathBuf, runtime: &Path, cdi: &Path) -> Podman {
         let dir = scene.dir.join("podman");
         for d in ["storage", "run", "tmp", "empty"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
@@ -129,7 +136,7 @@ impl Podman {
                  [engine]\ncdi_spec_dirs = [\"{cdi}\"]\nruntime = \"{rt}\"\n\
                  cgroup_manager = \"cgroupfs\"\nevents_logger = \"none\"\n\
                  [engine.runtimes]\n{rt} = [\"{path}\"]\n",
-                cdi = scene.cdi.display(),
+                cdi = cdi.display(),
                 rt = runtime.file_name().unwrap().to_string_lossy(),
                 path = runtime.display()
             ),
@@ -147,7 +154,7 @@ impl Podman {
             podman,
             dir,
             rootfs,
-            cdi: scene.cdi.clone(),
+            cdi: cdi.to_path_buf(),
         }
     }
 
@@ -215,7 +222,7 @@ fn podman_runs_a_client_within_its_tenant_quota() {
         .and_then(|l| l.split('"').next())
         .unwrap_or_else(|| panic!("no GPU in {policy}"))
         .to_string();
-    write_simgpu_spec(&scene, &uuid);
+    write_simgpu_spec(&scene, &scene.cdi, &uuid);
     // The device plugin finds this spec and names the GPU's device as the container below gets it.
     let nvidia_device = gpuslice_node::cdi::find_nvidia(std::slice::from_ref(&scene.cdi))
         .expect("the stand-in is found as NVIDIA's spec")
@@ -227,7 +234,7 @@ fn podman_runs_a_client_within_its_tenant_quota() {
     )
     .to_string();
     let policy_before = std::fs::read(scene.state.join("tenants/t1/policy.toml")).unwrap();
-    let pm = Podman::new(&scene, podman, &runtime);
+    let pm = Podman::new(&scene, podman, &runtime, &scene.cdi);
     let devices = [
         "--device",
         "gpuslice.io/tenant=t1",
@@ -306,5 +313,284 @@ fn podman_runs_a_client_within_its_tenant_quota() {
             r.report()
         );
     }
+    assert_eq!(Path::new("/etc/cdi").exists(), etc_cdi_before);
+}
+
+/// The device-plugin part of the chart's DaemonSet, as `helm template` renders it.
+struct ChartPlugin {
+    /// The plugin container's command and arguments.
+    command: Vec<String>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    /// (mountPath, the hostPath volume's path) of the plugin container.
+    mounts: Vec<(String, String)>,
+    /// The install init container's `sh -c` script and its mounts.
+    install: String,
+    install_mounts: Vec<(String, String)>,
+}
+
+/// `helm template gpuslice deploy/helm/gpuslice ARGS`, its DaemonSet's device-plugin pod read.
+fn render_chart(helm: &Path, set: &[&str]) -> ChartPlugin {
+    let r = run(std::process::Command::new(helm)
+        .args(["template", "gpuslice"])
+        .arg(root().join("deploy/helm/gpuslice"))
+        .args(set));
+    r.assert_success();
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&r.stdout)
+        .map(|d| serde::Deserialize::deserialize(d).expect("a YAML document"))
+        .collect();
+    let ds = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "DaemonSet"
+                && d["metadata"]["labels"]["app.kubernetes.io/component"] == "device-plugin"
+        })
+        .unwrap_or_else(|| panic!("no device-plugin DaemonSet in\n{}", r.stdout));
+    let pod = &ds["spec"]["template"]["spec"];
+    let strings = |v: &serde_yaml::Value| -> Vec<String> {
+        v.as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|s| s.as_str().expect("a string").to_string())
+            .collect()
+    };
+    let volumes: Vec<(String, String)> = pod["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| {
+            Some((
+                v["name"].as_str()?.to_string(),
+                v["hostPath"]["path"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let mounts = |c: &serde_yaml::Value| -> Vec<(String, String)> {
+        c["volumeMounts"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                let name = m["name"].as_str().unwrap();
+                let host = volumes
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .unwrap_or_else(|| panic!("volume {name} is no hostPath volume of the pod"));
+                (m["mountPath"].as_str().unwrap().to_string(), host.1.clone())
+            })
+            .collect()
+    };
+    let container = |list: &str, name: &str| {
+        pod[list]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no {list} {name} in the device-plugin pod"))
+            .clone()
+    };
+    let plugin = container("containers", "device-plugin");
+    let install = container("initContainers", "install");
+    assert_eq!(strings(&install["command"]), ["/bin/sh", "-c"]);
+    ChartPlugin {
+        command: strings(&plugin["command"]),
+        args: strings(&plugin["args"]),
+        env: plugin["env"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let get = |k: &str| e[k].as_str().unwrap().to_string();
+                (get("name"), get("value"))
+            })
+            .collect(),
+        mounts: mounts(&plugin),
+        install: strings(&install["args"]).concat(),
+        install_mounts: mounts(&install),
+    }
+}
+
+/// A path of the node, under the scene's `host/` directory.
+fn on_host(scene: &Scene, path: &str) -> PathBuf {
+    scene.dir.join("host").join(path.trim_start_matches('/'))
+}
+
+/// `path` as a container with `mounts` sees it, where it is on the (scene's) node; None when no mount
+/// holds it.
+fn through_mounts(scene: &Scene, mounts: &[(String, String)], path: &str) -> Option<PathBuf> {
+    mounts
+        .iter()
+        .filter_map(|(m, h)| {
+            let rest = path.strip_prefix(m.as_str())?;
+            (rest.is_empty() || rest.starts_with('/')).then(|| (m.len(), h, rest))
+        })
+        .max_by_key(|(len, _, _)| *len)
+        .map(|(_, h, rest)| on_host(scene, &format!("{h}{rest}")))
+}
+
+/// A pod's whole path on a GPU node, as the chart sets it up: `helm template` renders the chart (its
+/// default values; the groups left out of CDI specs, which podman 4.3's CDI library cannot read); the
+/// DaemonSet's install init container runs (its script, with the image's paths the build's and its
+/// mounts the scene's); the device plugin runs with the DaemonSet's command, arguments and
+/// environment, each path in them taken through the container's hostPath mounts into the scene's
+/// node directory (a path no mount holds fails the test). The kubelet stand-in sees it register the
+/// chart's resource and allocates 2 slices; podman then runs the client with exactly the CDI devices
+/// and environment the answer names: gpuslice's tenant and NVIDIA's GPU (a simgpu-backed stand-in of
+/// NVIDIA's spec in the chart's CDI directory, found by the plugin there). The client is held to 2
+/// slices of the chart's `slices` per GPU, and sees them as its total memory.
+#[test]
+fn podman_runs_a_pod_set_up_by_the_chart() {
+    let helm = target_dir().join("tools/helm");
+    if !helm.exists() {
+        eprintln!(
+            "skipped: helm is not installed at {} (scripts/check-deploy installs it)",
+            helm.display()
+        );
+        return;
+    }
+    let (Some(podman), Some(runtime)) = (
+        on_path("podman"),
+        on_path("runc").or_else(|| on_path("crun")),
+    ) else {
+        eprintln!(
+            "skipped: podman and runc (or crun) are not installed (apt-get install podman runc)"
+        );
+        return;
+    };
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("deploy/helm/gpuslice/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let slices = values["devicePlugin"]["slices"].as_u64().expect("slices") as u32;
+    let resource = values["devicePlugin"]["resource"]
+        .as_str()
+        .expect("resource");
+    let chart = render_chart(&helm, &["--set", "devicePlugin.cdiWithoutGroups=true"]);
+
+    let etc_cdi_before = Path::new("/etc/cdi").exists();
+    let scene = Scene::new("chart", &[("SIMGPU_MEMORY", "16GiB")]);
+    // The plugin writes host paths into CDI specs and tenants' files: each is mounted where it is.
+    for (m, h) in chart.mounts.iter().chain(&chart.install_mounts) {
+        std::fs::create_dir_all(on_host(&scene, h)).unwrap();
+        if chart.mounts.contains(&(m.clone(), h.clone())) {
+            assert_eq!(m, h, "the device plugin's {m} must be the node's same path");
+        }
+    }
+
+    // The init container: the library and tools installed from the image into the node's directory.
+    let bin = gpuslice_bin();
+    let bin_dir = bin.parent().unwrap();
+    let mut install = chart
+        .install
+        .replace(
+            "/usr/local/lib/libgpuslice.so",
+            &library().display().to_string(),
+        )
+        .replace("/usr/local/bin/", &format!("{}/", bin_dir.display()));
+    for (m, h) in &chart.install_mounts {
+        install = install.replace(m.as_str(), &on_host(&scene, h).display().to_string());
+    }
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    run(scene.command("sh").args(["-c", &install]).env("PATH", path)).assert_success();
+
+    // The device plugin as the DaemonSet runs it.
+    assert_eq!(chart.command, ["gpuslice", "device-plugin"]);
+    let arg = |name: &str| -> Option<PathBuf> {
+        let v = chart
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")))?;
+        Some(through_mounts(&scene, &chart.mounts, v).unwrap_or_else(|| {
+            panic!("the chart's --{name}={v}: no volume of the device-plugin container holds it")
+        }))
+    };
+    let kubelet = arg("kubelet-dir").expect("--kubelet-dir");
+    let cdi_dir = arg("cdi-dir").expect("--cdi-dir");
+    let args: Vec<String> = chart
+        .args
+        .iter()
+        .map(|a| match a.split_once('=') {
+            Some((flag, v)) if v.starts_with('/') => {
+                let p = through_mounts(&scene, &chart.mounts, v).unwrap_or_else(|| {
+                    panic!("the chart's {a}: no volume of the device-plugin container holds it")
+                });
+                format!("{flag}={}", p.display())
+            }
+            _ => a.clone(),
+        })
+        .collect();
+    let rt = kubelet_runtime();
+    let _guard = rt.enter();
+    let mut registrations = serve_kubelet(&kubelet);
+    let mut cmd = scene.command(&bin);
+    cmd.args(&chart.command[1..]).args(&args);
+    cmd.envs(chart.env.iter().map(|(k, v)| (k, v)));
+    let plugin = PluginProcess::spawn(cmd);
+    let registered = rt.block_on(next_registration(&mut registrations));
+    assert_eq!(registered.resource_name, resource);
+    let devices = rt.block_on(first_device_list(&kubelet));
+    assert_eq!(devices.len(), slices as usize, "{devices:?}");
+    let uuid = devices[0].id.split("::").next().unwrap().to_string();
+
+    // NVIDIA's spec (the stand-in) where the GPU Operator's toolkit writes it, the chart's CDI dir.
+    write_simgpu_spec(&scene, &cdi_dir, &uuid);
+    wait_until(
+        "NVIDIA's CDI spec found",
+        std::time::Duration::from_secs(60),
+        || {
+            plugin
+                .stderr_so_far()
+                .contains("NVIDIA's CDI spec found at")
+        },
+    );
+    let (resp, _) = allocate(
+        &rt,
+        &kubelet,
+        vec![format!("{uuid}::0"), format!("{uuid}::1")],
+    );
+    let resp = resp.unwrap_or_else(|e| panic!("Allocate: {e}\n{}", plugin.stderr_so_far()));
+    let names = cdi_names(&resp);
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names[0].starts_with("gpuslice.io/tenant="), "{names:?}");
+    assert_eq!(names[1], format!("nvidia.com/gpu={uuid}"));
+    let tenant = names[0].split_once('=').unwrap().1.to_string();
+
+    // The container as a CDI runtime makes it from the answer (its mounts are the tenant's spec's).
+    let pm = Podman::new(&scene, podman, &runtime, &cdi_dir);
+    let mut args: Vec<String> = Vec::new();
+    for n in &names {
+        args.extend(["--device".to_string(), n.clone()]);
+    }
+    for (k, v) in &resp.envs {
+        args.extend(["-e".to_string(), format!("{k}={v}")]);
+    }
+    args.extend(["-e".to_string(), "GPUSLICE_MEMORY_LIMIT=100GiB".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = pm.run(&scene, &args, &["--chunk", "2"]);
+    let quota = gpuslice_node::plugin::slice_memory(16 * GIB, 2, slices);
+    r.assert_success();
+    assert_eq!(r.get_u64("total"), quota, "{}", r.report());
+    let free = r.get_u64("free");
+    assert!(free > 0 && free < quota, "{}", r.report());
+    assert_eq!(r.get_u64("allocated"), free, "{}", r.report());
+    assert_eq!(
+        r.get("outcome"),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "{}",
+        r.report()
+    );
+    assert!(
+        r.stderr
+            .contains(&format!("tenant {tenant}: cuMemAlloc of 2 MiB"))
+            && r.stderr.contains("refused"),
+        "{}",
+        r.report()
+    );
+    let stderr = plugin.stop();
+    assert!(!stderr.contains("ERROR"), "{stderr}");
     assert_eq!(Path::new("/etc/cdi").exists(), etc_cdi_before);
 }

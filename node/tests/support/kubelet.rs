@@ -69,7 +69,9 @@ pub fn serve_pod_resources(
     };
     rt.spawn(
         tonic::transport::Server::builder()
-            .add_service(pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()))
+            .add_service(
+                pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()),
+            )
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     )
 }
