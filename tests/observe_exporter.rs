@@ -937,3 +937,127 @@ fn memory_of_a_killed_process_is_shown_as_exited() {
         status.stdout
     );
 }
+
+/// An owner stopped (SIGSTOP) while it holds the device, beside a tenant that wants it: the waiting
+/// tenant takes the device from it, and the stopped owner's tenant's revocation count grows, as the
+/// real exporter exports it (`gpuslice_compute_tenant_revocations_total`) and `gpuslice status
+/// --compute` shows it. Alpha has 90% of the GPU, so it holds the device most of the time; a stop
+/// that finds it between grants revokes nothing, and is resumed and tried again (each try: stopped
+/// 1.5 s, against a revocation due about 0.2 s after its grant ends).
+#[test]
+fn a_stopped_owner_is_revoked_and_counted_for_its_tenant() {
+    let _serial = heavy();
+    let sim = Sim::new("exporter-revoked");
+    let (_exporter, addr) = start_exporter(&sim, &sim.dir.join("node"));
+    let spin = ["--spin-us", "200", "--seconds", "120"];
+    let mut alpha = Killed(
+        tenant(&sim, "alpha", &[("GPUSLICE_COMPUTE_SHARE", "90")], &spin)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut beta = Killed(
+        tenant(&sim, "beta", &[("GPUSLICE_COMPUTE_SHARE", "10")], &spin)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let counter = |samples: &[Sample], name: &str, t: &str| {
+        find(samples, name, &[("tenant", t)]).map(|s| s.value)
+    };
+    // Both contend: each has been handed the device.
+    let started = Instant::now();
+    let before = loop {
+        let samples = parse(&scrape(&addr));
+        let handed = ["alpha", "beta"].map(|t| {
+            counter(&samples, "gpuslice_compute_tenant_handovers_total", t).unwrap_or(0.0)
+        });
+        if handed.iter().all(|v| *v > 0.0) {
+            break counter(
+                &samples,
+                "gpuslice_compute_tenant_revocations_total",
+                "alpha",
+            )
+            .expect("alpha's revocation count is exported");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no hand-over to both tenants within 30 s: {handed:?}\n{}",
+            scrape(&addr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let pid = alpha.0.id() as i32;
+    let mut tries = 0;
+    let revoked = loop {
+        tries += 1;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(1500));
+        let now = parse(&scrape(&addr));
+        let r = counter(&now, "gpuslice_compute_tenant_revocations_total", "alpha").unwrap();
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        if r > before {
+            break r;
+        }
+        assert!(
+            tries < 15,
+            "alpha stopped {tries} times mid-run, its revocations stay {before}\n{}",
+            scrape(&addr)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    println!("alpha revoked after {tries} stop(s): revocations {before} -> {revoked}");
+    // Both still run: the revoked owner goes on when continued, the other was never held up.
+    assert!(alpha.0.try_wait().unwrap().is_none(), "alpha ended");
+    assert!(beta.0.try_wait().unwrap().is_none(), "beta ended");
+    alpha.0.kill().unwrap();
+    alpha.0.wait().unwrap();
+    beta.0.kill().unwrap();
+    beta.0.wait().unwrap();
+
+    // The counts settle once both are gone: the exporter and `status --compute` agree.
+    let text = scrape(&addr);
+    promtool_check_metrics(&text);
+    let last = parse(&text);
+    let alpha_revoked =
+        counter(&last, "gpuslice_compute_tenant_revocations_total", "alpha").unwrap();
+    assert!(alpha_revoked >= revoked, "{text}");
+    let per_tenant = alpha_revoked
+        + counter(&last, "gpuslice_compute_tenant_revocations_total", "beta").unwrap();
+    let gpu = value(&last, "gpuslice_compute_revocations_total", &[]);
+    assert!(
+        per_tenant <= gpu,
+        "per-tenant revocations {per_tenant} past the GPU's {gpu}\n{text}"
+    );
+    let status = sim.run(gpuslice_bin(), &["status", "--compute", "--json"]);
+    status.assert_success();
+    let doc = Json::parse(&status.stdout).unwrap();
+    let row = doc
+        .arr("compute")
+        .into_iter()
+        .find(|row| row.str("tenant") == "alpha")
+        .unwrap_or_else(|| panic!("no row of alpha\n{}", status.stdout));
+    assert_eq!(
+        row.u64("revocations") as f64,
+        alpha_revoked,
+        "status --json vs exporter\n{}",
+        status.stdout
+    );
+    let table = sim.run(gpuslice_bin(), &["status", "--compute"]);
+    table.assert_success();
+    let line = table
+        .stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("alpha"))
+        .unwrap_or_else(|| panic!("no line of alpha\n{}", table.stdout));
+    assert!(
+        line.split_whitespace()
+            .any(|w| w == format!("{alpha_revoked}")),
+        "the revoked column shows {alpha_revoked}\n{}",
+        table.stdout
+    );
+}
