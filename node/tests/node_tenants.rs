@@ -497,3 +497,56 @@ impl OpenWatch {
         }
     }
 }
+
+/// A clone other users cannot traverse (under `/root`, or in a home directory made 0700): the
+/// programs the tests run as other uids still load the library, simgpu and the workspace's programs,
+/// from copies they can reach. The build tree's parent is made a 0700 tmpfs in a private mount
+/// namespace (the tree bound back inside it, so root sees it where it was), a uid is checked to be
+/// unable to open the library there, and `two_uids_share_a_gpu_under_node_policies` runs from it.
+#[test]
+fn tenants_run_from_a_tree_other_uids_cannot_traverse() {
+    let tree = root();
+    let parent = tree.parent().expect("the tree has a parent").to_path_buf();
+    let tmp = std::env::temp_dir();
+    assert!(
+        parent != Path::new("/") && !tmp.starts_with(&parent),
+        "the tree's parent {} must be neither / nor hold {}",
+        parent.display(),
+        tmp.display()
+    );
+    let hold = tmp.join(format!("gpuslice-tree-{}", std::process::id()));
+    std::fs::create_dir_all(&hold).unwrap();
+    let script = "set -e\n\
+        mount --bind \"$TREE\" \"$HOLD\"\n\
+        mount -t tmpfs -o mode=0700 gpuslice-0700 \"$PARENT\"\n\
+        mkdir -p \"$TREE\"\n\
+        mount --bind \"$HOLD\" \"$TREE\"\n\
+        if setpriv --reuid=1001 --regid=1001 --clear-groups -- cat \"$LIB\" >/dev/null 2>&1; then\n\
+          echo \"uid 1001 can still read $LIB\"; exit 99\n\
+        fi\n\
+        exec \"$@\"\n";
+    let r = run(std::process::Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "tree",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "two_uids_share_a_gpu_under_node_policies",
+            "--test-threads",
+            "1",
+        ])
+        .env("TREE", &tree)
+        .env("HOLD", &hold)
+        .env("PARENT", &parent)
+        .env("LIB", library()));
+    let _ = std::fs::remove_dir(&hold);
+    r.assert_success();
+    assert!(r.stdout.contains("1 passed"), "{}", r.report());
+}
