@@ -1038,7 +1038,7 @@ fn a_stopped_owner_is_revoked_and_counted_for_its_tenant() {
     let doc = Json::parse(&status.stdout).unwrap();
     let row = doc
         .arr("compute")
-        .into_iter()
+        .iter()
         .find(|row| row.str("tenant") == "alpha")
         .unwrap_or_else(|| panic!("no row of alpha\n{}", status.stdout));
     assert_eq!(

@@ -422,7 +422,7 @@ fn through_mounts(scene: &Scene, mounts: &[(String, String)], path: &str) -> Opt
         .iter()
         .filter_map(|(m, h)| {
             let rest = path.strip_prefix(m.as_str())?;
-            (rest.is_empty() || rest.starts_with('/')).then(|| (m.len(), h, rest))
+            (rest.is_empty() || rest.starts_with('/')).then_some((m.len(), h, rest))
         })
         .max_by_key(|(len, _, _)| *len)
         .map(|(_, h, rest)| on_host(scene, &format!("{h}{rest}")))
