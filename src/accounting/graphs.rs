@@ -8,7 +8,9 @@
 //!
 //! - At instantiation, the graph's memory nodes are read from the driver (`cuGraphGetNodes`,
 //!   `cuGraphNodeGetType`, `cuGraphMemAllocNodeGetParams`, `cuGraphMemFreeNodeGetParams`) into the
-//!   executable graph's [`Plan`].
+//!   executable graph's [`Plan`], with those of its child graphs (`cuGraphChildGraphNodeGetGraph`):
+//!   a graph moved into a child graph node (CUDA 12.9, `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`) keeps
+//!   its memory nodes, which allocate when the parent is launched.
 //! - At launch, every allocation is reserved before the driver is called; over the quota the launch
 //!   is refused with `CUDA_ERROR_OUT_OF_MEMORY` and the usual refusal line, and nothing runs.
 //! - An allocation the graph does not free itself outlives the launch: its charge is kept under its
@@ -26,8 +28,8 @@ use crate::driver::calls::{self as driver, real};
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::types::{CUdevice, CU_MEM_LOCATION_TYPE_DEVICE};
 use gpuslice_api::types::{
-    CUgraph, CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-    CU_GRAPH_NODE_TYPE_MEM_FREE,
+    CUgraph, CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS, CU_GRAPH_NODE_TYPE_GRAPH,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_GRAPH_NODE_TYPE_MEM_FREE,
 };
 use gpuslice_api::{CUerror, CUresult};
 use parking_lot::Mutex;
@@ -81,8 +83,39 @@ pub fn any() -> bool {
     ANY.load(Relaxed)
 }
 
-/// Reads `graph`'s memory nodes from the driver. `None` when it has none (or cannot be read).
+/// Child graphs nest at most this deep when their memory nodes are read (a bound on the walk: a
+/// graph cannot contain itself, and no real program nests nearly this deep).
+const MAX_CHILD_DEPTH: usize = 16;
+
+/// Reads `graph`'s memory nodes from the driver, with those of its child graphs at every depth:
+/// a graph moved into a child graph node (`cuGraphAddNode`, `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`,
+/// CUDA 12.9) keeps its allocation and free nodes, which allocate and free when the parent is
+/// launched. `None` when it has none (or cannot be read).
 fn read_plan(graph: CUgraph) -> Option<Plan> {
+    let mut allocs = Vec::new();
+    let mut frees = Vec::new();
+    read_nodes(graph, 0, &mut allocs, &mut frees)?;
+    let mut frees_elsewhere = Vec::new();
+    for ptr in frees {
+        match allocs.iter_mut().find(|a| a.ptr == ptr) {
+            Some(a) => a.freed_in_graph = true,
+            None => frees_elsewhere.push(ptr),
+        }
+    }
+    (!allocs.is_empty() || !frees_elsewhere.is_empty()).then_some(Plan {
+        allocs,
+        frees_elsewhere,
+    })
+}
+
+/// Adds the memory nodes of `graph` (and of its child graphs, `depth` levels down already) to
+/// `allocs` and `frees`. `None` when the graph's nodes cannot be listed.
+fn read_nodes(
+    graph: CUgraph,
+    depth: usize,
+    allocs: &mut Vec<Alloc>,
+    frees: &mut Vec<u64>,
+) -> Option<()> {
     let mut count = 0usize;
     // SAFETY: NULL node array with a valid count out-parameter: the driver reports the count.
     unsafe { real::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.ok()?;
@@ -90,8 +123,6 @@ fn read_plan(graph: CUgraph) -> Option<Plan> {
     // SAFETY: `nodes` holds `count` entries, as the count says.
     unsafe { real::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.ok()?;
     nodes.truncate(count);
-    let mut allocs = Vec::new();
-    let mut frees = Vec::new();
     for &node in &nodes {
         let mut kind = 0u32;
         // SAFETY: a node of `graph`, valid out-parameter.
@@ -121,20 +152,20 @@ fn read_plan(graph: CUgraph) -> Option<Plan> {
                     frees.push(ptr);
                 }
             }
+            CU_GRAPH_NODE_TYPE_GRAPH if depth < MAX_CHILD_DEPTH => {
+                let mut child: CUgraph = std::ptr::null_mut();
+                // SAFETY: a child graph node of `graph`, valid out-parameter; the handle is the
+                // node's own graph (not a clone), read only.
+                if unsafe { real::cuGraphChildGraphNodeGetGraph(node, &mut child) }.is_ok()
+                    && !child.is_null()
+                {
+                    read_nodes(child, depth + 1, allocs, frees);
+                }
+            }
             _ => {}
         }
     }
-    let mut frees_elsewhere = Vec::new();
-    for ptr in frees {
-        match allocs.iter_mut().find(|a| a.ptr == ptr) {
-            Some(a) => a.freed_in_graph = true,
-            None => frees_elsewhere.push(ptr),
-        }
-    }
-    (!allocs.is_empty() || !frees_elsewhere.is_empty()).then_some(Plan {
-        allocs,
-        frees_elsewhere,
-    })
+    Some(())
 }
 
 /// After a successful instantiation of `graph` as `exec`: records what its launches allocate. A

@@ -20,7 +20,8 @@
 //! Not modelled: the graph memory pool's caching (freed graph memory is returned to the device at
 //! once, as if `cuDeviceGraphMemTrim` ran every time; reserved == used), physical memory reuse between
 //! allocations of one graph, copies to or from graph allocations (their addresses are not backed by
-//! host memory), peer access of graph allocations, and graphs with memory nodes used as child graphs.
+//! host memory), and peer access of graph allocations. Graphs with memory nodes moved into a child
+//! graph node allocate with their parent (child_graph.rs).
 
 use crate::graph::{Capture, NodeKind};
 use gpuslice_api::types::{CUdevice, CUmemAccessDesc, CUmemPoolProps, CU_MEM_LOCATION_TYPE_DEVICE};
