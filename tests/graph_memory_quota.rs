@@ -104,9 +104,15 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
     );
     expect("held_free", "0", "freeing the graph's allocation");
     expect(
+        "big_before_trim",
+        OUT_OF_MEMORY,
+        "the freed 1 GiB stays cached in the device's graph memory pool, charged, until trimmed",
+    );
+    expect("trim", "0", "cuDeviceGraphMemTrim");
+    expect(
         "big_after_held_free",
         "0",
-        "its charge went back with cuMemFreeAsync",
+        "its charge went back with the trim",
     );
     expect(
         "transient_launch_beside_big",

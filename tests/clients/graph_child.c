@@ -9,9 +9,10 @@
  *   moved:  a child graph with one GRAPH_MIB allocation node (not freed in it), moved into a parent
  *           that also holds a cloned child graph (cuGraphAddChildGraphNode, an empty node); the
  *           parent launched beside a BIG_MIB cuMemAlloc, then alone; BIG_MIB while its allocation
- *           is held; cuMemFreeAsync of the allocation; BIG_MIB again.
+ *           is held; cuMemFreeAsync of the allocation; cuDeviceGraphMemTrim (freed graph memory
+ *           stays cached in the device's graph memory pool until then); BIG_MIB again.
  *   nested: a grandchild graph allocating GRAPH_MIB, moved into a child graph that frees it, moved
- *           into a parent: launched beside BIG_MIB, then alone; BIG_MIB after it.
+ *           into a parent: launched beside BIG_MIB, then alone; trimmed; BIG_MIB after it.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -95,6 +96,8 @@ int main(int argc, char **argv) {
         CHECK(cuMemFree(b));
     step("held_free", cuMemFreeAsync(g, stream));
     CHECK(cuStreamSynchronize(stream));
+    /* Freed graph memory stays cached in the device's graph memory pool until trimmed. */
+    CHECK(cuDeviceGraphMemTrim(dev));
     if (step("big_after_held_free", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
         CHECK(cuMemFree(b));
 
@@ -116,6 +119,7 @@ int main(int argc, char **argv) {
     CHECK(cuMemFree(a));
     if (step("nested_launch_alone", cuGraphLaunch(nested, stream)) == CUDA_SUCCESS)
         CHECK(cuStreamSynchronize(stream));
+    CHECK(cuDeviceGraphMemTrim(dev));
     if (step("big_after_nested", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
         CHECK(cuMemFree(b));
 
