@@ -85,6 +85,7 @@ fn rust_type(c: &str) -> &'static str {
         | "CUdevice_attribute"
         | "CUfunction_attribute"
         | "CUmemPool_attribute"
+        | "CUgraphMem_attribute"
         | "CUmemAllocationGranularity_flags"
         | "CUmoduleLoadingMode"
         | "CUjit_option"

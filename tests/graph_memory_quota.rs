@@ -16,22 +16,31 @@ const CLIENT: CBuild = CBuild {
     link_cuda: true,
 };
 
+/// Child graphs: memory nodes in graphs moved into a parent (CUDA 12.9).
+const CHILD_CLIENT: CBuild = CBuild {
+    name: "graph-child",
+    source: "graph_child.c",
+    include: "cu13",
+    link_cuda: true,
+};
+
 /// simgpu's memory for a context (what a process holds before it allocates anything).
 const SIM_CONTEXT: u64 = 300 * MIB;
 const OUT_OF_MEMORY: &str = "2";
 
 fn run(gpuslice: bool) -> (Run, Json) {
-    let tag = if gpuslice {
-        "graphmem"
-    } else {
-        "graphmem-bare"
-    };
+    run_client(&CLIENT, gpuslice)
+}
+
+fn run_client(client: &CBuild, gpuslice: bool) -> (Run, Json) {
+    let tag = format!("{}{}", client.name, if gpuslice { "" } else { "-bare" });
+    let tag = tag.as_str();
     let sim = Sim::new(tag).env("SIMGPU_MEMORY", "8GiB");
     let dir =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut cmd = sim.command(compile(&CLIENT));
+    let mut cmd = sim.command(compile(client));
     // A 2 GiB quota; a 1536 MiB allocation beside a graph allocating 1024 MiB exceeds it.
     cmd.env("SIMGPU_GROUP", "g").args(["1536", "1024"]);
     if gpuslice {
@@ -95,9 +104,15 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
     );
     expect("held_free", "0", "freeing the graph's allocation");
     expect(
+        "big_before_trim",
+        OUT_OF_MEMORY,
+        "the freed 1 GiB stays cached in the device's graph memory pool, charged, until trimmed",
+    );
+    expect("trim", "0", "cuDeviceGraphMemTrim");
+    expect(
         "big_after_held_free",
         "0",
-        "its charge went back with cuMemFreeAsync",
+        "its charge went back with the trim",
     );
     expect(
         "transient_launch_beside_big",
@@ -169,6 +184,76 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
     assert!(
         peak <= SIM_CONTEXT + 2 * GIB,
         "simgpu saw a peak of {peak} bytes: a graph launch escaped the quota\n{stat}"
+    );
+    assert_eq!(stat.u64("devices.0.used"), 0, "memory left: {stat}");
+}
+
+#[test]
+fn memory_nodes_of_moved_child_graphs_are_held_to_the_quota_at_launch() {
+    // Without gpuslice (8 GiB device): every step succeeds.
+    let (bare, _) = run_client(&CHILD_CLIENT, false);
+    bare.assert_success();
+    for (k, v) in bare.kv() {
+        assert!(
+            k == "done" || v == "0",
+            "without gpuslice, {k}={v}:\n{}",
+            bare.report()
+        );
+    }
+
+    let (run, stat) = run_client(&CHILD_CLIENT, true);
+    run.assert_success();
+    let report = run.report();
+    let expect = |key: &str, want: &str, why: &str| {
+        assert_eq!(run.get(key), want, "{key}: {why}\n{report}");
+    };
+    for k in ["clone", "move", "nested_move_inner", "nested_move_outer"] {
+        expect(k, "0", "building the graphs passes through");
+    }
+    expect(
+        "moved_launch_beside_big",
+        OUT_OF_MEMORY,
+        "1536 MiB + the moved child's 1024 MiB exceed the 2 GiB quota: the launch is refused",
+    );
+    expect("moved_launch_alone", "0", "the child's 1024 MiB fit alone");
+    expect(
+        "big_while_held",
+        OUT_OF_MEMORY,
+        "the child's allocation outlives the parent's launch and stays charged",
+    );
+    expect("held_free", "0", "freeing the child's allocation");
+    expect(
+        "big_after_held_free",
+        "0",
+        "its charge went back with cuMemFreeAsync",
+    );
+    expect(
+        "nested_launch_beside_big",
+        OUT_OF_MEMORY,
+        "an allocation two levels down, freed one level down, must fit while the graph runs",
+    );
+    expect("nested_launch_alone", "0", "fits alone");
+    expect(
+        "big_after_nested",
+        "0",
+        "an allocation freed inside the launched graph is not held after its launch",
+    );
+    let lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("cuGraphLaunch") && l.contains("refused"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "one refusal line per refused launch:\n{report}"
+    );
+    // simgpu's judgement: never more than the context plus the quota (an escaped launch would have
+    // held 1536 + 1024 MiB), and nothing left.
+    let peak = group(&stat, "g").u64("peak.0");
+    assert!(
+        peak <= SIM_CONTEXT + 2 * GIB,
+        "simgpu saw a peak of {peak} bytes: a child graph's allocation escaped the quota\n{stat}"
     );
     assert_eq!(stat.u64("devices.0.used"), 0, "memory left: {stat}");
 }

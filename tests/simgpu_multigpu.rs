@@ -281,7 +281,8 @@ fn capture_modes_decide_which_calls_invalidate_a_capture() {
 
 /// Graph memory nodes: a captured cuMemAllocAsync (or cuGraphAddMemAllocNode) allocates nothing at
 /// capture time; the graph's launch allocates (counted in the device's memory in use), a free node
-/// or a later free returns it, AUTO_FREE_ON_LAUNCH frees before a relaunch, a relaunch with the
+/// or a later free returns it to the device's graph memory pool, which keeps it (still in use on the
+/// device, reserved for graphs) until cuDeviceGraphMemTrim, AUTO_FREE_ON_LAUNCH frees before a relaunch, a relaunch with the
 /// allocation still held fails (CUDA_ERROR_INVALID_VALUE = 1), and a graph whose allocation does
 /// not fit captures fine but fails to launch (CUDA_ERROR_OUT_OF_MEMORY = 2). A graph with memory
 /// nodes has at most one executable graph at a time (a second instantiation fails,
@@ -305,15 +306,25 @@ fn graph_memory_is_allocated_when_the_graph_is_launched() {
     );
     assert_eq!(mib("captured_graph_mib"), 0, "{r}");
     assert_eq!(run.get("launch1"), "0", "{r}");
-    assert_eq!(mib("freed_in_graph_used_mib"), start, "{r}");
+    // Freed by its free node, the memory stays cached in the graph memory pool until trimmed.
+    assert_eq!(mib("freed_in_graph_used_mib"), start + 256, "{r}");
+    assert_eq!(mib("freed_in_graph_graph_mib"), 0, "{r}");
+    assert_eq!(mib("freed_in_graph_reserved_mib"), 256, "{r}");
     assert_eq!(mib("graph_high_mib"), 256, "{r}");
+    assert_eq!(run.get("trim1"), "0", "{r}");
+    assert_eq!(mib("trimmed_used_mib"), start, "{r}");
+    assert_eq!(mib("trimmed_reserved_mib"), 0, "{r}");
     assert_eq!(run.get("launch2"), "0", "{r}");
     assert_eq!(mib("escaped_used_mib"), start + 256, "{r}");
     assert_eq!(mib("escaped_graph_mib"), 256, "{r}");
     assert_eq!(run.get("relaunch_unfreed"), "1", "{r}");
-    assert_eq!(mib("freed_after_used_mib"), start, "{r}");
+    assert_eq!(mib("freed_after_used_mib"), start + 256, "{r}");
+    assert_eq!(mib("freed_after_graph_mib"), 0, "{r}");
     assert_eq!(run.get("relaunch_freed"), "0", "{r}");
-    assert_eq!(mib("freed_sync_used_mib"), start, "{r}");
+    // The relaunch took its memory from the pool's cache: nothing more from the device.
+    assert_eq!(mib("freed_sync_used_mib"), start + 256, "{r}");
+    assert_eq!(mib("freed_sync_reserved_mib"), 256, "{r}");
+    assert_eq!(mib("freed_trimmed_used_mib"), start, "{r}");
     assert_eq!(run.get("auto1"), "0", "{r}");
     assert_eq!(run.get("auto2"), "0", "{r}");
     assert_eq!(mib("auto_used_mib"), start + 256, "{r}");
@@ -325,7 +336,8 @@ fn graph_memory_is_allocated_when_the_graph_is_launched() {
     assert_eq!(run.get("instantiate_twice"), "1", "{r}");
     assert_eq!(run.get("launch_built"), "0", "{r}");
     assert_eq!(run.get("instantiate_after_destroy"), "0", "{r}");
-    assert_eq!(mib("built_used_mib"), start, "{r}");
+    assert_eq!(mib("built_used_mib"), start + 256, "{r}");
+    assert_eq!(mib("built_graph_mib"), 0, "{r}");
     assert_eq!(run.get("capture_big"), "0", "{r}");
     assert_eq!(run.get("end_big"), "0", "{r}");
     assert_eq!(run.get("launch_big"), "2", "{r}");

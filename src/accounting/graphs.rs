@@ -8,7 +8,9 @@
 //!
 //! - At instantiation, the graph's memory nodes are read from the driver (`cuGraphGetNodes`,
 //!   `cuGraphNodeGetType`, `cuGraphMemAllocNodeGetParams`, `cuGraphMemFreeNodeGetParams`) into the
-//!   executable graph's [`Plan`].
+//!   executable graph's [`Plan`], with those of its child graphs (`cuGraphChildGraphNodeGetGraph`):
+//!   a graph moved into a child graph node (CUDA 12.9, `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`) keeps
+//!   its memory nodes, which allocate when the parent is launched.
 //! - At launch, every allocation is reserved before the driver is called; over the quota the launch
 //!   is refused with `CUDA_ERROR_OUT_OF_MEMORY` and the usual refusal line, and nothing runs.
 //! - An allocation the graph does not free itself outlives the launch: its charge is kept under its
@@ -20,14 +22,23 @@
 //!   stream after the launch, looked at whenever a reservation is refused, a graph is launched or the
 //!   program synchronises), as does an allocation of another graph that this one frees. Two such
 //!   graphs running at once hold both.
+//! - Freed graph memory stays in the device's graph memory pool, cached for later graph allocations,
+//!   until `cuDeviceGraphMemTrim` ("Free unused memory that was cached on the specified device for
+//!   use with graphs back to the OS"). The pool's cache, what the driver reports reserved for graphs
+//!   beyond what they use (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` less `USED_MEM_CURRENT`), stays
+//!   charged: it is read whenever finished launches are looked at, and after a trim. A launch takes
+//!   its allocations from the cache's charge before reserving more, as the driver takes them from
+//!   the cache. While a launch's work may still be running the charge only falls (the driver may
+//!   have freed into the cache what is still charged to the launch).
 
-use super::{tenant, Charge, Tenant};
+use super::{tenant, Charge, Reservation, Tenant};
 use crate::driver::calls::{self as driver, real};
+use crate::ledger::Ledger;
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::types::{CUdevice, CU_MEM_LOCATION_TYPE_DEVICE};
 use gpuslice_api::types::{
-    CUgraph, CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-    CU_GRAPH_NODE_TYPE_MEM_FREE,
+    CUgraph, CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS, CU_GRAPH_NODE_TYPE_GRAPH,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_GRAPH_NODE_TYPE_MEM_FREE,
 };
 use gpuslice_api::{CUerror, CUresult};
 use parking_lot::Mutex;
@@ -74,6 +85,14 @@ static ANY_RUNNING: AtomicBool = AtomicBool::new(false);
 /// `CU_EVENT_DISABLE_TIMING` (cuda.h).
 const EVENT_DISABLE_TIMING: u32 = 2;
 
+/// `CUgraphMem_attribute` (cuda.h).
+const GRAPH_MEM_USED_CURRENT: i32 = 0;
+const GRAPH_MEM_RESERVED_CURRENT: i32 = 2;
+
+/// Device ordinal -> what its graph memory pool caches, charged (ledger slot, bytes). Every device
+/// some graph of this process allocates on has an entry.
+static CACHED: Mutex<BTreeMap<CUdevice, (usize, u64)>> = Mutex::new(BTreeMap::new());
+
 /// Whether any executable graph of this process allocates memory (one load; graph launches of a
 /// process without graph memory skip everything here).
 #[inline]
@@ -81,8 +100,39 @@ pub fn any() -> bool {
     ANY.load(Relaxed)
 }
 
-/// Reads `graph`'s memory nodes from the driver. `None` when it has none (or cannot be read).
+/// Child graphs nest at most this deep when their memory nodes are read (a bound on the walk: a
+/// graph cannot contain itself, and no real program nests nearly this deep).
+const MAX_CHILD_DEPTH: usize = 16;
+
+/// Reads `graph`'s memory nodes from the driver, with those of its child graphs at every depth:
+/// a graph moved into a child graph node (`cuGraphAddNode`, `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`,
+/// CUDA 12.9) keeps its allocation and free nodes, which allocate and free when the parent is
+/// launched. `None` when it has none (or cannot be read).
 fn read_plan(graph: CUgraph) -> Option<Plan> {
+    let mut allocs = Vec::new();
+    let mut frees = Vec::new();
+    read_nodes(graph, 0, &mut allocs, &mut frees)?;
+    let mut frees_elsewhere = Vec::new();
+    for ptr in frees {
+        match allocs.iter_mut().find(|a| a.ptr == ptr) {
+            Some(a) => a.freed_in_graph = true,
+            None => frees_elsewhere.push(ptr),
+        }
+    }
+    (!allocs.is_empty() || !frees_elsewhere.is_empty()).then_some(Plan {
+        allocs,
+        frees_elsewhere,
+    })
+}
+
+/// Adds the memory nodes of `graph` (and of its child graphs, `depth` levels down already) to
+/// `allocs` and `frees`. `None` when the graph's nodes cannot be listed.
+fn read_nodes(
+    graph: CUgraph,
+    depth: usize,
+    allocs: &mut Vec<Alloc>,
+    frees: &mut Vec<u64>,
+) -> Option<()> {
     let mut count = 0usize;
     // SAFETY: NULL node array with a valid count out-parameter: the driver reports the count.
     unsafe { real::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.ok()?;
@@ -90,8 +140,6 @@ fn read_plan(graph: CUgraph) -> Option<Plan> {
     // SAFETY: `nodes` holds `count` entries, as the count says.
     unsafe { real::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.ok()?;
     nodes.truncate(count);
-    let mut allocs = Vec::new();
-    let mut frees = Vec::new();
     for &node in &nodes {
         let mut kind = 0u32;
         // SAFETY: a node of `graph`, valid out-parameter.
@@ -121,20 +169,20 @@ fn read_plan(graph: CUgraph) -> Option<Plan> {
                     frees.push(ptr);
                 }
             }
+            CU_GRAPH_NODE_TYPE_GRAPH if depth < MAX_CHILD_DEPTH => {
+                let mut child: CUgraph = std::ptr::null_mut();
+                // SAFETY: a child graph node of `graph`, valid out-parameter; the handle is the
+                // node's own graph (not a clone), read only.
+                if unsafe { real::cuGraphChildGraphNodeGetGraph(node, &mut child) }.is_ok()
+                    && !child.is_null()
+                {
+                    read_nodes(child, depth + 1, allocs, frees);
+                }
+            }
             _ => {}
         }
     }
-    let mut frees_elsewhere = Vec::new();
-    for ptr in frees {
-        match allocs.iter_mut().find(|a| a.ptr == ptr) {
-            Some(a) => a.freed_in_graph = true,
-            None => frees_elsewhere.push(ptr),
-        }
-    }
-    (!allocs.is_empty() || !frees_elsewhere.is_empty()).then_some(Plan {
-        allocs,
-        frees_elsewhere,
-    })
+    Some(())
 }
 
 /// After a successful instantiation of `graph` as `exec`: records what its launches allocate. A
@@ -149,6 +197,14 @@ pub fn instantiated(exec: usize, graph: CUgraph) {
     let mut plans = PLANS.lock();
     match plan {
         Some(p) => {
+            if let Some(t) = tenant() {
+                let mut cached = CACHED.lock();
+                for a in &p.allocs {
+                    if let Ok(Ok(slot)) = t.device(a.ordinal).map(|d| d.slot.clone()) {
+                        cached.entry(a.ordinal).or_insert((slot, 0));
+                    }
+                }
+            }
             plans.insert(exec, Arc::new(p));
             ANY.store(true, Relaxed);
         }
@@ -218,7 +274,7 @@ impl Tenant {
         self.release_finished_graph_memory();
         // Graphs with memory nodes only: a reservation per allocation (their memory is allocated
         // by this very call).
-        let mut held = Vec::with_capacity(plan.allocs.len());
+        let mut held: Vec<(Reservation<'_>, &Alloc, u64)> = Vec::with_capacity(plan.allocs.len());
         for a in &plan.allocs {
             if !a.freed_in_graph && self.allocations.lock().get(a.ptr).is_some() {
                 // Still held from an earlier launch (auto-free relaunch: freed and allocated again).
@@ -227,15 +283,32 @@ impl Tenant {
             let Ok(device) = self.device(a.ordinal) else {
                 continue;
             };
-            let reservation = self.reserve(device, a.bytes, "cuGraphLaunch (graph memory node)")?;
-            held.push((reservation, a));
+            // The driver takes it from the pool's cache first: so does the charge.
+            let cached = take_cached(a.ordinal, a.bytes);
+            let reservation = match self.reserve(
+                device,
+                a.bytes - cached,
+                "cuGraphLaunch (graph memory node)",
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    put_cached(a.ordinal, cached);
+                    held.iter().for_each(|(_, a, c)| put_cached(a.ordinal, *c));
+                    return Err(e);
+                }
+            };
+            held.push((reservation, a, cached));
         }
-        launch()?;
+        if let Err(e) = launch() {
+            held.iter().for_each(|(_, a, c)| put_cached(a.ordinal, *c));
+            return Err(e);
+        }
         // Freed by the graph's own free nodes, or by them for another graph: held until the
         // launch's work has run.
         let mut freed = Vec::new();
-        for (reservation, a) in held {
-            let charge = reservation.commit();
+        for (reservation, a, cached) in held {
+            let mut charge = reservation.commit();
+            charge.bytes += cached;
             if a.freed_in_graph {
                 freed.push(charge);
             } else {
@@ -272,8 +345,55 @@ impl Tenant {
         Ok(())
     }
 
-    /// Returns the graph memory of launches whose work has completed. True if any was returned.
+    /// Returns the graph memory of launches whose work has completed, and charges what the graph
+    /// memory pools cache now. True if any charge went down.
     pub fn release_finished_graph_memory(&self) -> bool {
+        let released = self.release_finished_launches();
+        if !ANY.load(Relaxed) {
+            return released;
+        }
+        let devices: Vec<CUdevice> = CACHED.lock().keys().copied().collect();
+        let mut fell = false;
+        for ordinal in devices {
+            fell |= self.charge_graph_pool_cache(ordinal);
+        }
+        released || fell
+    }
+
+    /// After `cuDeviceGraphMemTrim` of `ordinal`: the pool's cache went back to the device.
+    pub fn graph_pool_trimmed(&self, ordinal: CUdevice) {
+        self.release_finished_launches();
+        if ANY.load(Relaxed) {
+            self.charge_graph_pool_cache(ordinal);
+        }
+    }
+
+    /// Sets the charge for `ordinal`'s graph memory pool cache to what the driver reports it holds
+    /// beyond what graphs use; only down while some launch's work may still be running (see the
+    /// module docs). True if the charge went down.
+    fn charge_graph_pool_cache(&self, ordinal: CUdevice) -> bool {
+        let Some(Ok(ledger)) = self.ledger.get() else {
+            return false;
+        };
+        let (Some(reserved), Some(used)) = (
+            graph_mem_attribute(ordinal, GRAPH_MEM_RESERVED_CURRENT),
+            graph_mem_attribute(ordinal, GRAPH_MEM_USED_CURRENT),
+        ) else {
+            return false;
+        };
+        let mut wanted = reserved.saturating_sub(used);
+        let mut cached = CACHED.lock();
+        let Some((slot, charged)) = cached.get_mut(&ordinal) else {
+            return false;
+        };
+        if ANY_RUNNING.load(Relaxed) {
+            wanted = wanted.min(*charged);
+        }
+        adjust(ledger, *slot, charged, wanted)
+    }
+
+    /// Returns the graph memory of launches whose work has completed. True if any was returned.
+    fn release_finished_launches(&self) -> bool {
         if !ANY_RUNNING.load(Relaxed) {
             return false;
         }
@@ -320,4 +440,48 @@ impl Tenant {
             r.charges.into_iter().for_each(|c| self.release(c));
         }
     }
+}
+
+/// Moves the charge of a pool's cache to `wanted` bytes (a rise the quota has no room for is left
+/// out: the driver holds the memory anyway, and reconciliation sees it). True if it fell.
+fn adjust(ledger: &Ledger, slot: usize, charged: &mut u64, wanted: u64) -> bool {
+    if wanted > *charged {
+        if ledger.try_reserve(slot, wanted - *charged).is_ok() {
+            *charged = wanted;
+        }
+        false
+    } else if wanted < *charged {
+        ledger.release(slot, *charged - wanted);
+        *charged = wanted;
+        true
+    } else {
+        false
+    }
+}
+
+/// Up to `bytes` of `ordinal`'s cached pool charge, taken for a launch's allocation.
+fn take_cached(ordinal: CUdevice, bytes: u64) -> u64 {
+    let mut cached = CACHED.lock();
+    let Some((_, charged)) = cached.get_mut(&ordinal) else {
+        return 0;
+    };
+    let taken = (*charged).min(bytes);
+    *charged -= taken;
+    taken
+}
+
+/// Gives back what [`take_cached`] took (the launch did not happen).
+fn put_cached(ordinal: CUdevice, bytes: u64) {
+    if let Some((_, charged)) = CACHED.lock().get_mut(&ordinal) {
+        *charged += bytes;
+    }
+}
+
+/// A graph memory attribute of a device (`cuDeviceGetGraphMemAttribute`), `None` if the driver
+/// does not answer.
+fn graph_mem_attribute(ordinal: CUdevice, attr: i32) -> Option<u64> {
+    let mut value = 0u64;
+    // SAFETY: a `cuuint64_t` out-parameter, as every graph memory attribute is.
+    unsafe { real::cuDeviceGetGraphMemAttribute(ordinal, attr, (&raw mut value).cast()) }.ok()?;
+    Some(value)
 }

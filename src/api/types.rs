@@ -194,7 +194,8 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
     pub dptr: u64,
 }
 
-/// `CUgraphNodeType` (the memory node types).
+/// `CUgraphNodeType` (the child graph and memory node types).
+pub const CU_GRAPH_NODE_TYPE_GRAPH: u32 = 4;
 pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: u32 = 10;
 pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
 

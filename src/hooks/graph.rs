@@ -10,6 +10,8 @@ use gpuslice_api::CUresult;
 
 pub mod instantiate;
 pub use instantiate::*;
+pub mod trim;
+pub use trim::*;
 
 hooks! {
     // A graph launch also allocates the graph's memory nodes (accounting::graphs): straight to the

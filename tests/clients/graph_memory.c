@@ -7,7 +7,9 @@
  * Usage: graph_memory BIG_MIB GRAPH_MIB
  *   held graph:      capture cuMemAllocAsync(GRAPH_MIB) (not freed in the graph); launch it beside a
  *                    BIG_MIB cuMemAlloc, then alone; a BIG_MIB allocation while the graph's memory is
- *                    held; cuMemFreeAsync of the graph's allocation; BIG_MIB again.
+ *                    held; cuMemFreeAsync of the graph's allocation; BIG_MIB while the device's
+ *                    graph memory pool caches it; cuDeviceGraphMemTrim; BIG_MIB again (a trim
+ *                    also comes before each later "after" step).
  *   transient graph: capture cuMemAllocAsync(GRAPH_MIB) + cuMemFreeAsync of it (freed in the graph);
  *                    launch it beside BIG_MIB, then alone; BIG_MIB after it.
  *   freed in a capture: a graph holding its GRAPH_MIB allocation, launched; a graph freeing it,
@@ -87,6 +89,10 @@ int main(int argc, char **argv) {
     /* Its address is the one the capture returned; freeing it returns the memory. */
     step("held_free", cuMemFreeAsync(g, stream));
     CHECK(cuStreamSynchronize(stream));
+    /* Freed graph memory stays cached in the device's graph memory pool until trimmed. */
+    if (step("big_before_trim", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
+        CHECK(cuMemFree(b));
+    step("trim", cuDeviceGraphMemTrim(dev));
     if (step("big_after_held_free", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
         CHECK(cuMemFree(b));
 
@@ -99,6 +105,7 @@ int main(int argc, char **argv) {
     CHECK(cuMemFree(a));
     if (step("transient_launch_alone", cuGraphLaunch(transient, stream)) == CUDA_SUCCESS)
         CHECK(cuStreamSynchronize(stream));
+    CHECK(cuDeviceGraphMemTrim(dev));
     if (step("big_after_transient", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
         CHECK(cuMemFree(b));
 
@@ -122,6 +129,7 @@ int main(int argc, char **argv) {
         CHECK(cuMemFree(b));
     step("freer_launch", cuGraphLaunch(freer, stream));
     CHECK(cuStreamSynchronize(stream));
+    CHECK(cuDeviceGraphMemTrim(dev));
     if (step("big_after_free", cuMemAlloc(&b, big)) == CUDA_SUCCESS)
         CHECK(cuMemFree(b));
 

@@ -262,12 +262,13 @@ static CUdevice dev0;
 
 static void print_mem(const char *step) {
     size_t free_b, total_b;
-    cuuint64_t graph_used = 0;
+    cuuint64_t graph_used = 0, graph_reserved = 0;
     CHECK(cuMemGetInfo(&free_b, &total_b));
     CHECK(cuDeviceGetGraphMemAttribute(dev0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &graph_used));
-    printf("%s_used_mib=%llu\n%s_graph_mib=%llu\n", step,
+    CHECK(cuDeviceGetGraphMemAttribute(dev0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &graph_reserved));
+    printf("%s_used_mib=%llu\n%s_graph_mib=%llu\n%s_reserved_mib=%llu\n", step,
            (unsigned long long)((total_b - free_b) >> 20), step,
-           (unsigned long long)(graph_used >> 20));
+           (unsigned long long)(graph_used >> 20), step, (unsigned long long)(graph_reserved >> 20));
 }
 
 /* Captures on `s`: alloc MIB, a kernel, and (if `free_in_graph`) the free. */
@@ -303,6 +304,9 @@ static int mode_graphmem(unsigned long long mib) {
     cuuint64_t high = 0;
     CHECK(cuDeviceGetGraphMemAttribute(dev0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &high));
     printf("graph_high_mib=%llu\n", (unsigned long long)(high >> 20));
+    /* Freed graph memory stays cached in the device's graph memory pool until trimmed. */
+    printf("trim1=%d\n", (int)cuDeviceGraphMemTrim(dev0));
+    print_mem("trimmed");
 
     /* 2. Not freed in the graph: held after the launch, until freed; no relaunch meanwhile. */
     g = capture_alloc(s, bytes, 0, &p);
@@ -318,6 +322,8 @@ static int mode_graphmem(unsigned long long mib) {
     CHECK(cuStreamSynchronize(s));
     CHECK(cuMemFree(p));
     print_mem("freed_sync");
+    CHECK(cuDeviceGraphMemTrim(dev0));
+    print_mem("freed_trimmed");
 
     /* 3. AUTO_FREE_ON_LAUNCH: relaunching frees the previous launch's allocation first. */
     g = capture_alloc(s, bytes, 0, &p);
@@ -327,6 +333,7 @@ static int mode_graphmem(unsigned long long mib) {
     CHECK(cuStreamSynchronize(s));
     print_mem("auto");
     CHECK(cuMemFree(p));
+    CHECK(cuDeviceGraphMemTrim(dev0));
 
     /* 4. Built node by node. */
     CUgraphNode an, fn_;
@@ -349,6 +356,7 @@ static int mode_graphmem(unsigned long long mib) {
     printf("launch_built=%d\n", (int)cuGraphLaunch(e, s));
     CHECK(cuStreamSynchronize(s));
     print_mem("built");
+    CHECK(cuDeviceGraphMemTrim(dev0));
     CHECK(cuGraphExecDestroy(e));
     printf("instantiate_after_destroy=%d\n", (int)cuGraphInstantiate(&e, g, 0));
 

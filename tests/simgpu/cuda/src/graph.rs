@@ -32,10 +32,12 @@ pub(crate) enum NodeKind {
     MemAlloc(Arc<GraphAlloc>),
     /// A free node: the allocation's memory goes back when execution reaches it.
     MemFree(Arc<GraphAlloc>),
+    /// A child graph node: the embedded graph, owned by the node (child_graph.rs).
+    Child(Arc<Graph>),
 }
 
 pub(crate) struct Node {
-    kind: NodeKind,
+    pub(crate) kind: NodeKind,
 }
 
 impl Node {
@@ -50,17 +52,22 @@ impl Node {
             NodeKind::Repeat(f) => f(),
             NodeKind::Empty | NodeKind::MemAlloc(_) => {}
             NodeKind::MemFree(a) => graph_memory::release(a),
+            // Flattened into its parent's nodes at instantiation (child_graph::flatten).
+            NodeKind::Child(g) => lock(&g.nodes).iter().for_each(|n| n.run()),
         }
     }
 }
 
 #[derive(Default)]
 pub struct Graph {
-    nodes: Mutex<Vec<Arc<Node>>>,
+    pub(crate) nodes: Mutex<Vec<Arc<Node>>>,
+    /// Owned by a parent's child graph node (moved into it, or the node's clone): it cannot be
+    /// instantiated or destroyed on its own, nor given memory nodes (child_graph.rs).
+    pub(crate) owned: AtomicBool,
 }
 
 impl Graph {
-    fn add(&self, kind: NodeKind) -> CUgraphNode {
+    pub(crate) fn add(&self, kind: NodeKind) -> CUgraphNode {
         let n = Arc::new(Node { kind });
         let h = Arc::as_ptr(&n) as CUgraphNode;
         lock(&self.nodes).push(n);
@@ -88,7 +95,7 @@ pub struct GraphExec {
 static GRAPHS: Mutex<BTreeMap<usize, Arc<Graph>>> = Mutex::new(BTreeMap::new());
 static EXECS: Mutex<BTreeMap<usize, Arc<GraphExec>>> = Mutex::new(BTreeMap::new());
 
-fn graph(h: CUgraph) -> Result<Arc<Graph>, CUerror> {
+pub(crate) fn graph(h: CUgraph) -> Result<Arc<Graph>, CUerror> {
     lock(&GRAPHS)
         .get(&(h as usize))
         .cloned()
@@ -100,7 +107,7 @@ fn exec(h: CUgraphExec) -> Result<Arc<GraphExec>, CUerror> {
         .cloned()
         .ok_or(CUerror::INVALID_HANDLE)
 }
-fn register_graph(g: Arc<Graph>) -> CUgraph {
+pub(crate) fn register_graph(g: Arc<Graph>) -> CUgraph {
     let h = Arc::as_ptr(&g) as usize;
     lock(&GRAPHS).insert(h, g);
     h as CUgraph
@@ -345,7 +352,7 @@ unsafe fn capture_info(
 ///
 /// # Safety
 /// `deps` is NULL or points to `n` node handles.
-unsafe fn check_deps(g: &Graph, deps: *const CUgraphNode, n: usize) -> CUresult {
+pub(crate) unsafe fn check_deps(g: &Graph, deps: *const CUgraphNode, n: usize) -> CUresult {
     if n == 0 {
         return Ok(());
     }
@@ -384,7 +391,13 @@ unsafe fn kernel_node(
 
 fn instantiate(hg: CUgraph, flags: u64) -> Result<CUgraphExec, CUerror> {
     let g = graph(hg)?;
-    let nodes = lock(&g.nodes).clone();
+    if g.owned.load(Ordering::Acquire) {
+        // A moved child graph "cannot be independently instantiated" (cuda.h,
+        // CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE).
+        return Err(CUerror::INVALID_VALUE);
+    }
+    // Child graphs' nodes run where their node stands: one ordered list.
+    let nodes = crate::child_graph::flatten(&g)?;
     let memory_nodes = nodes
         .iter()
         .any(|n| matches!(n.kind, NodeKind::MemAlloc(_) | NodeKind::MemFree(_)));
@@ -458,7 +471,7 @@ fn graph_launch(he: CUgraphExec, hs: CUstream, per_thread: bool) -> CUresult {
 }
 
 /// The node behind a handle, in any graph of the process.
-fn node(h: CUgraphNode) -> Option<Arc<Node>> {
+pub(crate) fn node(h: CUgraphNode) -> Option<Arc<Node>> {
     lock(&GRAPHS).values().find_map(|g| {
         lock(&g.nodes)
             .iter()
@@ -691,10 +704,17 @@ pub unsafe extern "C" fn cuGraphCreate(pg: Option<&mut CUgraph>, flags: c_uint) 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphDestroy(hg: CUgraph) -> CUresult {
     crate::call("cuGraphDestroy", || {
-        lock(&GRAPHS)
-            .remove(&(hg as usize))
-            .map(drop)
-            .ok_or(CUerror::INVALID_HANDLE)
+        let g = graph(hg)?;
+        if g.owned.load(Ordering::Acquire) {
+            // Owned by its child graph node: "Cannot be independently ... destroyed".
+            return Err(CUerror::INVALID_VALUE);
+        }
+        // Its child graphs go with it ("will be destroyed when the parent is destroyed").
+        let mut gone = vec![hg as usize];
+        crate::child_graph::descendants(&g, &mut gone);
+        let mut graphs = lock(&GRAPHS);
+        gone.iter().for_each(|h| drop(graphs.remove(h)));
+        Ok(())
     })
 }
 
@@ -803,14 +823,40 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
         let g = graph(hg)?;
         // SAFETY: the client's pointers follow the API's contract.
         unsafe { check_deps(&g, deps, num_deps) }?;
-        let device = graph_memory::node_device(p)?;
-        let a = graph_memory::new_alloc(device, p.bytesize)?;
-        // "When cuGraphAddMemAllocNode creates an allocation node, it returns the address of the
-        // allocation in nodeParams.dptr."
-        graph_memory::params_of(&a, p);
-        *pn = g.add(NodeKind::MemAlloc(a));
+        *pn = add_mem_alloc(&g, p)?;
         Ok(())
     })
+}
+
+/// An allocation node of `g` (cuGraphAddMemAllocNode, cuGraphAddNode).
+pub(crate) fn add_mem_alloc(g: &Graph, p: &mut MemAllocNodeParams) -> Result<CUgraphNode, CUerror> {
+    if g.owned.load(Ordering::Acquire) {
+        // A child graph "Cannot have additional memory allocation or free nodes added".
+        return Err(CUerror::INVALID_VALUE);
+    }
+    let device = graph_memory::node_device(p)?;
+    let a = graph_memory::new_alloc(device, p.bytesize)?;
+    // "When cuGraphAddMemAllocNode creates an allocation node, it returns the address of the
+    // allocation in nodeParams.dptr."
+    graph_memory::params_of(&a, p);
+    Ok(g.add(NodeKind::MemAlloc(a)))
+}
+
+/// A free node of `g` (cuGraphAddMemFreeNode, cuGraphAddNode).
+pub(crate) fn add_mem_free(g: &Graph, dptr: CUdeviceptr) -> Result<CUgraphNode, CUerror> {
+    if g.owned.load(Ordering::Acquire) {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    // "an address that was not returned by an allocation node": CUDA_ERROR_INVALID_VALUE.
+    let a = graph_memory::lookup(dptr).ok_or(CUerror::INVALID_VALUE)?;
+    // "an allocation twice in the same graph": CUDA_ERROR_INVALID_VALUE.
+    let twice = lock(&g.nodes)
+        .iter()
+        .any(|n| matches!(&n.kind, NodeKind::MemFree(b) if Arc::ptr_eq(b, &a)));
+    if twice {
+        return Err(CUerror::INVALID_VALUE);
+    }
+    Ok(g.add(NodeKind::MemFree(a)))
 }
 
 #[no_mangle]
@@ -826,16 +872,7 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
         let g = graph(hg)?;
         // SAFETY: the client's pointers follow the API's contract.
         unsafe { check_deps(&g, deps, num_deps) }?;
-        // "an address that was not returned by an allocation node": CUDA_ERROR_INVALID_VALUE.
-        let a = graph_memory::lookup(dptr).ok_or(CUerror::INVALID_VALUE)?;
-        // "an allocation twice in the same graph": CUDA_ERROR_INVALID_VALUE.
-        let twice = lock(&g.nodes)
-            .iter()
-            .any(|n| matches!(&n.kind, NodeKind::MemFree(b) if Arc::ptr_eq(b, &a)));
-        if twice {
-            return Err(CUerror::INVALID_VALUE);
-        }
-        *pn = g.add(NodeKind::MemFree(a));
+        *pn = add_mem_free(&g, dptr)?;
         Ok(())
     })
 }
@@ -880,7 +917,7 @@ pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
     })
 }
 
-/// `cuGraphNodeGetType`: `CUgraphNodeType` (cuda.h). Kernel, empty and memory nodes are reported as
+/// `cuGraphNodeGetType`: `CUgraphNodeType` (cuda.h). Kernel, empty, child graph and memory nodes are reported as
 /// what they are; other work (host functions, captured copies and memsets, which simgpu keeps as
 /// opaque stream work) is reported as a host node: simgpu does not model their node types.
 #[no_mangle]
@@ -896,6 +933,7 @@ pub unsafe extern "C" fn cuGraphNodeGetType(
             Some(NodeKind::MemAlloc(_)) => 10,
             Some(NodeKind::MemFree(_)) => 11,
             Some(NodeKind::Once(_) | NodeKind::Repeat(_)) => 3,
+            Some(NodeKind::Child(_)) => 4,
             None => return Err(CUerror::INVALID_HANDLE),
         };
         Ok(())

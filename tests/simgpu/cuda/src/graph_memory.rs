@@ -15,18 +15,28 @@
 //!   again if it was instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH` ("automatically
 //!   free any unfreed memory allocations before the graph is relaunched"). Relaunching a graph whose
 //!   allocations are still allocated, without that flag, fails (`CUDA_ERROR_INVALID_VALUE`).
-//! - `cuDeviceGetGraphMemAttribute` reports the memory graphs hold on a device.
+//! - The device's graph memory pool keeps what it got: freed graph memory stays reserved for later
+//!   graph allocations ("memory that was cached on the specified device for use with graphs",
+//!   `cuDeviceGraphMemTrim`), still counted for the process and the device, and a launch takes its
+//!   allocations from that cache before asking the device for more. `cuDeviceGraphMemTrim` gives the
+//!   unused part back: "Blocks which are not in use by a graph that is either currently executing or
+//!   scheduled to execute are freed back to the operating system" (simgpu: all but the allocations
+//!   live now, which a launch makes live before it is enqueued).
+//! - `cuDeviceGetGraphMemAttribute` reports `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT` ("Amount of memory,
+//!   in bytes, currently associated with graphs": the live allocations) and
+//!   `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` ("currently allocated for use by the CUDA graphs
+//!   asynchronous allocator": live plus cached), and their high-water marks.
 //!
-//! Not modelled: the graph memory pool's caching (freed graph memory is returned to the device at
-//! once, as if `cuDeviceGraphMemTrim` ran every time; reserved == used), physical memory reuse between
-//! allocations of one graph, copies to or from graph allocations (their addresses are not backed by
-//! host memory), peer access of graph allocations, and graphs with memory nodes used as child graphs.
+//! Not modelled: physical memory reuse between allocations of one graph, the pool's granularity
+//! (the cache is counted in bytes), the cache kept per process (one pool per device of the process), copies to or from graph allocations (their addresses are not backed by
+//! host memory), and peer access of graph allocations. Graphs with memory nodes moved into a child
+//! graph node allocate with their parent (child_graph.rs).
 
 use crate::graph::{Capture, NodeKind};
 use gpuslice_api::types::{CUdevice, CUmemAccessDesc, CUmemPoolProps, CU_MEM_LOCATION_TYPE_DEVICE};
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// `CUDA_MEM_ALLOC_NODE_PARAMS` (`_v1`).
@@ -65,8 +75,25 @@ impl Drop for GraphAlloc {
 
 static ALLOCS: Mutex<BTreeMap<usize, Arc<GraphAlloc>>> = Mutex::new(BTreeMap::new());
 const DEVICES: usize = simgpu_core::MAX_DEVICES as usize;
-static USED: [AtomicU64; DEVICES] = [const { AtomicU64::new(0) }; DEVICES];
-static USED_HIGH: [AtomicU64; DEVICES] = [const { AtomicU64::new(0) }; DEVICES];
+/// Each device's graph memory pool: (live allocations, reserved from the device = live + cached).
+static POOL: Mutex<[Pool; DEVICES]> = Mutex::new([Pool::EMPTY; DEVICES]);
+
+#[derive(Clone, Copy)]
+struct Pool {
+    used: u64,
+    used_high: u64,
+    reserved: u64,
+    reserved_high: u64,
+}
+
+impl Pool {
+    const EMPTY: Pool = Pool {
+        used: 0,
+        used_high: 0,
+        reserved: 0,
+        reserved_high: 0,
+    };
+}
 
 /// A new allocation node's allocation on `device`: address space only.
 pub(crate) fn new_alloc(device: u32, size: usize) -> Result<Arc<GraphAlloc>, CUerror> {
@@ -102,21 +129,18 @@ pub(crate) fn lookup(ptr: u64) -> Option<Arc<GraphAlloc>> {
     crate::stream::lock(&ALLOCS).get(&(ptr as usize)).cloned()
 }
 
-/// Returns an allocation's memory if it holds any.
+/// Returns an allocation's memory to its device's graph memory pool (cached there until
+/// `cuDeviceGraphMemTrim`) if it holds any.
 pub(crate) fn release(a: &GraphAlloc) {
     if a.live.swap(false, Ordering::AcqRel) {
-        if let Ok(s) = simgpu_core::shared() {
-            s.release(a.device, a.size as u64);
-        }
-        let _ = USED[a.device as usize % DEVICES].fetch_update(
-            Ordering::AcqRel,
-            Ordering::Acquire,
-            |u| Some(u.saturating_sub(a.size as u64)),
-        );
+        let mut pools = crate::stream::lock(&POOL);
+        let p = &mut pools[a.device as usize % DEVICES];
+        p.used = p.used.saturating_sub(a.size as u64);
     }
 }
 
-/// At `cuGraphLaunch`, before anything is enqueued: memory for every allocation of the graph.
+/// At `cuGraphLaunch`, before anything is enqueued: memory for every allocation of the graph, from
+/// the pool's cache first, then from the device.
 pub(crate) fn map_for_launch(allocs: &[Arc<GraphAlloc>], auto_free: bool) -> CUresult {
     for a in allocs {
         if a.live.load(Ordering::Acquire) {
@@ -128,7 +152,13 @@ pub(crate) fn map_for_launch(allocs: &[Arc<GraphAlloc>], auto_free: bool) -> CUr
     }
     let shared = simgpu_core::shared().map_err(|_| CUerror::NOT_INITIALIZED)?;
     for (i, a) in allocs.iter().enumerate() {
-        if !shared.try_reserve(a.device, a.size as u64) {
+        let mut pools = crate::stream::lock(&POOL);
+        let p = &mut pools[a.device as usize % DEVICES];
+        let size = a.size as u64;
+        let cached = p.reserved.saturating_sub(p.used);
+        let more = size.saturating_sub(cached);
+        if more > 0 && !shared.try_reserve(a.device, more) {
+            drop(pools);
             for b in &allocs[..i] {
                 release(b);
             }
@@ -139,9 +169,10 @@ pub(crate) fn map_for_launch(allocs: &[Arc<GraphAlloc>], auto_free: bool) -> CUr
             return Err(CUerror::OUT_OF_MEMORY);
         }
         a.live.store(true, Ordering::Release);
-        let d = a.device as usize % DEVICES;
-        let now = USED[d].fetch_add(a.size as u64, Ordering::AcqRel) + a.size as u64;
-        USED_HIGH[d].fetch_max(now, Ordering::AcqRel);
+        p.reserved += more;
+        p.used += size;
+        p.used_high = p.used_high.max(p.used);
+        p.reserved_high = p.reserved_high.max(p.reserved);
     }
     Ok(())
 }
@@ -177,18 +208,26 @@ fn graph_mem_attribute(dev: CUdevice, attr: u32, value: *mut u64, set: bool) -> 
     if value.is_null() {
         return Err(CUerror::INVALID_VALUE);
     }
+    let mut pools = crate::stream::lock(&POOL);
+    let p = &mut pools[d];
     if set {
         // Only the high-water marks can be set, and only to 0 (reset to the current value).
         // SAFETY: non-NULL; a `cuuint64_t` per the API.
-        if !matches!(attr, USED_MEM_HIGH | RESERVED_MEM_HIGH) || unsafe { *value } != 0 {
+        if unsafe { *value } != 0 {
             return Err(CUerror::INVALID_VALUE);
         }
-        USED_HIGH[d].store(USED[d].load(Ordering::Acquire), Ordering::Release);
+        match attr {
+            USED_MEM_HIGH => p.used_high = p.used,
+            RESERVED_MEM_HIGH => p.reserved_high = p.reserved,
+            _ => return Err(CUerror::INVALID_VALUE),
+        }
         return Ok(());
     }
     let v = match attr {
-        USED_MEM_CURRENT | RESERVED_MEM_CURRENT => USED[d].load(Ordering::Acquire),
-        USED_MEM_HIGH | RESERVED_MEM_HIGH => USED_HIGH[d].load(Ordering::Acquire),
+        USED_MEM_CURRENT => p.used,
+        USED_MEM_HIGH => p.used_high,
+        RESERVED_MEM_CURRENT => p.reserved,
+        RESERVED_MEM_HIGH => p.reserved_high,
         _ => return Err(CUerror::INVALID_VALUE),
     };
     // SAFETY: non-NULL; a `cuuint64_t` per the API.
@@ -218,12 +257,21 @@ pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
     })
 }
 
-/// Freed graph memory is never cached (see the module docs): nothing to trim.
+/// Gives the pool's cache back to the device: what is reserved beyond the live allocations.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
     crate::call("cuDeviceGraphMemTrim", || {
         crate::entry::initialized()?;
-        crate::device::physical(dev)?;
+        let device = crate::device::physical(dev)?;
+        let mut pools = crate::stream::lock(&POOL);
+        let p = &mut pools[device as usize % DEVICES];
+        let cached = p.reserved.saturating_sub(p.used);
+        if cached > 0 {
+            if let Ok(s) = simgpu_core::shared() {
+                s.release(device, cached);
+            }
+            p.reserved = p.used;
+        }
         Ok(())
     })
 }

@@ -37,6 +37,8 @@ mod occupancy;
 mod graph;
 // Graph memory nodes: allocations that get memory when their graph is launched.
 mod graph_memory;
+// Child graph nodes: embedded graphs, cloned or moved into their node.
+mod child_graph;
 // Green contexts: device resources, green contexts retaining the primary context.
 mod green;
 // The host cost of driver calls (at least a real driver's).
@@ -48,8 +50,8 @@ mod exports {
     use super::Export;
     #[allow(unused_imports)]
     use super::{
-        context::*, copy::*, device::*, entry::*, event::*, graph::*, graph_memory::*, green::*,
-        launch::*, memory::*, module::*, occupancy::*, stream::*,
+        child_graph::*, context::*, copy::*, device::*, entry::*, event::*, graph::*,
+        graph_memory::*, green::*, launch::*, memory::*, module::*, occupancy::*, stream::*,
     };
     include!(concat!(env!("OUT_DIR"), "/exports.rs"));
 }
