@@ -10,6 +10,7 @@ use super::flow::{self, Next, OwnedClock, StreamKey};
 use super::gate::Sched;
 use super::meter::{self, Reading};
 use super::runtime;
+use super::turn::{self, Completion};
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::VecDeque;
@@ -289,7 +290,7 @@ impl Sched {
             let next = if !self.contended() || runtime::stopped() {
                 Next::Regrant
             } else {
-                clock.step(now_ns(), self.owns_now(), limit)
+                clock.step(now_ns(), self.may_launch(), limit)
             };
             if next != Next::Wait {
                 if next == Next::Pass {
@@ -361,11 +362,22 @@ impl Sched {
                     let ns = ns
                         .saturating_sub(t.start_gap_ns)
                         .saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
-                    // Work that outlived our ownership is charged at our next charge, in full.
-                    if self.owned.load(SeqCst) == 0 {
-                        self.carried_ns.fetch_add(ns, AcqRel);
-                    } else {
-                        self.measured_ns.fetch_add(ns, AcqRel);
+                    let owned = self.owned.load(SeqCst) != 0;
+                    match turn::completion(owned, !owned && self.tenant_turn()) {
+                        Completion::Measured => {
+                            // Progress seen within our ownership: how long one launch may run.
+                            let longest = self.longest_ns.load(Relaxed);
+                            self.longest_ns
+                                .store(turn::longest_after(longest, ns), Relaxed);
+                            self.measured_ns.fetch_add(ns, AcqRel);
+                        }
+                        // Work that outlived our ownership (or our tenant's turn) is charged at
+                        // our next charge, in full.
+                        Completion::Carried => {
+                            self.carried_ns.fetch_add(ns, AcqRel);
+                        }
+                        // The lead of the turn is charged its wall time.
+                        Completion::InTurn => {}
                     }
                 }
             }
@@ -404,10 +416,11 @@ impl Sched {
     /// renewal), by [`meter::Meter::charge`]: its measured device time less what was charged for it while
     /// it ran, at most the wall time (overlapping streams count once), plus what our unfinished
     /// work ran since `since`, plus what completed after an earlier ownership; for a high-priority
-    /// tenant the wall time since `since`.
+    /// tenant, or a lead whose tenant's other processes launch in its turn, the wall time since
+    /// `since` (`turn::charge_wall`).
     pub(super) fn take_charge(&self, now: u64, since: u64) -> u64 {
         let wall = now.saturating_sub(since.min(now));
-        if self.high.load(Relaxed) {
+        if turn::charge_wall(self.high.load(Relaxed), self.companions.load(Relaxed)) {
             self.measured_ns.swap(0, AcqRel);
             self.carried_ns.swap(0, AcqRel);
             return wall;

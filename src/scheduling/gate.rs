@@ -10,7 +10,7 @@ use super::events::{Pending, Tracked, Waited};
 use super::flow::{self, Pick, StreamKey, WaitBound};
 
 use super::meter::Meter;
-use super::{incident, runtime, Holder, Incident, TenantId};
+use super::{incident, runtime, turn, Holder, Incident, TenantId};
 use gpuslice_api::types::{CUcontext, CUstream};
 use gpuslice_api::CUresult;
 use parking_lot::Mutex;
@@ -111,6 +111,14 @@ pub struct Sched {
     pub(super) passes: AtomicU32,
     /// When a wait of the tenant on another device was last seen: waiters then look more often.
     pub(super) peer_seen_ns: AtomicU64,
+    /// Another process of our tenant wants the device (its demand lock, seen at refresh): as the
+    /// lead of the tenant's turn we are charged its wall time (`turn::charge_wall`).
+    pub(super) companions: AtomicBool,
+    /// A launch of ours went through in our tenant's turn held by another process: what completes
+    /// after that turn is charged by us (`Sched::charge_carried`).
+    pub(super) member: AtomicBool,
+    /// The longest launch seen to complete recently (`turn::longest_after`), for the stall time.
+    pub(super) longest_ns: AtomicU64,
     /// Exit: the scheduler thread hands over and stops; it sets `done` when it has.
     pub(super) stop: AtomicBool,
     pub(super) done: AtomicBool,
@@ -163,6 +171,9 @@ impl Sched {
             pass_from: AtomicU64::new(0),
             passes: AtomicU32::new(0),
             peer_seen_ns: AtomicU64::new(0),
+            companions: AtomicBool::new(false),
+            member: AtomicBool::new(false),
+            longest_ns: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             done: AtomicBool::new(false),
         }
@@ -189,6 +200,30 @@ impl Sched {
             && h.epoch.load(Acquire) == e
     }
 
+    /// Whether our tenant's turn is held by another process of the tenant: we may launch in it
+    /// (`turn::shares_turn`). The owner's tenant word is untrusted: a slot that claims our tenant
+    /// only lets our launches through in its own ownership.
+    pub(super) fn tenant_turn(&self) -> bool {
+        let l = self.ledger.layout();
+        let owner = Holder::from_word(l.header.owner.load(Acquire)).slot();
+        let Some(entry) = owner.and_then(|o| l.slots.get(o)) else {
+            return false;
+        };
+        turn::shares_turn(
+            owner,
+            entry.state.load(Acquire) == super::shm::SLOT_ACTIVE,
+            entry.tenant.load(Acquire) as usize,
+            self.slot,
+            self.tenant(),
+        )
+    }
+
+    /// Whether a launch of ours may reach the driver now: we own the device, or our tenant does
+    /// through another of its processes.
+    pub(super) fn may_launch(&self) -> bool {
+        self.owns_now() || self.tenant_turn()
+    }
+
     pub(super) fn gate(
         &self,
         streams: &[CUstream],
@@ -213,7 +248,8 @@ impl Sched {
             if !self.contended() || runtime::stopped() {
                 return launch();
             }
-            if self.owns_now() {
+            let owner = self.owns_now();
+            if owner || self.tenant_turn() {
                 // Before counting as launching: a drain does not wait for our queue to shrink.
                 let tracked = match self.flow_control(key, ctx as usize) {
                     Flow::Regrant => continue,
@@ -221,9 +257,12 @@ impl Sched {
                     Flow::Untracked => false,
                 };
                 self.launching.fetch_add(1, SeqCst);
-                if !self.owns_now() {
+                if !self.may_launch() {
                     self.launching.fetch_sub(1, SeqCst);
                     continue;
+                }
+                if !owner {
+                    self.member.store(true, Relaxed);
                 }
                 let r = if tracked {
                     self.launch_tracked(streams, ctx, per_thread, launch)
@@ -262,7 +301,11 @@ impl Sched {
         }
         self.publish_waiting();
         loop {
-            if !self.contended() || runtime::stopped() || self.peer_pass_due() {
+            if !self.contended()
+                || runtime::stopped()
+                || self.peer_pass_due()
+                || self.tenant_turn()
+            {
                 break;
             }
             // Our words zeroed or scribbled (a truncation repaired with zeros, another program):

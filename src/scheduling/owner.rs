@@ -9,7 +9,7 @@ use super::demand;
 use super::device::{futex_wait, futex_wake, now_ns};
 use super::gate::Sched;
 use super::shm::{self, TENANT_READY};
-use super::{incident, runtime, Holder, Incident, TenantId, MAX_TENANTS};
+use super::{incident, runtime, turn, Holder, Incident, TenantId, MAX_TENANTS};
 use crate::log;
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
@@ -19,9 +19,6 @@ const REFRESH_NS: u64 = 10_000_000;
 const SWEEP_NS: u64 = 100_000_000;
 /// The owner's scheduler thread checks for idleness at least this often.
 const OWNER_POLL_NS: u64 = 250_000;
-/// An owner whose work completed nothing for this long (or three launches' time, if longer) while it
-/// submits nothing and others wait is stuck on something outside the process: it hands over.
-const STALL_NS: u64 = 1_000_000;
 /// A high-priority tenant that wanted the device within this interval is active: normal tenants
 /// beside it keep one launch in flight. One that is merely present costs them nothing.
 const HIGH_ACTIVE_NS: u64 = 200_000_000;
@@ -109,6 +106,8 @@ impl Sched {
         // Another tenant *wants* the device (its process holds its demand lock, `demand`): one
         // that merely holds a slot costs us nothing.
         let mut others = false;
+        // Another process of our tenant wants the device: it launches in our turns (`turn`).
+        let mut companions = false;
         for (i, s) in l.slots.iter().enumerate() {
             if s.state.load(Acquire) == shm::SLOT_ACTIVE {
                 let t = s.tenant.load(Acquire) as usize;
@@ -116,9 +115,13 @@ impl Sched {
                     present[t] = true;
                     wanting[t] |= s.wants.load(Acquire) > 0;
                     others = others || (t != mine && self.ledger.slot_wants(i));
+                    companions = companions
+                        || (t == mine && i != self.slot && self.ledger.slot_wants(i));
                 }
             }
         }
+        self.companions.store(companions, Relaxed);
+        self.charge_carried(now);
         if others {
             let until = now.saturating_add(demand::CONTENTION_HOLD_NS);
             self.contended_until.fetch_max(until, Relaxed);
@@ -141,6 +144,25 @@ impl Sched {
         if self.contended.swap(contended, Relaxed) != contended {
             runtime::update_pass();
         }
+    }
+
+    /// What our launches in our tenant's turn held by another process ran after that turn ended
+    /// (they were still in flight at its hand-over): charged by us, since we may never own the
+    /// device ourselves. What completed within the turn was charged with the turn's wall time.
+    fn charge_carried(&self, now: u64) {
+        if self.owned.load(SeqCst) != 0 || !self.member.load(Relaxed) || self.tenant_turn() {
+            return;
+        }
+        self.completed();
+        let carried = self.carried_ns.swap(0, AcqRel);
+        if carried == 0 {
+            return;
+        }
+        let charge = self.meter.lock().charge(super::meter::Reading {
+            carried_ns: carried,
+            ..Default::default()
+        });
+        self.ledger.lock(self.slot).charge(self.tenant(), charge, now);
     }
 
     /// Notes whether this process was active since the previous refresh (it launched, a thread of
@@ -313,7 +335,11 @@ impl Sched {
             if stalled
                 && since_progress > self.stall_ns()
                 && self.flow_waiting.load(SeqCst) == 0
-                && !self.ledger.waiters(Some(self.slot)).is_empty()
+                && self
+                    .ledger
+                    .waiters(Some(self.slot))
+                    .iter()
+                    .any(|w| w.tenant != self.tenant())
             {
                 self.release(false, Why::Stalled);
                 continue;
@@ -335,9 +361,18 @@ impl Sched {
     }
 
     /// How long our work may complete nothing before it counts as waiting for something outside
-    /// this process: `STALL_NS`, or three launches' time if longer.
+    /// this process (`turn::stall_ns`): from its progress, three launches' time or twice the
+    /// longest launch seen to complete, at least 1 ms.
+    /// While the tenant's work on another device waits (a collective), the longest launch is not
+    /// counted: a collective's kernel is long because it waits, and its peer ranks need the
+    /// device to move on quickly (docs/COMPUTE.md, "Ownership, slices, draining").
     pub(super) fn stall_ns(&self) -> u64 {
-        STALL_NS.max(3 * self.launch_ns.load(Relaxed))
+        let longest = if self.peer_recent(now_ns()) {
+            0
+        } else {
+            self.longest_ns.load(Relaxed)
+        };
+        turn::stall_ns(self.launch_ns.load(Relaxed), longest)
     }
 
     /// Whether our work on this device waits without completing (work in flight, nothing of it
@@ -373,11 +408,12 @@ impl Sched {
     /// what the slice used and start another. False when we must hand over instead.
     fn renew(&self, high: bool, now: u64, grant: u64) -> bool {
         let g = self.ledger.lock(self.slot);
+        let mine = self.tenant();
         let rivals = self
             .ledger
             .waiters(Some(self.slot))
             .into_iter()
-            .any(|w| !high || self.ledger.is_high(w.tenant));
+            .any(|w| turn::rival(w.tenant, self.ledger.is_high(w.tenant), mine, high));
         if rivals {
             return false;
         }

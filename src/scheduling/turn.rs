@@ -1,0 +1,166 @@
+//! A tenant's turn (docs/COMPUTE.md, "A tenant's processes share its turn"): pure decisions, no
+//! shared memory.
+//!
+//! Ownership names one process slot (the *lead*), but the device is the tenant's while that slot
+//! holds it: every process of the tenant may launch then. Taking turns between the tenant's own
+//! processes would split the tenant's share by hand-overs among them and make each one's requests
+//! wait for the other's slices as well as for the other tenants'.
+//!
+//! Charging: the processes' kernels overlap on the device (contexts are time-sliced, so one
+//! process's event interval also holds the time the device served the other), so the sum of their
+//! measured intervals would charge the overlap twice. While another process of the tenant wants the
+//! device, the lead is therefore charged the wall time it held the device (as a high-priority
+//! tenant is), and the other processes' launches that completed within the turn are not charged
+//! again; what completed after the turn ended is charged by the process whose it is.
+//!
+//! The stall time: how long an owner's work may complete nothing before the owner counts as
+//! waiting for something outside the process. It follows the work's own progress: the longest
+//! launch seen to complete, not only a fixed time.
+
+/// At least this long without progress before an owner counts as stalled.
+pub const STALL_MIN_NS: u64 = 1_000_000;
+/// At most this long: past it, the owner's work waits for something else (a launch longer than this
+/// is a stall as far as its neighbours are concerned; the drain bound covers what it leaves).
+pub const STALL_MAX_NS: u64 = 100_000_000;
+
+/// Whether a process of tenant `mine`, in slot `me`, may launch in the turn of the owner slot
+/// `owner` (its state active: `owner_active`; its tenant word `owner_tenant`): the owner is another
+/// slot of the same tenant. A slot's own ownership is not a shared turn (`Sched::owns_now`).
+pub fn shares_turn(
+    owner: Option<usize>,
+    owner_active: bool,
+    owner_tenant: usize,
+    me: usize,
+    mine: usize,
+) -> bool {
+    owner.is_some_and(|o| o != me) && owner_active && owner_tenant == mine
+}
+
+/// Whether a waiting slot of tenant `waiter` is a rival of an owner of tenant `mine` at the end of
+/// its slice (the owner must hand over rather than renew): a process of the owner's own tenant
+/// is not (it launches in the renewed turn); a high-priority owner yields only to another
+/// high-priority tenant.
+pub fn rival(waiter: usize, waiter_high: bool, mine: usize, high: bool) -> bool {
+    waiter != mine && (!high || waiter_high)
+}
+
+/// Whether an ownership is charged the wall time it lasted rather than its measured device time: a
+/// high-priority tenant (it records one event per launch), or a lead whose tenant's other
+/// processes want the device too (their intervals overlap the lead's on the device).
+pub fn charge_wall(high: bool, companions: bool) -> bool {
+    high || companions
+}
+
+/// What happens to a launch's measured device time when it completes: charged with the current
+/// ownership (`Measured`), carried to the process's next charge (`Carried`), or nothing, when it
+/// completed within its tenant's turn held by another process, which is charged the turn's wall
+/// time (`InTurn`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    Measured,
+    Carried,
+    InTurn,
+}
+
+pub fn completion(owned: bool, in_turn: bool) -> Completion {
+    match (owned, in_turn) {
+        (true, _) => Completion::Measured,
+        (false, true) => Completion::InTurn,
+        (false, false) => Completion::Carried,
+    }
+}
+
+/// How long an owner's work may complete nothing (while it submits nothing and others wait) before
+/// it counts as waiting for something outside the process: three launches' time (`launch_ns`, the
+/// average gap between completions) or twice the longest launch seen to complete recently
+/// (`longest_ns`: one kernel of a program that synchronises after each is as long as that, and is
+/// progress, not a stall), within [`STALL_MIN_NS`] and [`STALL_MAX_NS`].
+pub fn stall_ns(launch_ns: u64, longest_ns: u64) -> u64 {
+    launch_ns
+        .saturating_mul(3)
+        .max(longest_ns.saturating_mul(2))
+        .clamp(STALL_MIN_NS, STALL_MAX_NS)
+}
+
+/// The longest launch seen recently, after one of `ns` completed: a new longest at once, otherwise
+/// decaying by an eighth of the difference (a program that stops running long kernels gets a short
+/// stall time back within tens of launches).
+pub fn longest_after(longest_ns: u64, ns: u64) -> u64 {
+    if ns >= longest_ns {
+        ns
+    } else {
+        longest_ns - (longest_ns - ns) / 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn another_slot_of_the_tenant_shares_its_turn() {
+        // Slot 3 of tenant 1 owns; slot 5 of tenant 1 launches in that turn.
+        assert!(shares_turn(Some(3), true, 1, 5, 1));
+        // Another tenant's turn is not ours.
+        assert!(!shares_turn(Some(3), true, 2, 5, 1));
+        // Our own ownership is not a shared turn (the owner's path decides it).
+        assert!(!shares_turn(Some(5), true, 1, 5, 1));
+        // Nobody owns, or the owner word names a slot no process holds.
+        assert!(!shares_turn(None, true, 1, 5, 1));
+        assert!(!shares_turn(Some(3), false, 1, 5, 1));
+    }
+
+    #[test]
+    fn the_tenants_own_waiters_are_no_rivals() {
+        // A normal owner of tenant 1: another tenant's waiter ends its slice, its own does not.
+        assert!(rival(2, false, 1, false));
+        assert!(rival(2, true, 1, false));
+        assert!(!rival(1, false, 1, false));
+        // A high-priority owner yields only to another high-priority tenant.
+        assert!(!rival(2, false, 1, true));
+        assert!(rival(2, true, 1, true));
+        assert!(!rival(1, true, 1, true));
+    }
+
+    #[test]
+    fn a_shared_turn_is_charged_once() {
+        assert!(!charge_wall(false, false));
+        assert!(charge_wall(true, false));
+        assert!(charge_wall(false, true));
+        // The lead measures; the other process's completions in the turn are not charged again;
+        // what completes after the turn is carried.
+        assert_eq!(completion(true, false), Completion::Measured);
+        assert_eq!(completion(true, true), Completion::Measured);
+        assert_eq!(completion(false, true), Completion::InTurn);
+        assert_eq!(completion(false, false), Completion::Carried);
+    }
+
+    #[test]
+    fn the_stall_time_follows_the_longest_launch() {
+        // Short kernels, never seen long ones: the minimum.
+        assert_eq!(stall_ns(50_000, 50_000), STALL_MIN_NS);
+        // Many launches' time.
+        assert_eq!(stall_ns(2 * MS, 0), 6 * MS);
+        // A program that synchronises after each 10 ms kernel: its gaps between completions seen
+        // by flow control stay short (launch_ns 250 us), but its kernels are 10 ms: a 10 ms kernel
+        // still running 1 ms after it began is progress, not a stall.
+        assert_eq!(stall_ns(250_000, 10 * MS), 20 * MS);
+        assert!(stall_ns(250_000, 10 * MS) > 10 * MS);
+        // Bounded above, even for a word that cannot be genuine.
+        assert_eq!(stall_ns(u64::MAX, u64::MAX), STALL_MAX_NS);
+    }
+
+    #[test]
+    fn the_longest_launch_decays() {
+        assert_eq!(longest_after(0, 10 * MS), 10 * MS);
+        assert_eq!(longest_after(10 * MS, 20 * MS), 20 * MS);
+        let mut l = 10 * MS;
+        for _ in 0..40 {
+            l = longest_after(l, 50_000);
+        }
+        assert!(l < MS, "{l}");
+        assert!(l >= 50_000);
+    }
+}
