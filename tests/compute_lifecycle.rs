@@ -650,21 +650,23 @@ fn turn_pair(failures: &mut Vec<String>) -> Option<([u64; 2], [u64; 2])> {
 
 /// A tenant's processes share its turn (docs/COMPUTE.md, "A tenant's processes share its turn"):
 /// two processes of one tenant beside a third tenant see p50 request latency within 1.2x of the
-/// same two alone, run at the same moment on a device of their own (plus 300 us for a busy
+/// same two alone, run at the same moment on a device of their own (plus 50 us for a busy
 /// machine's wake-ups). Taking turns between themselves, each process's request waited for the
-/// other's (its idle hand-over) as well as for the third tenant. Up to two attempts.
+/// other's (its idle hand-over) as well as for the third tenant: 1.41x (1188 against 840 us) where
+/// sharing the turn measured 1.15x (962 against 839 us). Up to three attempts.
 fn turn_scenario(failures: &mut Vec<String>) {
     let mut last = String::new();
-    for attempt in 1..=2 {
+    for attempt in 1..=3 {
         let mut f = Vec::new();
         let Some((beside, alone)) = turn_pair(&mut f) else {
             failures.extend(f);
             return;
         };
         let (b, a) = (beside[0].max(beside[1]), alone[0].max(alone[1]));
-        let bound = a as f64 * 1.2 + 300.0;
+        let bound = a as f64 * 1.2 + 50.0;
         last = format!(
-            "shared turn: p50 of the pair's requests beside a third tenant {beside:?} us, alone              {alone:?} us (bound on the larger: {bound:.0} us)"
+            "shared turn: p50 of the pair's requests beside a third tenant {beside:?} us, alone \
+             {alone:?} us (bound on the larger: {bound:.0} us)"
         );
         println!("lifecycle: {last} (attempt {attempt})");
         if (b as f64) <= bound {
