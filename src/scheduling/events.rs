@@ -363,7 +363,12 @@ impl Sched {
                         .saturating_sub(t.start_gap_ns)
                         .saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
                     let owned = self.owned.load(SeqCst) != 0;
-                    match turn::completion(owned, !owned && self.tenant_turn()) {
+                    // A process that launched in its tenant's turn held by another sees its completions late
+                    // (flow control and the scheduler thread reap them), mostly after the turn ended:
+                    // every completion outside its own ownership is taken as the turn's, which its lead
+                    // was charged by wall time.
+                    let member = self.member.load(Relaxed) || self.tenant_turn();
+                    match turn::completion(owned, !owned && member) {
                         Completion::Measured => {
                             // Progress seen within our ownership: how long one launch may run.
                             let longest = self.longest_ns.load(Relaxed);

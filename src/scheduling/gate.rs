@@ -114,8 +114,8 @@ pub struct Sched {
     /// Another process of our tenant wants the device (its demand lock, seen at refresh): as the
     /// lead of the tenant's turn we are charged its wall time (`turn::charge_wall`).
     pub(super) companions: AtomicBool,
-    /// A launch of ours went through in our tenant's turn held by another process: what completes
-    /// after that turn is charged by us (`Sched::charge_carried`).
+    /// A launch of ours went through in our tenant's turn held by another process: our completions
+    /// outside our own ownership are taken as that turn's, charged to its lead by wall time.
     pub(super) member: AtomicBool,
     /// The longest launch seen to complete recently (`turn::longest_after`), for the stall time.
     pub(super) longest_ns: AtomicU64,
@@ -301,10 +301,7 @@ impl Sched {
         }
         self.publish_waiting();
         loop {
-            if !self.contended()
-                || runtime::stopped()
-                || self.peer_pass_due()
-                || self.tenant_turn()
+            if !self.contended() || runtime::stopped() || self.peer_pass_due() || self.tenant_turn()
             {
                 break;
             }

@@ -115,13 +115,12 @@ impl Sched {
                     present[t] = true;
                     wanting[t] |= s.wants.load(Acquire) > 0;
                     others = others || (t != mine && self.ledger.slot_wants(i));
-                    companions = companions
-                        || (t == mine && i != self.slot && self.ledger.slot_wants(i));
+                    companions =
+                        companions || (t == mine && i != self.slot && self.ledger.slot_wants(i));
                 }
             }
         }
         self.companions.store(companions, Relaxed);
-        self.charge_carried(now);
         if others {
             let until = now.saturating_add(demand::CONTENTION_HOLD_NS);
             self.contended_until.fetch_max(until, Relaxed);
@@ -144,25 +143,6 @@ impl Sched {
         if self.contended.swap(contended, Relaxed) != contended {
             runtime::update_pass();
         }
-    }
-
-    /// What our launches in our tenant's turn held by another process ran after that turn ended
-    /// (they were still in flight at its hand-over): charged by us, since we may never own the
-    /// device ourselves. What completed within the turn was charged with the turn's wall time.
-    fn charge_carried(&self, now: u64) {
-        if self.owned.load(SeqCst) != 0 || !self.member.load(Relaxed) || self.tenant_turn() {
-            return;
-        }
-        self.completed();
-        let carried = self.carried_ns.swap(0, AcqRel);
-        if carried == 0 {
-            return;
-        }
-        let charge = self.meter.lock().charge(super::meter::Reading {
-            carried_ns: carried,
-            ..Default::default()
-        });
-        self.ledger.lock(self.slot).charge(self.tenant(), charge, now);
     }
 
     /// Notes whether this process was active since the previous refresh (it launched, a thread of
