@@ -365,8 +365,8 @@ impl Sched {
                     let owned = self.owned.load(SeqCst) != 0;
                     // A process that launched in its tenant's turn held by another sees its completions late
                     // (flow control and the scheduler thread reap them), mostly after the turn ended:
-                    // every completion outside its own ownership is taken as the turn's, which its lead
-                    // was charged by wall time.
+                    // every completion outside its own ownership is taken as the turn's, which its lead's
+                    // intervals covered (`turn`).
                     let member = self.member.load(Relaxed) || self.tenant_turn();
                     match turn::completion(owned, !owned && member) {
                         Completion::Measured => {
@@ -381,7 +381,7 @@ impl Sched {
                         Completion::Carried => {
                             self.carried_ns.fetch_add(ns, AcqRel);
                         }
-                        // The lead of the turn is charged its wall time.
+                        // The lead's charge covered it.
                         Completion::InTurn => {}
                     }
                 }
@@ -421,11 +421,10 @@ impl Sched {
     /// renewal), by [`meter::Meter::charge`]: its measured device time less what was charged for it while
     /// it ran, at most the wall time (overlapping streams count once), plus what our unfinished
     /// work ran since `since`, plus what completed after an earlier ownership; for a high-priority
-    /// tenant, or a lead whose tenant's other processes launch in its turn, the wall time since
-    /// `since` (`turn::charge_wall`).
+    /// tenant the wall time since `since`.
     pub(super) fn take_charge(&self, now: u64, since: u64) -> u64 {
         let wall = now.saturating_sub(since.min(now));
-        if turn::charge_wall(self.high.load(Relaxed), self.companions.load(Relaxed)) {
+        if self.high.load(Relaxed) {
             self.measured_ns.swap(0, AcqRel);
             self.carried_ns.swap(0, AcqRel);
             return wall;

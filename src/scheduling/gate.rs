@@ -111,11 +111,8 @@ pub struct Sched {
     pub(super) passes: AtomicU32,
     /// When a wait of the tenant on another device was last seen: waiters then look more often.
     pub(super) peer_seen_ns: AtomicU64,
-    /// Another process of our tenant wants the device (its demand lock, seen at refresh): as the
-    /// lead of the tenant's turn we are charged its wall time (`turn::charge_wall`).
-    pub(super) companions: AtomicBool,
     /// A launch of ours went through in our tenant's turn held by another process: our completions
-    /// outside our own ownership are taken as that turn's, charged to its lead by wall time.
+    /// outside our own ownership are taken as that turn's, which its lead's charge covered (`turn`).
     pub(super) member: AtomicBool,
     /// The longest launch seen to complete recently (`turn::longest_after`), for the stall time.
     pub(super) longest_ns: AtomicU64,
@@ -171,7 +168,6 @@ impl Sched {
             pass_from: AtomicU64::new(0),
             passes: AtomicU32::new(0),
             peer_seen_ns: AtomicU64::new(0),
-            companions: AtomicBool::new(false),
             member: AtomicBool::new(false),
             longest_ns: AtomicU64::new(0),
             stop: AtomicBool::new(false),

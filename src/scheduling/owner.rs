@@ -106,8 +106,6 @@ impl Sched {
         // Another tenant *wants* the device (its process holds its demand lock, `demand`): one
         // that merely holds a slot costs us nothing.
         let mut others = false;
-        // Another process of our tenant wants the device: it launches in our turns (`turn`).
-        let mut companions = false;
         for (i, s) in l.slots.iter().enumerate() {
             if s.state.load(Acquire) == shm::SLOT_ACTIVE {
                 let t = s.tenant.load(Acquire) as usize;
@@ -115,12 +113,9 @@ impl Sched {
                     present[t] = true;
                     wanting[t] |= s.wants.load(Acquire) > 0;
                     others = others || (t != mine && self.ledger.slot_wants(i));
-                    companions =
-                        companions || (t == mine && i != self.slot && self.ledger.slot_wants(i));
                 }
             }
         }
-        self.companions.store(companions, Relaxed);
         if others {
             let until = now.saturating_add(demand::CONTENTION_HOLD_NS);
             self.contended_until.fetch_max(until, Relaxed);
