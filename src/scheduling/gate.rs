@@ -25,6 +25,8 @@ const PEER_FRESH_NS: u64 = 1_000_000;
 /// `PEER_POLL_NS` (instead of `WAITER_POLL_NS`), so a pass is not missed.
 const PEER_RECENT_NS: u64 = 1_000_000_000;
 const PEER_POLL_NS: u64 = 200_000;
+/// How long a launch held back for a high-priority tenant waits before it looks again.
+const YIELD_POLL_NS: u64 = 200_000;
 /// Launches that pass the gate for one wait of the tenant on another device.
 const MAX_PASSES: u32 = 8;
 
@@ -214,6 +216,15 @@ impl Sched {
         )
     }
 
+    /// Whether we hold back our launches for a high-priority tenant: we are normal, a high-priority
+    /// tenant is active (`beside_high`, from the ledger at refresh: a `preempt` word alone, which
+    /// anyone can write, does not hold us back), and one of its processes asks for the device.
+    pub(super) fn yields_to_high(&self) -> bool {
+        !self.high.load(Relaxed)
+            && self.beside_high.load(Relaxed)
+            && self.ledger.layout().header.preempt.load(Acquire) != 0
+    }
+
     /// Whether a launch of ours may reach the driver now: we own the device, or our tenant does
     /// through another of its processes.
     pub(super) fn may_launch(&self) -> bool {
@@ -245,6 +256,14 @@ impl Sched {
                 return launch();
             }
             let owner = self.owns_now();
+            if (owner || self.tenant_turn()) && self.yields_to_high() {
+                // A high-priority tenant waits: our scheduler thread is about to hand over (it
+                // checks that the waiter is real); a launch now would only add a kernel ahead of
+                // the high-priority work. Bounded: the word is cleared, or the device handed over.
+                let h = &self.ledger.layout().header;
+                futex_wait(&h.epoch, h.epoch.load(Acquire), YIELD_POLL_NS);
+                continue;
+            }
             if owner || self.tenant_turn() {
                 // Before counting as launching: a drain does not wait for our queue to shrink.
                 let tracked = match self.flow_control(key, ctx as usize) {
@@ -253,7 +272,7 @@ impl Sched {
                     Flow::Untracked => false,
                 };
                 self.launching.fetch_add(1, SeqCst);
-                if !self.may_launch() {
+                if !self.may_launch() || self.yields_to_high() {
                     self.launching.fetch_sub(1, SeqCst);
                     continue;
                 }
