@@ -676,9 +676,52 @@ fn turn_scenario(failures: &mut Vec<String>) {
     failures.push(last);
 }
 
+/// Driver calls gpuslice adds per launch under contention (docs/COMPUTE.md, "Flow control"): two
+/// tenants of share 50 spinning 200 us kernels; judged by simgpu's trace of one of them, less the
+/// client's own three calls a launch (`spin`). Printed, and bounded by what the slow path adds today
+/// with a margin (12.9 measured: event queries and records, the capture-mode exchange, the stream's
+/// context and device looked up per launch), so that a launch path that grows is caught; the aim
+/// is at most one (docs/COMPUTE.md, "Flow control").
+fn contended_calls_scenario(failures: &mut Vec<String>) {
+    const MS: u64 = 2_000;
+    let scene = Scene::new("lifecycle", "contended-calls");
+    let start = start_in(500);
+    let t0 = Instant::now() + Duration::from_millis(500);
+    let share = [("GPUSLICE_COMPUTE_SHARE", "50")];
+    let other = scene.client("other", true, &share, &[s("spin"), s(start), s(MS), s(200)]);
+    let trace = scene.dir.join("traced.trace");
+    let trace_s = trace.to_string_lossy().into_owned();
+    let traced = scene.client(
+        "traced",
+        true,
+        &[("GPUSLICE_COMPUTE_SHARE", "50"), ("SIMGPU_TRACE", &trace_s)],
+        &[s("spin"), s(start), s(MS), s(200)],
+    );
+    let deadline = t0 + Duration::from_millis(MS + 15_000);
+    let run = expect_success(traced, "traced tenant", deadline, failures);
+    let _ = expect_success(other, "other tenant", deadline, failures);
+    if run.is_none() {
+        return;
+    }
+    let c = calls(&trace);
+    let launches = c.get("cuLaunchKernel").copied().unwrap_or(0);
+    let total: u64 = c.values().sum();
+    let added = total.saturating_sub(3 * launches) as f64 / launches.max(1) as f64;
+    let mut top: Vec<_> = c.into_iter().collect();
+    top.sort_by_key(|e| std::cmp::Reverse(e.1));
+    top.truncate(10);
+    let line = format!(
+        "contended: {launches} launches, driver calls per launch added {added:.2} (bound 16); calls: {top:?}"
+    );
+    println!("lifecycle: {line}");
+    if launches < 100 || added > 16.0 {
+        failures.push(line);
+    }
+}
+
 #[test]
 fn compute_lifecycle_on_simgpu() {
-    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn (a comma list) runs
+    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn,calls (a comma list) runs
     // only those, for development.
     let only = std::env::var("COMPUTE_SCENARIOS").ok();
     let wanted = |name: &str| {
@@ -711,6 +754,9 @@ fn compute_lifecycle_on_simgpu() {
     }
     if wanted("turn") {
         turn_scenario(&mut failures);
+    }
+    if wanted("calls") {
+        contended_calls_scenario(&mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
