@@ -220,9 +220,11 @@ impl Sched {
     /// tenant is active (`beside_high`, from the ledger at refresh: a `preempt` word alone, which
     /// anyone can write, does not hold us back), and one of its processes asks for the device.
     pub(super) fn yields_to_high(&self) -> bool {
-        !self.high.load(Relaxed)
-            && self.beside_high.load(Relaxed)
-            && self.ledger.layout().header.preempt.load(Acquire) != 0
+        turn::holds_back(
+            self.high.load(Relaxed),
+            self.beside_high.load(Relaxed),
+            self.ledger.layout().header.preempt.load(Acquire),
+        )
     }
 
     /// Whether a launch of ours may reach the driver now: we own the device, or our tenant does

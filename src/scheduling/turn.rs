@@ -44,6 +44,14 @@ pub fn rival(waiter: usize, waiter_high: bool, mine: usize, high: bool) -> bool 
     waiter != mine && (!high || waiter_high)
 }
 
+/// Whether a normal process holds its launches back for a high-priority tenant: it is normal, a
+/// high-priority tenant is active (`beside_high`, found from the ledger's tenants at refresh) and
+/// the `preempt` word says one of its processes asks for the device. The word alone, which any
+/// tenant can write, never holds anyone back.
+pub fn holds_back(high: bool, beside_high: bool, preempt: u32) -> bool {
+    !high && beside_high && preempt != 0
+}
+
 /// What happens to a launch's measured device time when it completes: charged with the current
 /// ownership (`Measured`), carried to the process's next charge (`Carried`), or nothing, when it
 /// completed outside the process's own ownership after it launched in its tenant's turn held by
@@ -125,6 +133,16 @@ mod tests {
         assert_eq!(completion(true, true), Completion::Measured);
         assert_eq!(completion(false, true), Completion::InTurn);
         assert_eq!(completion(false, false), Completion::Carried);
+    }
+
+    #[test]
+    fn only_an_active_high_priority_tenant_holds_launches_back() {
+        assert!(holds_back(false, true, 1));
+        // No request, or a word written without an active high-priority tenant.
+        assert!(!holds_back(false, true, 0));
+        assert!(!holds_back(false, false, 1));
+        // A high-priority process never holds back for another.
+        assert!(!holds_back(true, true, 1));
     }
 
     #[test]
