@@ -283,6 +283,9 @@ impl Sched {
                 }
                 real
             };
+            if idle && !preempted && self.contended() && self.hand_on(owned, grant) {
+                continue;
+            }
             if idle || preempted || !self.contended() {
                 let why = if preempted {
                     Why::Preempted
@@ -333,6 +336,65 @@ impl Sched {
                 futex_wait(&h.preempt, 0, wait);
             }
         }
+    }
+
+    /// Going idle: hands the rest of our tenant's turn (the grant and slice kept) to another process
+    /// of the tenant that wants the device, once per grant (`turn::may_hand_on`), charging what we
+    /// used; its launches go on in the turn instead of waiting for the tenant's next one. False
+    /// when there is none (or the turn is no longer ours): the caller hands over as usual.
+    fn hand_on(&self, epoch: u32, grant: u64) -> bool {
+        let l = self.ledger.layout();
+        let h = &l.header;
+        let mine = self.tenant();
+        if !turn::may_hand_on(true, h.slice_ns.load(Acquire)) {
+            return false;
+        }
+        let Some(next) = (0..l.slots.len()).find(|&i| {
+            let s = &l.slots[i];
+            i != self.slot
+                && s.state.load(Acquire) == shm::SLOT_ACTIVE
+                && s.tenant.load(Acquire) as usize == mine
+                && self.ledger.slot_wants(i)
+        }) else {
+            return false;
+        };
+        self.stopping.store(true, SeqCst);
+        while self.launching.load(SeqCst) != 0 && !runtime::stopped() {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        let g = self.ledger.lock(self.slot);
+        let handed = h.owner.load(Acquire) == self.me().word()
+            && h.epoch.load(Acquire) == epoch
+            && self.ledger.slot_alive(next, Some(self.slot));
+        if handed {
+            let now = now_ns();
+            let charge = self.take_charge(now, grant);
+            g.charge(mine, charge, now);
+            // The turn goes on: the grant and the slice's end stay (the next owner's charge is
+            // at most the wall time since the grant, its own completions); marked as handed on.
+            // One nanosecond less, never more: a slice past `S` reads as forged (`overdue`).
+            let slice = h.slice_ns.load(Acquire).min(SLICE_NS);
+            h.slice_ns
+                .store(slice.saturating_sub(1) | turn::HANDED_ON, Release);
+            h.owner_beat_ns.store(now, Release);
+            h.owner.store(Holder::of(next).word(), Release);
+            let mut e = epoch.wrapping_add(1);
+            if e == 0 {
+                e = 1;
+            }
+            h.epoch.store(e, Release);
+            log::debug(format_args!(
+                "compute: device {}: the turn handed on to slot {next} of our tenant, charged {charge} ns",
+                self.ordinal
+            ));
+        }
+        drop(g);
+        if handed {
+            futex_wake(&h.epoch);
+            self.owned.store(0, SeqCst);
+        }
+        self.stopping.store(false, SeqCst);
+        handed
     }
 
     /// How long our work may complete nothing before it counts as waiting for something outside

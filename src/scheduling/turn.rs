@@ -52,6 +52,18 @@ pub fn holds_back(high: bool, beside_high: bool, preempt: u32) -> bool {
     !high && beside_high && preempt != 0
 }
 
+/// Whether an owner going idle hands the rest of its tenant's turn to another process of the
+/// tenant that wants the device (`companion`), rather than to arbitration: only an ownership that
+/// arbitration granted. A hand-on keeps the grant and the slice's end and marks the slice word
+/// (its lowest bit; the slice one nanosecond shorter), so the turn moves within the tenant once per grant, never back
+/// and forth while the device idles. (A genuine slice with that bit set only forgoes a hand-on.)
+pub fn may_hand_on(companion: bool, slice_ns: u64) -> bool {
+    companion && slice_ns & HANDED_ON == 0
+}
+
+/// The slice word's mark of a turn handed on.
+pub const HANDED_ON: u64 = 1;
+
 /// What happens to a launch's measured device time when it completes: charged with the current
 /// ownership (`Measured`), carried to the process's next charge (`Carried`), or nothing, when it
 /// completed outside the process's own ownership after it launched in its tenant's turn held by
@@ -143,6 +155,16 @@ mod tests {
         assert!(!holds_back(false, false, 1));
         // A high-priority process never holds back for another.
         assert!(!holds_back(true, true, 1));
+    }
+
+    #[test]
+    fn an_idle_owner_hands_its_turn_on_once() {
+        let slice = 20 * MS;
+        assert!(may_hand_on(true, slice));
+        // Nobody of its tenant wants the device.
+        assert!(!may_hand_on(false, slice));
+        // Handed the turn itself: it goes back to arbitration.
+        assert!(!may_hand_on(true, slice | HANDED_ON));
     }
 
     #[test]
