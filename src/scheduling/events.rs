@@ -371,9 +371,13 @@ impl Sched {
                     match turn::completion(owned, !owned && member) {
                         Completion::Measured => {
                             // Progress seen within our ownership: how long one launch may run.
-                            let longest = self.longest_ns.load(Relaxed);
-                            self.longest_ns
-                                .store(turn::longest_after(longest, ns), Relaxed);
+                            let now = now_ns();
+                            let grant = self.ledger.layout().header.grant_ns.load(Acquire);
+                            if turn::tells_launch_length(ns, now.saturating_sub(grant.min(now))) {
+                                let longest = self.longest_ns.load(Relaxed);
+                                self.longest_ns
+                                    .store(turn::longest_after(longest, ns), Relaxed);
+                            }
                             self.measured_ns.fetch_add(ns, AcqRel);
                         }
                         // Work that outlived our ownership (or our tenant's turn) is charged at

@@ -106,6 +106,13 @@ pub fn longest_after(longest_ns: u64, ns: u64) -> u64 {
     }
 }
 
+/// Whether a launch of `ns` that completed in an ownership held for `held_ns` so far tells how long
+/// one launch of the program runs: not when its interval is longer than the ownership (it began
+/// before our grant and spans another tenant's work, or a hand-over).
+pub fn tells_launch_length(ns: u64, held_ns: u64) -> bool {
+    ns <= held_ns
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +187,13 @@ mod tests {
         assert!(stall_ns(250_000, 10 * MS) > 10 * MS);
         // Bounded above, even for a word that cannot be genuine.
         assert_eq!(stall_ns(u64::MAX, u64::MAX), STALL_MAX_NS);
+    }
+
+    #[test]
+    fn an_interval_longer_than_the_ownership_is_no_launch_length() {
+        assert!(tells_launch_length(10 * MS, 12 * MS));
+        // Began before the grant: it spans another tenant's slice.
+        assert!(!tells_launch_length(20 * MS, 3 * MS));
     }
 
     #[test]
