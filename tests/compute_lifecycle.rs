@@ -606,9 +606,122 @@ fn idle_neighbour_scenario(failures: &mut Vec<String>) {
     }
 }
 
+/// One run of the shared-turn scenario: the two processes of tenant "pair" (one ledger), each
+/// making a request every 10 ms (4 kernels of 200 us, then a synchronisation) at the same moments,
+/// on a device of their own (`control`) and, at the same time, on another beside tenant "third"
+/// (a request every 4 ms, 2 kernels of 200 us: it wants the device all along, so the pair is
+/// contended, but it leaves most of the device free). Returns the pair's p50s (us) beside the
+/// third tenant and alone.
+fn turn_pair(failures: &mut Vec<String>) -> Option<([u64; 2], [u64; 2])> {
+    const MS: u64 = 3_000;
+    let beside = Scene::new("lifecycle", "turn");
+    let alone = Scene::new("lifecycle", "turn-control");
+    let start = start_in(700);
+    let t0 = Instant::now() + Duration::from_millis(700);
+    let share = [("GPUSLICE_COMPUTE_SHARE", "50")];
+    let pair_args = [s("request"), s(start), s(MS), s(10), s(4), s(200)];
+    let third = beside.client(
+        "third",
+        true,
+        &share,
+        &[s("request"), s(start), s(MS), s(4), s(2), s(200)],
+    );
+    let b = [
+        beside.client("pair", true, &share, &pair_args),
+        beside.client("pair", true, &share, &pair_args),
+    ];
+    let a = [
+        alone.client("pair", true, &share, &pair_args),
+        alone.client("pair", true, &share, &pair_args),
+    ];
+    let deadline = t0 + Duration::from_millis(MS + 15_000);
+    let mut p50 = |runs: [Child; 2], desc: &str| {
+        let mut got = [0u64; 2];
+        for (g, c) in got.iter_mut().zip(runs) {
+            *g = expect_success(c, desc, deadline, failures)?.get_u64("p50_us");
+        }
+        Some(got)
+    };
+    let beside_p50 = p50(b, "a process of the pair beside the third tenant");
+    let alone_p50 = p50(a, "a process of the pair alone");
+    let _ = expect_success(third, "third tenant", deadline, failures);
+    Some((beside_p50?, alone_p50?))
+}
+
+/// A tenant's processes share its turn (docs/COMPUTE.md, "A tenant's processes share its turn"):
+/// two processes of one tenant beside a third tenant see p50 request latency within 1.2x of the
+/// same two alone, run at the same moment on a device of their own (plus 50 us for a busy
+/// machine's wake-ups). Taking turns between themselves, each process's request waited for the
+/// other's (its idle hand-over) as well as for the third tenant: 1.41x (1188 against 840 us) where
+/// sharing the turn measured 1.15x (962 against 839 us). Up to three attempts.
+fn turn_scenario(failures: &mut Vec<String>) {
+    let mut last = String::new();
+    for attempt in 1..=3 {
+        let mut f = Vec::new();
+        let Some((beside, alone)) = turn_pair(&mut f) else {
+            failures.extend(f);
+            return;
+        };
+        let (b, a) = (beside[0].max(beside[1]), alone[0].max(alone[1]));
+        let bound = a as f64 * 1.2 + 50.0;
+        last = format!(
+            "shared turn: p50 of the pair's requests beside a third tenant {beside:?} us, alone \
+             {alone:?} us (bound on the larger: {bound:.0} us)"
+        );
+        println!("lifecycle: {last} (attempt {attempt})");
+        if (b as f64) <= bound {
+            return;
+        }
+    }
+    failures.push(last);
+}
+
+/// Driver calls gpuslice adds per launch under contention (docs/COMPUTE.md, "Flow control"): two
+/// tenants of share 50 spinning 200 us kernels; judged by simgpu's trace of one of them, less the
+/// client's own three calls a launch (`spin`). Printed, and bounded by what the slow path adds today
+/// with a margin (12.9 measured: event queries and records, the capture-mode exchange, the stream's
+/// context and device looked up per launch), so that a launch path that grows is caught; the aim
+/// is at most one (docs/COMPUTE.md, "Flow control").
+fn contended_calls_scenario(failures: &mut Vec<String>) {
+    const MS: u64 = 2_000;
+    let scene = Scene::new("lifecycle", "contended-calls");
+    let start = start_in(500);
+    let t0 = Instant::now() + Duration::from_millis(500);
+    let share = [("GPUSLICE_COMPUTE_SHARE", "50")];
+    let other = scene.client("other", true, &share, &[s("spin"), s(start), s(MS), s(200)]);
+    let trace = scene.dir.join("traced.trace");
+    let trace_s = trace.to_string_lossy().into_owned();
+    let traced = scene.client(
+        "traced",
+        true,
+        &[("GPUSLICE_COMPUTE_SHARE", "50"), ("SIMGPU_TRACE", &trace_s)],
+        &[s("spin"), s(start), s(MS), s(200)],
+    );
+    let deadline = t0 + Duration::from_millis(MS + 15_000);
+    let run = expect_success(traced, "traced tenant", deadline, failures);
+    let _ = expect_success(other, "other tenant", deadline, failures);
+    if run.is_none() {
+        return;
+    }
+    let c = calls(&trace);
+    let launches = c.get("cuLaunchKernel").copied().unwrap_or(0);
+    let total: u64 = c.values().sum();
+    let added = total.saturating_sub(3 * launches) as f64 / launches.max(1) as f64;
+    let mut top: Vec<_> = c.into_iter().collect();
+    top.sort_by_key(|e| std::cmp::Reverse(e.1));
+    top.truncate(10);
+    let line = format!(
+        "contended: {launches} launches, driver calls per launch added {added:.2} (bound 16); calls: {top:?}"
+    );
+    println!("lifecycle: {line}");
+    if launches < 100 || added > 16.0 {
+        failures.push(line);
+    }
+}
+
 #[test]
 fn compute_lifecycle_on_simgpu() {
-    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream (a comma list) runs
+    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn,calls (a comma list) runs
     // only those, for development.
     let only = std::env::var("COMPUTE_SCENARIOS").ok();
     let wanted = |name: &str| {
@@ -638,6 +751,12 @@ fn compute_lifecycle_on_simgpu() {
     }
     if wanted("sidestream") {
         sidestream_scenario(&mut failures);
+    }
+    if wanted("turn") {
+        turn_scenario(&mut failures);
+    }
+    if wanted("calls") {
+        contended_calls_scenario(&mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

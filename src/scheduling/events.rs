@@ -10,6 +10,7 @@ use super::flow::{self, Next, OwnedClock, StreamKey};
 use super::gate::Sched;
 use super::meter::{self, Reading};
 use super::runtime;
+use super::turn::{self, Completion};
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::VecDeque;
@@ -289,7 +290,7 @@ impl Sched {
             let next = if !self.contended() || runtime::stopped() {
                 Next::Regrant
             } else {
-                clock.step(now_ns(), self.owns_now(), limit)
+                clock.step(now_ns(), self.may_launch(), limit)
             };
             if next != Next::Wait {
                 if next == Next::Pass {
@@ -361,11 +362,31 @@ impl Sched {
                     let ns = ns
                         .saturating_sub(t.start_gap_ns)
                         .saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
-                    // Work that outlived our ownership is charged at our next charge, in full.
-                    if self.owned.load(SeqCst) == 0 {
-                        self.carried_ns.fetch_add(ns, AcqRel);
-                    } else {
-                        self.measured_ns.fetch_add(ns, AcqRel);
+                    let owned = self.owned.load(SeqCst) != 0;
+                    // A process that launched in its tenant's turn held by another sees its completions late
+                    // (flow control and the scheduler thread reap them), mostly after the turn ended:
+                    // every completion outside its own ownership is taken as the turn's, which its lead's
+                    // intervals covered (`turn`).
+                    let member = self.member.load(Relaxed) || self.tenant_turn();
+                    match turn::completion(owned, !owned && member) {
+                        Completion::Measured => {
+                            // Progress seen within our ownership: how long one launch may run.
+                            let now = now_ns();
+                            let grant = self.ledger.layout().header.grant_ns.load(Acquire);
+                            if turn::tells_launch_length(ns, now.saturating_sub(grant.min(now))) {
+                                let longest = self.longest_ns.load(Relaxed);
+                                self.longest_ns
+                                    .store(turn::longest_after(longest, ns), Relaxed);
+                            }
+                            self.measured_ns.fetch_add(ns, AcqRel);
+                        }
+                        // Work that outlived our ownership (or our tenant's turn) is charged at
+                        // our next charge, in full.
+                        Completion::Carried => {
+                            self.carried_ns.fetch_add(ns, AcqRel);
+                        }
+                        // The lead's charge covered it.
+                        Completion::InTurn => {}
                     }
                 }
             }

@@ -10,7 +10,7 @@ use super::events::{Pending, Tracked, Waited};
 use super::flow::{self, Pick, StreamKey, WaitBound};
 
 use super::meter::Meter;
-use super::{incident, runtime, Holder, Incident, TenantId};
+use super::{incident, runtime, turn, Holder, Incident, TenantId};
 use gpuslice_api::types::{CUcontext, CUstream};
 use gpuslice_api::CUresult;
 use parking_lot::Mutex;
@@ -25,6 +25,8 @@ const PEER_FRESH_NS: u64 = 1_000_000;
 /// `PEER_POLL_NS` (instead of `WAITER_POLL_NS`), so a pass is not missed.
 const PEER_RECENT_NS: u64 = 1_000_000_000;
 const PEER_POLL_NS: u64 = 200_000;
+/// How long a launch held back for a high-priority tenant waits before it looks again.
+const YIELD_POLL_NS: u64 = 200_000;
 /// Launches that pass the gate for one wait of the tenant on another device.
 const MAX_PASSES: u32 = 8;
 
@@ -111,6 +113,11 @@ pub struct Sched {
     pub(super) passes: AtomicU32,
     /// When a wait of the tenant on another device was last seen: waiters then look more often.
     pub(super) peer_seen_ns: AtomicU64,
+    /// A launch of ours went through in our tenant's turn held by another process: our completions
+    /// outside our own ownership are taken as that turn's, which its lead's charge covered (`turn`).
+    pub(super) member: AtomicBool,
+    /// The longest launch seen to complete recently (`turn::longest_after`), for the stall time.
+    pub(super) longest_ns: AtomicU64,
     /// Exit: the scheduler thread hands over and stops; it sets `done` when it has.
     pub(super) stop: AtomicBool,
     pub(super) done: AtomicBool,
@@ -163,6 +170,8 @@ impl Sched {
             pass_from: AtomicU64::new(0),
             passes: AtomicU32::new(0),
             peer_seen_ns: AtomicU64::new(0),
+            member: AtomicBool::new(false),
+            longest_ns: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             done: AtomicBool::new(false),
         }
@@ -189,6 +198,41 @@ impl Sched {
             && h.epoch.load(Acquire) == e
     }
 
+    /// Whether our tenant's turn is held by another process of the tenant: we may launch in it
+    /// (`turn::shares_turn`). The owner's tenant word is untrusted: a slot that claims our tenant
+    /// only lets our launches through in its own ownership.
+    pub(super) fn tenant_turn(&self) -> bool {
+        let l = self.ledger.layout();
+        let owner = Holder::from_word(l.header.owner.load(Acquire)).slot();
+        let Some(entry) = owner.and_then(|o| l.slots.get(o)) else {
+            return false;
+        };
+        turn::shares_turn(
+            owner,
+            entry.state.load(Acquire) == super::shm::SLOT_ACTIVE,
+            entry.tenant.load(Acquire) as usize,
+            self.slot,
+            self.tenant(),
+        )
+    }
+
+    /// Whether we hold back our launches for a high-priority tenant: we are normal, a high-priority
+    /// tenant is active (`beside_high`, from the ledger at refresh: a `preempt` word alone, which
+    /// anyone can write, does not hold us back), and one of its processes asks for the device.
+    pub(super) fn yields_to_high(&self) -> bool {
+        turn::holds_back(
+            self.high.load(Relaxed),
+            self.beside_high.load(Relaxed),
+            self.ledger.layout().header.preempt.load(Acquire),
+        )
+    }
+
+    /// Whether a launch of ours may reach the driver now: we own the device, or our tenant does
+    /// through another of its processes.
+    pub(super) fn may_launch(&self) -> bool {
+        self.owns_now() || self.tenant_turn()
+    }
+
     pub(super) fn gate(
         &self,
         streams: &[CUstream],
@@ -213,7 +257,16 @@ impl Sched {
             if !self.contended() || runtime::stopped() {
                 return launch();
             }
-            if self.owns_now() {
+            let owner = self.owns_now();
+            if (owner || self.tenant_turn()) && self.yields_to_high() {
+                // A high-priority tenant waits: our scheduler thread is about to hand over (it
+                // checks that the waiter is real); a launch now would only add a kernel ahead of
+                // the high-priority work. Bounded: the word is cleared, or the device handed over.
+                let h = &self.ledger.layout().header;
+                futex_wait(&h.epoch, h.epoch.load(Acquire), YIELD_POLL_NS);
+                continue;
+            }
+            if owner || self.tenant_turn() {
                 // Before counting as launching: a drain does not wait for our queue to shrink.
                 let tracked = match self.flow_control(key, ctx as usize) {
                     Flow::Regrant => continue,
@@ -221,9 +274,12 @@ impl Sched {
                     Flow::Untracked => false,
                 };
                 self.launching.fetch_add(1, SeqCst);
-                if !self.owns_now() {
+                if !self.may_launch() || self.yields_to_high() {
                     self.launching.fetch_sub(1, SeqCst);
                     continue;
+                }
+                if !owner {
+                    self.member.store(true, Relaxed);
                 }
                 let r = if tracked {
                     self.launch_tracked(streams, ctx, per_thread, launch)
@@ -262,7 +318,8 @@ impl Sched {
         }
         self.publish_waiting();
         loop {
-            if !self.contended() || runtime::stopped() || self.peer_pass_due() {
+            if !self.contended() || runtime::stopped() || self.peer_pass_due() || self.tenant_turn()
+            {
                 break;
             }
             // Our words zeroed or scribbled (a truncation repaired with zeros, another program):

@@ -27,6 +27,7 @@ mod owner;
 pub mod policy;
 pub mod runtime;
 pub mod shm;
+pub mod turn;
 
 pub use shm::{Holder, PriorityClass, TenantId, MAX_SLOTS, MAX_TENANTS};
 

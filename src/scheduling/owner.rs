@@ -9,7 +9,7 @@ use super::demand;
 use super::device::{futex_wait, futex_wake, now_ns};
 use super::gate::Sched;
 use super::shm::{self, TENANT_READY};
-use super::{incident, runtime, Holder, Incident, TenantId, MAX_TENANTS};
+use super::{incident, runtime, turn, Holder, Incident, TenantId, MAX_TENANTS};
 use crate::log;
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
@@ -19,9 +19,6 @@ const REFRESH_NS: u64 = 10_000_000;
 const SWEEP_NS: u64 = 100_000_000;
 /// The owner's scheduler thread checks for idleness at least this often.
 const OWNER_POLL_NS: u64 = 250_000;
-/// An owner whose work completed nothing for this long (or three launches' time, if longer) while it
-/// submits nothing and others wait is stuck on something outside the process: it hands over.
-const STALL_NS: u64 = 1_000_000;
 /// A high-priority tenant that wanted the device within this interval is active: normal tenants
 /// beside it keep one launch in flight. One that is merely present costs them nothing.
 const HIGH_ACTIVE_NS: u64 = 200_000_000;
@@ -286,6 +283,9 @@ impl Sched {
                 }
                 real
             };
+            if idle && !preempted && self.contended() && self.hand_on(owned, grant) {
+                continue;
+            }
             if idle || preempted || !self.contended() {
                 let why = if preempted {
                     Why::Preempted
@@ -313,7 +313,11 @@ impl Sched {
             if stalled
                 && since_progress > self.stall_ns()
                 && self.flow_waiting.load(SeqCst) == 0
-                && !self.ledger.waiters(Some(self.slot)).is_empty()
+                && self
+                    .ledger
+                    .waiters(Some(self.slot))
+                    .iter()
+                    .any(|w| w.tenant != self.tenant())
             {
                 self.release(false, Why::Stalled);
                 continue;
@@ -334,10 +338,78 @@ impl Sched {
         }
     }
 
+    /// Going idle: hands the rest of our tenant's turn (the grant and slice kept) to another process
+    /// of the tenant that wants the device, once per grant (`turn::may_hand_on`), charging what we
+    /// used; its launches go on in the turn instead of waiting for the tenant's next one. False
+    /// when there is none (or the turn is no longer ours): the caller hands over as usual.
+    fn hand_on(&self, epoch: u32, grant: u64) -> bool {
+        let l = self.ledger.layout();
+        let h = &l.header;
+        let mine = self.tenant();
+        if !turn::may_hand_on(true, h.slice_ns.load(Acquire)) {
+            return false;
+        }
+        let Some(next) = (0..l.slots.len()).find(|&i| {
+            let s = &l.slots[i];
+            i != self.slot
+                && s.state.load(Acquire) == shm::SLOT_ACTIVE
+                && s.tenant.load(Acquire) as usize == mine
+                && self.ledger.slot_wants(i)
+        }) else {
+            return false;
+        };
+        self.stopping.store(true, SeqCst);
+        while self.launching.load(SeqCst) != 0 && !runtime::stopped() {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        let g = self.ledger.lock(self.slot);
+        let handed = h.owner.load(Acquire) == self.me().word()
+            && h.epoch.load(Acquire) == epoch
+            && self.ledger.slot_alive(next, Some(self.slot));
+        if handed {
+            let now = now_ns();
+            let charge = self.take_charge(now, grant);
+            g.charge(mine, charge, now);
+            // The turn goes on: the grant and the slice's end stay (the next owner's charge is
+            // at most the wall time since the grant, its own completions); marked as handed on.
+            // One nanosecond less, never more: a slice past `S` reads as forged (`overdue`).
+            let slice = h.slice_ns.load(Acquire).min(SLICE_NS);
+            h.slice_ns
+                .store(slice.saturating_sub(1) | turn::HANDED_ON, Release);
+            h.owner_beat_ns.store(now, Release);
+            h.owner.store(Holder::of(next).word(), Release);
+            let mut e = epoch.wrapping_add(1);
+            if e == 0 {
+                e = 1;
+            }
+            h.epoch.store(e, Release);
+            log::debug(format_args!(
+                "compute: device {}: the turn handed on to slot {next} of our tenant, charged {charge} ns",
+                self.ordinal
+            ));
+        }
+        drop(g);
+        if handed {
+            futex_wake(&h.epoch);
+            self.owned.store(0, SeqCst);
+        }
+        self.stopping.store(false, SeqCst);
+        handed
+    }
+
     /// How long our work may complete nothing before it counts as waiting for something outside
-    /// this process: `STALL_NS`, or three launches' time if longer.
+    /// this process (`turn::stall_ns`): from its progress, three launches' time or twice the
+    /// longest launch seen to complete, at least 1 ms.
+    /// While the tenant's work on another device waits (a collective), the longest launch is not
+    /// counted: a collective's kernel is long because it waits, and its peer ranks need the
+    /// device to move on quickly (docs/COMPUTE.md, "Ownership, slices, draining").
     pub(super) fn stall_ns(&self) -> u64 {
-        STALL_NS.max(3 * self.launch_ns.load(Relaxed))
+        let longest = if self.peer_recent(now_ns()) {
+            0
+        } else {
+            self.longest_ns.load(Relaxed)
+        };
+        turn::stall_ns(self.launch_ns.load(Relaxed), longest)
     }
 
     /// Whether our work on this device waits without completing (work in flight, nothing of it
@@ -373,11 +445,12 @@ impl Sched {
     /// what the slice used and start another. False when we must hand over instead.
     fn renew(&self, high: bool, now: u64, grant: u64) -> bool {
         let g = self.ledger.lock(self.slot);
+        let mine = self.tenant();
         let rivals = self
             .ledger
             .waiters(Some(self.slot))
             .into_iter()
-            .any(|w| !high || self.ledger.is_high(w.tenant));
+            .any(|w| turn::rival(w.tenant, self.ledger.is_high(w.tenant), mine, high));
         if rivals {
             return false;
         }
