@@ -141,7 +141,7 @@ impl LedgerOptions {
 /// When the memory limit is a list of per-device keys none of which names a visible device (a
 /// typo in a UUID, index 1 on a one-GPU machine, a MIG key), the message that refuses allocations:
 /// the keys given and the devices visible. A list that matches at least one visible device is valid.
-pub(crate) fn unmatched_keys(cfg: &Config, visible: &[(u32, String)]) -> Option<String> {
+pub fn unmatched_keys(cfg: &Config, visible: &[(u32, String)]) -> Option<String> {
     let m = &cfg.memory;
     if m.poison.is_some() || m.all.is_some() || (m.by_index.is_empty() && m.by_uuid.is_empty()) {
         return None;

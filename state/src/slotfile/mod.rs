@@ -14,7 +14,7 @@
 //!   can reach the file). Only `Writable` hands out the shared layout:
 //!
 //!   ```compile_fail
-//!   fn store(r: &gpuslice::slotfile::ReadOnly<gpuslice::ledger::Layout>) {
+//!   fn store(r: &gpuslice_state::slotfile::ReadOnly<gpuslice_state::ledger::Layout>) {
 //!       let _shared = r.shared(); // no such method: a read-only handle has no shared mapping
 //!   }
 //!   ```
@@ -987,9 +987,10 @@ pub fn release_slot<L: SlotLayout>(fd: RawFd, i: usize) {
 
 /// Unit tests that take slot locks or fork run one at a time: a fork from one test's thread copies
 /// every descriptor of the process, so another test's OFD locks would stay held by that child
-/// until it exits, and a "dead slot" would look alive.
-#[cfg(test)]
-pub(crate) fn serial_test() -> std::sync::MutexGuard<'static, ()> {
+/// until it exits, and a "dead slot" would look alive. Public for the preloaded library's unit
+/// tests, which take slot locks of these files too (one lock for a test binary, whichever crate).
+#[doc(hidden)]
+pub fn serial_test() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL
         .lock()
