@@ -8,10 +8,11 @@ use super::policy::{Lookup, Overlay};
 
 pub use super::lock::LockGuard;
 use super::shm::*;
+use crate::slotfile::atomic::AtomicU32;
 use crate::slotfile::{self, sys, CreateOptions, ReadOnly, Writable};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 /// A process whose heartbeat is older than this is not chosen (stopped or hung).
 const BEAT_STALE_NS: u64 = 50_000_000;

@@ -33,7 +33,10 @@ mod snapshot;
 use std::fmt;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+// The handle's own words are process-local; they use the shared memory's facade types all the same
+// (one set of atomics in this crate, `clippy.toml`).
+use crate::slotfile::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::{canonical_uuid, format_bytes, Config, Limit};

@@ -43,10 +43,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-/// The atomics of every shared layout (one place to substitute a model checker's).
-pub mod atomic {
-    pub use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
-}
+pub mod atomic;
 use atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Header `state`: being filled in by its creator.
