@@ -1,6 +1,6 @@
 //! One device ledger: a slot file (`crate::slotfile`: creation, validated join, slot locks with the
 //! fork guard, truncation containment), the arbitration lock, tenants and process slots, liveness.
-//! (About 550 lines in one file: every function here reads or repairs the same untrusted words of
+//! (About 850 lines in one file: every function here reads or repairs the same untrusted words of
 //! one mapping, and splitting them would only spread its private accessors.)
 
 use super::arbiter::{self, TenantView, Waiter};

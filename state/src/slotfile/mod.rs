@@ -24,9 +24,11 @@
 //! * **Truncation** by another process cannot kill the mapper (`fault.rs`); slow paths compare the
 //!   size with `fstat` ([`Writable::check_size`]) and repair before touching the mapping.
 //!
-//! Every atomic a layout uses comes from [`atomic`], the one facade to swap for a model checker.
+//! Every atomic a layout uses comes from [`atomic`], the one facade over atomics for shared memory
+//! (`clippy.toml` forbids the standard types elsewhere in the crate); its compare-and-swap loops are
+//! what the loom model (`tests/loom.rs`) checks.
 //!
-//! Why this file is long (about 800 lines): create, join, claim and reclaim are one protocol whose
+//! Why this file is long (about 1000 lines): create, join, claim and reclaim are one protocol whose
 //! orderings depend on each other, so they are read and reviewed together; the system calls
 //! (`sys.rs`), the SIGBUS containment (`fault.rs`) and the tests are apart.
 
