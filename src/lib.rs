@@ -1,25 +1,23 @@
 //! gpuslice: device-memory quotas and compute shares for unmodified CUDA programs, enforced by a
 //! library preloaded into them. See docs/ARCHITECTURE.md.
 
-pub mod config;
-pub mod ledger;
+// The shared state (the tools link it too): named here as the library's own modules.
+pub use gpuslice_state::{config, ledger, log, slotfile};
+
 pub mod scheduling;
-pub mod slotfile;
 
 pub mod process;
 
 pub mod accounting;
 pub mod driver;
 pub mod hooks;
-pub mod log;
 
 /// The layers, bottom first: a module uses only modules of lower layers (docs/ARCHITECTURE.md).
+/// Below them all, the shared-state crate (`log`, `slotfile`, `config`, `ledger`, the device
+/// ledger), which has its own.
 #[cfg(test)]
 const LAYERS: &[&[&str]] = &[
-    &["log"],
-    &["slotfile"],
-    &["config"],
-    &["ledger", "driver"],
+    &["driver"],
     &["process"],
     &["accounting", "scheduling"],
     &["hooks"],

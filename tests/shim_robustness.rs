@@ -675,7 +675,7 @@ fn broken_ledgers_fail_closed() {
     );
     assert_fails_closed(&sim, &p, &limit, &msg);
 
-    // Header: magic u64 at 0, layout version u32 at 8 (src/ledger/shm.rs).
+    // Header: magic u64 at 0, layout version u32 at 8 (state/src/ledger/shm.rs).
     let p = dir.join("version.ledger");
     let mut bytes = valid.clone();
     let version = gpuslice::ledger::LAYOUT_VERSION;

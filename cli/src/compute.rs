@@ -1,8 +1,8 @@
 //! The compute-share part of the command line: `gpuslice set --share/--limit/--priority` (live changes
 //! in the device ledgers) and the compute section of `gpuslice status`.
 
-use gpuslice::scheduling::device::{tenant_name, DeviceLedger, HISTORY_LEN};
-use gpuslice::scheduling::{device_dir, Holder, TenantId, MAX_TENANTS};
+use gpuslice_state::compute::device::{tenant_name, DeviceLedger, HISTORY_LEN};
+use gpuslice_state::compute::{device_dir, Holder, TenantId, MAX_TENANTS};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -48,7 +48,9 @@ pub(crate) struct ComputeChange<'a> {
 
 /// `gpuslice set [--tenant T] [--share P] [--limit P|none] [--priority high|normal] [--device GPU-..]`.
 pub(crate) fn set(c: ComputeChange) -> Result<i32, String> {
-    let tenant = c.tenant.unwrap_or_else(|| gpuslice::config::load().tenant);
+    let tenant = c
+        .tenant
+        .unwrap_or_else(|| gpuslice_state::config::load().tenant);
     let share = c.share.map(|v| percent("share", v)).transpose()?;
     let cap = match c.limit {
         Some("none") | Some("0") => Some(0),
@@ -219,7 +221,7 @@ pub(crate) fn health(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Hea
                 squatted_slots: 0,
                 free_slots: 0,
                 size: std::fs::symlink_metadata(&path).ok().map(|m| m.len()),
-                expected_size: gpuslice::scheduling::shm::TOTAL_SIZE as u64,
+                expected_size: gpuslice_state::compute::shm::TOTAL_SIZE as u64,
                 slot_denials: 0,
                 lock_takeovers: 0,
                 size_repairs: 0,

@@ -5,7 +5,7 @@
 //! the project's simulated driver, found beside the build (`target/simgpu/lib`) or by `GPUSLICE_SIMGPU`.
 
 use super::run::library_path;
-use gpuslice::config::format_bytes;
+use gpuslice_state::config::format_bytes;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

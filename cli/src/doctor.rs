@@ -8,8 +8,8 @@
 //! `libcuda.so.1` and `libnvidia-ml.so.1` as CUDA programs do and reports what the loader gave it.
 //! The configuration, quota file and ledger are checked here with the library's own parsers.
 
-use gpuslice::config::{self, format_bytes, Config};
-use gpuslice::ledger::Ledger;
+use gpuslice_state::config::{self, format_bytes, Config};
+use gpuslice_state::ledger::Ledger;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -206,7 +206,7 @@ fn device_dir_check(
             continue;
         }
         count += 1;
-        if let Err(e) = gpuslice::scheduling::device::DeviceLedger::open(&path, "", false) {
+        if let Err(e) = gpuslice_state::compute::device::DeviceLedger::open(&path, "", false) {
             problems.push(format!(
                 "{e}: compute shares would not be enforced on that GPU"
             ));
@@ -283,7 +283,7 @@ fn driver_memory_check(ledger: &std::path::Path) -> (String, Option<String>) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let pass = gpuslice::ledger::Ledger::open_readonly(ledger)
+    let pass = gpuslice_state::ledger::Ledger::open_readonly(ledger)
         .ok()
         .and_then(|l| l.snapshot().node_ms);
     match pass {
@@ -434,7 +434,7 @@ pub fn doctor() -> Result<i32, String> {
     let compute_configured = cfg.compute_share.is_set()
         || cfg.compute_limit.is_set()
         || cfg.priority != config::Setting::Unset;
-    let dir = gpuslice::scheduling::device_dir();
+    let dir = gpuslice_state::compute::device_dir();
     let (device_state, device_problems) =
         device_dir_check(&dir, compute_configured, cfg.policy.is_some());
     problems.extend(device_problems);

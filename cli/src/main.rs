@@ -90,18 +90,18 @@ impl LedgerArgs {
             // The tenant's default ledger, as the library would choose it for a program run with
             // GPUSLICE_TENANT=NAME (and no GPUSLICE_LEDGER).
             Some(t) => {
-                let mut cfg = gpuslice::config::load_from(
+                let mut cfg = gpuslice_state::config::load_from(
                     &|name| match name {
                         "GPUSLICE_TENANT" => Some(t.clone()),
                         "GPUSLICE_LEDGER" => None,
                         _ => std::env::var(name).ok(),
                     },
-                    std::path::Path::new(gpuslice::config::DEFAULT_QUOTA_FILE),
+                    std::path::Path::new(gpuslice_state::config::DEFAULT_QUOTA_FILE),
                 );
                 cfg.place_default_ledger();
                 cfg.ledger_path
             }
-            None => gpuslice::config::load().ledger_path,
+            None => gpuslice_state::config::load().ledger_path,
         }
     }
 }

@@ -64,7 +64,7 @@ pub(crate) struct RunArgs {
 /// the program would join (the library's own choice of path, from the same settings) exists with a
 /// limit above what `--memory` asks for on any device.
 fn refuse_larger_ledger(a: &RunArgs, memory: &str) -> Result<(), String> {
-    use gpuslice::config::{format_bytes, Setting};
+    use gpuslice_state::config::{format_bytes, Setting};
     let env = |name: &str| -> Option<String> {
         match name {
             "GPUSLICE_MEMORY_LIMIT" => Some(memory.to_string()),
@@ -75,20 +75,20 @@ fn refuse_larger_ledger(a: &RunArgs, memory: &str) -> Result<(), String> {
             _ => std::env::var(name).ok(),
         }
     };
-    let cfg = gpuslice::config::load_from(
+    let cfg = gpuslice_state::config::load_from(
         &env,
-        std::path::Path::new(gpuslice::config::DEFAULT_QUOTA_FILE),
+        std::path::Path::new(gpuslice_state::config::DEFAULT_QUOTA_FILE),
     );
     if cfg.policy.is_some() {
         // A node tenant: the node's policy rules, and the library says so itself.
         return Ok(());
     }
-    let Ok(ledger) = gpuslice::ledger::Ledger::open_readonly(&cfg.ledger_path) else {
+    let Ok(ledger) = gpuslice_state::ledger::Ledger::open_readonly(&cfg.ledger_path) else {
         return Ok(());
     };
     let snap = ledger.snapshot();
     let shown = |l: u64| {
-        if l == gpuslice::ledger::UNLIMITED {
+        if l == gpuslice_state::ledger::UNLIMITED {
             "no limit".to_string()
         } else {
             format_bytes(l)
@@ -139,7 +139,7 @@ pub(crate) fn run(a: RunArgs) -> Result<i32, String> {
     cmd.args(program_args);
     if let Some(m) = &a.memory {
         // The library's own parser judges the value, so `run` accepts exactly what a program would.
-        let cfg = gpuslice::config::load_from(
+        let cfg = gpuslice_state::config::load_from(
             &|name| (name == "GPUSLICE_MEMORY_LIMIT").then(|| m.clone()),
             std::path::Path::new("/nonexistent"),
         );

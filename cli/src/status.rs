@@ -4,8 +4,8 @@
 
 use super::compute::{self, ComputeRow};
 use super::LedgerArgs;
-use gpuslice::config::{format_bytes, parse_size, Units};
-use gpuslice::ledger::{Ledger, ProcessSnapshot, Snapshot, UNLIMITED};
+use gpuslice_state::config::{format_bytes, parse_size, Units};
+use gpuslice_state::ledger::{Ledger, ProcessSnapshot, Snapshot, UNLIMITED};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -256,9 +256,9 @@ struct UnmanagedDocument {
 
 fn driver_memory(how: u32) -> &'static str {
     match how {
-        gpuslice::ledger::RECONCILED_OWN => "own",
-        gpuslice::ledger::RECONCILED_NODE => "node",
-        gpuslice::ledger::RECONCILED_ESTIMATED => "estimated",
+        gpuslice_state::ledger::RECONCILED_OWN => "own",
+        gpuslice_state::ledger::RECONCILED_NODE => "node",
+        gpuslice_state::ledger::RECONCILED_ESTIMATED => "estimated",
         _ => "unknown",
     }
 }
@@ -510,11 +510,11 @@ fn table(s: &Snapshot) -> String {
     }
     for p in s.processes.iter().filter(|p| p.alive) {
         let how = match (p.reconciled, p.node) {
-            (gpuslice::ledger::RECONCILED_NODE, Some((host, _))) => {
+            (gpuslice_state::ledger::RECONCILED_NODE, Some((host, _))) => {
                 format!("reconciled by the node (the driver lists it as PID {host})")
             }
-            (gpuslice::ledger::RECONCILED_NODE, None) => "reconciled by the node".into(),
-            (gpuslice::ledger::RECONCILED_ESTIMATED, _) => {
+            (gpuslice_state::ledger::RECONCILED_NODE, None) => "reconciled by the node".into(),
+            (gpuslice_state::ledger::RECONCILED_ESTIMATED, _) => {
                 "estimated, not reconciled (another PID namespace, and no node's word: run `gpuslice node reconcile` on the node)".into()
             }
             _ => continue,

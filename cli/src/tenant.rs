@@ -2,10 +2,10 @@
 //! side (crate `gpuslice-node`). docs/KUBERNETES.md describes the layout and who may write what.
 
 use clap::{Args, Subcommand};
-use gpuslice::config::{format_bytes, parse_size, Units};
 use gpuslice_node::cdi;
 use gpuslice_node::policy::{Created, Layout, Priority, DEFAULT_STATE_DIR};
 use gpuslice_node::tenant::{self, Node, Request};
+use gpuslice_state::config::{format_bytes, parse_size, Units};
 use std::path::{Path, PathBuf};
 
 /// The node's directories.
@@ -388,7 +388,7 @@ pub(crate) fn device_plugin(a: DevicePluginArgs) -> Result<i32, String> {
     require_root("device-plugin")?;
     let slicing = match (&a.slice_memory, a.slices) {
         (Some(text), _) => Slicing::Memory(
-            gpuslice::config::parse_size(text, gpuslice::config::Units::Gpuslice)
+            gpuslice_state::config::parse_size(text, gpuslice_state::config::Units::Gpuslice)
                 .map_err(|e| format!("--slice-memory {text}: {e}"))?,
         ),
         (None, n) => Slicing::Count(n.unwrap_or(10)),

@@ -15,7 +15,7 @@
 use crate::files::write_atomically;
 use crate::policy::Policy;
 use crate::tenant::{Node, DEVICE_GID};
-use gpuslice::config::policy::{CONTAINER_DEVICE_DIR, POLICY_DIR, POLICY_FILE};
+use gpuslice_state::config::policy::{CONTAINER_DEVICE_DIR, POLICY_DIR, POLICY_FILE};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -148,7 +148,7 @@ fn node_edits(node: &Node, gpus: &[String]) -> Edits {
             true,
         ));
         // Its per-tenant counters, where the node made them (a bind mount needs the file).
-        let tally = gpuslice::scheduling::device::tally_path_for(&ledger);
+        let tally = gpuslice_state::compute::device::tally_path_for(&ledger);
         if tally.is_file() {
             edits.mounts.push(mount(
                 &tally,
@@ -171,7 +171,9 @@ fn device_ledgers(node: &Node) -> Vec<String> {
                 .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
                 .filter_map(|e| e.file_name().into_string().ok())
                 .filter_map(|n| n.strip_suffix(".dev").map(str::to_string))
-                .filter(|u| gpuslice::config::canonical_uuid(u).as_deref() == Some(u.as_str()))
+                .filter(|u| {
+                    gpuslice_state::config::canonical_uuid(u).as_deref() == Some(u.as_str())
+                })
                 .collect()
         })
         .unwrap_or_default();

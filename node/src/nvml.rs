@@ -121,7 +121,7 @@ pub fn gpus() -> Result<Vec<Gpu>, String> {
                 Gpu {
                     index: i,
                     mig,
-                    uuid: gpuslice::config::canonical_uuid(&u).unwrap_or(u),
+                    uuid: gpuslice_state::config::canonical_uuid(&u).unwrap_or(u),
                     name: text(&gname),
                     memory: m.total,
                     healthy: mem_ok && m.total > 0,

@@ -531,7 +531,7 @@ impl Plugin {
         }
         info!(
             "tenant {name} created: {} of GPU {} ({} slice(s): {}, share {})",
-            gpuslice::config::format_bytes(req.memory),
+            gpuslice_state::config::format_bytes(req.memory),
             uuid,
             k,
             wanted.join(" "),
@@ -1182,7 +1182,7 @@ pub async fn run(cfg: Config) -> Result<(), String> {
         if m < TWO_MIB {
             return Err(format!(
                 "--slice-memory {}: expected at least 2MiB",
-                gpuslice::config::format_bytes(m)
+                gpuslice_state::config::format_bytes(m)
             ));
         }
     }
@@ -1200,7 +1200,7 @@ pub async fn run(cfg: Config) -> Result<(), String> {
                 "GPU {} {} ({}) is smaller than one slice: not offered",
                 g.index,
                 g.uuid,
-                gpuslice::config::format_bytes(g.memory)
+                gpuslice_state::config::format_bytes(g.memory)
             );
             continue;
         }
@@ -1228,7 +1228,7 @@ pub async fn run(cfg: Config) -> Result<(), String> {
         Slicing::Count(n) => format!("1/{n} of its GPU"),
         Slicing::Memory(m) => format!(
             "{} on every GPU, compute share proportional",
-            gpuslice::config::format_bytes(m)
+            gpuslice_state::config::format_bytes(m)
         ),
     };
     info!(
@@ -1242,7 +1242,7 @@ pub async fn run(cfg: Config) -> Result<(), String> {
                 "{} {} ({}, {} slices)",
                 o.gpu.index,
                 o.gpu.uuid,
-                gpuslice::config::format_bytes(o.gpu.memory),
+                gpuslice_state::config::format_bytes(o.gpu.memory),
                 o.slices
             ))
             .collect::<Vec<_>>()

@@ -1,9 +1,9 @@
 //! The node's side of a tenant's policy: writing it. The type, its syntax, its reader and the
-//! state directory's layout are the library's ([`gpuslice::config::policy`]), so the node, the
+//! state directory's layout are the library's ([`gpuslice_state::config::policy`]), so the node, the
 //! preloaded library and the exporter read one definition of the file.
 
-pub use gpuslice::config::policy::{Created, Kubernetes, Layout, Policy, DEFAULT_STATE_DIR};
-pub use gpuslice::config::Priority;
+pub use gpuslice_state::config::policy::{Created, Kubernetes, Layout, Policy, DEFAULT_STATE_DIR};
+pub use gpuslice_state::config::Priority;
 use std::path::Path;
 
 /// Writes a policy atomically (temporary file + rename), root-readable by all (0644). The text is
@@ -93,7 +93,7 @@ mod tests {
             Some("trainer-0 \"quoted\" \\")
         );
         assert_eq!(generic["gpus"].as_array().map(Vec::len), Some(2));
-        let lib = gpuslice::config::policy::read(&path, false).unwrap();
+        let lib = gpuslice_state::config::policy::read(&path, false).unwrap();
         assert_eq!(lib.policy, policy);
         assert_eq!(lib.ledger_path(), layout.ledger_path("t1"));
         assert_eq!(lib.device_dir, layout.devices_dir());

@@ -15,9 +15,9 @@
 //! exporter finds them (plain files, no links, owned as they must be) and opened without following
 //! a link.
 
-use gpuslice::ledger::{Ledger, MAX_DEVICES, MAX_SLOTS, NODE_NOT_LISTED};
 use gpuslice_observe::procs::{self, Descriptors, GpuProcess, Unmanaged};
 use gpuslice_observe::Sources;
+use gpuslice_state::ledger::{Ledger, MAX_DEVICES, MAX_SLOTS, NODE_NOT_LISTED};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -201,8 +201,10 @@ pub fn run(opts: &Options, interval: Duration, once: bool) -> Result<(), String>
                             "process {} ({}) uses {} on {} under no tenant",
                             u.pid,
                             u.command,
-                            u.used
-                                .map_or("an unknown amount".into(), gpuslice::config::format_bytes),
+                            u.used.map_or(
+                                "an unknown amount".into(),
+                                gpuslice_state::config::format_bytes
+                            ),
                             u.uuid
                         );
                     }

@@ -24,9 +24,9 @@ use crate::cdi;
 use crate::files::Dir;
 use crate::nvml::Gpu;
 use crate::policy::{self, Layout, Policy, Priority};
-use gpuslice::ledger::{Ledger, LedgerOptions};
-use gpuslice::scheduling::device::DeviceLedger;
-use gpuslice::scheduling::TenantId;
+use gpuslice_state::compute::device::DeviceLedger;
+use gpuslice_state::compute::TenantId;
+use gpuslice_state::ledger::{Ledger, LedgerOptions};
 use serde::Serialize;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -103,7 +103,7 @@ pub fn resolve_gpus<'a>(wanted: &[String], gpus: &'a [Gpu]) -> Result<Vec<&'a Gp
     let mut out: Vec<&Gpu> = Vec::new();
     for w in wanted {
         // An NVML index (`0`, or `0:1` for MIG device 1 of GPU 0), or a `GPU-`/`MIG-` UUID.
-        let found = match gpuslice::config::canonical_uuid(w) {
+        let found = match gpuslice_state::config::canonical_uuid(w) {
             Some(u) => gpus.iter().find(|g| g.uuid == u),
             None => gpus.iter().find(|g| g.index_name() == w.trim()),
         };
@@ -158,7 +158,7 @@ fn device_ledger(layout: &Layout, devices: &Dir, uuid: &str) -> Result<DeviceLed
     devices.fix_file(&format!("{uuid}.dev"), 0, DEVICE_GID, 0o660)?;
     // Its per-tenant counters, created with it (none where the file could not be made: arbitration
     // works without them).
-    if gpuslice::scheduling::device::tally_path_for(&path).is_file() {
+    if gpuslice_state::compute::device::tally_path_for(&path).is_file() {
         devices.fix_file(&format!("{uuid}.tally"), 0, DEVICE_GID, 0o660)?;
     }
     Ok(l)
@@ -169,7 +169,7 @@ fn device_ledger(layout: &Layout, devices: &Dir, uuid: &str) -> Result<DeviceLed
 /// measure (docs/MEMORY.md), so that the tenants of the GPU measure one at a time; they cannot
 /// create files in the device directory, and need only read it.
 fn measure_lock(devices: &Dir, uuid: &str) -> Result<(), String> {
-    let name = gpuslice::config::paths::measure_lock(Path::new(""), uuid);
+    let name = gpuslice_state::config::paths::measure_lock(Path::new(""), uuid);
     let name = name.to_string_lossy();
     devices.create_file(&name, 0, DEVICE_GID, 0o640).map(drop)
 }
@@ -250,7 +250,7 @@ fn device_uuids(devices: &Dir) -> Vec<String> {
                 .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
         })
         .filter_map(|n| n.strip_suffix(".dev").map(str::to_string))
-        .filter(|u| gpuslice::config::canonical_uuid(u).as_deref() == Some(u.as_str()))
+        .filter(|u| gpuslice_state::config::canonical_uuid(u).as_deref() == Some(u.as_str()))
         .collect();
     out.sort();
     out
@@ -273,7 +273,7 @@ fn publish_with(
     devices: &Dir,
     pending: Option<(&Policy, TenantId)>,
 ) -> Result<(), String> {
-    use gpuslice::scheduling::policy::{self as compute, Record};
+    use gpuslice_state::compute::policy::{self as compute, Record};
     let mut tenants = Vec::new();
     for name in layout.tenant_names().unwrap_or_default() {
         let Ok(p) = Policy::read(&layout.policy_path(&name)) else {
@@ -527,7 +527,7 @@ pub fn reclaim_space(layout: &Layout, dirs: &StateDirs) -> Vec<String> {
             cut(
                 &d,
                 &format!("{name}.ledger"),
-                size_of::<gpuslice::ledger::Layout>(),
+                size_of::<gpuslice_state::ledger::Layout>(),
             );
         }
     }
@@ -535,7 +535,7 @@ pub fn reclaim_space(layout: &Layout, dirs: &StateDirs) -> Vec<String> {
         cut(
             &dirs.devices,
             &format!("{uuid}.dev"),
-            gpuslice::scheduling::shm::TOTAL_SIZE,
+            gpuslice_state::compute::shm::TOTAL_SIZE,
         );
     }
     done
@@ -594,10 +594,10 @@ pub fn create_with(
         if req.memory > g.memory {
             return Err(format!(
                 "--memory {}: larger than GPU {} {} ({})",
-                gpuslice::config::format_bytes(req.memory),
+                gpuslice_state::config::format_bytes(req.memory),
                 g.index_name(),
                 g.uuid,
-                gpuslice::config::format_bytes(g.memory)
+                gpuslice_state::config::format_bytes(g.memory)
             ));
         }
     }
@@ -615,17 +615,17 @@ pub fn create_with(
     }
     for g in &selected {
         let (n, memory, shares) = promised(layout, &g.uuid);
-        if n >= gpuslice::scheduling::MAX_TENANTS {
+        if n >= gpuslice_state::compute::MAX_TENANTS {
             return Err(format!(
                 "tenant {:?} not created: GPU {} {} already has {n} tenants, the most one GPU's \
                  device ledger holds ({}); delete one first",
                 req.name,
                 g.index,
                 g.uuid,
-                gpuslice::scheduling::MAX_TENANTS
+                gpuslice_state::compute::MAX_TENANTS
             ));
         }
-        let fmt = gpuslice::config::format_bytes;
+        let fmt = gpuslice_state::config::format_bytes;
         if !overcommit && memory.saturating_add(req.memory) > g.memory {
             return Err(format!(
                 "tenant {:?} not created: --memory {} on GPU {} {} would promise {} of its {} \
@@ -670,14 +670,19 @@ pub fn create_with(
         policy::write_in(&tmp_dir, &policy)?;
         let opts = LedgerOptions {
             tenant: req.name.clone(),
-            default_limit: gpuslice::config::Limit::Bytes(if policy.gpus.is_empty() {
+            default_limit: gpuslice_state::config::Limit::Bytes(if policy.gpus.is_empty() {
                 req.memory
             } else {
                 0
             }),
             devices: selected
                 .iter()
-                .map(|g| (g.uuid.clone(), gpuslice::config::Limit::Bytes(req.memory)))
+                .map(|g| {
+                    (
+                        g.uuid.clone(),
+                        gpuslice_state::config::Limit::Bytes(req.memory),
+                    )
+                })
                 .collect(),
             group: Some(gid.to_string()),
         };

@@ -318,7 +318,7 @@ fn device_plugin_against_a_kubelet_stand_in() {
         });
         // Its ledger slot is taken once the workload has allocated.
         wait_until("the holder's allocation", Duration::from_secs(30), || {
-            gpuslice::ledger::Ledger::open_readonly(
+            gpuslice_state::ledger::Ledger::open_readonly(
                 &scene_ref
                     .state
                     .join(format!("tenants/{tenant}/{tenant}.ledger")),
@@ -720,7 +720,7 @@ fn hostile_files_and_requests() {
     let ledger = scene
         .state
         .join(format!("tenants/{tenant}/{tenant}.ledger"));
-    let first_id = gpuslice::ledger::Ledger::open_readonly(&ledger)
+    let first_id = gpuslice_state::ledger::Ledger::open_readonly(&ledger)
         .unwrap()
         .id()
         .unwrap();
@@ -736,7 +736,7 @@ fn hostile_files_and_requests() {
     let next_ledger = scene
         .state
         .join(format!("tenants/{next_tenant}/{next_tenant}.ledger"));
-    let next_id = gpuslice::ledger::Ledger::open_readonly(&next_ledger)
+    let next_id = gpuslice_state::ledger::Ledger::open_readonly(&next_ledger)
         .expect("the next pod's tenant has a ledger of its own")
         .id()
         .unwrap();
@@ -998,7 +998,7 @@ fn gpu_also_allocated_through_nvidia() {
 /// what the late creation made is removed once the lock is free, and the next Allocate works.
 #[test]
 fn allocate_answers_while_a_tenant_holds_the_arbitration_lock() {
-    use gpuslice::scheduling::device::{now_ns, DeviceLedger};
+    use gpuslice_state::compute::device::{now_ns, DeviceLedger};
     use std::sync::atomic::{AtomicBool, Ordering};
     let scene = Scene::new("locked", &[("SIMGPU_MEMORY", "16GiB")]);
     let kubelet = scene.dir.join("kubelet");

@@ -14,7 +14,7 @@
 
 mod support;
 
-use gpuslice::scheduling::shm::{Header, Layout, SlotEntry, MAX_SLOTS};
+use gpuslice_state::compute::shm::{Header, Layout, SlotEntry, MAX_SLOTS};
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};

@@ -137,7 +137,7 @@ fn full_or_read_only_state_directory() {
     std::fs::create_dir_all(&mnt).unwrap();
     // Room for the tenant's policy (a page) and its ledger, and one page more: not for the device
     // ledger (5 pages). Taken from the ledger's layout, which grows with it.
-    let ledger_pages = std::mem::size_of::<gpuslice::ledger::Layout>().div_ceil(4096);
+    let ledger_pages = std::mem::size_of::<gpuslice_state::ledger::Layout>().div_ceil(4096);
     let device_case_kib = (ledger_pages + 2) * 4;
     // `case NAME`: what the tmpfs holds before and after one `tenant create`, and its exit status.
     let script = format!(

@@ -10,8 +10,8 @@
 
 mod support;
 
-use gpuslice::scheduling::device::DeviceLedger;
-use gpuslice::scheduling::shm::{Layout, TenantEntry};
+use gpuslice_state::compute::device::DeviceLedger;
+use gpuslice_state::compute::shm::{Layout, TenantEntry};
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use support::*;

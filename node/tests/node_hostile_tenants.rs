@@ -423,7 +423,7 @@ fn a_killed_tenant_create_leaves_nothing_half_done() {
         }
     }
     let uuid = uuid_of(&scene);
-    let l = gpuslice::scheduling::device::DeviceLedger::open_readonly(
+    let l = gpuslice_state::compute::device::DeviceLedger::open_readonly(
         &scene.state.join("devices").join(format!("{uuid}.dev")),
     )
     .unwrap();
@@ -480,7 +480,7 @@ fn creation_refuses_what_a_gpu_cannot_keep() {
         .assert_success();
     scene.gpuslice(&["tenant", "delete", "a"]).assert_success();
     scene.gpuslice(&["tenant", "delete", "b"]).assert_success();
-    let max = gpuslice::scheduling::MAX_TENANTS;
+    let max = gpuslice_state::compute::MAX_TENANTS;
     for i in 0..max {
         scene
             .gpuslice(&[
@@ -518,7 +518,7 @@ fn another_tenant_cannot_make_a_stale_tenant_look_alive() {
         .assert_success();
     let uuid = uuid_of(&scene);
     let path = scene.state.join("devices").join(format!("{uuid}.dev"));
-    let l = gpuslice::scheduling::device::DeviceLedger::open(&path, &uuid, false).unwrap();
+    let l = gpuslice_state::compute::device::DeviceLedger::open(&path, &uuid, false).unwrap();
     let t = l.find_tenant("gone").expect("its entry");
     // A live slot (its lock held by this process) naming the stale tenant.
     let _slot = l.claim_slot(t).expect("a slot");
@@ -583,13 +583,13 @@ fn a_tenant_cannot_keep_the_state_filesystem_full() {
 fn run_refuses_a_ledger_with_a_larger_limit() {
     let scene = Scene::new("runjoin", &[("SIMGPU_MEMORY", "16GiB")]);
     let path = scene.dir.join("big.ledger");
-    let opts = gpuslice::ledger::LedgerOptions {
+    let opts = gpuslice_state::ledger::LedgerOptions {
         tenant: "big".into(),
-        default_limit: gpuslice::config::Limit::Bytes(8 * GIB),
+        default_limit: gpuslice_state::config::Limit::Bytes(8 * GIB),
         devices: Vec::new(),
         group: None,
     };
-    let _l = gpuslice::ledger::Ledger::open(&path, &opts).unwrap();
+    let _l = gpuslice_state::ledger::Ledger::open(&path, &opts).unwrap();
     let r = run(scene
         .command(gpuslice_bin())
         .args(["run", "--memory", "1GiB", "--ledger"])

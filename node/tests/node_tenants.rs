@@ -124,13 +124,14 @@ fn two_uids_share_a_gpu_under_node_policies() {
     // policy bounds it. (Done here through the library's own API, which is what such a write is.)
     let t1_ledger = scene.state.join("tenants/t1/t1.ledger");
     let denied = |ledger: &Path| -> u64 {
-        let l = gpuslice::ledger::Ledger::open_readonly(ledger).unwrap();
+        let l = gpuslice_state::ledger::Ledger::open_readonly(ledger).unwrap();
         l.snapshot().devices.iter().map(|d| d.denied).sum()
     };
     {
-        let l = gpuslice::ledger::Ledger::open_existing(&t1_ledger).unwrap();
+        let l = gpuslice_state::ledger::Ledger::open_existing(&t1_ledger).unwrap();
         for d in l.snapshot().devices {
-            l.set_limit(d.index, gpuslice::ledger::UNLIMITED).unwrap();
+            l.set_limit(d.index, gpuslice_state::ledger::UNLIMITED)
+                .unwrap();
         }
     }
     let denied_before = denied(&t1_ledger);

@@ -7,11 +7,11 @@
 //! usage: cargo run --release -p gpuslice-observe --example scrape_bench -- [TENANTS GPUS SCRAPES]
 //!        (defaults 50 4 200)
 
-use gpuslice::config::Limit;
-use gpuslice::ledger::{Ledger, LedgerOptions};
-use gpuslice::scheduling::device::DeviceLedger;
 use gpuslice_observe::exporter::Exporter;
 use gpuslice_observe::Sources;
+use gpuslice_state::compute::device::DeviceLedger;
+use gpuslice_state::config::Limit;
+use gpuslice_state::ledger::{Ledger, LedgerOptions};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,7 @@ fn main() {
     }
     for u in &uuids {
         let l = DeviceLedger::open(
-            &gpuslice::scheduling::device::path_for(&dir.join("devices"), u),
+            &gpuslice_state::compute::device::path_for(&dir.join("devices"), u),
             u,
             true,
         )
@@ -56,7 +56,7 @@ fn main() {
         for t in 0..tenants.min(32) {
             l.find_or_add_tenant(
                 &g,
-                gpuslice::scheduling::TenantId(t as u128 + 1),
+                gpuslice_state::compute::TenantId(t as u128 + 1),
                 &format!("tenant-{t:03}"),
                 100 / tenants.min(32) as u32 + 1,
                 0,

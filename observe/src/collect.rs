@@ -10,11 +10,11 @@
 //! Ledgers are published whole (created under a hidden temporary name, then linked), so a ledger
 //! being created is either not listed yet or complete; hidden files are never read.
 
-use gpuslice::config::policy::{Kubernetes, Layout, Policy};
-use gpuslice::ledger::{Ledger, UNLIMITED};
-use gpuslice::scheduling::device::{tenant_name, DeviceLedger, HISTORY_LEN};
-use gpuslice::scheduling::shm::SLOT_ACTIVE;
-use gpuslice::scheduling::{Holder, MAX_TENANTS};
+use gpuslice_state::compute::device::{tenant_name, DeviceLedger, HISTORY_LEN};
+use gpuslice_state::compute::shm::SLOT_ACTIVE;
+use gpuslice_state::compute::{Holder, MAX_TENANTS};
+use gpuslice_state::config::policy::{Kubernetes, Layout, Policy};
+use gpuslice_state::ledger::{Ledger, UNLIMITED};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::os::unix::fs::MetadataExt;
@@ -46,7 +46,7 @@ impl Sources {
             std::env::var_os("GPUSLICE_LEDGER_DIR")
                 .filter(|d| d.as_encoded_bytes().first() == Some(&b'/'))
                 .map_or_else(
-                    || PathBuf::from(gpuslice::config::DEFAULT_LEDGER_DIR),
+                    || PathBuf::from(gpuslice_state::config::DEFAULT_LEDGER_DIR),
                     PathBuf::from,
                 )
         });
@@ -339,7 +339,7 @@ fn read_tenant(
             });
             (name, Ok(memory))
         }
-        Err(gpuslice::ledger::LedgerError::Io { err, .. })
+        Err(gpuslice_state::ledger::LedgerError::Io { err, .. })
             if err.kind() == io::ErrorKind::NotFound =>
         {
             return None
@@ -405,11 +405,11 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    use gpuslice::scheduling::device::DeviceLedgerError;
+    use gpuslice_state::compute::device::DeviceLedgerError;
     let l = match DeviceLedger::open_readonly(path) {
         Ok(l) => l,
         Err(DeviceLedgerError::Io(_, _, e)) if e.kind() == io::ErrorKind::NotFound => return None,
-        Err(DeviceLedgerError::File(gpuslice::ledger::LedgerError::Io { err, .. }))
+        Err(DeviceLedgerError::File(gpuslice_state::ledger::LedgerError::Io { err, .. }))
             if err.kind() == io::ErrorKind::NotFound =>
         {
             return None
@@ -493,8 +493,8 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
 mod tests {
     use super::*;
     use crate::gpus::GpuIndex;
-    use gpuslice::config::Limit;
-    use gpuslice::ledger::LedgerOptions;
+    use gpuslice_state::config::Limit;
+    use gpuslice_state::ledger::LedgerOptions;
 
     fn scratch(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("gpuslice-observe-{tag}-{}", std::process::id()));

@@ -4,7 +4,7 @@
 
 use crate::collect::{DeviceReading, Reading, TenantReading};
 use crate::gpus::GpuIndex;
-use gpuslice::config::policy::Kubernetes;
+use gpuslice_state::config::policy::Kubernetes;
 use prometheus::core::Collector;
 use prometheus::{
     CounterVec, Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -269,7 +269,7 @@ pub fn encode(reading: &Reading, gpus: &mut GpuIndex) -> String {
     f.build
         .with_label_values(&[
             env!("CARGO_PKG_VERSION"),
-            &gpuslice::ledger::LAYOUT_VERSION.to_string(),
+            &gpuslice_state::ledger::LAYOUT_VERSION.to_string(),
         ])
         .set(1);
     for t in &reading.tenants {

@@ -108,7 +108,7 @@ pub fn gpu_processes() -> Result<Vec<GpuProcess>, String> {
             }
             buf[UUID_BUFFER - 1] = 0;
             let text = CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
-            let uuid = gpuslice::config::canonical_uuid(&text).unwrap_or(text);
+            let uuid = gpuslice_state::config::canonical_uuid(&text).unwrap_or(text);
             let mut capacity: c_uint = 64;
             for _ in 0..4 {
                 let mut infos = vec![ProcessInfo::default(); capacity as usize];
@@ -180,7 +180,7 @@ pub fn slot_locks(proc_root: &Path, pid: u32) -> Descriptors {
         let slots: Vec<usize> = text
             .lines()
             .filter_map(parse_lock_line)
-            .filter_map(gpuslice::ledger::slot_of_lock_offset)
+            .filter_map(gpuslice_state::ledger::slot_of_lock_offset)
             .collect();
         if slots.is_empty() {
             continue;
@@ -433,8 +433,8 @@ mod tests {
     /// This process's own OFD lock on a ledger slot is found through its /proc entry.
     #[test]
     fn a_slot_lock_is_found_in_fdinfo() {
-        use gpuslice::config::Limit;
-        use gpuslice::ledger::{Ledger, LedgerOptions};
+        use gpuslice_state::config::Limit;
+        use gpuslice_state::ledger::{Ledger, LedgerOptions};
         let dir = std::env::temp_dir().join(format!("observe-slotlock-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

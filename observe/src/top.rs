@@ -5,7 +5,7 @@
 
 use crate::collect::{Reading, Sources};
 use crate::gpus::GpuIndex;
-use gpuslice::config::format_bytes;
+use gpuslice_state::config::format_bytes;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};

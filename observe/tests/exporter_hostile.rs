@@ -181,20 +181,20 @@ fn running_out_of_descriptors_never_ends_the_accept_loop() {
 #[test]
 fn hard_links_and_links_of_ledgers_are_not_tenants() {
     let d = scratch("links");
-    let opts = gpuslice::ledger::LedgerOptions {
+    let opts = gpuslice_state::ledger::LedgerOptions {
         tenant: "hl".into(),
-        default_limit: gpuslice::config::Limit::Bytes(1 << 30),
+        default_limit: gpuslice_state::config::Limit::Bytes(1 << 30),
         devices: vec![(
             "GPU-11111111-2222-3333-4444-555555555555".into(),
-            gpuslice::config::Limit::Bytes(1 << 30),
+            gpuslice_state::config::Limit::Bytes(1 << 30),
         )],
         group: None,
     };
     let path = d.join("ledgers/hl.ledger");
-    let _l = gpuslice::ledger::Ledger::open(&path, &opts).unwrap();
+    let _l = gpuslice_state::ledger::Ledger::open(&path, &opts).unwrap();
     let elsewhere = d.join("elsewhere");
     std::fs::create_dir_all(&elsewhere).unwrap();
-    let _l2 = gpuslice::ledger::Ledger::open(&elsewhere.join("x.ledger"), &opts).unwrap();
+    let _l2 = gpuslice_state::ledger::Ledger::open(&elsewhere.join("x.ledger"), &opts).unwrap();
     let e = sources(&d).read();
     assert_eq!(e.tenants.len(), 1);
     for i in 0..200 {

@@ -981,7 +981,7 @@ def shares_probe(r, shares):
     )
 
 
-SHARES_WHERE = "src/scheduling/arbiter.rs, src/scheduling/gate.rs, docs/COMPUTE.md"
+SHARES_WHERE = "state/src/compute/arbiter.rs, src/scheduling/gate.rs, docs/COMPUTE.md"
 
 
 @probe("shares_30_70", "compute shares 30/70 (two tenants spinning 1 ms kernels)", "each tenant gets its share of GPU time under contention (within 10 points)", SHARES_WHERE, timeout=60)
@@ -1068,7 +1068,7 @@ def p_torch_graph(r):
     "a high-priority tenant's p99 request latency beside a saturating normal tenant, against alone",
     "a high-priority tenant waits at most about one time slice beyond its own work: p99 beside a "
     "saturating tenant at most alone's p99 + 5 ms",
-    "src/scheduling/arbiter.rs (priority), docs/COMPUTE.md",
+    "state/src/compute/arbiter.rs (priority), docs/COMPUTE.md",
     timeout=90,
 )
 def p_priority(r):

@@ -4,46 +4,37 @@
 //! * [`arbiter`]: the pure logic (virtual time, token bucket, choice of the next owner), unit-tested;
 //!   [`demand`]: who wants the device (contention from demand, not presence), unit-tested;
 //!   [`meter`]: what an ownership is charged (work still running included), unit-tested.
-//! * [`device`]: the shared file (layout and encodings in `shm.rs`), its arbitration lock, tenants,
-//!   slots, liveness. Every word read from it is untrusted.
+//! * [`device`]: the shared file (layout and encodings in [`shm`]), its arbitration lock, tenants,
+//!   slots, liveness; with [`arbiter`] and [`policy`], in the shared-state crate
+//!   (`gpuslice_state::compute`), re-exported here. Every word read from it is untrusted.
 //! * The process's side: [`runtime`] (the devices the process may take part on, one participation
 //!   per device it launches on, its fork and exit steps; configuration and identity come from the
 //!   process runtime, `crate::process`), `gate` (a launch waits for its device's
 //!   ownership), `owner` (the scheduler thread that ends slices and hands the device over), `events`
 //!   (device time measured with events, the charge). `cu`: the driver calls, through the driver layer.
 
-pub mod arbiter;
 mod cu;
 pub mod demand;
-pub mod device;
 mod events;
 mod flow;
 mod gate;
-#[cfg(test)]
-mod hostile_tests;
-mod lock;
 pub mod meter;
 mod owner;
-pub mod policy;
 pub mod runtime;
-pub mod shm;
 pub mod turn;
 
-pub use shm::{Holder, PriorityClass, TenantId, MAX_SLOTS, MAX_TENANTS};
+// The device ledger, its layout, arbitration lock and policy overlay live in the shared-state crate
+// (the tools use them too); they are named here as before.
+pub use gpuslice_state::compute::{
+    arbiter, device, device_dir, incident, policy, shm, Holder, Incident, PriorityClass, TenantId,
+    MAX_SLOTS, MAX_TENANTS,
+};
 
 use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
 use gpuslice_api::CUresult;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::Ordering::*;
 
 pub use crate::config::DEFAULT_DEVICE_DIR;
-
-/// The directory of the device ledgers, from the configuration (`config::Config::device_dir`: the
-/// node policy's, else `GPUSLICE_DEVICE_DIR`, else `devices/` in `GPUSLICE_LEDGER_DIR`, else the
-/// default). For tools: the library reads it from the process runtime.
-pub fn device_dir() -> PathBuf {
-    crate::config::load().device_dir
-}
 
 /// Whether a launch may go straight to the driver: nothing this process launches on is contended
 /// (or it takes no part in compute sharing). The launch hooks' fast path: one atomic load, and the
@@ -104,26 +95,12 @@ pub fn primary_released(dev: CUdevice) {
     }
 }
 
-/// Kinds of damage found in a device ledger, each logged once per process.
-#[derive(Clone, Copy, Debug)]
-pub enum Incident {
-    /// An arbitration lock word naming no live holder, or stamped in the future.
-    Lock,
-    /// An owner word naming no slot.
-    Owner,
-    /// A grant, slice or heartbeat that cannot be genuine (in the future, or too long).
-    Time,
-    /// Our own slot or tenant entry was overwritten.
-    OwnEntry,
-}
-
-/// Logs a ledger incident, once per kind and process; the repair happens whether logged or not.
-pub fn incident(kind: Incident, what: std::fmt::Arguments<'_>) {
-    static LOGGED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
-    if !LOGGED[kind as usize].swap(true, Relaxed) {
-        crate::log::error(format_args!(
-            "{what}: the device ledger was damaged (a bug or another program wrote it); repaired, \
-             compute sharing goes on (further incidents of this kind are not logged)"
-        ));
-    }
+#[test]
+fn a_process_without_a_slot_is_held_to_its_share() {
+    assert_eq!(runtime::throttle_cap(10, 0), Some(10));
+    assert_eq!(runtime::throttle_cap(30, 20), Some(20));
+    assert_eq!(runtime::throttle_cap(30, 50), Some(30));
+    assert_eq!(runtime::throttle_cap(0, 0), Some(1));
+    assert_eq!(runtime::throttle_cap(100, 0), None);
+    assert_eq!(runtime::throttle_cap(100, 40), Some(40));
 }

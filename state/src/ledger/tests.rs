@@ -1,5 +1,5 @@
-//! The ledger's tests, through its API and real files (one file: they share the fixtures at the
-//! top; about 650 lines).
+//! The ledger's tests, through its API and real files (one file of about 800 lines: they share the
+//! fixtures at the top, and each drives several of the ledger's files at once).
 
 use super::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

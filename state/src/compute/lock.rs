@@ -14,7 +14,7 @@ const LOCK_STALE_NS: u64 = 50_000_000;
 
 /// Why a waiter takes the arbitration lock over from the word's holder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum TakeOver {
+pub(crate) enum TakeOver {
     /// The word names no slot, our own slot, or a slot whose process is dead.
     Bogus,
     /// Stamped ahead of the clock (no holder stamps so).
@@ -29,7 +29,7 @@ pub(super) enum TakeOver {
 /// Whether a waiter that has waited `waited_ns` (its own clock) takes over a lock word naming
 /// `holder` (`None`: names no slot), stamped `stamp` (read before `now`); `alive`: whether the
 /// named slot's process is alive (its OFD lock is held), asked only when it matters.
-pub(super) fn take_over(
+pub(crate) fn take_over(
     holder: Option<usize>,
     me: usize,
     stamp: u64,
@@ -102,7 +102,7 @@ impl DeviceLedger {
                         if why == TakeOver::Overstayed {
                             h.lock_takeovers.fetch_add(1, Relaxed);
                         }
-                        crate::scheduling::incident(
+                        super::incident(
                             Incident::Lock,
                             format_args!(
                                 "device ledger {}: arbitration lock word {cur:#x} stamped {stamp} (now {now}) taken over ({why:?}, after waiting {} µs)",

@@ -13,9 +13,10 @@
 //! ```
 
 use super::shm::{TenantId, MAX_TENANTS};
+use crate::slotfile::atomic::{AtomicU32, AtomicU64};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 /// First line of the file.
 pub const HEADER: &str = "gpuslice-device-policy 1";

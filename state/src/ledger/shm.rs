@@ -7,7 +7,7 @@
 
 use std::mem::{offset_of, size_of};
 
-use crate::slotfile::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::slotfile::atomic::{self, AtomicU32, AtomicU64, Ordering};
 use crate::slotfile::{pack_text, unpack_text, Prefix, SlotLayout};
 
 /// First 8 bytes of every ledger.
@@ -418,27 +418,14 @@ impl Layout {
     pub fn reserve(&self, dev: usize, bytes: u64) -> Result<u64, Refused> {
         let e = &self.devices[dev];
         let limit = e.limit.load(Ordering::Acquire);
-        let mut used = e.used.load(Ordering::Acquire);
-        loop {
-            let new = match used.checked_add(bytes) {
-                Some(n) if n <= limit => n,
-                _ => return Err(Refused { used, limit }),
-            };
-            match e
-                .used
-                .compare_exchange_weak(used, new, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    // Read first: a locked read-modify-write on every reservation costs more than
-                    // the rest of it, and the peak rarely moves.
-                    if new > e.peak.load(Ordering::Relaxed) {
-                        e.peak.fetch_max(new, Ordering::AcqRel);
-                    }
-                    return Ok(new);
-                }
-                Err(now) => used = now,
-            }
+        let new =
+            atomic::add_within(&e.used, bytes, limit).map_err(|used| Refused { used, limit })?;
+        // Read first: a locked read-modify-write on every reservation costs more than the rest of
+        // it, and the peak rarely moves.
+        if new > e.peak.load(Ordering::Relaxed) {
+            e.peak.fetch_max(new, Ordering::AcqRel);
         }
+        Ok(new)
     }
 
     /// `used -= bytes`, saturating at 0. Returns the amount that could not be subtracted.
@@ -463,10 +450,7 @@ impl Layout {
     /// Claims a FREE slot; the caller holds the slot's lock.
     pub fn claim_slot(&self, slot: usize, pid: u32, now_ms: u64) -> bool {
         let s = &self.slots[slot];
-        if s.state
-            .compare_exchange(SLOT_FREE, SLOT_ACTIVE, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
+        if !atomic::take(&s.state, SLOT_FREE, SLOT_ACTIVE) {
             return false;
         }
         s.pid.store(pid, Ordering::Relaxed);
@@ -623,14 +607,7 @@ impl Layout {
 
 /// `a -= bytes` saturating at 0; returns the shortfall.
 fn saturating_sub(a: &AtomicU64, bytes: u64) -> u64 {
-    let mut cur = a.load(Ordering::Acquire);
-    loop {
-        let new = cur.saturating_sub(bytes);
-        match a.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return bytes - (cur - new),
-            Err(now) => cur = now,
-        }
-    }
+    atomic::sub_saturating(a, bytes)
 }
 
 #[cfg(test)]

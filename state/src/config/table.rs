@@ -312,10 +312,10 @@ mod tests {
     #[test]
     fn configuration_doc_holds_the_generated_table() {
         let doc = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/CONFIGURATION.md"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/CONFIGURATION.md"),
         )
         .unwrap();
-        let begin = "<!-- settings-table:begin (generated from src/config/table.rs) -->\n";
+        let begin = "<!-- settings-table:begin (generated from state/src/config/table.rs) -->\n";
         let end = "<!-- settings-table:end -->";
         let (Some(a), Some(b)) = (doc.find(begin), doc.find(end)) else {
             panic!("docs/CONFIGURATION.md lacks the settings-table markers");
@@ -323,7 +323,7 @@ mod tests {
         assert_eq!(
             &doc[a + begin.len()..b],
             docs_table(),
-            "docs/CONFIGURATION.md's settings table differs from src/config/table.rs; paste:\n{}",
+            "docs/CONFIGURATION.md's settings table differs from state/src/config/table.rs; paste:\n{}",
             docs_table()
         );
     }

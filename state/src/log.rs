@@ -1,6 +1,9 @@
 //! Logging: one atomic load decides; messages go to stderr as `gpuslice: <level>: ...`.
 //! `GPUSLICE_LOG` = off | error | warn (default) | info | debug | trace. Nothing else is ever printed.
 
+// Process-local: the log level of this process.
+#![allow(clippy::disallowed_types)]
+
 use std::fmt;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicU8, Ordering};

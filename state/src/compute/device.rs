@@ -1,6 +1,6 @@
 //! One device ledger: a slot file (`crate::slotfile`: creation, validated join, slot locks with the
 //! fork guard, truncation containment), the arbitration lock, tenants and process slots, liveness.
-//! (About 550 lines in one file: every function here reads or repairs the same untrusted words of
+//! (About 850 lines in one file: every function here reads or repairs the same untrusted words of
 //! one mapping, and splitting them would only spread its private accessors.)
 
 use super::arbiter::{self, TenantView, Waiter};
@@ -8,10 +8,11 @@ use super::policy::{Lookup, Overlay};
 
 pub use super::lock::LockGuard;
 use super::shm::*;
+use crate::slotfile::atomic::AtomicU32;
 use crate::slotfile::{self, sys, CreateOptions, ReadOnly, Writable};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 /// A process whose heartbeat is older than this is not chosen (stopped or hung).
 const BEAT_STALE_NS: u64 = 50_000_000;
@@ -126,7 +127,7 @@ pub struct DeviceLedger {
     own: parking_lot::Mutex<Own>,
     /// Held with the arbitration lock: this process's threads share one slot, so the lock word
     /// (which names the slot) cannot tell them apart; they take turns here first.
-    pub(super) arbitration: parking_lot::ReentrantMutex<()>,
+    pub(crate) arbitration: parking_lot::ReentrantMutex<()>,
     /// Truncations repaired so far (logged once each).
     repairs: AtomicUsize,
     /// The node's compute policy of this GPU (root's file beside the ledger), if any: it overrides
@@ -272,7 +273,8 @@ impl DeviceLedger {
         unpack(&self.layout().header.uuid)
     }
 
-    pub(super) fn raw_fd(&self) -> RawFd {
+    /// The descriptor slot and demand locks are taken and tested on.
+    pub fn raw_fd(&self) -> RawFd {
         match (&self.lock_fd, &self.map) {
             (Some(fd), _) => fd.as_raw_fd(),
             (None, Map::Shared(w)) => w.fd().as_raw_fd(),
@@ -282,7 +284,7 @@ impl DeviceLedger {
 
     /// The descriptor slot locks are tested on (unit tests).
     #[cfg(test)]
-    pub(super) fn lock_fd_for_tests(&self) -> RawFd {
+    pub(crate) fn lock_fd_for_tests(&self) -> RawFd {
         self.raw_fd()
     }
 
@@ -296,14 +298,14 @@ impl DeviceLedger {
     }
 
     /// Byte of slot `slot`'s demand lock (`demand`): past the slot locks, beyond the data.
-    pub(super) fn demand_offset(slot: usize) -> u64 {
+    pub fn demand_offset(slot: usize) -> u64 {
         <Layout as slotfile::SlotLayout>::lock_offset(MAX_SLOTS + slot)
     }
 
     /// Says (`wants`) or stops saying that the process holding our slot `slot` wants the device:
     /// an OFD lock on the slot's demand byte, which only this process can release and which dies
     /// with it. A fork child has given the descriptor up and says nothing.
-    pub(super) fn set_demand(&self, slot: usize, wants: bool) {
+    pub fn set_demand(&self, slot: usize, wants: bool) {
         if slot >= MAX_SLOTS || self.forked() {
             return;
         }
@@ -604,7 +606,7 @@ impl DeviceLedger {
     /// per-tenant counters' file when there is one. Caller holds the arbitration lock. The entry is
     /// taken over from a tenant that no longer holds `t` (from zero); the words are anybody's, so
     /// the count saturates instead of wrapping.
-    pub(super) fn count(&self, t: usize, revocation: bool) {
+    pub fn count(&self, t: usize, revocation: bool) {
         let Some(TallyMap::Shared(w)) = &self.tally else {
             return;
         };
@@ -723,7 +725,7 @@ impl DeviceLedger {
         }
     }
 
-    pub(super) fn store_view(&self, i: usize, v: &TenantView) {
+    pub fn store_view(&self, i: usize, v: &TenantView) {
         let t = &self.layout().tenants[i];
         t.vtime.store(v.vtime, Release);
         t.tokens.store(v.tokens, Release);
@@ -754,7 +756,7 @@ impl DeviceLedger {
             .collect()
     }
 
-    pub(super) fn views(&self) -> Vec<TenantView> {
+    pub fn views(&self) -> Vec<TenantView> {
         (0..MAX_TENANTS).map(|i| self.view(i)).collect()
     }
 }

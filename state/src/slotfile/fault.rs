@@ -15,6 +15,10 @@
 //!
 //! A program that installs its own `SIGBUS` handler after ours replaces it (docs/SECURITY.md).
 
+// Process-local: the registry of this process's mappings that the SIGBUS handler reads (none of
+// these words is in shared memory).
+#![allow(clippy::disallowed_types)]
+
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 

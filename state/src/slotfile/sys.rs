@@ -7,8 +7,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::ptr::NonNull;
+// The guarded descriptors' table is process-local; its 64-bit words use the facade's type all the
+// same (one set of atomics in this crate, `clippy.toml`).
+use super::atomic::AtomicU64;
 use std::sync::atomic::{
-    AtomicI32, AtomicU64,
+    AtomicI32,
     Ordering::{AcqRel, Acquire, Release},
 };
 
@@ -260,6 +263,8 @@ pub fn coarse_ms() -> u64 {
         .saturating_add(ts.tv_nsec as u64 / 1_000_000)
 }
 
+/// Process-local: this process image's fork count.
+#[allow(clippy::disallowed_types)]
 static FORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 extern "C" fn count_fork() {

@@ -4,7 +4,6 @@
 
 use super::device::{now_ns, DeviceLedger};
 use super::lock::{take_over, TakeOver};
-use super::runtime::throttle_cap;
 use super::shm::*;
 use crate::slotfile::{self, sys, SlotLayout};
 use std::os::fd::AsRawFd;
@@ -208,16 +207,6 @@ fn a_ledger_grown_or_shrunk_is_repaired_by_the_next_user() {
         b"not a ledger at all, and shorter"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-fn a_process_without_a_slot_is_held_to_its_share() {
-    assert_eq!(throttle_cap(10, 0), Some(10));
-    assert_eq!(throttle_cap(30, 20), Some(20));
-    assert_eq!(throttle_cap(30, 50), Some(30));
-    assert_eq!(throttle_cap(0, 0), Some(1));
-    assert_eq!(throttle_cap(100, 0), None);
-    assert_eq!(throttle_cap(100, 40), Some(40));
 }
 
 /// Demand is said with a lock only its process releases: another open of the file (a tenant)

@@ -14,7 +14,7 @@
 //!   can reach the file). Only `Writable` hands out the shared layout:
 //!
 //!   ```compile_fail
-//!   fn store(r: &gpuslice::slotfile::ReadOnly<gpuslice::ledger::Layout>) {
+//!   fn store(r: &gpuslice_state::slotfile::ReadOnly<gpuslice_state::ledger::Layout>) {
 //!       let _shared = r.shared(); // no such method: a read-only handle has no shared mapping
 //!   }
 //!   ```
@@ -24,9 +24,11 @@
 //! * **Truncation** by another process cannot kill the mapper (`fault.rs`); slow paths compare the
 //!   size with `fstat` ([`Writable::check_size`]) and repair before touching the mapping.
 //!
-//! Every atomic a layout uses comes from [`atomic`], the one facade to swap for a model checker.
+//! Every atomic a layout uses comes from [`atomic`], the one facade over atomics for shared memory
+//! (`clippy.toml` forbids the standard types elsewhere in the crate); its compare-and-swap loops are
+//! what the loom model (`tests/loom.rs`) checks.
 //!
-//! Why this file is long (about 800 lines): create, join, claim and reclaim are one protocol whose
+//! Why this file is long (about 1000 lines): create, join, claim and reclaim are one protocol whose
 //! orderings depend on each other, so they are read and reviewed together; the system calls
 //! (`sys.rs`), the SIGBUS containment (`fault.rs`) and the tests are apart.
 
@@ -43,10 +45,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-/// The atomics of every shared layout (one place to substitute a model checker's).
-pub mod atomic {
-    pub use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
-}
+pub mod atomic;
 use atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Header `state`: being filled in by its creator.
@@ -987,9 +986,10 @@ pub fn release_slot<L: SlotLayout>(fd: RawFd, i: usize) {
 
 /// Unit tests that take slot locks or fork run one at a time: a fork from one test's thread copies
 /// every descriptor of the process, so another test's OFD locks would stay held by that child
-/// until it exits, and a "dead slot" would look alive.
-#[cfg(test)]
-pub(crate) fn serial_test() -> std::sync::MutexGuard<'static, ()> {
+/// until it exits, and a "dead slot" would look alive. Public for the preloaded library's unit
+/// tests, which take slot locks of these files too (one lock for a test binary, whichever crate).
+#[doc(hidden)]
+pub fn serial_test() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL
         .lock()
