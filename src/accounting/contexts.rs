@@ -5,7 +5,6 @@
 
 use super::tenant::{context_destroyed, Device};
 use super::{Charge, Tenant};
-use crate::driver::calls as driver;
 use gpuslice_api::types::{CUcontext, CUdevice};
 use gpuslice_api::{CUerror, CUresult};
 
@@ -149,7 +148,7 @@ impl Tenant {
             primary.refs = primary.refs.saturating_sub(1);
             let refs = primary.refs;
             drop(r);
-            let destroyed = driver::primary_context_active(ordinal).map_or(refs == 0, |a| !a);
+            let destroyed = self.driver.primary_context_active(ordinal).map_or(refs == 0, |a| !a);
             r = self.records.lock();
             destroyed
         };
@@ -199,11 +198,6 @@ impl Tenant {
 
     /// The context a module or limit belongs to: the calling thread's current one (0: none).
     pub fn current_context(&self) -> usize {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: `ctx` is a valid out-parameter.
-        match unsafe { crate::driver::calls::real::cuCtxGetCurrent(&mut ctx) } {
-            Ok(()) => ctx as usize,
-            Err(_) => 0,
-        }
+        self.driver.current_context().ok().flatten().unwrap_or(0)
     }
 }

@@ -14,7 +14,7 @@
 //! An impossible answer (the process holds less than it allocated) is logged once and not believed.
 
 use super::{Charge, Device, Tenant};
-use crate::driver::measure::{self, ProcessFigure};
+use crate::driver::measure::ProcessFigure;
 use crate::ledger::QuotaExceeded;
 use crate::log;
 use gpuslice_api::CUerror;
@@ -145,6 +145,7 @@ fn node_overhead(
     ledger: &crate::ledger::Ledger,
     slot: usize,
     uuid: &str,
+    total: impl FnOnce() -> Option<u64>,
     fell: u64,
 ) -> Option<(u64, bool)> {
     let (overhead, ms) = ledger.node_word_for_me(slot)?;
@@ -152,7 +153,7 @@ fn node_overhead(
     if now.saturating_sub(ms) > NODE_WORD_FRESH_MS || ms > now.saturating_add(NODE_WORD_FRESH_MS) {
         return None;
     }
-    if measure::device_total(uuid).is_some_and(|total| overhead > total) {
+    if total().is_some_and(|total| overhead > total) {
         warn_once(
             &WARNED_NODE_BOUND,
             format_args!(
@@ -262,18 +263,12 @@ impl Tenant {
             _ => 0,
         };
         let first = charged();
-        let process = measure::process_used(&device.uuid);
-        let listed = if measure::driver_pid_unknown() {
-            measure::processes(&device.uuid)
-        } else {
-            None
-        };
-        let device_used = measure::device_used(&device.uuid);
+        let read = self.driver.memory_sample(&device.uuid);
         let last = charged();
         Sample {
-            process,
-            device: device_used,
-            listed,
+            process: read.process,
+            device: read.device,
+            listed: read.listed,
             charged_low: first.min(last),
             charged: first.max(last),
         }
@@ -314,7 +309,7 @@ impl Tenant {
                 .collect();
             match new.as_slice() {
                 [(pid, used)] if *used != gpuslice_api::nvml::NVML_VALUE_NOT_AVAILABLE => {
-                    measure::identify_driver_pid(*pid);
+                    self.driver.identify_driver_pid(*pid);
                     log::info(format_args!(
                         "the driver lists this process as PID {pid} on {} (another PID \
                          namespace): its per-process figures are used from now on",
@@ -574,7 +569,7 @@ impl Tenant {
                 }
                 holds.saturating_sub(allocated).saturating_sub(recorded)
             }
-            _ => match node_overhead(ledger, slot, &device.uuid, fell) {
+            _ => match node_overhead(ledger, slot, &device.uuid, || self.driver.device_total(&device.uuid), fell) {
                 Some((overhead, raise)) => {
                     ledger.set_reconciled_by_me(crate::ledger::RECONCILED_NODE);
                     let wanted = overhead.saturating_sub(recorded);
@@ -585,7 +580,7 @@ impl Tenant {
                     }
                 }
                 None => {
-                    if measure::driver_pid_unknown() {
+                    if self.driver.driver_pid_unknown() {
                         ledger.set_reconciled_by_me(crate::ledger::RECONCILED_ESTIMATED);
                     }
                     return;
@@ -638,7 +633,7 @@ impl Tenant {
         };
         let stamp = ledger.node_stamp_for_me();
         let Ok(slot) = device.slot else { return };
-        if !measure::driver_pid_unknown() || self.context_reserve_is_explicit() {
+        if !self.driver.driver_pid_unknown() || self.context_reserve_is_explicit() {
             NODE_APPLIED.store(stamp, Ordering::Relaxed);
             return;
         }
@@ -888,20 +883,20 @@ mod tests {
         let _serial = crate::slotfile::serial_test();
         let (dir, me, node, d) = ledgers("fresh");
         let now = unix_ms();
-        assert_eq!(node_overhead(&me, d, UUID, 0), None, "no word yet");
+        assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "no word yet");
         word(&node, &me, d, 40 * MIB, now);
-        assert_eq!(node_overhead(&me, d, UUID, 0), Some((40 * MIB, true)));
+        assert_eq!(node_overhead(&me, d, UUID, || None, 0), Some((40 * MIB, true)));
         // Read before the recorded overhead fell: it still counts what was destroyed since.
         assert_eq!(
-            node_overhead(&me, d, UUID, now + 1),
+            node_overhead(&me, d, UUID, || None, now + 1),
             Some((40 * MIB, false))
         );
         word(&node, &me, d, 40 * MIB, now - NODE_WORD_FRESH_MS - 1_000);
-        assert_eq!(node_overhead(&me, d, UUID, 0), None, "stale");
+        assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "stale");
         word(&node, &me, d, 40 * MIB, now + NODE_WORD_FRESH_MS + 60_000);
-        assert_eq!(node_overhead(&me, d, UUID, 0), None, "from the future");
+        assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "from the future");
         word(&node, &me, d, NODE_NOT_LISTED, now);
-        assert_eq!(node_overhead(&me, d, UUID, 0), None, "not listed");
+        assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "not listed");
         drop((me, node));
         let _ = std::fs::remove_dir_all(&dir);
     }
