@@ -148,7 +148,10 @@ impl Tenant {
             primary.refs = primary.refs.saturating_sub(1);
             let refs = primary.refs;
             drop(r);
-            let destroyed = self.driver.primary_context_active(ordinal).map_or(refs == 0, |a| !a);
+            let destroyed = self
+                .driver
+                .primary_context_active(ordinal)
+                .map_or(refs == 0, |a| !a);
             r = self.records.lock();
             destroyed
         };

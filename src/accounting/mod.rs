@@ -21,6 +21,7 @@ pub mod contexts;
 pub mod first_launch;
 pub mod graphs;
 pub mod overhead;
+pub mod pool_alloc;
 pub mod pools;
 pub mod records;
 pub mod reservation;
@@ -29,6 +30,7 @@ pub mod tenant;
 pub mod views;
 pub mod vmm;
 
+pub use pool_alloc::PoolRequest;
 pub use pools::{FreedOn, PendingFree};
 pub use reservation::{Reservation, REFUSALS_LOGGED_PER_SECOND};
 pub use tenant::{Device, Tenant};

@@ -569,7 +569,13 @@ impl Tenant {
                 }
                 holds.saturating_sub(allocated).saturating_sub(recorded)
             }
-            _ => match node_overhead(ledger, slot, &device.uuid, || self.driver.device_total(&device.uuid), fell) {
+            _ => match node_overhead(
+                ledger,
+                slot,
+                &device.uuid,
+                || self.driver.device_total(&device.uuid),
+                fell,
+            ) {
                 Some((overhead, raise)) => {
                     ledger.set_reconciled_by_me(crate::ledger::RECONCILED_NODE);
                     let wanted = overhead.saturating_sub(recorded);
@@ -885,7 +891,10 @@ mod tests {
         let now = unix_ms();
         assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "no word yet");
         word(&node, &me, d, 40 * MIB, now);
-        assert_eq!(node_overhead(&me, d, UUID, || None, 0), Some((40 * MIB, true)));
+        assert_eq!(
+            node_overhead(&me, d, UUID, || None, 0),
+            Some((40 * MIB, true))
+        );
         // Read before the recorded overhead fell: it still counts what was destroyed since.
         assert_eq!(
             node_overhead(&me, d, UUID, || None, now + 1),
@@ -894,7 +903,11 @@ mod tests {
         word(&node, &me, d, 40 * MIB, now - NODE_WORD_FRESH_MS - 1_000);
         assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "stale");
         word(&node, &me, d, 40 * MIB, now + NODE_WORD_FRESH_MS + 60_000);
-        assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "from the future");
+        assert_eq!(
+            node_overhead(&me, d, UUID, || None, 0),
+            None,
+            "from the future"
+        );
         word(&node, &me, d, NODE_NOT_LISTED, now);
         assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "not listed");
         drop((me, node));

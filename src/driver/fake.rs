@@ -103,7 +103,12 @@ impl FakeDriver {
     }
 
     pub fn pool(&self, pool: usize) -> Pool {
-        self.state.lock().pools.get(&pool).copied().unwrap_or_default()
+        self.state
+            .lock()
+            .pools
+            .get(&pool)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Queues samples the next measurements read, in turn.
@@ -215,6 +220,10 @@ impl Driver for FakeDriver {
 
     fn primary_context_active(&self, ordinal: CUdevice) -> Option<bool> {
         self.state.lock().primary_active.get(&ordinal).copied()
+    }
+
+    fn relaxed_capture(&self) -> Option<super::calls::RelaxedCapture> {
+        None
     }
 
     fn event_on(&self, _stream: usize, _per_thread: bool) -> Option<Event<'_>> {

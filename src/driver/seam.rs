@@ -59,6 +59,9 @@ pub trait Driver: Sync {
     fn pointer_known(&self, ptr: u64) -> bool;
     /// Whether a device's primary context exists now (`None`: the driver did not say).
     fn primary_context_active(&self, ordinal: CUdevice) -> Option<bool>;
+    /// While the guard lives, the calling thread's stream-capture mode is relaxed (our own
+    /// synchronisations never invalidate another thread's capture).
+    fn relaxed_capture(&self) -> Option<calls::RelaxedCapture>;
     /// Creates an event without timing, recorded on `stream`; destroyed when dropped.
     fn event_on(&self, stream: usize, per_thread: bool) -> Option<Event<'_>>;
     /// Whether the work before an event has run (`Err`: the event is invalid).
@@ -241,6 +244,10 @@ impl Driver for RealDriver {
 
     fn primary_context_active(&self, ordinal: CUdevice) -> Option<bool> {
         calls::primary_context_active(ordinal)
+    }
+
+    fn relaxed_capture(&self) -> Option<calls::RelaxedCapture> {
+        Some(calls::RelaxedCapture::enter())
     }
 
     fn event_on(&self, stream: usize, per_thread: bool) -> Option<Event<'_>> {
