@@ -18,6 +18,7 @@ include!(concat!(env!("OUT_DIR"), "/hook_table.rs"));
 pub mod calls;
 #[cfg(test)]
 pub mod fake;
+pub mod image;
 pub mod measure;
 pub mod mig;
 pub mod seam;

@@ -3,6 +3,7 @@
 //! it is destroyed. A primary context is charged on its first retain and returned on its last
 //! release or reset. A context's modules and limits go with it.
 
+use super::measurement::{Expected, Measurement};
 use super::tenant::{context_destroyed, Device};
 use super::{Charge, Tenant};
 use gpuslice_api::types::{CUcontext, CUdevice};
@@ -39,17 +40,11 @@ impl Tenant {
         undo: impl FnOnce(CUcontext),
     ) -> Result<(CUcontext, Charge), CUerror> {
         let (explicit, fallback) = self.context_estimate();
-        self.charge_measured(
-            device,
-            "context creation",
+        let m = Measurement {
             explicit,
-            fallback,
-            None,
-            || self.expected_context_cost(device, fallback),
-            0,
-            call,
-            Some(undo),
-        )
+            ..Measurement::new("context creation", fallback, Expected::Context)
+        };
+        self.charge_measured(device, &m, call, Some(undo))
     }
 
     /// What a new context on `device` is expected to cost, reserved before the driver is asked so
@@ -59,7 +54,7 @@ impl Tenant {
     /// the tenant has there (each of them holds a context; its modules and limits only make the
     /// figure larger), never more than the fallback estimate; 0 when nothing is known (the tenant's
     /// first context on the device is only measured).
-    fn expected_context_cost(&self, device: &Device, fallback: u64) -> u64 {
+    pub(super) fn expected_context_cost(&self, device: &Device, fallback: u64) -> u64 {
         let Ok(slot) = device.slot else { return 0 };
         let r = self.records.lock();
         let own = r

@@ -20,6 +20,9 @@ use std::sync::OnceLock;
 pub mod contexts;
 pub mod first_launch;
 pub mod graphs;
+pub mod limits;
+pub mod measurement;
+pub mod modules;
 pub mod overhead;
 pub mod pool_alloc;
 pub mod pools;
@@ -86,3 +89,6 @@ pub struct Charge {
     pub device: usize,
     pub bytes: u64,
 }
+
+#[cfg(test)]
+mod tests;

@@ -38,6 +38,12 @@ pub struct State {
     /// Context -> device ordinal.
     pub contexts: BTreeMap<usize, CUdevice>,
     pub uuids: Vec<String>,
+    /// Modules load lazily.
+    pub lazy: bool,
+    /// Device attributes (every device alike).
+    pub attributes: BTreeMap<i32, i32>,
+    /// The current context's limits.
+    pub limits: BTreeMap<i32, usize>,
     /// Stream -> context.
     pub streams: BTreeMap<usize, usize>,
     pub capturing: Vec<usize>,
@@ -147,6 +153,18 @@ impl Driver for FakeDriver {
             .get(&ctx)
             .copied()
             .ok_or(CUerror::INVALID_CONTEXT)
+    }
+
+    fn device_attribute(&self, _ordinal: CUdevice, attribute: i32) -> Option<i32> {
+        self.state.lock().attributes.get(&attribute).copied()
+    }
+
+    fn context_limit(&self, limit: i32) -> Option<usize> {
+        self.state.lock().limits.get(&limit).copied()
+    }
+
+    fn lazy_module_loading(&self) -> bool {
+        self.state.lock().lazy
     }
 
     fn device_count(&self) -> Option<i32> {

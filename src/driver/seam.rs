@@ -35,6 +35,12 @@ pub trait Driver: Sync {
     /// The device ordinal of `ctx` (asked of the driver every time: see [`Driver::context_device`]
     /// for the cached answer).
     fn device_of_context(&self, ctx: usize) -> Result<CUdevice, CUerror>;
+    /// A device attribute (`CUdevice_attribute`), `None` when the driver cannot say.
+    fn device_attribute(&self, ordinal: CUdevice, attribute: i32) -> Option<i32>;
+    /// A limit of the current context (`CUlimit`), `None` when the driver does not know it.
+    fn context_limit(&self, limit: i32) -> Option<usize>;
+    /// Whether the driver loads modules lazily (`CU_MODULE_LAZY_LOADING`).
+    fn lazy_module_loading(&self) -> bool;
     /// How many devices the process sees (fixed once the driver is initialised).
     fn device_count(&self) -> Option<i32>;
     /// A device's UUID in NVML's spelling (`GPU-…`, `MIG-…`).
@@ -183,6 +189,24 @@ impl Driver for RealDriver {
             return query();
         }
         calls::in_context(ctx as CUcontext, query)
+    }
+
+    fn device_attribute(&self, ordinal: CUdevice, attribute: i32) -> Option<i32> {
+        let mut v = 0;
+        // SAFETY: `v` is a valid out-parameter.
+        unsafe { calls::real::cuDeviceGetAttribute(&mut v, attribute, ordinal) }.ok()?;
+        Some(v)
+    }
+
+    fn context_limit(&self, limit: i32) -> Option<usize> {
+        let mut value: usize = 0;
+        // SAFETY: `value` is a valid out-parameter.
+        unsafe { calls::real::cuCtxGetLimit(&mut value, limit) }.ok()?;
+        Some(value)
+    }
+
+    fn lazy_module_loading(&self) -> bool {
+        calls::lazy_module_loading()
     }
 
     fn device_count(&self) -> Option<i32> {
