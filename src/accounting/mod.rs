@@ -28,6 +28,7 @@ pub mod pool_alloc;
 pub mod pools;
 pub mod records;
 pub mod reservation;
+pub mod sizes;
 mod spin;
 pub mod tenant;
 pub mod views;

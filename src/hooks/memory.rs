@@ -5,9 +5,10 @@
 //! stream-ordered allocation (charged as what the pool holds: a freed block stays in the pool, and
 //! counts, until the driver trims it), VMM physical allocations (cuMemCreate counts once however often
 //! mapped; returned when released and unmapped), arrays and mipmapped arrays (estimated, see
-//! `array_bytes`).
+//! `accounting::sizes::array_bytes`).
 
 use super::{hooks, In, Out, Word};
+use crate::accounting::sizes::{array_bytes, Pitch};
 use crate::accounting::{allocation_size, tenant, Device, FreedOn, PoolRequest, Tenant};
 use crate::driver::calls as driver;
 use gpuslice_api::types::{
@@ -129,41 +130,23 @@ fn alloc_pitch<P: Word, Q: Word>(
     if dptr.is_null() || pitch.is_null() {
         return call();
     }
-    if !matches!(element, 4 | 8 | 16) || width == 0 || height == 0 {
-        // Arguments the documentation says the driver refuses (an element size other than 4, 8
-        // or 16 bytes, an empty extent): its own error, not a quota refusal. Should a driver
-        // allocate anyway, the allocation is charged afterwards, or freed.
-        call()?;
-        let key = dptr.get().map_or(0, Word::to_u64);
-        let bytes = pitch.get().map_or(0, Word::to_u64).saturating_mul(height);
-        return t
-            .charged(device, bytes, "cuMemAllocPitch", || Ok(key))
-            .inspect_err(|_| {
-                let _ = free(key);
-            });
-    }
-    // Before the call the pitch is not known: charge the width rounded to the usual 512-byte pitch
-    // alignment, then settle on pitch x height.
-    let estimate = width
-        .div_ceil(512)
-        .saturating_mul(512)
-        .saturating_mul(height);
-    let mut key = 0;
-    t.charged(device, estimate, "cuMemAllocPitch", || {
-        call()?;
-        key = dptr.get().map_or(0, Word::to_u64);
-        Ok(key)
-    })?;
-    let real_bytes = pitch
-        .get()
-        .map_or(estimate, Word::to_u64)
-        .saturating_mul(height);
-    if let Err(e) = t.recharge(key, device, real_bytes, "cuMemAllocPitch") {
-        // Over quota once the real pitch is known: undo the allocation.
-        let _ = t.uncharge(key, || free(key));
-        return Err(e);
-    }
-    Ok(())
+    let request = Pitch {
+        width,
+        height,
+        element,
+    };
+    t.alloc_pitch(
+        device,
+        request,
+        || {
+            call()?;
+            Ok((
+                dptr.get().map_or(0, Word::to_u64),
+                pitch.get().map(Word::to_u64),
+            ))
+        },
+        free,
+    )
 }
 
 #[inline(always)]
@@ -276,41 +259,14 @@ fn mem_create(
     let Ok(device) = t.device(device) else {
         return call();
     };
-    if bytes == 0 || granularity.is_some_and(|g| bytes % g != 0) {
-        // A size the documentation says the driver refuses (0, or not a multiple of the minimum
-        // granularity): the driver answers with its own error (INVALID_VALUE), not a quota
-        // refusal. Should a driver accept it anyway, it is charged afterwards, or released.
-        return mem_create_unaligned(t, device, handle, bytes, call);
-    }
-    let reservation = t.reserve(device, bytes, "cuMemCreate")?;
-    call()?;
-    if let Some(h) = handle.get() {
-        t.record_physical(h, reservation.commit());
-    }
-    Ok(())
-}
-
-#[cold]
-fn mem_create_unaligned(
-    t: &Tenant,
-    device: &Device,
-    handle: Out<u64>,
-    bytes: u64,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    call()?;
-    let Some(h) = handle.get() else { return Ok(()) };
-    match t.reserve(device, bytes, "cuMemCreate") {
-        Ok(reservation) => {
-            t.record_physical(h, reservation.commit());
-            Ok(())
-        }
-        Err(e) => {
-            // SAFETY: `h` is the handle the driver just created for this call.
-            let _ = unsafe { driver::real::cuMemRelease(h) };
-            Err(e)
-        }
-    }
+    let call = || {
+        call()?;
+        Ok(handle.get())
+    };
+    t.create_physical(device, bytes, granularity, call, |h| {
+        // SAFETY: `h` is the handle the driver just created for this call.
+        let _ = unsafe { driver::real::cuMemRelease(h) };
+    })
 }
 
 fn mem_release(handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -362,51 +318,4 @@ fn array_destroy(handle: usize, call: impl FnOnce() -> CUresult) -> CUresult {
         t.forget_array(handle);
     }
     Ok(())
-}
-
-/// Bytes per channel element of a `CUarray_format`.
-fn format_bytes(format: u32) -> u64 {
-    match format {
-        0x01 | 0x08 => 1,        // (UN)SIGNED_INT8
-        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
-        0x03 | 0x0a | 0x20 => 4, // (UN)SIGNED_INT32, FLOAT
-        _ => 16,                 // packed / block-compressed formats: at most 16 bytes a texel
-    }
-}
-
-/// The device memory an array takes, estimated from above: texels x bytes, each mipmap level in
-/// turn, rounded up to the 2 MiB pages arrays are laid out in. The driver does not report an array's
-/// footprint, so the estimate is deliberately not smaller than what a driver lays out.
-pub fn array_bytes(
-    width: u64,
-    height: u64,
-    depth: u64,
-    format: u32,
-    channels: u32,
-    levels: u32,
-) -> u64 {
-    const PAGE: u64 = 2 << 20;
-    let texel = format_bytes(format).saturating_mul(u64::from(channels.max(1)));
-    let mut total: u64 = 0;
-    let (mut w, mut h, mut d) = (width.max(1), height.max(1), depth.max(1));
-    for _ in 0..levels.clamp(1, 32) {
-        total = total.saturating_add(w.saturating_mul(h).saturating_mul(d).saturating_mul(texel));
-        w = (w / 2).max(1);
-        h = (h / 2).max(1);
-        d = (d / 2).max(1);
-    }
-    total.div_ceil(PAGE).saturating_mul(PAGE)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::array_bytes;
-
-    #[test]
-    fn arrays_round_up_to_pages() {
-        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4, 1), 16 << 20);
-        assert_eq!(array_bytes(1, 0, 0, 0x01, 1, 1), 2 << 20);
-        // Mipmaps add their levels: 16 MiB + 4 MiB + 1 MiB + ...
-        assert_eq!(array_bytes(1024, 1024, 0, 0x20, 4, 11), 22 << 20);
-    }
 }
