@@ -31,7 +31,7 @@ pub struct Tenant {
     pub(super) driver: &'static dyn Driver,
     /// The process runtime's: opened on first use, when the process's devices are known (a creator
     /// records their limits).
-    pub(super) ledger: &'static OnceLock<Result<Ledger, String>>,
+    pub(super) ledger: LedgerCell,
     /// Devices by ordinal, resolved once each.
     devices: [OnceLock<Device>; MAX_ORDINALS],
     /// The process sees exactly one device (then every allocation is on it): `Some(true)`.
@@ -53,6 +53,27 @@ pub struct Tenant {
     pub(super) overhead: Mutex<super::overhead::State>,
 }
 
+/// Where the tenant's ledger is: the process runtime's (joined on first use), or, in unit tests,
+/// the tenant's own (unmapped when the tenant is dropped).
+pub(crate) enum LedgerCell {
+    Shared(&'static OnceLock<Result<Ledger, String>>),
+    #[cfg(test)]
+    Own(OnceLock<Result<Ledger, String>>),
+}
+
+impl std::ops::Deref for LedgerCell {
+    type Target = OnceLock<Result<Ledger, String>>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Self::Target {
+        match self {
+            LedgerCell::Shared(cell) => cell,
+            #[cfg(test)]
+            LedgerCell::Own(cell) => cell,
+        }
+    }
+}
+
 /// Device ordinals a process can see (CUDA has no more on one machine).
 pub(super) const MAX_ORDINALS: usize = 64;
 
@@ -63,13 +84,17 @@ pub(super) fn context_destroyed() {
 
 impl Tenant {
     pub(super) fn new(process: &'static Process) -> Tenant {
-        Tenant::with_driver(&process.config, process.ledger_cell(), &seam::REAL)
+        Tenant::with_driver(
+            &process.config,
+            LedgerCell::Shared(process.ledger_cell()),
+            &seam::REAL,
+        )
     }
 
     /// A tenant of `config` charging `ledger`, asking `driver` (a fake one in unit tests).
     pub(crate) fn with_driver(
         config: &'static Config,
-        ledger: &'static OnceLock<Result<Ledger, String>>,
+        ledger: LedgerCell,
         driver: &'static dyn Driver,
     ) -> Tenant {
         let context_reserve = config

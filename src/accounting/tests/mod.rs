@@ -1,6 +1,7 @@
 //! Unit tests of accounting's decisions against the fake driver (`driver::fake`): a tenant with a
 //! private ledger and device directory, asking a driver whose figures each test sets.
 
+use super::tenant::LedgerCell;
 use super::Tenant;
 use crate::config::Limit;
 use crate::driver::fake::FakeDriver;
@@ -20,9 +21,8 @@ pub const MIB: u64 = 1 << 20;
 
 /// A tenant on the fake driver, its ledger and its private directory (removed when dropped).
 pub struct Kit {
-    pub t: &'static Tenant,
+    pub t: Box<Tenant>,
     pub fake: &'static FakeDriver,
-    pub ledger: &'static Ledger,
     dir: PathBuf,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
@@ -65,16 +65,16 @@ pub fn kit_with(tag: &str, limit: u64, uuids: &[&str], extra: &[(&str, &str)]) -
             .collect(),
         group: None,
     };
+    // The tenant's own ledger, unmapped with it: the process's table of mappings whose
+    // truncation is contained (`slotfile::fault`) has room for a few dozen.
     let ledger = Ledger::open(&config.ledger_path, &opts).unwrap();
-    let cell: &'static OnceLock<Result<Ledger, String>> = Box::leak(Box::new(OnceLock::new()));
+    let cell = OnceLock::new();
     let _ = cell.set(Ok(ledger));
-    let ledger = cell.get().unwrap().as_ref().unwrap();
     let fake = FakeDriver::leaked(uuids);
-    let t = Box::leak(Box::new(Tenant::with_driver(config, cell, fake)));
+    let t = Box::new(Tenant::with_driver(config, LedgerCell::Own(cell), fake));
     Kit {
         t,
         fake,
-        ledger,
         dir,
         _serial: serial,
     }
@@ -86,16 +86,20 @@ pub fn kit(tag: &str, limit: u64) -> Kit {
 }
 
 impl Kit {
+    pub fn ledger(&self) -> &Ledger {
+        self.t.ledger().unwrap()
+    }
+
     /// What the tenant has charged on ledger device `ordinal`'s slot.
     pub fn used(&self, ordinal: i32) -> u64 {
         let slot = self.t.device(ordinal).unwrap().slot.clone().unwrap();
-        self.ledger.used(slot)
+        self.ledger().used(slot)
     }
 
     /// Refusals counted on device `ordinal`.
     pub fn denied(&self, ordinal: i32) -> u64 {
         let slot = self.t.device(ordinal).unwrap().slot.clone().unwrap();
-        let snapshot = self.ledger.snapshot();
+        let snapshot = self.ledger().snapshot();
         snapshot
             .devices
             .iter()
