@@ -114,3 +114,42 @@ fn kit_explicit(tag: &str) -> super::Kit {
         &[("GPUSLICE_CONTEXT_RESERVE", "0")],
     )
 }
+
+#[test]
+fn a_pitched_allocation_settles_on_pitch_times_height() {
+    let k = kit("alloc-pitch", 64 * MIB);
+    let d = k.t.device(0).unwrap();
+    let request = crate::accounting::sizes::Pitch {
+        width: 1000,
+        height: 1024,
+        element: 4,
+    };
+    // Estimated at 1024 bytes a row; the driver chose a 2048-byte pitch.
+    k.t.alloc_pitch(d, request, || Ok((0x1000, Some(2048))), |_| Ok(()))
+        .unwrap();
+    assert_eq!(k.used(0), 2 * MIB);
+}
+
+#[test]
+fn a_pitched_allocation_over_the_quota_once_its_pitch_is_known_is_undone() {
+    let k = kit("alloc-pitch-over", 3 * MIB);
+    let d = k.t.device(0).unwrap();
+    let request = crate::accounting::sizes::Pitch {
+        width: 1024,
+        height: 1024,
+        element: 4,
+    };
+    let freed = std::cell::Cell::new(false);
+    let r = k.t.alloc_pitch(
+        d,
+        request,
+        || Ok((0x1000, Some(4096))),
+        |_| {
+            freed.set(true);
+            Ok(())
+        },
+    );
+    assert_eq!(r, Err(CUerror::OUT_OF_MEMORY));
+    assert!(freed.get());
+    assert_eq!(k.used(0), 0);
+}
