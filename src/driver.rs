@@ -16,8 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 include!(concat!(env!("OUT_DIR"), "/hook_table.rs"));
 
 pub mod calls;
+#[cfg(test)]
+pub mod fake;
+pub mod image;
 pub mod measure;
 pub mod mig;
+pub mod seam;
 
 /// Which real library holds a function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,9 +3,9 @@
 //! it is destroyed. A primary context is charged on its first retain and returned on its last
 //! release or reset. A context's modules and limits go with it.
 
+use super::measurement::{Expected, Measurement};
 use super::tenant::{context_destroyed, Device};
 use super::{Charge, Tenant};
-use crate::driver::calls as driver;
 use gpuslice_api::types::{CUcontext, CUdevice};
 use gpuslice_api::{CUerror, CUresult};
 
@@ -40,17 +40,11 @@ impl Tenant {
         undo: impl FnOnce(CUcontext),
     ) -> Result<(CUcontext, Charge), CUerror> {
         let (explicit, fallback) = self.context_estimate();
-        self.charge_measured(
-            device,
-            "context creation",
+        let m = Measurement {
             explicit,
-            fallback,
-            None,
-            || self.expected_context_cost(device, fallback),
-            0,
-            call,
-            Some(undo),
-        )
+            ..Measurement::new("context creation", fallback, Expected::Context)
+        };
+        self.charge_measured(device, &m, call, Some(undo))
     }
 
     /// What a new context on `device` is expected to cost, reserved before the driver is asked so
@@ -60,7 +54,7 @@ impl Tenant {
     /// the tenant has there (each of them holds a context; its modules and limits only make the
     /// figure larger), never more than the fallback estimate; 0 when nothing is known (the tenant's
     /// first context on the device is only measured).
-    fn expected_context_cost(&self, device: &Device, fallback: u64) -> u64 {
+    pub(super) fn expected_context_cost(&self, device: &Device, fallback: u64) -> u64 {
         let Ok(slot) = device.slot else { return 0 };
         let r = self.records.lock();
         let own = r
@@ -149,7 +143,10 @@ impl Tenant {
             primary.refs = primary.refs.saturating_sub(1);
             let refs = primary.refs;
             drop(r);
-            let destroyed = driver::primary_context_active(ordinal).map_or(refs == 0, |a| !a);
+            let destroyed = self
+                .driver
+                .primary_context_active(ordinal)
+                .map_or(refs == 0, |a| !a);
             r = self.records.lock();
             destroyed
         };
@@ -199,11 +196,6 @@ impl Tenant {
 
     /// The context a module or limit belongs to: the calling thread's current one (0: none).
     pub fn current_context(&self) -> usize {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: `ctx` is a valid out-parameter.
-        match unsafe { crate::driver::calls::real::cuCtxGetCurrent(&mut ctx) } {
-            Ok(()) => ctx as usize,
-            Err(_) => 0,
-        }
+        self.driver.current_context().ok().flatten().unwrap_or(0)
     }
 }

@@ -20,15 +20,21 @@ use std::sync::OnceLock;
 pub mod contexts;
 pub mod first_launch;
 pub mod graphs;
+pub mod limits;
+pub mod measurement;
+pub mod modules;
 pub mod overhead;
+pub mod pool_alloc;
 pub mod pools;
 pub mod records;
 pub mod reservation;
+pub mod sizes;
 mod spin;
 pub mod tenant;
 pub mod views;
 pub mod vmm;
 
+pub use pool_alloc::PoolRequest;
 pub use pools::{FreedOn, PendingFree};
 pub use reservation::{Reservation, REFUSALS_LOGGED_PER_SECOND};
 pub use tenant::{Device, Tenant};
@@ -84,3 +90,6 @@ pub struct Charge {
     pub device: usize,
     pub bytes: u64,
 }
+
+#[cfg(test)]
+mod tests;

@@ -14,15 +14,10 @@
 //! An impossible answer (the process holds less than it allocated) is logged once and not believed.
 
 use super::{Charge, Device, Tenant};
-use crate::driver::measure::{self, ProcessFigure};
+use crate::driver::measure::ProcessFigure;
 use crate::ledger::QuotaExceeded;
 use crate::log;
-use gpuslice_api::CUerror;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 /// What an overhead record is for (with its handle, the key of the record).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -68,7 +63,7 @@ pub(super) struct State {
 
 /// One reading of the driver's figures (and of what this process charged) on a device.
 #[derive(Clone, Debug)]
-struct Sample {
+pub(super) struct Sample {
     process: ProcessFigure,
     device: Option<u64>,
     /// NVML's whole process list (driver PIDs and their used memory), read only while this process
@@ -84,25 +79,21 @@ struct Sample {
 
 /// What [`Tenant::spent`] found an operation cost.
 #[derive(Clone, Copy, Debug)]
-struct Spent {
-    bytes: i128,
+pub(super) struct Spent {
+    pub bytes: i128,
     /// From this process's own figure; else from the device's used memory, which also moves with
     /// every other process's allocations and frees meanwhile.
-    exact: bool,
+    pub exact: bool,
     /// The most the operation can have cost by NVML's process list (the largest process that
     /// appeared meanwhile, this one among them).
-    bound: Option<u64>,
+    pub bound: Option<u64>,
 }
 
-/// How long a measurement waits for another process's measurement on the same device.
-const LOCK_WAIT: Duration = Duration::from_secs(2);
-
 static WARNED_IMPOSSIBLE: AtomicBool = AtomicBool::new(false);
-static WARNED_LOCK: AtomicBool = AtomicBool::new(false);
 static WARNED_UNCHARGED: AtomicBool = AtomicBool::new(false);
-static WARNED_DISTURBED: AtomicBool = AtomicBool::new(false);
-static WARNED_NEIGHBOUR: AtomicBool = AtomicBool::new(false);
-static WARNED_UNDOABLE: AtomicBool = AtomicBool::new(false);
+pub(super) static WARNED_DISTURBED: AtomicBool = AtomicBool::new(false);
+pub(super) static WARNED_NEIGHBOUR: AtomicBool = AtomicBool::new(false);
+pub(super) static WARNED_UNDOABLE: AtomicBool = AtomicBool::new(false);
 static WARNED_NODE_BOUND: AtomicBool = AtomicBool::new(false);
 
 /// The node's word this process last applied (its `node_ms`).
@@ -145,6 +136,7 @@ fn node_overhead(
     ledger: &crate::ledger::Ledger,
     slot: usize,
     uuid: &str,
+    total: impl FnOnce() -> Option<u64>,
     fell: u64,
 ) -> Option<(u64, bool)> {
     let (overhead, ms) = ledger.node_word_for_me(slot)?;
@@ -152,7 +144,7 @@ fn node_overhead(
     if now.saturating_sub(ms) > NODE_WORD_FRESH_MS || ms > now.saturating_add(NODE_WORD_FRESH_MS) {
         return None;
     }
-    if measure::device_total(uuid).is_some_and(|total| overhead > total) {
+    if total().is_some_and(|total| overhead > total) {
         warn_once(
             &WARNED_NODE_BOUND,
             format_args!(
@@ -165,115 +157,25 @@ fn node_overhead(
     Some((overhead, ms >= fell))
 }
 
-fn warn_once(flag: &AtomicBool, args: std::fmt::Arguments<'_>) {
+pub(super) fn warn_once(flag: &AtomicBool, args: std::fmt::Arguments<'_>) {
     if !flag.swap(true, Ordering::Relaxed) {
         log::warn(args);
     }
 }
 
-/// The per-device measurement lock: a `flock` on the GPU's lock file in the effective device
-/// directory (`config::paths::measure_lock`), released when dropped (or when the process dies). A
-/// lock that cannot be had in [`LOCK_WAIT`] (a stopped holder) or a file that cannot be opened
-/// leaves the measurement unlocked (logged once).
-struct MeasureLock(Option<OwnedFd>);
-
-impl MeasureLock {
-    /// The lock of device `uuid` in the device directory `dir`.
-    fn acquire(dir: &Path, uuid: &str) -> MeasureLock {
-        let path = crate::config::paths::measure_lock(dir, uuid);
-        let fd: OwnedFd = match open_lock_file(dir, &path) {
-            Ok(f) => f.into(),
-            Err(e) => {
-                warn_once(
-                    &WARNED_LOCK,
-                    format_args!(
-                        "cannot open {} ({e}): driver memory is measured without the device lock",
-                        path.display()
-                    ),
-                );
-                return MeasureLock(None);
-            }
-        };
-        let start = Instant::now();
-        loop {
-            if lock_byte(&fd, libc::LOCK_EX) {
-                return MeasureLock(Some(fd));
-            }
-            if start.elapsed() >= LOCK_WAIT {
-                warn_once(
-                    &WARNED_LOCK,
-                    format_args!(
-                        "{} stayed locked for {LOCK_WAIT:?}: driver memory is measured without it",
-                        path.display()
-                    ),
-                );
-                return MeasureLock(None);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
-/// Opens the lock file `path` in the device directory `dir`. An existing file is opened read-only,
-/// which is enough for `flock`: a node's device directory is root's and its lock files are made by
-/// `tenant create` (root, readable by the device group), and a tenant cannot create files there.
-/// A missing one is created, writable for everyone (a tenant of another uid measures on the same
-/// GPU), in a directory created as the device ledgers' is (sticky, world-writable). Never through
-/// a symbolic link: in a shared directory another user could plant one.
-fn open_lock_file(dir: &Path, path: &Path) -> std::io::Result<std::fs::File> {
-    let existing = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path);
-    match existing {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        other => return other,
-    }
-    crate::slotfile::make_shared_dir(dir)?;
-    std::fs::OpenOptions::new()
-        .mode(0o666)
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-}
-
-impl Drop for MeasureLock {
-    fn drop(&mut self) {
-        if let Some(fd) = &self.0 {
-            lock_byte(fd, libc::LOCK_UN);
-        }
-    }
-}
-
-/// Takes (`LOCK_EX`) or drops (`LOCK_UN`) the file's lock, without waiting. `flock` locks belong to
-/// the open file description: they die with the process, and work on a read-only descriptor.
-fn lock_byte(fd: &OwnedFd, kind: libc::c_int) -> bool {
-    // SAFETY: flock takes a descriptor and flags; LOCK_NB never blocks.
-    unsafe { libc::flock(fd.as_raw_fd(), kind | libc::LOCK_NB) == 0 }
-}
-
 impl Tenant {
-    fn sample(&self, device: &Device) -> Sample {
+    pub(super) fn sample(&self, device: &Device) -> Sample {
         let charged = || match (&device.slot, self.ledger.get()) {
             (Ok(slot), Some(Ok(ledger))) => ledger.used_by_me(*slot),
             _ => 0,
         };
         let first = charged();
-        let process = measure::process_used(&device.uuid);
-        let listed = if measure::driver_pid_unknown() {
-            measure::processes(&device.uuid)
-        } else {
-            None
-        };
-        let device_used = measure::device_used(&device.uuid);
+        let read = self.driver.memory_sample(&device.uuid);
         let last = charged();
         Sample {
-            process,
-            device: device_used,
-            listed,
+            process: read.process,
+            device: read.device,
+            listed: read.listed,
             charged_low: first.min(last),
             charged: first.max(last),
         }
@@ -283,7 +185,7 @@ impl Tenant {
     /// process charged for allocations meanwhile; `None` when nothing trustworthy was read.
     /// `reserved` is what the operation reserved before the driver was asked (in both samples'
     /// ledger readings, and no allocation).
-    fn spent(
+    pub(super) fn spent(
         &self,
         device: &Device,
         before: &Sample,
@@ -314,7 +216,7 @@ impl Tenant {
                 .collect();
             match new.as_slice() {
                 [(pid, used)] if *used != gpuslice_api::nvml::NVML_VALUE_NOT_AVAILABLE => {
-                    measure::identify_driver_pid(*pid);
+                    self.driver.identify_driver_pid(*pid);
                     log::info(format_args!(
                         "the driver lists this process as PID {pid} on {} (another PID \
                          namespace): its per-process figures are used from now on",
@@ -361,170 +263,6 @@ impl Tenant {
             }),
             _ => None,
         }
-    }
-
-    /// Runs `call` (an operation that makes the driver spend memory on `device`) and charges what it
-    /// spent: `explicit` when given (never measured), else the measured change, else `fallback`;
-    /// never less than `floor` (a change the driver documents, such as a larger heap, which a driver
-    /// may reserve only later: the larger figure is charged). `expected` (what the operation is
-    /// expected to cost; 0: unknown) is reserved before the driver is asked, so that an operation
-    /// the quota has no room for is refused before the driver spends memory on it; the charge is
-    /// then brought to what was measured. Both are asked and the charge published under the
-    /// device's measurement lock, so that the next process's operation on the device (serialised by
-    /// the lock) sees this one's charge and can expect what it cost.
-    /// `current` is what the object is charged already (a limit changed again): the result is the
-    /// object's new charge, the ledger moved by the difference. Over the quota, `undo` reverses the
-    /// operation and the call fails with out-of-memory; without `undo` (an operation that cannot be
-    /// undone) the call succeeds as the driver answered, charged what was reserved for it.
-    /// Measured from the device's used memory (another PID namespace), the charge never passes
-    /// what the operation can cost: `expected`, else `fallback`. The caller records the charge, then calls
-    /// [`Tenant::reconcile_device`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn charge_measured<T: Copy>(
-        &self,
-        device: &Device,
-        what: &str,
-        explicit: Option<u64>,
-        fallback: u64,
-        floor: Option<i128>,
-        expected: impl FnOnce() -> u64,
-        current: u64,
-        call: impl FnOnce() -> Result<T, CUerror>,
-        undo: Option<impl FnOnce(T)>,
-    ) -> Result<(T, Charge), CUerror> {
-        // An explicit charge, or the least the change takes, is reserved before the driver is asked,
-        // as any allocation: over the quota, the driver never sees the call.
-        let known = match (explicit, floor) {
-            (Some(e), _) => e.saturating_sub(current),
-            (None, Some(f)) => u64::try_from(f.max(0)).unwrap_or(u64::MAX),
-            (None, None) => 0,
-        };
-        let upfront = match (&device.slot, known) {
-            // Nothing to reserve yet: no ledger operation (a lowered limit must not refuse 0 bytes).
-            (Ok(slot), 0) => self.reserved(Charge {
-                device: *slot,
-                bytes: 0,
-            }),
-            _ => self.reserve(device, known, what)?,
-        };
-        let slot = upfront.charge().device;
-        if let Some(bytes) = explicit {
-            // An explicit charge is never measured: no lock, no driver figures.
-            let value = call()?;
-            upfront.commit();
-            return Ok((
-                value,
-                Charge {
-                    device: slot,
-                    bytes,
-                },
-            ));
-        }
-        let lock = MeasureLock::acquire(&self.config.device_dir, &device.uuid);
-        let expected = expected();
-        let predicted = match expected.saturating_sub(known) {
-            0 => None,
-            more => Some(self.reserve(device, more, what)?),
-        };
-        let reserved = upfront
-            .charge()
-            .bytes
-            .saturating_add(predicted.as_ref().map_or(0, |p| p.charge().bytes));
-        let before = self.sample(device);
-        let value = call()?;
-        let after = self.sample(device);
-        // What the operation can cost at most, for a figure that also moves with other processes:
-        // what it is expected to cost (a context as this tenant's others on the GPU, a module its
-        // image's pages, a limit what NVIDIA documents), else the fallback estimate.
-        let cap = expected.max(fallback);
-        let delta = match self.spent(device, &before, &after, reserved) {
-            // A new object (a context, a module) cannot have given memory back: the figures moved
-            // with another process's frees (the device figure), and are not believed.
-            Some(s) if s.bytes < 0 && current == 0 && floor.is_none() => {
-                warn_once(
-                    &WARNED_DISTURBED,
-                    format_args!(
-                        "{what} on {} measured {} bytes (memory freed by another process \
-                         meanwhile): charged the estimate of {fallback} bytes instead",
-                        device.uuid, s.bytes
-                    ),
-                );
-                i128::from(fallback)
-            }
-            // The device's used memory also grew by what other processes allocated meanwhile
-            // (a neighbour loading its weights while this context is created): never charged
-            // beyond what the operation can cost.
-            Some(s) if !s.exact && s.bytes > i128::from(s.bound.unwrap_or(u64::MAX).min(cap)) => {
-                let most = s.bound.unwrap_or(u64::MAX).min(cap);
-                warn_once(
-                    &WARNED_NEIGHBOUR,
-                    format_args!(
-                        "{what} on {} measured {} bytes from the device's used memory (other \
-                         processes allocated meanwhile): charged at most {most} bytes, what it can \
-                         cost",
-                        device.uuid, s.bytes
-                    ),
-                );
-                i128::from(most) - i128::from(current)
-            }
-            Some(s) => s.bytes,
-            None => i128::from(fallback),
-        };
-        let delta = floor.map_or(delta, |f| delta.max(f));
-        let cost = u64::try_from((i128::from(current) + delta).max(0)).unwrap_or(u64::MAX);
-        let have = current.saturating_add(reserved);
-        let mut cost = cost;
-        if cost > have {
-            match self.reserve(device, cost - have, what) {
-                Ok(more) => {
-                    more.commit();
-                }
-                Err(e) => match undo {
-                    Some(undo) => {
-                        undo(value);
-                        return Err(e);
-                    }
-                    None => {
-                        // Done, and cannot be undone (code the driver loaded for a lookup that
-                        // succeeded): the call succeeds as the driver answered; what the quota has
-                        // no room for is left to reconciliation.
-                        warn_once(
-                            &WARNED_UNDOABLE,
-                            format_args!(
-                                "{what} on {} cost {} bytes beyond the {have} reserved for it, \
-                                 and the quota has no room for them: charged what was reserved",
-                                device.uuid,
-                                cost - have
-                            ),
-                        );
-                        cost = have;
-                    }
-                },
-            }
-        }
-        upfront.commit();
-        if let Some(p) = predicted {
-            p.commit();
-        }
-        if cost < have {
-            self.release(Charge {
-                device: slot,
-                bytes: have - cost,
-            });
-        }
-        if let Some(Ok(ledger)) = self.ledger.get() {
-            // The caller records the object (and publishes again) once the lock is released.
-            let overhead = self.overhead_on(Some(slot)).saturating_sub(current);
-            ledger.set_overhead_by_me(slot, overhead.saturating_add(cost));
-        }
-        drop(lock);
-        Ok((
-            value,
-            Charge {
-                device: slot,
-                bytes: cost,
-            },
-        ))
     }
 
     /// Driver overhead charged on a ledger device: contexts, primary contexts, modules, limits and
@@ -574,7 +312,13 @@ impl Tenant {
                 }
                 holds.saturating_sub(allocated).saturating_sub(recorded)
             }
-            _ => match node_overhead(ledger, slot, &device.uuid, fell) {
+            _ => match node_overhead(
+                ledger,
+                slot,
+                &device.uuid,
+                || self.driver.device_total(&device.uuid),
+                fell,
+            ) {
                 Some((overhead, raise)) => {
                     ledger.set_reconciled_by_me(crate::ledger::RECONCILED_NODE);
                     let wanted = overhead.saturating_sub(recorded);
@@ -585,7 +329,7 @@ impl Tenant {
                     }
                 }
                 None => {
-                    if measure::driver_pid_unknown() {
+                    if self.driver.driver_pid_unknown() {
                         ledger.set_reconciled_by_me(crate::ledger::RECONCILED_ESTIMATED);
                     }
                     return;
@@ -638,7 +382,7 @@ impl Tenant {
         };
         let stamp = ledger.node_stamp_for_me();
         let Ok(slot) = device.slot else { return };
-        if !measure::driver_pid_unknown() || self.context_reserve_is_explicit() {
+        if !self.driver.driver_pid_unknown() || self.context_reserve_is_explicit() {
             NODE_APPLIED.store(stamp, Ordering::Relaxed);
             return;
         }
@@ -888,20 +632,27 @@ mod tests {
         let _serial = crate::slotfile::serial_test();
         let (dir, me, node, d) = ledgers("fresh");
         let now = unix_ms();
-        assert_eq!(node_overhead(&me, d, UUID, 0), None, "no word yet");
+        assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "no word yet");
         word(&node, &me, d, 40 * MIB, now);
-        assert_eq!(node_overhead(&me, d, UUID, 0), Some((40 * MIB, true)));
+        assert_eq!(
+            node_overhead(&me, d, UUID, || None, 0),
+            Some((40 * MIB, true))
+        );
         // Read before the recorded overhead fell: it still counts what was destroyed since.
         assert_eq!(
-            node_overhead(&me, d, UUID, now + 1),
+            node_overhead(&me, d, UUID, || None, now + 1),
             Some((40 * MIB, false))
         );
         word(&node, &me, d, 40 * MIB, now - NODE_WORD_FRESH_MS - 1_000);
-        assert_eq!(node_overhead(&me, d, UUID, 0), None, "stale");
+        assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "stale");
         word(&node, &me, d, 40 * MIB, now + NODE_WORD_FRESH_MS + 60_000);
-        assert_eq!(node_overhead(&me, d, UUID, 0), None, "from the future");
+        assert_eq!(
+            node_overhead(&me, d, UUID, || None, 0),
+            None,
+            "from the future"
+        );
         word(&node, &me, d, NODE_NOT_LISTED, now);
-        assert_eq!(node_overhead(&me, d, UUID, 0), None, "not listed");
+        assert_eq!(node_overhead(&me, d, UUID, || None, 0), None, "not listed");
         drop((me, node));
         let _ = std::fs::remove_dir_all(&dir);
     }

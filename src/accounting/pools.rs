@@ -5,7 +5,6 @@
 //! memory the pool already had, and goes down only when trimmed by us to its outstanding blocks.
 
 use super::{Charge, Tenant};
-use crate::driver::calls as driver;
 use crate::ledger::QuotaExceeded;
 use crate::log;
 use gpuslice_api::types::{CUdevice, CUmemLocation, CU_MEM_LOCATION_TYPE_DEVICE};
@@ -160,7 +159,7 @@ impl Tenant {
         if let Some(place) = self.records.lock().pool_places.get(&pool) {
             return Some(*place);
         }
-        let owner = driver::pool_owner(pool)?;
+        let owner = self.driver.pool_owner(pool)?;
         self.records.lock().pool_places.insert(pool, Some(owner));
         Some(Some(owner))
     }
@@ -347,7 +346,7 @@ impl Tenant {
             .map(|(&pool, charge)| (pool, charge.device, charge.bytes))
             .collect();
         for (pool, device, bytes) in pools {
-            if let Some(holds) = driver::pool_reserved(pool) {
+            if let Some(holds) = self.driver.pool_reserved(pool) {
                 if holds < bytes {
                     let _ = self.pool_now_holds(pool, device, Some(holds), 0);
                 }

@@ -5,7 +5,6 @@ use super::overhead::OverheadRecord;
 use super::pools::{FreedOn, PoolCharge};
 use super::vmm::Physical;
 use super::{Charge, Device, Tenant};
-use crate::driver::calls as driver;
 use gpuslice_api::types::CUdevice;
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::{BTreeMap, HashMap};
@@ -238,7 +237,7 @@ impl Tenant {
             let mut table = self.allocations.lock();
             let gone: Vec<u64> = table
                 .keys()
-                .filter(|&key| !driver::pointer_known(key))
+                .filter(|&key| !self.driver.pointer_known(key))
                 .collect();
             gone.into_iter()
                 .filter_map(|key| table.remove(key))
@@ -257,7 +256,7 @@ impl Tenant {
                 .pool_blocks
                 .keys()
                 .copied()
-                .filter(|&key| !driver::pointer_known(key))
+                .filter(|&key| !self.driver.pointer_known(key))
                 .collect();
             gone.into_iter()
                 .filter_map(|key| Some((key, r.pool_blocks.remove(&key)?)))

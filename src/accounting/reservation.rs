@@ -3,7 +3,7 @@
 
 use super::{Charge, Device, Tenant};
 use crate::config;
-use crate::ledger::{Ledger, QuotaExceeded};
+use crate::ledger::{Ledger, QuotaExceeded, Refusal};
 use crate::log;
 use gpuslice_api::CUerror;
 use std::sync::atomic::Ordering::Relaxed;
@@ -99,23 +99,28 @@ impl Tenant {
         };
         let ledger = self.ledger().map_err(|_| CUerror::OUT_OF_MEMORY)?;
         // Refused at the quota: memory pools may hold less than was charged for them since the
-        // last look (settled, then tried again); then `make_room`, once.
+        // last look (settled, then tried again); then `make_room`, once. The loop is here, never
+        // in the ledger: making room calls the driver and re-enters the bookkeeping.
         let mut settled = false;
         let mut make_room = Some(make_room);
-        let mut attempt = ledger.try_reserve_making_room(slot, bytes, || {
-            if !settled {
+        let mut attempt = loop {
+            let e = match ledger.try_reserve_once(slot, bytes) {
+                Ok(()) => break Ok(()),
+                Err(Refusal::Closed(e)) => break Err(e),
+                Err(Refusal::AtQuota(e)) => e,
+            };
+            let again = if settled {
+                make_room.take().is_some_and(|f| f())
+            } else {
                 settled = true;
-                let graphs = self.release_finished_graph_memory();
-                if self.has_pools() {
-                    self.settle_pools();
-                    return true;
-                }
-                if graphs {
-                    return true;
-                }
+                self.room_from_finished_work() || make_room.take().is_some_and(|f| f())
+            };
+            if !again {
+                // Counted once per refused call, however many tries it took.
+                ledger.count_denied(slot);
+                break Err(e);
             }
-            make_room.take().is_some_and(|f| f())
-        });
+        };
         if attempt.is_ok() {
             // Reserve, then check the node's ceiling: of reservations racing past it, none proceeds.
             if let Err(e) = self.within_policy(device, ledger, slot, bytes) {
@@ -135,6 +140,17 @@ impl Tenant {
                 Err(CUerror::OUT_OF_MEMORY)
             }
         }
+    }
+
+    /// Gives back what finished work no longer holds (graphs' memory, pools' released memory)
+    /// before a refusal; true when the reservation is worth trying again.
+    fn room_from_finished_work(&self) -> bool {
+        let graphs = self.release_finished_graph_memory();
+        if self.has_pools() {
+            self.settle_pools();
+            return true;
+        }
+        graphs
     }
 
     /// A guard for bytes already reserved in the ledger.

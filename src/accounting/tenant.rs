@@ -4,15 +4,13 @@
 use super::records::{ChargeTable, Records};
 use super::spin::SpinMutex;
 use crate::config::{self, Config, Limit};
-use crate::driver::calls as driver;
+use crate::driver::seam::{self, Driver};
 use crate::ledger::Ledger;
 use crate::log;
 use crate::process::Process;
-use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
+use gpuslice_api::types::{CUdevice, CUstream};
 use gpuslice_api::CUerror;
 use parking_lot::{Mutex, ReentrantMutex};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// One device as this process sees it.
@@ -29,9 +27,11 @@ pub struct Device {
 
 pub struct Tenant {
     pub config: &'static Config,
+    /// The driver, as accounting asks it (`driver::seam`): the real one, or a fake in unit tests.
+    pub(super) driver: &'static dyn Driver,
     /// The process runtime's: opened on first use, when the process's devices are known (a creator
     /// records their limits).
-    pub(super) ledger: &'static OnceLock<Result<Ledger, String>>,
+    pub(super) ledger: LedgerCell,
     /// Devices by ordinal, resolved once each.
     devices: [OnceLock<Device>; MAX_ORDINALS],
     /// The process sees exactly one device (then every allocation is on it): `Some(true)`.
@@ -53,35 +53,57 @@ pub struct Tenant {
     pub(super) overhead: Mutex<super::overhead::State>,
 }
 
+/// Where the tenant's ledger is: the process runtime's (joined on first use), or, in unit tests,
+/// the tenant's own (unmapped when the tenant is dropped).
+pub(crate) enum LedgerCell {
+    Shared(&'static OnceLock<Result<Ledger, String>>),
+    #[cfg(test)]
+    Own(OnceLock<Result<Ledger, String>>),
+}
+
+impl std::ops::Deref for LedgerCell {
+    type Target = OnceLock<Result<Ledger, String>>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Self::Target {
+        match self {
+            LedgerCell::Shared(cell) => cell,
+            #[cfg(test)]
+            LedgerCell::Own(cell) => cell,
+        }
+    }
+}
+
 /// Device ordinals a process can see (CUDA has no more on one machine).
 pub(super) const MAX_ORDINALS: usize = 64;
 
-thread_local! {
-    /// The last (context, device ordinal) this thread resolved, and [`CONTEXTS_DESTROYED`] then:
-    /// allocations repeat on one context.
-    static LAST_CONTEXT: Cell<(usize, CUdevice, u64)> = const { Cell::new((0, -1, 0)) };
-}
-
-/// Contexts of this process destroyed so far (created ones destroyed, primary ones reset or
-/// released for the last time). A driver gives a destroyed context's handle to a later context,
-/// perhaps on another device: what a thread resolved for a handle holds only while this count
-/// has not moved.
-static CONTEXTS_DESTROYED: AtomicU64 = AtomicU64::new(0);
-
-/// A context of this process was destroyed: every thread's [`LAST_CONTEXT`] is to be resolved again.
+/// A context of this process was destroyed: cached context -> device answers are asked again.
 pub(super) fn context_destroyed() {
-    CONTEXTS_DESTROYED.fetch_add(1, Ordering::AcqRel);
+    seam::context_destroyed();
 }
 
 impl Tenant {
     pub(super) fn new(process: &'static Process) -> Tenant {
-        let config = &process.config;
+        Tenant::with_driver(
+            &process.config,
+            LedgerCell::Shared(process.ledger_cell()),
+            &seam::REAL,
+        )
+    }
+
+    /// A tenant of `config` charging `ledger`, asking `driver` (a fake one in unit tests).
+    pub(crate) fn with_driver(
+        config: &'static Config,
+        ledger: LedgerCell,
+        driver: &'static dyn Driver,
+    ) -> Tenant {
         let context_reserve = config
             .context_reserve
             .unwrap_or(config::DEFAULT_CONTEXT_RESERVE);
         Tenant {
             config,
-            ledger: process.ledger_cell(),
+            driver,
+            ledger,
             devices: [const { OnceLock::new() }; MAX_ORDINALS],
             single_device: OnceLock::new(),
             allocations: SpinMutex::new(ChargeTable::default()),
@@ -132,7 +154,7 @@ impl Tenant {
         if self.sees_one_device() {
             return self.device(0);
         }
-        self.device(current_ordinal()?)
+        self.device(self.driver.current_device()?)
     }
 
     /// The device of `stream`'s context: stream-ordered allocation takes its memory from "the
@@ -142,7 +164,7 @@ impl Tenant {
         if self.sees_one_device() {
             return self.device(0);
         }
-        match driver::stream_device(stream) {
+        match self.driver.stream_device(stream as usize) {
             Some((_, ordinal)) => self.device(ordinal as CUdevice),
             None => self.current_device(),
         }
@@ -152,12 +174,10 @@ impl Tenant {
         if let Some(one) = self.single_device.get() {
             return *one;
         }
-        let mut count = 0;
-        // SAFETY: `count` is a valid out-parameter.
-        match unsafe { driver::real::cuDeviceGetCount(&mut count) } {
+        match self.driver.device_count() {
             // The count is fixed once the driver is initialised.
-            Ok(()) => *self.single_device.get_or_init(|| count == 1),
-            Err(_) => false,
+            Some(count) => *self.single_device.get_or_init(|| count == 1),
+            None => false,
         }
     }
 
@@ -180,7 +200,7 @@ impl Tenant {
         cell: &'a OnceLock<Device>,
         ordinal: CUdevice,
     ) -> Result<&'a Device, CUerror> {
-        let uuid = driver::device_uuid(ordinal)?;
+        let uuid = self.driver.device_uuid(ordinal)?;
         let slot = self.resolve_slot(ordinal, &uuid);
         if let Err(why) = &slot {
             log::error(format_args!(
@@ -205,7 +225,7 @@ impl Tenant {
         if let Limit::Invalid(why) = self.config.memory_limit_for(ordinal as u32, uuid) {
             return Err(why);
         }
-        if let Some(why) = crate::ledger::unmatched_keys(self.config, &driver::visible_devices()) {
+        if let Some(why) = crate::ledger::unmatched_keys(self.config, &self.visible_devices()) {
             return Err(why);
         }
         let ledger = self.ledger().map_err(str::to_owned)?;
@@ -218,24 +238,16 @@ impl Tenant {
     }
 }
 
-/// The ordinal of the calling thread's current context's device.
-pub(super) fn current_ordinal() -> Result<CUdevice, CUerror> {
-    let mut ctx: CUcontext = std::ptr::null_mut();
-    // SAFETY: `ctx` is a valid out-parameter.
-    unsafe { driver::real::cuCtxGetCurrent(&mut ctx) }?;
-    if ctx.is_null() {
-        return Err(CUerror::INVALID_CONTEXT);
+impl Tenant {
+    /// The devices this process sees, as (ordinal, UUID).
+    fn visible_devices(&self) -> Vec<(u32, String)> {
+        (0..self.driver.device_count().unwrap_or(0))
+            .filter_map(|i| self.driver.device_uuid(i).ok().map(|u| (i as u32, u)))
+            .collect()
     }
-    // Read after the context: a context made current here after another's destruction was created
-    // after it, so a handle given again is never taken for the context it once named.
-    let destroyed = CONTEXTS_DESTROYED.load(Ordering::Acquire);
-    let (last_ctx, last_ordinal, seen) = LAST_CONTEXT.with(Cell::get);
-    if last_ctx == ctx as usize && seen == destroyed {
-        return Ok(last_ordinal);
+
+    /// The driver accounting asks.
+    pub fn driver(&self) -> &'static dyn Driver {
+        self.driver
     }
-    let mut ordinal: CUdevice = -1;
-    // SAFETY: `ordinal` is a valid out-parameter.
-    unsafe { driver::real::cuCtxGetDevice(&mut ordinal) }?;
-    LAST_CONTEXT.with(|c| c.set((ctx as usize, ordinal, destroyed)));
-    Ok(ordinal)
 }

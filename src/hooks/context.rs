@@ -5,10 +5,11 @@
 //! destroyed, a limit when changed back or its context destroyed.
 
 use super::{hooks, Out};
-use crate::accounting::overhead::driver_pages as pages;
+use crate::accounting::limits::{limit_default, LimitChange, LIMIT_STACK_SIZE};
 use crate::accounting::overhead::Overhead;
 use crate::accounting::{tenant, Device, Tenant};
 use crate::driver::calls as driver;
+use crate::driver::image::Image;
 use crate::scheduling;
 use gpuslice_api::types::{
     CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUfunction, CUgreenCtx, CUkernel,
@@ -200,11 +201,7 @@ fn green_destroy(green: CUgreenCtx, call: impl FnOnce() -> CUresult) -> CUresult
 /// first device), or `None` when quotas do not apply.
 fn overhead_device(need_context: bool) -> Option<(&'static Tenant, &'static Device)> {
     let t = tenant()?;
-    match t.current_device() {
-        Ok(d) => Some((t, d)),
-        Err(_) if !need_context => t.device(0).ok().map(|d| (t, d)),
-        Err(_) => None,
-    }
+    Some((t, t.overhead_device(need_context)?))
 }
 
 fn module_load(module: Out<CUmodule>, image: Image, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -225,11 +222,7 @@ fn library_load(
     })
 }
 
-/// A module (in the current context, which it goes with) or a library (context-independent: it
-/// goes when unloaded) loaded from `image`, charged what loading it cost the driver. What its code
-/// will take on the device, read from the image, is reserved before the driver is asked: a load the
-/// quota has no room for is refused before the driver spends the memory. A driver that loads
-/// lazily loads nothing yet: the code is reserved and charged at its lookups ([`lookup`]).
+/// A module or library loaded from `image` (`accounting::modules`).
 fn load<H>(
     kind: Overhead,
     handle: Out<*mut H>,
@@ -237,47 +230,18 @@ fn load<H>(
     call: impl FnOnce() -> CUresult,
     unload: impl FnOnce(*mut H),
 ) -> CUresult {
-    let module = kind == Overhead::Module;
-    let Some((t, device)) = overhead_device(module) else {
+    let Some((t, device)) = overhead_device(kind == Overhead::Module) else {
         return call();
     };
     if handle.is_null() {
         return call();
     }
-    let owner = if module { t.current_context() } else { 0 };
-    let what = if module {
-        "module load"
-    } else {
-        "library load"
+    let code = image.measure(device.ordinal);
+    let call = || {
+        call()?;
+        Ok(handle.get().unwrap_or(std::ptr::null_mut()))
     };
-    let (size, code) = image.measure(device.ordinal);
-    let lazy = driver::lazy_module_loading();
-    let expected = if lazy { 0 } else { pages(code.total()) };
-    let fallback = match (lazy, code.total()) {
-        (true, _) => 0,
-        (false, 0) => size,
-        (false, _) => expected,
-    };
-    let (loaded, charge) = t.charge_measured(
-        device,
-        what,
-        None,
-        fallback,
-        None,
-        || expected,
-        0,
-        || {
-            call()?;
-            Ok(handle.get().unwrap_or(std::ptr::null_mut()))
-        },
-        Some(unload),
-    )?;
-    t.record_overhead(kind, loaded as usize, owner, charge);
-    if lazy {
-        t.record_lazy_code(kind, loaded as usize, code);
-    }
-    t.reconcile_device(device);
-    Ok(())
+    t.load_code_object(device, kind, code, call, |h| h as usize, unload)
 }
 
 /// A kernel's lookup in a module or library loaded lazily: the driver loads the module's data (on
@@ -301,9 +265,8 @@ fn lookup(
     load_code(t, kind, handle, kernel, call)
 }
 
-/// The driver loads `kernel`'s code of lazily loaded module or library `handle` (and the module's
-/// data, on its first load) in `call`: what that adds is reserved before, then charged what the
-/// driver spent, with the module or library.
+/// The driver loads `kernel`'s code of lazily loaded module or library `handle`
+/// (`accounting::modules`).
 fn load_code(
     t: &'static Tenant,
     kind: Overhead,
@@ -311,28 +274,7 @@ fn load_code(
     kernel: &[u8],
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let Some(expected) = t.lazy_code_expected(kind, handle, kernel) else {
-        return call();
-    };
-    let Some((t, device)) = overhead_device(kind == Overhead::Module) else {
-        return call();
-    };
-    let ((), charge) = t.charge_measured(
-        device,
-        "kernel load",
-        None,
-        expected,
-        None,
-        || expected,
-        0,
-        call,
-        // Loaded code cannot be unloaded on its own, and the driver answered: the lookup succeeds,
-        // what the quota has no room for beyond what was reserved is left to reconciliation.
-        None::<fn(())>,
-    )?;
-    t.lazy_code_loaded(kind, handle, kernel, charge);
-    t.reconcile_device(device);
-    Ok(())
+    t.load_lazy_code(kind, handle, kernel, call)
 }
 
 /// A kernel of a library: a lazily loaded library's kernel is not loaded yet (`cuLibraryLoadData`:
@@ -470,25 +412,20 @@ fn grow_local(t: &'static Tenant, local: u64, launch: impl FnOnce() -> CUresult)
     let Some((t, device)) = overhead_device(true).filter(|(o, _)| std::ptr::eq(*o, t)) else {
         return launch();
     };
-    let mut old: usize = 0;
-    // SAFETY: `old` is a valid out-parameter.
-    if unsafe { driver::real::cuCtxGetLimit(&mut old, LIMIT_STACK_SIZE) }.is_err() {
+    let Some(old) = t.driver().context_limit(LIMIT_STACK_SIZE) else {
         return launch();
-    }
+    };
     let value = usize::try_from(local).unwrap_or(usize::MAX);
     if value <= old {
         return launch();
     }
-    charge_limit(
-        t,
-        device,
-        "local memory growth",
-        LIMIT_STACK_SIZE,
+    let change = LimitChange {
+        what: "local memory growth",
+        limit: LIMIT_STACK_SIZE,
         old,
         value,
-        launch,
-        None::<fn(())>,
-    )
+    };
+    t.change_limit(device, change, launch, None::<fn(())>)
 }
 
 fn unload(kind: Overhead, handle: usize, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -504,295 +441,27 @@ fn unload(kind: Overhead, handle: usize, call: impl FnOnce() -> CUresult) -> CUr
     Ok(())
 }
 
-/// `CU_LIMIT_STACK_SIZE`, `CU_LIMIT_PRINTF_FIFO_SIZE`, `CU_LIMIT_MALLOC_HEAP_SIZE`.
-const LIMIT_STACK_SIZE: c_int = 0;
-const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
-const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
-
 fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUresult {
     let Some((t, device)) = overhead_device(true) else {
         return call();
     };
-    let mut old: usize = 0;
-    // SAFETY: `old` is a valid out-parameter.
-    if unsafe { driver::real::cuCtxGetLimit(&mut old, limit) }.is_err() {
+    let Some(old) = t.driver().context_limit(limit) else {
         // A limit the driver does not know: it answers for itself.
         return call();
-    }
-    charge_limit(
-        t,
-        device,
-        "cuCtxSetLimit",
+    };
+    let change = LimitChange {
+        what: "cuCtxSetLimit",
         limit,
         old,
         value,
+    };
+    t.change_limit(
+        device,
+        change,
         call,
         Some(|()| {
             // SAFETY: puts back the value this call replaced.
             let _ = unsafe { driver::real::cuCtxSetLimit(limit, old) };
         }),
     )
-}
-
-/// Limit `limit` of the current context goes from `old` to `value` in `call`: charged what NVIDIA
-/// documents the change to take beyond the default, at least, reserved before `call`.
-#[allow(clippy::too_many_arguments)]
-fn charge_limit(
-    t: &'static Tenant,
-    device: &'static Device,
-    what: &str,
-    limit: c_int,
-    old: usize,
-    value: usize,
-    call: impl FnOnce() -> CUresult,
-    undo: Option<impl FnOnce(())>,
-) -> CUresult {
-    let ctx = t.current_context();
-    let current = t.overhead_of(Overhead::Limits, ctx);
-    // What NVIDIA documents the change to take: charged at least (a driver may reserve it lazily).
-    // The default's memory is the context's (charged with it): only what a value takes beyond the
-    // default is the limit's, so a limit lowered below its default and raised again is not charged
-    // twice for the default's part.
-    let beyond = |v: usize| {
-        pages(
-            limit_bytes(device.ordinal, limit, v).saturating_sub(limit_bytes(
-                device.ordinal,
-                limit,
-                limit_default(limit),
-            )),
-        )
-    };
-    let estimate = i128::from(beyond(value)) - i128::from(beyond(old));
-    let ((), charge) = t.charge_measured(
-        device,
-        what,
-        None,
-        u64::try_from(estimate.max(0)).unwrap_or(u64::MAX),
-        Some(estimate),
-        || 0,
-        current,
-        call,
-        undo,
-    )?;
-    t.record_overhead(Overhead::Limits, ctx, ctx, charge);
-    t.reconcile_device(device);
-    Ok(())
-}
-
-/// The device memory a limit's value takes, as NVIDIA documents the limits: the stack size for every
-/// thread the device can hold resident, the heap and the FIFO themselves.
-fn limit_bytes(ordinal: CUdevice, limit: c_int, value: usize) -> u64 {
-    let value = value as u64;
-    match limit {
-        LIMIT_STACK_SIZE => {
-            let attribute = |a: c_int| {
-                let mut v: c_int = 0;
-                // SAFETY: `v` is a valid out-parameter.
-                let ok = unsafe { driver::real::cuDeviceGetAttribute(&mut v, a, ordinal) }.is_ok();
-                if ok {
-                    u64::try_from(v).unwrap_or(0)
-                } else {
-                    0
-                }
-            };
-            // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, _MAX_THREADS_PER_MULTIPROCESSOR.
-            value
-                .saturating_mul(attribute(16))
-                .saturating_mul(attribute(39))
-        }
-        LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => value,
-        _ => 0,
-    }
-}
-
-/// A limit's value in a new context, as NVIDIA documents them (a 1 KiB stack per thread, a 1 MiB
-/// printf FIFO, an 8 MiB malloc heap).
-fn limit_default(limit: c_int) -> usize {
-    match limit {
-        LIMIT_STACK_SIZE => 1024,
-        LIMIT_PRINTF_FIFO_SIZE => 1 << 20,
-        LIMIT_MALLOC_HEAP_SIZE => 8 << 20,
-        _ => 0,
-    }
-}
-
-/// A module image as the driver API takes it: in memory, or a file's path.
-#[derive(Clone, Copy)]
-enum Image {
-    Memory(*const c_void),
-    File(*const c_char),
-}
-
-/// Most bytes of an in-memory image read to estimate its cost (headers claiming more are not
-/// believed: the image is then only measured).
-const MAX_IMAGE: u64 = 1 << 32;
-
-impl Image {
-    /// The image's size and what its code takes on device `ordinal` ([`gpuslice_api::image`]),
-    /// 0 and nothing when it cannot be read.
-    fn measure(self, ordinal: CUdevice) -> (u64, gpuslice_api::image::Code) {
-        let bytes = match self {
-            Image::File(path) => read_file(path),
-            Image::Memory(p) => read_image(p.cast(), true),
-        };
-        let Some(bytes) = bytes else {
-            return (0, gpuslice_api::image::Code::default());
-        };
-        let attribute = |a: c_int| {
-            let mut v: c_int = 0;
-            // SAFETY: `v` is a valid out-parameter.
-            let ok = unsafe { driver::real::cuDeviceGetAttribute(&mut v, a, ordinal) }.is_ok();
-            u32::try_from(v).ok().filter(|_| ok)
-        };
-        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR.
-        let code = match (attribute(75), attribute(76)) {
-            (Some(major), Some(minor)) => gpuslice_api::image::device_code(&bytes, major, minor),
-            _ => gpuslice_api::image::Code::default(),
-        };
-        (bytes.len() as u64, code)
-    }
-}
-
-fn read_file(fname: *const c_char) -> Option<Vec<u8>> {
-    if fname.is_null() {
-        return None;
-    }
-    // SAFETY: the driver API requires a NUL-terminated path.
-    let path = unsafe { CStr::from_ptr(fname) };
-    std::fs::read(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()))
-        .ok()
-}
-
-/// A copy of the in-memory image at `p`: as far as its headers say (an ELF cubin, a fatbinary, the
-/// compiler's wrapper around one followed when `follow`: a wrapper wraps a fatbinary, never another
-/// wrapper), else NUL-terminated PTX. Headers are copied with `process_vm_readv`, which fails
-/// instead of faulting: a damaged header makes the driver refuse the image, never this library
-/// crash the program.
-fn read_image(p: *const u8, follow: bool) -> Option<Vec<u8>> {
-    if p.is_null() {
-        return None;
-    }
-    let head = copy_own_memory(p, 64).or_else(|| copy_own_memory(p, 16))?;
-    let word = u32::from_le_bytes(head.get(..4)?.try_into().ok()?);
-    if word == gpuslice_api::image::FATBIN_WRAPPER_MAGIC {
-        if !follow {
-            return None;
-        }
-        let data = usize::from_le_bytes(head.get(8..16)?.try_into().ok()?);
-        return read_image(data as *const u8, false);
-    }
-    match gpuslice_api::image::extent(&head) {
-        // An ELF or fatbinary header must be there whole.
-        Some(_) if head.len() < 64 => None,
-        Some(n) if n <= MAX_IMAGE => copy_own_memory(p, usize::try_from(n).ok()?),
-        Some(_) => None,
-        // SAFETY: anything else is PTX, which the driver API requires to be NUL-terminated.
-        None => Some(unsafe { CStr::from_ptr(p.cast()) }.to_bytes().to_vec()),
-    }
-}
-
-/// `n` bytes at `p` in this process's memory, or `None` where they are not all mapped (or memory
-/// for the copy is short). Where a seccomp profile forbids `process_vm_readv`, the bytes are read
-/// directly, as the driver itself will: the driver API requires `p` to be a valid image.
-fn copy_own_memory(p: *const u8, n: usize) -> Option<Vec<u8>> {
-    let mut out: Vec<u8> = Vec::new();
-    out.try_reserve_exact(n).ok()?;
-    let local = libc::iovec {
-        iov_base: out.as_mut_ptr().cast(),
-        iov_len: n,
-    };
-    let remote = libc::iovec {
-        iov_base: p as *mut c_void,
-        iov_len: n,
-    };
-    // SAFETY: `local` is `n` bytes of `out`'s reserved capacity; the kernel checks `remote`.
-    let copied = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    if copied < 0 {
-        let errno = std::io::Error::last_os_error().raw_os_error();
-        if errno == Some(libc::EPERM) || errno == Some(libc::ENOSYS) {
-            // SAFETY: per the driver API, the image's headers say how far it extends.
-            out.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
-            return Some(out);
-        }
-    }
-    if usize::try_from(copied).ok()? != n {
-        return None;
-    }
-    // SAFETY: the kernel wrote all `n` bytes.
-    unsafe { out.set_len(n) };
-    Some(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// One readable page followed by an unmapped one: what a header claiming more than is mapped
-    /// would make a direct read fault on.
-    fn page_before_a_hole() -> *mut u8 {
-        // SAFETY: anonymous private mappings; the second page is unmapped again at once.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                8192,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            libc::munmap(p.cast::<u8>().add(4096).cast(), 4096);
-            p.cast()
-        }
-    }
-
-    #[test]
-    fn a_damaged_image_is_not_read_past_what_is_mapped() {
-        let page = page_before_a_hole();
-        // SAFETY: the page is 4096 writable bytes.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(page, 4096) };
-        // An ELF header whose section table would end 1 MiB in: past the mapping.
-        bytes[..4].copy_from_slice(b"\x7fELF");
-        bytes[0x28..0x30].copy_from_slice(&(1u64 << 20).to_le_bytes());
-        assert!(read_image(page, true).is_none());
-        // A fatbinary header claiming more than 4 GiB: not believed, nothing read.
-        bytes[..4].copy_from_slice(&gpuslice_api::image::FATBIN_MAGIC.to_le_bytes());
-        bytes[6..8].copy_from_slice(&16u16.to_le_bytes());
-        bytes[8..16].copy_from_slice(&(8u64 << 30).to_le_bytes());
-        assert!(read_image(page, true).is_none());
-        // A compiler's wrapper pointing at itself: followed once, not for ever.
-        bytes[..4].copy_from_slice(&gpuslice_api::image::FATBIN_WRAPPER_MAGIC.to_le_bytes());
-        bytes[8..16].copy_from_slice(&(page as usize).to_le_bytes());
-        assert!(read_image(page, true).is_none());
-        // A header at the very end of the mapping: its 64 bytes are not all there.
-        let end = bytes.len() - 16;
-        bytes[end..end + 4].copy_from_slice(b"\x7fELF");
-        // SAFETY: `end` is within the page.
-        assert!(read_image(unsafe { page.add(end) }, true).is_none());
-    }
-
-    #[test]
-    fn an_image_is_read_as_far_as_its_headers_say() {
-        let cubin = include_bytes!("../../tests/fixtures/modules/kernel.sm_80.cubin");
-        let fatbin = include_bytes!("../../tests/fixtures/modules/kernel.fatbin");
-        assert_eq!(
-            read_image(cubin.as_ptr(), true).as_deref(),
-            Some(&cubin[..])
-        );
-        assert_eq!(
-            read_image(fatbin.as_ptr(), true).as_deref(),
-            Some(&fatbin[..])
-        );
-        let wrapper: [u64; 3] = [
-            u64::from(gpuslice_api::image::FATBIN_WRAPPER_MAGIC) | (1 << 32),
-            fatbin.as_ptr() as u64,
-            0,
-        ];
-        let wrapped = read_image(wrapper.as_ptr().cast(), true);
-        assert_eq!(wrapped.as_deref(), Some(&fatbin[..]));
-        assert_eq!(
-            read_image(b"ptx text\0more".as_ptr(), true).as_deref(),
-            Some(&b"ptx text"[..])
-        );
-    }
 }

@@ -44,7 +44,7 @@ use crate::log;
 use crate::slotfile::{self, io_err, sys, CreateOptions, ReadOnly, Writable};
 use options::{device_key, stored};
 pub use options::{unmatched_keys, LedgerOptions};
-pub use quota::QuotaExceeded;
+pub use quota::{QuotaExceeded, Refusal};
 pub use shm::Layout;
 #[cfg(test)]
 use shm::TOTAL_SIZE;

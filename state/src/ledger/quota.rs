@@ -16,8 +16,9 @@ pub struct QuotaExceeded {
     pub closed: bool,
 }
 
-/// Why [`Ledger::try_reserve_checked`] refused.
-enum Refusal {
+/// Why a reservation was refused ([`Ledger::try_reserve_once`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Refusal {
     /// Refused whatever the usage: a read-only or damaged ledger, a device not set up.
     Closed(QuotaExceeded),
     /// No room under the limit: counted as denied (once per call), after any retries.
@@ -67,34 +68,24 @@ impl Ledger {
     /// retried once.
     #[inline]
     pub fn try_reserve(&self, dev: usize, bytes: u64) -> Result<(), QuotaExceeded> {
-        self.try_reserve_making_room(dev, bytes, || false)
+        self.try_reserve_once(dev, bytes)
+            .map_err(|refusal| match refusal {
+                Refusal::Closed(e) => e,
+                Refusal::AtQuota(e) => {
+                    self.layout().count_denied(dev);
+                    e
+                }
+            })
     }
 
-    /// [`Ledger::try_reserve`], calling `make_room` after each refusal at the quota until it
-    /// returns false (it gave nothing back); true: tried again. The refused call counts once as
-    /// denied, however many tries it took.
+    /// [`Ledger::try_reserve`] without counting a refusal at the quota as denied: the caller may
+    /// make room and try again, and counts the call once ([`Ledger::count_denied`]) if it gives up.
     #[inline]
-    pub fn try_reserve_making_room(
-        &self,
-        dev: usize,
-        bytes: u64,
-        mut make_room: impl FnMut() -> bool,
-    ) -> Result<(), QuotaExceeded> {
+    pub fn try_reserve_once(&self, dev: usize, bytes: u64) -> Result<(), Refusal> {
         if self.reserve_quickly(dev, bytes) {
             return Ok(());
         }
-        loop {
-            match self.try_reserve_checked(dev, bytes) {
-                Ok(()) => return Ok(()),
-                Err(Refusal::Closed(e)) => return Err(e),
-                Err(Refusal::AtQuota(e)) => {
-                    if !make_room() {
-                        self.layout().count_denied(dev);
-                        return Err(e);
-                    }
-                }
-            }
-        }
+        self.try_reserve_checked(dev, bytes)
     }
 
     /// The common case of [`Ledger::try_reserve`], inline: no fork since the last look, no size

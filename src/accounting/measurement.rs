@@ -1,0 +1,314 @@
+//! Measuring what an operation makes the driver spend (a context, module code, a limit's
+//! memory) and charging it: [`Measurement`] says what is known before the operation,
+//! [`Tenant::charge_measured`] reserves, runs it under the device's measurement lock, reads the
+//! driver's figures around it (through the driver seam) and settles the charge.
+
+use super::overhead::{warn_once, WARNED_DISTURBED, WARNED_NEIGHBOUR, WARNED_UNDOABLE};
+use super::{Charge, Device, Tenant};
+use gpuslice_api::CUerror;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+/// What an operation is expected to cost, reserved before the driver is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// This many bytes (0: unknown).
+    Known(u64),
+    /// As a context on the device: worked out under the measurement lock, so that the previous
+    /// process's context on the device has been charged ([`Tenant::expected_context_cost`]).
+    Context,
+}
+
+/// What is known of an operation's cost before it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Measurement<'a> {
+    /// What the operation is, for the log.
+    pub what: &'a str,
+    /// Charged whatever the driver spends, never measured (`GPUSLICE_CONTEXT_RESERVE`).
+    pub explicit: Option<u64>,
+    /// Charged when nothing can be measured, and the most a figure that also moves with other
+    /// processes is believed (with `expected`).
+    pub fallback: u64,
+    /// The least the change takes (what NVIDIA documents; negative: it gives memory back).
+    pub floor: Option<i128>,
+    pub expected: Expected,
+    /// What the object is charged already (a limit changed again).
+    pub current: u64,
+}
+
+impl<'a> Measurement<'a> {
+    /// A new object: measured, `fallback` when nothing can be measured, expected to cost `expected`.
+    pub fn new(what: &'a str, fallback: u64, expected: Expected) -> Measurement<'a> {
+        Measurement {
+            what,
+            explicit: None,
+            fallback,
+            floor: None,
+            expected,
+            current: 0,
+        }
+    }
+}
+
+/// How long a measurement waits for another process's measurement on the same device.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+static WARNED_LOCK: AtomicBool = AtomicBool::new(false);
+
+/// The per-device measurement lock: a `flock` on the GPU's lock file in the effective device
+/// directory (`config::paths::measure_lock`), released when dropped (or when the process dies). A
+/// lock that cannot be had in [`LOCK_WAIT`] (a stopped holder) or a file that cannot be opened
+/// leaves the measurement unlocked (logged once).
+struct MeasureLock(Option<OwnedFd>);
+
+impl MeasureLock {
+    /// The lock of device `uuid` in the device directory `dir`.
+    fn acquire(dir: &Path, uuid: &str) -> MeasureLock {
+        let path = crate::config::paths::measure_lock(dir, uuid);
+        let fd: OwnedFd = match open_lock_file(dir, &path) {
+            Ok(f) => f.into(),
+            Err(e) => {
+                warn_once(
+                    &WARNED_LOCK,
+                    format_args!(
+                        "cannot open {} ({e}): driver memory is measured without the device lock",
+                        path.display()
+                    ),
+                );
+                return MeasureLock(None);
+            }
+        };
+        let start = Instant::now();
+        loop {
+            if lock_byte(&fd, libc::LOCK_EX) {
+                return MeasureLock(Some(fd));
+            }
+            if start.elapsed() >= LOCK_WAIT {
+                warn_once(
+                    &WARNED_LOCK,
+                    format_args!(
+                        "{} stayed locked for {LOCK_WAIT:?}: driver memory is measured without it",
+                        path.display()
+                    ),
+                );
+                return MeasureLock(None);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Opens the lock file `path` in the device directory `dir`. An existing file is opened read-only,
+/// which is enough for `flock`: a node's device directory is root's and its lock files are made by
+/// `tenant create` (root, readable by the device group), and a tenant cannot create files there.
+/// A missing one is created, writable for everyone (a tenant of another uid measures on the same
+/// GPU), in a directory created as the device ledgers' is (sticky, world-writable). Never through
+/// a symbolic link: in a shared directory another user could plant one.
+fn open_lock_file(dir: &Path, path: &Path) -> std::io::Result<std::fs::File> {
+    let existing = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path);
+    match existing {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        other => return other,
+    }
+    crate::slotfile::make_shared_dir(dir)?;
+    std::fs::OpenOptions::new()
+        .mode(0o666)
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+impl Drop for MeasureLock {
+    fn drop(&mut self) {
+        if let Some(fd) = &self.0 {
+            lock_byte(fd, libc::LOCK_UN);
+        }
+    }
+}
+
+/// Takes (`LOCK_EX`) or drops (`LOCK_UN`) the file's lock, without waiting. `flock` locks belong to
+/// the open file description: they die with the process, and work on a read-only descriptor.
+fn lock_byte(fd: &OwnedFd, kind: libc::c_int) -> bool {
+    // SAFETY: flock takes a descriptor and flags; LOCK_NB never blocks.
+    unsafe { libc::flock(fd.as_raw_fd(), kind | libc::LOCK_NB) == 0 }
+}
+
+impl Tenant {
+    /// Runs `call` (an operation that makes the driver spend memory on `device`) and charges what it
+    /// spent: `m.explicit` when given (never measured), else the measured change, else `fallback`;
+    /// never less than `floor` (a change the driver documents, such as a larger heap, which a driver
+    /// may reserve only later: the larger figure is charged). `m.expected` (what the operation is
+    /// expected to cost; 0: unknown) is reserved before the driver is asked, so that an operation
+    /// the quota has no room for is refused before the driver spends memory on it; the charge is
+    /// then brought to what was measured. Both are asked and the charge published under the
+    /// device's measurement lock, so that the next process's operation on the device (serialised by
+    /// the lock) sees this one's charge and can expect what it cost.
+    /// `current` is what the object is charged already (a limit changed again): the result is the
+    /// object's new charge, the ledger moved by the difference. Over the quota, `undo` reverses the
+    /// operation and the call fails with out-of-memory; without `undo` (an operation that cannot be
+    /// undone) the call succeeds as the driver answered, charged what was reserved for it.
+    /// Measured from the device's used memory (another PID namespace), the charge never passes
+    /// what the operation can cost: `m.expected`, else `fallback`. The caller records the charge, then calls
+    /// [`Tenant::reconcile_device`].
+    pub fn charge_measured<T: Copy>(
+        &self,
+        device: &Device,
+        m: &Measurement<'_>,
+        call: impl FnOnce() -> Result<T, CUerror>,
+        undo: Option<impl FnOnce(T)>,
+    ) -> Result<(T, Charge), CUerror> {
+        let Measurement {
+            what,
+            explicit,
+            fallback,
+            floor,
+            expected,
+            current,
+        } = *m;
+        // An explicit charge, or the least the change takes, is reserved before the driver is asked,
+        // as any allocation: over the quota, the driver never sees the call.
+        let known = match (explicit, floor) {
+            (Some(e), _) => e.saturating_sub(current),
+            (None, Some(f)) => u64::try_from(f.max(0)).unwrap_or(u64::MAX),
+            (None, None) => 0,
+        };
+        let upfront = match (&device.slot, known) {
+            // Nothing to reserve yet: no ledger operation (a lowered limit must not refuse 0 bytes).
+            (Ok(slot), 0) => self.reserved(Charge {
+                device: *slot,
+                bytes: 0,
+            }),
+            _ => self.reserve(device, known, what)?,
+        };
+        let slot = upfront.charge().device;
+        if let Some(bytes) = explicit {
+            // An explicit charge is never measured: no lock, no driver figures.
+            let value = call()?;
+            upfront.commit();
+            return Ok((
+                value,
+                Charge {
+                    device: slot,
+                    bytes,
+                },
+            ));
+        }
+        let lock = MeasureLock::acquire(&self.config.device_dir, &device.uuid);
+        let expected = match expected {
+            Expected::Known(bytes) => bytes,
+            Expected::Context => self.expected_context_cost(device, fallback),
+        };
+        let predicted = match expected.saturating_sub(known) {
+            0 => None,
+            more => Some(self.reserve(device, more, what)?),
+        };
+        let reserved = upfront
+            .charge()
+            .bytes
+            .saturating_add(predicted.as_ref().map_or(0, |p| p.charge().bytes));
+        let before = self.sample(device);
+        let value = call()?;
+        let after = self.sample(device);
+        // What the operation can cost at most, for a figure that also moves with other processes:
+        // what it is expected to cost (a context as this tenant's others on the GPU, a module its
+        // image's pages, a limit what NVIDIA documents), else the fallback estimate.
+        let cap = expected.max(fallback);
+        let delta = match self.spent(device, &before, &after, reserved) {
+            // A new object (a context, a module) cannot have given memory back: the figures moved
+            // with another process's frees (the device figure), and are not believed.
+            Some(s) if s.bytes < 0 && current == 0 && floor.is_none() => {
+                warn_once(
+                    &WARNED_DISTURBED,
+                    format_args!(
+                        "{what} on {} measured {} bytes (memory freed by another process \
+                         meanwhile): charged the estimate of {fallback} bytes instead",
+                        device.uuid, s.bytes
+                    ),
+                );
+                i128::from(fallback)
+            }
+            // The device's used memory also grew by what other processes allocated meanwhile
+            // (a neighbour loading its weights while this context is created): never charged
+            // beyond what the operation can cost.
+            Some(s) if !s.exact && s.bytes > i128::from(s.bound.unwrap_or(u64::MAX).min(cap)) => {
+                let most = s.bound.unwrap_or(u64::MAX).min(cap);
+                warn_once(
+                    &WARNED_NEIGHBOUR,
+                    format_args!(
+                        "{what} on {} measured {} bytes from the device's used memory (other \
+                         processes allocated meanwhile): charged at most {most} bytes, what it can \
+                         cost",
+                        device.uuid, s.bytes
+                    ),
+                );
+                i128::from(most) - i128::from(current)
+            }
+            Some(s) => s.bytes,
+            None => i128::from(fallback),
+        };
+        let delta = floor.map_or(delta, |f| delta.max(f));
+        let cost = u64::try_from((i128::from(current) + delta).max(0)).unwrap_or(u64::MAX);
+        let have = current.saturating_add(reserved);
+        let mut cost = cost;
+        if cost > have {
+            match self.reserve(device, cost - have, what) {
+                Ok(more) => {
+                    more.commit();
+                }
+                Err(e) => match undo {
+                    Some(undo) => {
+                        undo(value);
+                        return Err(e);
+                    }
+                    None => {
+                        // Done, and cannot be undone (code the driver loaded for a lookup that
+                        // succeeded): the call succeeds as the driver answered; what the quota has
+                        // no room for is left to reconciliation.
+                        warn_once(
+                            &WARNED_UNDOABLE,
+                            format_args!(
+                                "{what} on {} cost {} bytes beyond the {have} reserved for it, \
+                                 and the quota has no room for them: charged what was reserved",
+                                device.uuid,
+                                cost - have
+                            ),
+                        );
+                        cost = have;
+                    }
+                },
+            }
+        }
+        upfront.commit();
+        if let Some(p) = predicted {
+            p.commit();
+        }
+        if cost < have {
+            self.release(Charge {
+                device: slot,
+                bytes: have - cost,
+            });
+        }
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            // The caller records the object (and publishes again) once the lock is released.
+            let overhead = self.overhead_on(Some(slot)).saturating_sub(current);
+            ledger.set_overhead_by_me(slot, overhead.saturating_add(cost));
+        }
+        drop(lock);
+        Ok((
+            value,
+            Charge {
+                device: slot,
+                bytes: cost,
+            },
+        ))
+    }
+}

@@ -1,0 +1,89 @@
+//! Module and library loads: charged what loading cost the driver. What the code will take on
+//! the device, read from the image, is reserved before the driver is asked: a load the quota has
+//! no room for is refused before the driver spends the memory. A driver that loads lazily loads
+//! nothing yet: the code is reserved and charged at its lookups ([`Tenant::load_lazy_code`]).
+
+use super::measurement::{Expected, Measurement};
+use super::overhead::{driver_pages as pages, Overhead};
+use super::{Device, Tenant};
+use gpuslice_api::image::Code;
+use gpuslice_api::{CUerror, CUresult};
+
+impl Tenant {
+    /// The device driver overhead is charged on: the current context's, or, for a library loaded
+    /// without one (`need_context` false), the first device.
+    pub fn overhead_device(&self, need_context: bool) -> Option<&Device> {
+        match self.current_device() {
+            Ok(d) => Some(d),
+            Err(_) if !need_context => self.device(0).ok(),
+            Err(_) => None,
+        }
+    }
+
+    /// A module (in the current context, which it goes with) or a library (context-independent:
+    /// it goes when unloaded) loaded by `call`, whose image is `size` bytes holding `code`;
+    /// `unload` unloads it when the quota has no room for what it cost; `key` names its handle.
+    pub fn load_code_object<H: Copy>(
+        &self,
+        device: &Device,
+        kind: Overhead,
+        (size, code): (u64, Code),
+        call: impl FnOnce() -> Result<H, CUerror>,
+        key: impl Fn(H) -> usize,
+        unload: impl FnOnce(H),
+    ) -> CUresult {
+        let module = kind == Overhead::Module;
+        let owner = if module { self.current_context() } else { 0 };
+        let what = if module {
+            "module load"
+        } else {
+            "library load"
+        };
+        let lazy = self.driver.lazy_module_loading();
+        let expected = if lazy { 0 } else { pages(code.total()) };
+        let fallback = match (lazy, code.total()) {
+            (true, _) => 0,
+            (false, 0) => size,
+            (false, _) => expected,
+        };
+        let m = Measurement::new(what, fallback, Expected::Known(expected));
+        let (loaded, charge) = self.charge_measured(device, &m, call, Some(unload))?;
+        self.record_overhead(kind, key(loaded), owner, charge);
+        if lazy {
+            self.record_lazy_code(kind, key(loaded), code);
+        }
+        self.reconcile_device(device);
+        Ok(())
+    }
+
+    /// The driver loads `kernel`'s code of lazily loaded module or library `handle` (and the
+    /// module's data, on its first load) in `call`: what that adds is reserved before, then
+    /// charged what the driver spent, with the module or library.
+    pub fn load_lazy_code(
+        &self,
+        kind: Overhead,
+        handle: usize,
+        kernel: &[u8],
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let Some(expected) = self.lazy_code_expected(kind, handle, kernel) else {
+            return call();
+        };
+        let Some(device) = self.overhead_device(kind == Overhead::Module) else {
+            return call();
+        };
+        let m = Measurement::new("kernel load", expected, Expected::Known(expected));
+        let ((), charge) = self.charge_measured(
+            device,
+            &m,
+            call,
+            // Loaded code cannot be unloaded on its own, and the driver answered: the lookup
+            // succeeds, what the quota has no room for beyond what was reserved is left to
+            // reconciliation.
+            None::<fn(())>,
+        )?;
+        self.lazy_code_loaded(kind, handle, kernel, charge);
+        self.reconcile_device(device);
+        Ok(())
+    }
+}
