@@ -11,6 +11,7 @@ use super::{hooks, In, Out, Word};
 use crate::accounting::sizes::{array_bytes, Pitch};
 use crate::accounting::{allocation_size, tenant, Device, FreedOn, PoolRequest, Tenant};
 use crate::driver::calls as driver;
+use crate::scheduling::host_wait;
 use gpuslice_api::types::{
     CUDA_ARRAY3D_DESCRIPTOR_v1, CUDA_ARRAY_DESCRIPTOR_v1, CUarray, CUdeviceptr,
     CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
@@ -215,7 +216,7 @@ fn from_pool(
 }
 
 fn settle_after(call: impl FnOnce() -> CUresult) -> CUresult {
-    call()?;
+    host_wait(call)?;
     if let Some(t) = tenant() {
         t.synchronized();
     }

@@ -50,6 +50,24 @@ pub fn launch_passes() -> bool {
     runtime::PASS.load(Relaxed)
 }
 
+/// Runs `wait`, a host call that blocks until this process's own queued work has run (stream or
+/// context synchronisation). While a thread is in one, the process counts as active at its scheduler
+/// threads' refreshes (`demand`): a program that queues deep and then waits (every training loop
+/// that reads a loss) launches in few demand windows, yet its queue keeps the device busy
+/// throughout, and a neighbour must see it want the device. Two relaxed atomic adds; not on the
+/// launch path.
+pub fn host_wait<R>(wait: impl FnOnce() -> R) -> R {
+    struct Waiting;
+    impl Drop for Waiting {
+        fn drop(&mut self) {
+            runtime::HOST_WAITS.fetch_sub(1, Relaxed);
+        }
+    }
+    runtime::HOST_WAITS.fetch_add(1, Relaxed);
+    let _waiting = Waiting;
+    wait()
+}
+
 /// Gates a launch on `streams` (`per_thread`: the `_ptsz` variant) by the device of the first
 /// stream's context: on a contended device only its owner's launches reach the driver.
 pub fn gate(streams: &[CUstream], per_thread: bool, launch: impl FnOnce() -> CUresult) -> CUresult {

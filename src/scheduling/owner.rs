@@ -141,7 +141,7 @@ impl Sched {
     }
 
     /// Notes whether this process was active since the previous refresh (it launched, a thread of
-    /// it waits at the gate, or it owns the device), and says with its demand lock whether it
+    /// it waits at the gate or for its own queued work, or it owns the device), and says with its demand lock whether it
     /// wants the device (`demand`).
     fn note_demand(&self, now: u64) {
         // The launch note is the process's (the fast path does not know the device): whichever
@@ -152,7 +152,10 @@ impl Sched {
         let mut seen = self.demand.lock();
         let launched = runtime::LAUNCH_NOTED_NS.load(Relaxed) > seen.looked_ns;
         seen.looked_ns = now;
-        let active = launched || self.waiting.load(SeqCst) > 0 || self.owned.load(SeqCst) != 0;
+        let active = launched
+            || runtime::HOST_WAITS.load(Relaxed) > 0
+            || self.waiting.load(SeqCst) > 0
+            || self.owned.load(SeqCst) != 0;
         let window = demand::window_of(now);
         seen.history.observe(window, active);
         let wants = seen.history.wants(window);

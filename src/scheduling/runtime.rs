@@ -33,6 +33,11 @@ pub(super) static LAUNCHED: Launched = Launched(AtomicBool::new(false));
 pub(super) static LAUNCH_NOTED_NS: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0);
 
+/// Threads of this process now in a host wait for its own queued work (stream or context
+/// synchronisation, [`super::host_wait`]): the scheduler threads count the process as active while
+/// one is (`demand`).
+pub(super) static HOST_WAITS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 #[repr(align(64))]
 pub(super) struct Launched(pub(super) AtomicBool);
 
