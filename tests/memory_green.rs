@@ -61,15 +61,7 @@ fn client(sim: &Sim, deploy: Deploy, dir: &Path, args: &[&str]) -> Command {
 
 /// The driver overhead the process published in the tenant's ledger.
 fn ledger_overhead(dir: &Path, pid: &str) -> u64 {
-    let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join("t.ledger"))
-        .expect("the tenant's ledger");
-    let snapshot = ledger.snapshot();
-    let process = snapshot
-        .processes
-        .iter()
-        .find(|p| p.pid.to_string() == pid)
-        .unwrap_or_else(|| panic!("process {pid} not in the ledger: {snapshot:?}"));
-    process.overhead.iter().map(|(_, bytes)| bytes).sum()
+    total(&ledger_process(&dir.join("t.ledger"), pid).overhead)
 }
 
 fn green_contexts_retain_the_primary_context_charged_once(deploy: Deploy, n: usize) {

@@ -51,15 +51,7 @@ fn client(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
 
 /// What a process of `tenant` is charged in the ledger (allocations and driver overhead).
 fn charged(dir: &Path, tenant: &str, pid: &str) -> u64 {
-    let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join(format!("{tenant}.ledger")))
-        .expect("the tenant's ledger");
-    let snapshot = ledger.snapshot();
-    let process = snapshot
-        .processes
-        .iter()
-        .find(|p| p.pid.to_string() == pid)
-        .unwrap_or_else(|| panic!("process {pid} not in the ledger: {snapshot:?}"));
-    process.used.iter().map(|(_, bytes)| bytes).sum()
+    total(&ledger_process(&dir.join(format!("{tenant}.ledger")), pid).used)
 }
 
 fn go(child: &mut Child) {

@@ -145,15 +145,7 @@ fn near(a: u64, b: u64) -> bool {
 /// The driver overhead a process of `tenant` published in the ledger (what `gpuslice status` shows
 /// apart from its allocations).
 fn ledger_overhead(dir: &Path, tenant: &str, pid: &str) -> u64 {
-    let ledger = gpuslice::ledger::Ledger::open_readonly(&dir.join(format!("{tenant}.ledger")))
-        .expect("the tenant's ledger");
-    let snapshot = ledger.snapshot();
-    let process = snapshot
-        .processes
-        .iter()
-        .find(|p| p.pid.to_string() == pid)
-        .unwrap_or_else(|| panic!("process {pid} not in the ledger: {snapshot:?}"));
-    process.overhead.iter().map(|(_, bytes)| bytes).sum()
+    total(&ledger_process(&dir.join(format!("{tenant}.ledger")), pid).overhead)
 }
 
 /// Holders: each creates its context (optionally a module and limits), then fills the quota in 2

@@ -750,6 +750,25 @@ pub fn group<'a>(stat: &'a Json, name: &str) -> &'a Json {
         .unwrap_or_else(|| panic!("simgpu-stat has no group `{name}`:\n{stat}"))
 }
 
+/// Process `pid`'s entry in the tenant ledger `ledger` (a file), read as the tools read it; panics,
+/// naming what the ledger holds, when the process is not in it.
+pub fn ledger_process(ledger: &Path, pid: &str) -> gpuslice_state::ledger::ProcessSnapshot {
+    let opened = gpuslice_state::ledger::Ledger::open_readonly(ledger)
+        .unwrap_or_else(|e| panic!("{}: {e}", ledger.display()));
+    let snapshot = opened.snapshot();
+    snapshot
+        .processes
+        .iter()
+        .find(|p| p.pid.to_string() == pid)
+        .cloned()
+        .unwrap_or_else(|| panic!("process {pid} not in {}: {snapshot:?}", ledger.display()))
+}
+
+/// Bytes summed over devices: what [`ledger_process`] lists per device.
+pub fn total(per_device: &[(usize, u64)]) -> u64 {
+    per_device.iter().map(|(_, bytes)| bytes).sum()
+}
+
 /// A fresh private directory for one test (`<prefix>-<tag>-<pid>-<n>` under the test target's
 /// temporary directory): ledgers, device ledgers, measurement locks.
 pub fn scratch_dir(prefix: &str, tag: &str) -> PathBuf {
