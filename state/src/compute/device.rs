@@ -137,6 +137,15 @@ pub struct DeviceLedger {
     tally: Option<TallyMap>,
 }
 
+impl Drop for DeviceLedger {
+    /// Takes the slot-lock descriptor out of the fork guard before it is closed: a stale entry would
+    /// make a later fork child swap for /dev/null whatever descriptor reuses its number on a file
+    /// that reuses its inode.
+    fn drop(&mut self) {
+        sys::unguard_slot_fd(self.raw_fd());
+    }
+}
+
 impl DeviceLedger {
     /// Opens the ledger at `path`; creates it (directory included) when `create` and it is missing.
     /// A file still being initialised by another process is waited for (1 s).

@@ -118,29 +118,33 @@ fn squatted_slot_locks_are_seen_and_do_not_stop_tools() {
     // A child process takes POSIX locks over every slot byte (OFD and POSIX locks conflict), as
     // `lockf` by a tenant does, and keeps them until killed.
     let start = Layout::lock_offset(0);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    // SAFETY: fork in a test that holds the serial guard; the child only calls fcntl and pause.
+    // The child opens the file itself: a descriptor inherited across fork may be one the fork
+    // guard swaps for /dev/null in the child (its number and file match a slot descriptor some
+    // ledger of this test process registered), and the child would then lock nothing.
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: fork in a test that holds the serial guard; the child only calls open, fcntl, usleep
+    // and pause (async-signal-safe).
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        // SAFETY: an all-zero flock is valid; F_SETLK on an open fd.
+        // SAFETY: an all-zero flock is valid; open of a NUL-terminated path; F_SETLK on its fd.
         unsafe {
+            let fd = libc::open(cpath.as_ptr(), libc::O_RDWR);
             let mut fl: libc::flock = std::mem::zeroed();
             fl.l_type = libc::F_WRLCK as libc::c_short;
             fl.l_whence = libc::SEEK_SET as libc::c_short;
             fl.l_start = start as libc::off_t;
             fl.l_len = MAX_SLOTS as libc::off_t;
-            libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl);
+            // Retried until it holds: a lock of the parent's met in passing fails one attempt
+            // with EAGAIN; the parent waits for the lock, bounded.
+            while fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &fl) != 0 {
+                libc::usleep(1000);
+            }
             loop {
                 libc::pause();
             }
         }
     }
-    drop(f);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !matches!(
         sys::is_locked(l.lock_fd_for_tests(), start + MAX_SLOTS as u64 - 1),
         Ok(true)
