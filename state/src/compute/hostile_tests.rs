@@ -122,12 +122,16 @@ fn squatted_slot_locks_are_seen_and_do_not_stop_tools() {
     // guard swaps for /dev/null in the child (its number and file match a slot descriptor some
     // ledger of this test process registered), and the child would then lock nothing.
     let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: fork in a test that holds the serial guard; the child only calls open, fcntl, usleep
-    // and pause (async-signal-safe).
+    // SAFETY: fork in a test that holds the serial guard; the child only calls prctl, open, fcntl,
+    // usleep and pause (async-signal-safe).
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        // SAFETY: an all-zero flock is valid; open of a NUL-terminated path; F_SETLK on its fd.
+        // SAFETY: prctl with constant arguments; an all-zero flock is valid; open of a
+        // NUL-terminated path; F_SETLK on its fd.
         unsafe {
+            // Dies with the test process even when the test fails before killing it: a leaked
+            // child would hold the test's output pipe open and hang whoever reads it.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             let fd = libc::open(cpath.as_ptr(), libc::O_RDWR);
             let mut fl: libc::flock = std::mem::zeroed();
             fl.l_type = libc::F_WRLCK as libc::c_short;
