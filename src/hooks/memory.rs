@@ -13,7 +13,7 @@ use crate::accounting::{allocation_size, tenant, Device, FreedOn, PoolRequest, T
 use crate::driver::calls as driver;
 use crate::scheduling::host_wait;
 use gpuslice_api::types::{
-    CUDA_ARRAY3D_DESCRIPTOR_v1, CUDA_ARRAY_DESCRIPTOR_v1, CUarray, CUdeviceptr,
+    CUDA_ARRAY3D_DESCRIPTOR_v1, CUDA_ARRAY_DESCRIPTOR_v1, CUarray, CUdeviceptr, CUevent,
     CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
     CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
     CU_MEM_LOCATION_TYPE_DEVICE,
@@ -61,6 +61,9 @@ hooks! {
     fn cuStreamSynchronize(stream: CUstream) => settle_after(|| real::cuStreamSynchronize(stream));
     fn cuStreamSynchronize_ptsz(stream: CUstream) => settle_after(|| real::cuStreamSynchronize_ptsz(stream));
     fn cuCtxSynchronize() => settle_after(|| real::cuCtxSynchronize());
+    // Waiting for an event behind queued work is waiting for that work: the process still wants
+    // the device (`host_wait`). Nothing is settled: only the work before the event is known done.
+    fn cuEventSynchronize(event: CUevent) => host_wait(|| real::cuEventSynchronize(event));
 
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64)
         => mem_create(Out::new(handle), size as u64, In::new(prop), || real::cuMemCreate(handle, size, prop, flags));

@@ -4,7 +4,8 @@
  * Modes:
  *   spin START_NS MS US [DEPTH]        from CLOCK_REALTIME START_NS, launch `spin` kernels of US as fast
  *                                      as possible for MS ms, keeping DEPTH (default 8) queued
- *   batch START_NS MS US N             as `spin`, but N kernels queued at once, then cuStreamSynchronize
+ *   batch START_NS MS US N [event]     as `spin`, but N kernels queued at once, then cuStreamSynchronize
+ *                                      (`event`: an event recorded after them, then cuEventSynchronize)
  *                                      (the CPU runs ahead, then blocks: a training loop reading its loss)
  *   graph START_NS MS US N             capture N spin launches into a graph, then cuGraphLaunch it in a
  *                                      loop for MS ms (two graph launches queued)
@@ -142,17 +143,24 @@ static int mode_spin(uint64_t start_ns, uint64_t ms, uint64_t us, int depth) {
     return 0;
 }
 
-static int mode_batch(uint64_t start_ns, uint64_t ms, uint64_t us, int n_batch) {
+static int mode_batch(uint64_t start_ns, uint64_t ms, uint64_t us, int n_batch, int by_event) {
     setup();
     if (n_batch < 1)
         n_batch = 16;
+    CUevent done;
+    CHECK(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
     wait_start(start_ns);
     uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
     long n = 0;
     while (now_ns(CLOCK_REALTIME) < end) {
         for (int i = 0; i < n_batch; i++, n++)
             CHECK(launch(us));
-        CHECK(cuStreamSynchronize(stream));
+        if (by_event) {
+            CHECK(cuEventRecord(done, stream));
+            CHECK(cuEventSynchronize(done));
+        } else {
+            CHECK(cuStreamSynchronize(stream));
+        }
     }
     printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
            (unsigned long long)now_ns(CLOCK_REALTIME), n);
@@ -675,9 +683,9 @@ int main(int argc, char **argv) {
     if (strcmp(m, "spin") == 0 && argc >= 5)
         return mode_spin(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                          strtoull(argv[4], NULL, 10), argc > 5 ? atoi(argv[5]) : 8);
-    if (strcmp(m, "batch") == 0 && argc == 6)
+    if (strcmp(m, "batch") == 0 && (argc == 6 || (argc == 7 && strcmp(argv[6], "event") == 0)))
         return mode_batch(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
-                          strtoull(argv[4], NULL, 10), atoi(argv[5]));
+                          strtoull(argv[4], NULL, 10), atoi(argv[5]), argc == 7);
     if (strcmp(m, "graph") == 0 && argc == 6)
         return mode_graph(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                           strtoull(argv[4], NULL, 10), atoi(argv[5]));
