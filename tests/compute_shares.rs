@@ -357,6 +357,33 @@ fn compute_shares_on_simgpu() {
             f
         });
     }
+    // A tenant that synchronises after every long kernel (10 ms, then cuStreamSynchronize: a
+    // training step reading its loss) beside 200 us kernels, 50/50. Its queue is empty between
+    // steps for as long as the host takes to launch the next one; the long kernel must not be
+    // taken for a stall (the old 1 ms stall time handed the device over under it).
+    if wanted("sync-long") {
+        let ts = [
+            T {
+                name: "a",
+                share: 50,
+                procs: 1,
+                args: vec![s("batch"), s(MS), s(10_000), s(1)],
+            },
+            T {
+                name: "b",
+                share: 50,
+                procs: 1,
+                args: spin_args(MS, 200),
+            },
+        ];
+        let clients: Vec<Vec<String>> = ts.iter().map(|t| t.args.clone()).collect();
+        judged("sync-long", &clients, &mut failures, || {
+            let mut f = Vec::new();
+            let got = shares("sync-long 10ms+sync/200us 50/50", &ts, &[]);
+            assert_shares("sync-long", &got, &mut f);
+            f
+        });
+    }
     // A tenant made of two processes.
     if wanted("two") {
         let ts = [

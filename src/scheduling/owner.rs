@@ -82,11 +82,12 @@ impl Sched {
             // Time stamps on CLOCK_MONOTONIC, common to every process: the hand-overs of several
             // devices can be laid side by side (docs/BENCHMARKS.md, "Collectives").
             log::debug(format_args!(
-                "compute: device {} released ({why:?}) at {} us, held {} us, drained {} us, charged {charge} ns -> {c:?}",
+                "compute: device {} released ({why:?}) at {} us, held {} us, drained {} us, charged {charge} ns, stall time {} us -> {c:?}",
                 self.ordinal,
                 asked / 1000,
                 asked.saturating_sub(grant) / 1000,
-                now.saturating_sub(asked) / 1000
+                now.saturating_sub(asked) / 1000,
+                self.stall_ns() / 1000
             ));
         }
         drop(g);
@@ -270,11 +271,21 @@ impl Sched {
             let high = self.high.load(Relaxed);
             // Not quiet while a thread of ours waits at the gate: it was granted the device and is
             // about to launch (on a loaded machine it may take a while to be scheduled; handing
-            // the device back to ourselves meanwhile would only leave it idle).
-            let quiet = now.saturating_sub(self.last_submit_ns.load(Acquire).max(grant)) > IDLE_NS
-                && self.launching.load(SeqCst) == 0
-                && self.waiting.load(SeqCst) == 0;
-            let idle = quiet && self.completed();
+            // the device back to ourselves meanwhile would only leave it idle). Nor right after our
+            // work completed: a program that synchronises after each long kernel submits its next
+            // one only once it has seen the last complete, and that is not idleness.
+            let quiet = |now: u64| {
+                let last = self
+                    .last_submit_ns
+                    .load(Acquire)
+                    .max(self.progress_ns.load(Acquire))
+                    .max(grant);
+                now.saturating_sub(last) > IDLE_NS
+                    && self.launching.load(SeqCst) == 0
+                    && self.waiting.load(SeqCst) == 0
+            };
+            // Looked at again after `completed()`: a completion it finds counts as progress now.
+            let idle = quiet(now) && self.completed() && quiet(now);
             let preempted = !high && h.preempt.load(Acquire) != 0 && {
                 let real = self
                     .ledger
@@ -312,7 +323,7 @@ impl Sched {
             );
             // Only a quiet owner can be stalled (watched at most every `OWNER_POLL_NS`); the wait
             // is published for the tenant's ranks on other devices (`watch_stall`).
-            let stalled = quiet && self.watch_stall(now);
+            let stalled = quiet(now) && self.watch_stall(now);
             if stalled
                 && since_progress > self.stall_ns()
                 && self.flow_waiting.load(SeqCst) == 0
