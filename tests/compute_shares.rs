@@ -322,16 +322,13 @@ fn compute_shares_on_simgpu() {
             },
         ];
         let clients: Vec<Vec<String>> = ts.iter().map(|t| t.args.clone()).collect();
-        // Bound: the share-10 tenant under 26%. Not yet the +-3 of the other scenarios (17-22% seen:
-        // a 32 ms batch is one turn, longer than a slice); without the host-wait demand it got 50%.
+        // Without the host-wait demand: 50/50; while a drained owner blocked in its
+        // synchronisation was left out of the choice at hand-over: 15-22% for the share-10 tenant.
         judged(scenario, &clients, &mut failures, || {
+            let mut f = Vec::new();
             let got = shares(&format!("{scenario} 10/90, 2 ms x 16"), &ts, &[]);
-            got.iter()
-                .filter(|(name, _, have)| name == "a" && *have > 26.0)
-                .map(|(_, _, have)| {
-                    format!("{scenario}: tenant a (share 10) got {have:.1}% (bound 26%)")
-                })
-                .collect()
+            assert_shares(scenario, &got, &mut f);
+            f
         });
     }
     // Mixed kernel lengths: 50 us against 5 ms.

@@ -78,7 +78,11 @@ impl Sched {
             let grant = h.grant_ns.load(Acquire);
             let charge = self.take_charge(now, grant);
             g.charge(self.tenant(), charge, now);
-            let c = g.hand_over(now);
+            // Still wanting after a drained release: a thread of ours blocked in a synchronisation
+            // for the work just drained, or waiting in flow control, launches again at once.
+            let wants_on = drain
+                && (runtime::HOST_WAITS.load(Relaxed) > 0 || self.flow_waiting.load(SeqCst) > 0);
+            let c = g.hand_over_weighing(now, wants_on.then_some((self.slot, asked)));
             // Time stamps on CLOCK_MONOTONIC, common to every process: the hand-overs of several
             // devices can be laid side by side (docs/BENCHMARKS.md, "Collectives").
             log::debug(format_args!(

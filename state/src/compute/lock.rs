@@ -2,7 +2,7 @@
 //! history samples. The lock word and its time stamp are read from the file like everything else:
 //! a holder that is dead, stopped, held too long, or named by a word that cannot be genuine loses it.
 
-use super::arbiter::{self, Choice};
+use super::arbiter::{self, Choice, Waiter};
 use super::device::{now_ns, DeviceLedger};
 use super::shm::*;
 use super::Incident;
@@ -160,8 +160,27 @@ impl LockGuard<'_> {
     /// Chooses among the waiters and installs the result as the new ownership (bumping the epoch).
     /// Returns the choice; the caller wakes the waiters.
     pub fn hand_over(&self, now: u64) -> Choice {
+        self.hand_over_weighing(now, None)
+    }
+
+    /// As [`LockGuard::hand_over`], with slot `also` (the releasing owner's) weighed as a waiter
+    /// since `since` when it is not one already: a thread of its process is blocked in a
+    /// synchronisation for its own work, which the drain just completed. It launches again the
+    /// moment it returns; skipping it would hand the device to any waiter whatever its virtual time
+    /// (a program queuing deep batches and then waiting lost one turn in eight that way).
+    pub fn hand_over_weighing(&self, now: u64, also: Option<(usize, u64)>) -> Choice {
         let l = self.l.layout();
-        let waiters = self.l.waiters(None);
+        let mut waiters = self.l.waiters(None);
+        if let Some((slot, since)) = also.filter(|(slot, _)| *slot < MAX_SLOTS) {
+            let tenant = l.slots[slot].tenant.load(Acquire) as usize;
+            if tenant < MAX_TENANTS && !waiters.iter().any(|w| w.slot == slot) {
+                waiters.push(Waiter {
+                    slot,
+                    tenant,
+                    since: since.min(now),
+                });
+            }
+        }
         let mut views = self.l.views();
         let choice = arbiter::choose(&mut views, &waiters, now);
         for w in &waiters {
