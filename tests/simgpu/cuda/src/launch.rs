@@ -231,8 +231,8 @@ pub(crate) unsafe fn prepare(
     if !params.kernel_params.is_null() && !params.extra.is_null() {
         return Err(CUerror::INVALID_VALUE);
     }
-    // A library's kernel loaded lazily is loaded at its first launch (module.rs).
-    func.load()?;
+    // A library's kernel loaded lazily is loaded at its first launch in a context (module.rs).
+    func.load(context, device)?;
     let default = Work::Timed(Duration::from_nanos(simgpu_core::config().kernel_ns));
     // SAFETY: forwarded contract.
     let size = unsafe { extra_buffer_size(params.extra) };
