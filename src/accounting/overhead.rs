@@ -88,6 +88,13 @@ pub(super) struct Sample {
     charged: u64,
 }
 
+impl Sample {
+    /// Whether it read this process's own figure (NVML lists it): no other process moves it.
+    pub(super) fn is_own(&self) -> bool {
+        matches!(self.process, ProcessFigure::Listed(_))
+    }
+}
+
 /// What [`Tenant::spent`] found an operation cost.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Spent {
