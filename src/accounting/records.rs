@@ -313,7 +313,10 @@ impl Tenant {
             return Err(e);
         }
         if let Some(charge) = charge {
-            self.release(charge);
+            // A graph allocation's memory goes to the graph memory pool's cache, still charged.
+            if !(super::graphs::any() && self.graph_allocation_freed(key, charge)) {
+                self.release(charge);
+            }
         }
         Ok(())
     }
