@@ -127,7 +127,7 @@ pub fn pending(f: usize, current: impl FnOnce() -> usize) -> bool {
     if loaded == 0 || loaded & EVERYWHERE != 0 {
         return true;
     }
-    context_bit(current()).is_none_or(|bit| loaded & bit == 0)
+    !context_bit(current()).is_some_and(|bit| loaded & bit != 0)
 }
 
 /// Puts `kernel` in the table with set `loaded` (under the records lock). `false` when it cannot

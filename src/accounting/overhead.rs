@@ -489,7 +489,7 @@ impl Tenant {
         let same_device = records
             .overhead
             .get(&(kind as u8, handle))
-            .is_none_or(|o| o.charge.device == charge.device);
+            .map_or(true, |o| o.charge.device == charge.device);
         if let Some(lazy) = records.lazy_code.get_mut(&(kind as u8, handle)) {
             lazy.mark_loaded(ctx, kernel, if same_device { charge.bytes } else { 0 });
         }
