@@ -365,3 +365,45 @@ impl Tenant {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_measurements_run_together_and_an_exclusive_one_waits_for_them() {
+        let dir =
+            std::env::temp_dir().join(format!("gpuslice-measure-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let uuid = "GPU-00000000-0000-4000-8000-0000000000bb";
+        let one = MeasureLock::acquire_as(&dir, uuid, libc::LOCK_SH);
+        let two = MeasureLock::acquire_as(&dir, uuid, libc::LOCK_SH);
+        assert!(
+            one.0.is_some() && two.0.is_some(),
+            "two shared holders at once"
+        );
+        let path = crate::config::paths::measure_lock(&dir, uuid);
+        let other: OwnedFd = open_lock_file(&dir, &path).unwrap().into();
+        assert!(
+            !lock_byte(&other, libc::LOCK_EX),
+            "exclusive while shared ones hold it"
+        );
+        drop(one);
+        assert!(
+            !lock_byte(&other, libc::LOCK_EX),
+            "exclusive while one shared holds it"
+        );
+        drop(two);
+        assert!(
+            lock_byte(&other, libc::LOCK_EX),
+            "exclusive once they are gone"
+        );
+        let shared: OwnedFd = open_lock_file(&dir, &path).unwrap().into();
+        assert!(
+            !lock_byte(&shared, libc::LOCK_SH),
+            "shared while an exclusive one holds it"
+        );
+        lock_byte(&other, libc::LOCK_UN);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
