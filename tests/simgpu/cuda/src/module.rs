@@ -27,7 +27,9 @@
 //! up, so a load spends the pages it adds. A lazily loaded library's code is loaded per context
 //! (the documentation's "when a function is needed for that context"): a second context launching
 //! the same kernel loads it again, on that context's device, and the context's destruction frees
-//! it. An eagerly loaded library's code is loaded once, at its load, on the library's device.
+//! it. An eagerly loaded library's code is loaded once, at its load, on the library's device
+//! (not modelled: the documentation has it "loaded eagerly into all contexts at the time of the
+//! call and future contexts at the time of creation").
 
 use crate::stream::lock;
 use gpuslice_api::launch_types::*;
