@@ -32,7 +32,8 @@ fn go(child: &mut Child) {
 
 /// After a graph that allocates and frees 512 MiB runs, simgpu's figure for the process keeps the
 /// pool's 512 MiB and so does the charge: a 1536 MiB allocation does not fit the 2 GiB quota. After
-/// the trim both fall by 512 MiB and it fits; relaunches take their memory from the pool again.
+/// the trim both fall by 512 MiB and it fits; relaunches take their memory from the pool again. A
+/// graph allocation freed with `cuMemFree` stays charged, as the pool's cache, until a trim.
 #[test]
 fn the_graph_memory_pools_cache_is_charged_until_trimmed() {
     let dir = scratch_dir("graph_pool", "cache");
@@ -81,7 +82,21 @@ fn the_graph_memory_pools_cache_is_charged_until_trimmed() {
     go(&mut child);
     let kv = wait_for_key(&mut child, "done");
     assert_eq!(kv["trim2"], "0");
-    agree("after a second trim", &pid);
+    let before_kept = agree("after a second trim", &pid);
+    go(&mut child);
+    // A graph allocation freed with cuMemFree goes to the pool's cache: simgpu keeps it, and the
+    // charge keeps it at once (nothing synchronises, launches or trims after the free).
+    let kv = wait_for_key(&mut child, "freed_outside");
+    assert_eq!(kv["free_outside"], "0");
+    let kept = agree("after cuMemFree of a graph allocation", &pid);
+    assert!(
+        kept >= before_kept + 256 * MIB,
+        "simgpu keeps the freed 256 MiB in the pool's cache: {before_kept} -> {kept}"
+    );
+    go(&mut child);
+    let kv = wait_for_key(&mut child, "trimmed3");
+    assert_eq!(kv["trim3"], "0");
+    agree("after a third trim", &pid);
     go(&mut child);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");

@@ -94,6 +94,65 @@ fn lazy_code_is_charged_at_first_launch_and_kernel_function() {
     finish(child, "firstlaunch").assert_success();
 }
 
+/// The driver loads a lazily loaded library's code per context ("when a function is needed for
+/// that context"): a second context launching the same kernel loads it again, and is charged
+/// again; launching it in the first context again adds nothing, and destroying the second context
+/// gives its copy back. After each step the process's charge is simgpu's figure to within one page.
+#[test]
+fn a_second_context_launching_a_library_kernel_is_charged_again() {
+    let dir = scratch("contexts");
+    let sim = sim("lazy-contexts");
+    let mut child = sim.spawn(&mut client(&sim, &dir, "ctxs", &["contexts", "24"]));
+    let kv = wait_for_key(&mut child, "got");
+    let pid = kv["pid"].clone();
+    let agree = |step: &str| {
+        let used = process_used_on(&sim.stat(), &pid, 0);
+        let charge = charged(&dir, "ctxs", &pid);
+        assert!(
+            used.abs_diff(charge) <= GRANULE,
+            "{step}: charged {charge}, simgpu holds {used}"
+        );
+        used
+    };
+    let got = agree("after cuLibraryGetKernel");
+    go(&mut child);
+    let kv = wait_for_key(&mut child, "one");
+    assert_eq!(
+        kv.get("launch1_rc").map(String::as_str),
+        Some("0"),
+        "{kv:?}"
+    );
+    assert_eq!(
+        kv.get("launch2_rc").map(String::as_str),
+        Some("0"),
+        "{kv:?}"
+    );
+    let one = agree("after the first context's launches");
+    assert!(
+        one >= got + 24 * MIB,
+        "simgpu loaded the code in the first context: {got} -> {one}"
+    );
+    go(&mut child);
+    let kv = wait_for_key(&mut child, "two");
+    for key in ["launch3_rc", "launch4_rc", "launch5_rc"] {
+        assert_eq!(kv.get(key).map(String::as_str), Some("0"), "{key}: {kv:?}");
+    }
+    let two = agree("after the second context's launches");
+    assert!(
+        two >= one + 24 * MIB,
+        "simgpu loaded the code again in the second context: {one} -> {two}"
+    );
+    go(&mut child);
+    wait_for_key(&mut child, "destroyed");
+    let destroyed = agree("after the second context was destroyed");
+    assert!(
+        destroyed + 24 * MIB <= two,
+        "simgpu freed the second context's copy: {two} -> {destroyed}"
+    );
+    go(&mut child);
+    finish(child, "contexts").assert_success();
+}
+
 /// A first launch whose code the quota has no room for fails with `CUDA_ERROR_OUT_OF_MEMORY`, as a
 /// driver that cannot load the code answers, with one log line, and the driver never loads it: the
 /// tenant's peak by simgpu's counters stays within its quota. So does `cuKernelGetFunction`.

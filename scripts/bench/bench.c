@@ -9,6 +9,9 @@
  *   getctx   N  cuCtxGetCurrent (never hooked)
  *   getattr  N  cuDeviceGetAttribute (never hooked)
  *   startup  -  cuInit + primary context retain + set current, then exit (timed from outside)
+ *   modules  N  cuModuleLoadData of a small PTX module + cuModuleGetFunction + cuModuleUnload; prints
+ *               `ready=1` after the warm-up and waits for a line on stdin before the timed loop, so
+ *               that scripts/bench/loads can start two tenants' loops at once
  *
  * Prints `ns_per_op=<float>`: the wall time of the measured loop divided by N, after a warm-up of
  * N/10 iterations (lazy symbol binding, first-use initialisation, page faults are not measured).
@@ -121,6 +124,31 @@ NOINLINE void bench_loop_getctx(long n) { GETCTX_BODY(n) }
 NOINLINE static void warm_getattr(long n) { GETATTR_BODY(n) }
 NOINLINE void bench_loop_getattr(long n) { GETATTR_BODY(n) }
 
+/* ---- module loads ---- */
+/* A PTX module of about 16 KiB (Triton and torch.compile load thousands of such): lazy loading
+ * spends nothing at cuModuleLoadData, the kernel's code at cuModuleGetFunction (measured by gpuslice).
+ */
+static char module_ptx[16 * 1024];
+static void make_module(void) {
+    const char *head = ".version 7.0\n.target sm_80\n.address_size 64\n"
+                       ".visible .entry k(.param .u64 p)\n{ ret; }\n//";
+    size_t n = sizeof module_ptx - 1;
+    memset(module_ptx, 'x', n);
+    memcpy(module_ptx, head, strlen(head));
+    module_ptx[n - 1] = '\n';
+    module_ptx[n] = 0;
+}
+#define MODULES_BODY(n)                                  \
+    for (long i = 0; i < (n); i++) {                     \
+        CUmodule m;                                      \
+        CUfunction f;                                    \
+        CHECK(cuModuleLoadData(&m, module_ptx));         \
+        CHECK(cuModuleGetFunction(&f, m, "k"));          \
+        CHECK(cuModuleUnload(m));                        \
+    }
+NOINLINE static void warm_modules(long n) { MODULES_BODY(n) }
+NOINLINE void bench_loop_modules(long n) { MODULES_BODY(n) }
+
 static void report(const char *mode, long n, uint64_t ns) {
     printf("mode=%s\nn=%ld\nns_per_op=%.2f\n", mode, n, (double)ns / (double)n);
 }
@@ -141,7 +169,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (n <= 0) {
-        fprintf(stderr, "usage: %s alloc|launch|getctx|getattr N | startup\n", argv[0]);
+        fprintf(stderr, "usage: %s alloc|launch|getctx|getattr|modules N | startup\n", argv[0]);
         return 2;
     }
     setup();
@@ -157,6 +185,16 @@ int main(int argc, char **argv) {
         sem_init(&gate, 0, 0);
         launches(warm_launch, n / 10 + 1);
         report(mode, n, launches(bench_loop_launch, n));
+    } else if (strcmp(mode, "modules") == 0) {
+        make_module();
+        warm_modules(n / 10 + 1);
+        printf("ready=1\n");
+        fflush(stdout);
+        char line[16];
+        if (!fgets(line, sizeof line, stdin)) return 1;
+        uint64_t t0 = now_ns();
+        bench_loop_modules(n);
+        report(mode, n, now_ns() - t0);
     } else if (strcmp(mode, "getctx") == 0) {
         timed(mode, warm_getctx, bench_loop_getctx, n);
     } else if (strcmp(mode, "getattr") == 0) {

@@ -26,7 +26,10 @@ impl Tenant {
         destroy: impl FnOnce(CUcontext),
     ) -> CUresult {
         let (ctx, charge) = self.charge_context(device, call, destroy)?;
-        self.records.lock().contexts.insert(ctx as usize, charge);
+        let mut records = self.records.lock();
+        records.contexts.insert(ctx as usize, charge);
+        super::first_launch::context_appeared(&records);
+        drop(records);
         self.reconcile_device(device);
         Ok(())
     }
@@ -123,6 +126,7 @@ impl Tenant {
             self.release(charge);
         } else {
             primary.live = Some((charge, ctx as usize));
+            super::first_launch::context_appeared(&r);
             drop(r);
             self.reconcile_device(device);
         }

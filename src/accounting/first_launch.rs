@@ -6,30 +6,53 @@
 //! (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA 12.2). `cuLibraryLoadData`'s documentation:
 //! a lazily loaded library "will only be loaded when a function is needed for that context, such as
 //! a kernel launch"; so `cuLibraryGetKernel` loads nothing, and the kernel's code goes to the device
-//! at `cuKernelGetFunction` or at the first launch of the `CUkernel`. Those are where it is charged
-//! (`hooks::context`).
+//! at `cuKernelGetFunction` or at the first launch of the `CUkernel`, in each context that needs it
+//! ("for that context": a second context launching the same kernel loads its code again). Those
+//! are where it is charged (`hooks::context`).
 //!
 //! The launch hooks ask [`pending`] on their fast path: one load of a counter while no kernel is
-//! pending, else a few loads of a lock-free open-addressed table of kernel handles. Entries are
-//! added (at `cuLibraryGetKernel`) and removed (at the kernel's first load, or its library's
-//! unload) only under the tenant's records lock; readers take no lock. A kernel that finds no free
-//! slot within [`PROBES`] of its home is not tracked (logged once): its code is then charged by
-//! reconciliation, as any driver memory no operation showed.
+//! pending, else a few loads of a lock-free open-addressed table of kernel handles. Each entry
+//! holds the contexts its kernel is loaded in, as bits of a fixed table of [`CONTEXT_BITS`]
+//! context handles: a kernel loaded in some contexts but not all the process's live ones costs
+//! its launches one `cuCtxGetCurrent` and a scan of that table, no lock and no allocation. A
+//! kernel loaded in every live context leaves the table; a new context puts the process's lazy
+//! kernels back. Entries are added and removed only under the tenant's records lock; readers take
+//! no lock. A kernel that finds no free slot within [`PROBES`] of its home, or a context beyond
+//! the table's, is not tracked (logged once): its code is then charged by reconciliation, as any
+//! driver memory no operation showed.
 
 use super::overhead::Overhead;
 use super::records::Records;
 use super::Tenant;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 
 const SLOTS: usize = 1 << 13;
 /// How far from its home slot a handle may lie.
 const PROBES: usize = 8;
 /// A slot whose kernel was removed (reusable; a search goes on past it).
 const GONE: usize = usize::MAX;
+/// Contexts a kernel's loaded set can name.
+pub const CONTEXT_BITS: usize = 63;
+/// In an entry's set: pending in every context (a local frame not launched yet).
+const EVERYWHERE: u64 = 1 << 63;
 
 static TABLE: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+/// Per slot: the bits of the contexts its kernel is loaded in, or [`EVERYWHERE`].
+static LOADED: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// Context handle by bit (0: free).
+static CONTEXTS: [AtomicUsize; CONTEXT_BITS] = [const { AtomicUsize::new(0) }; CONTEXT_BITS];
 static WARNED_FULL: AtomicBool = AtomicBool::new(false);
+static WARNED_CONTEXTS: AtomicBool = AtomicBool::new(false);
+
+/// A kernel of a library loaded lazily: its library, its name, the contexts it is loaded in.
+pub struct LazyKernel {
+    library: usize,
+    name: Vec<u8>,
+    loaded_in: u64,
+}
 
 #[inline(always)]
 fn home(kernel: usize) -> usize {
@@ -45,7 +68,7 @@ fn slot(kernel: usize) -> Option<usize> {
     let start = home(kernel);
     for i in 0..PROBES {
         let s = (start + i) & (SLOTS - 1);
-        match TABLE[s].load(Relaxed) {
+        match TABLE[s].load(Acquire) {
             0 => return None,
             v if v == kernel => return Some(s),
             _ => {}
@@ -54,19 +77,67 @@ fn slot(kernel: usize) -> Option<usize> {
     None
 }
 
-/// Whether launching `f` makes the driver load its code first (a kernel of a lazily loaded library
-/// not loaded yet). The launch fast path: one load while nothing is pending.
+/// The bit of context `ctx` (`None`: not in the table).
 #[inline(always)]
-pub fn pending(f: usize) -> bool {
-    COUNT.load(Relaxed) != 0 && slot(f).is_some()
+fn context_bit(ctx: usize) -> Option<u64> {
+    if ctx == 0 {
+        return None;
+    }
+    CONTEXTS
+        .iter()
+        .position(|c| c.load(Relaxed) == ctx)
+        .map(|i| 1u64 << i)
 }
 
-/// Adds `kernel` (under the records lock). `false` when it cannot be tracked (logged once).
-pub(super) fn insert(kernel: usize) -> bool {
+/// The bit of context `ctx`, given one if it has none (under the records lock).
+fn assign_context(ctx: usize) -> Option<u64> {
+    if let Some(bit) = context_bit(ctx) {
+        return Some(bit);
+    }
+    if ctx == 0 {
+        return None;
+    }
+    for (i, c) in CONTEXTS.iter().enumerate() {
+        if c.load(Relaxed) == 0 {
+            c.store(ctx, Relaxed);
+            return Some(1u64 << i);
+        }
+    }
+    if !WARNED_CONTEXTS.swap(true, Relaxed) {
+        crate::log::warn(format_args!(
+            "more than {CONTEXT_BITS} contexts loaded lazily loaded kernels: the code loaded in \
+             further contexts is charged by reconciliation, not at first launch"
+        ));
+    }
+    None
+}
+
+/// Whether launching `f` in the current context (`current`, asked only when it matters) makes
+/// the driver load its code first, or grow the context's local memory. The launch fast path: one
+/// load while nothing is pending.
+#[inline(always)]
+pub fn pending(f: usize, current: impl FnOnce() -> usize) -> bool {
+    if COUNT.load(Relaxed) == 0 {
+        return false;
+    }
+    let Some(s) = slot(f) else {
+        return false;
+    };
+    let loaded = LOADED[s].load(Relaxed);
+    if loaded == 0 || loaded & EVERYWHERE != 0 {
+        return true;
+    }
+    !context_bit(current()).is_some_and(|bit| loaded & bit != 0)
+}
+
+/// Puts `kernel` in the table with set `loaded` (under the records lock). `false` when it cannot
+/// be tracked (logged once).
+fn put(kernel: usize, loaded: u64) -> bool {
     if kernel == 0 || kernel == GONE {
         return false;
     }
-    if slot(kernel).is_some() {
+    if let Some(s) = slot(kernel) {
+        LOADED[s].store(loaded, Relaxed);
         return true;
     }
     let start = home(kernel);
@@ -74,7 +145,8 @@ pub(super) fn insert(kernel: usize) -> bool {
         let s = (start + i) & (SLOTS - 1);
         let v = TABLE[s].load(Relaxed);
         if v == 0 || v == GONE {
-            TABLE[s].store(kernel, Relaxed);
+            LOADED[s].store(loaded, Relaxed);
+            TABLE[s].store(kernel, Release);
             COUNT.fetch_add(1, Relaxed);
             return true;
         }
@@ -89,44 +161,135 @@ pub(super) fn insert(kernel: usize) -> bool {
 }
 
 /// Removes `kernel` (under the records lock).
-pub(super) fn remove(kernel: usize) {
+fn remove(kernel: usize) {
     if let Some(s) = slot(kernel) {
         TABLE[s].store(GONE, Relaxed);
         COUNT.fetch_sub(1, Relaxed);
     }
 }
 
+/// The bits of the process's live contexts (created, and primary ones while they exist); a live
+/// context without a bit (none of its kernels loaded yet) sets [`EVERYWHERE`].
+fn live_contexts(records: &Records) -> u64 {
+    records
+        .contexts
+        .keys()
+        .copied()
+        .chain(
+            records
+                .primary
+                .values()
+                .filter_map(|p| p.live.as_ref().map(|l| l.1)),
+        )
+        .fold(0, |bits, ctx| bits | context_bit(ctx).unwrap_or(EVERYWHERE))
+}
+
+/// Puts `kernel` in the table as its records say, or takes it out when nothing is pending for it
+/// (loaded in every live context, and no local frame waiting for its first launch).
+fn refresh(records: &Records, kernel: usize) {
+    let local = records.local_frames.contains_key(&kernel);
+    let loaded = records.lazy_kernels.get(&kernel).map(|k| k.loaded_in);
+    let pending_here = loaded.is_some_and(|l| {
+        let live = live_contexts(records);
+        live & !l != 0 || live == 0 && l == 0
+    });
+    match (local, loaded) {
+        (true, _) => {
+            put(kernel, EVERYWHERE);
+        }
+        (false, Some(l)) if pending_here => {
+            put(kernel, l);
+        }
+        _ => remove(kernel),
+    }
+}
+
+/// A context appeared (created, or a primary context made live): kernels loaded in the other
+/// contexts are pending in it.
+pub(super) fn context_appeared(records: &Records) {
+    let kernels: Vec<usize> = records.lazy_kernels.keys().copied().collect();
+    for k in kernels {
+        refresh(records, k);
+    }
+}
+
+/// Context `ctx` was destroyed: the code loaded in it went with it, and its bit is free.
+pub(super) fn context_gone(records: &mut Records, ctx: usize) {
+    let Some(bit) = context_bit(ctx) else {
+        return;
+    };
+    if let Some(c) = CONTEXTS.get(bit.trailing_zeros() as usize) {
+        c.store(0, Relaxed);
+    }
+    let kernels: Vec<usize> = records.lazy_kernels.keys().copied().collect();
+    for k in kernels {
+        if let Some(lazy) = records.lazy_kernels.get_mut(&k) {
+            lazy.loaded_in &= !bit;
+        }
+        if slot(k).is_some() {
+            refresh(records, k);
+        }
+    }
+}
+
 impl Tenant {
     /// `cuLibraryGetKernel` answered `kernel` for `name` in `library`: when the library is loaded
-    /// lazily and the kernel's code is not loaded yet, the kernel is pending until its first load.
+    /// lazily and the kernel's code is not loaded yet, the kernel is pending until its first load
+    /// in each context.
     pub fn lazy_kernel_got(&self, library: usize, kernel: usize, name: &[u8]) {
         if !self.lazy_code_pending(Overhead::Library, library, name) {
             return;
         }
         let mut records = self.records.lock();
-        if !records.lazy_kernels.contains_key(&kernel) && insert(kernel) {
-            records
-                .lazy_kernels
-                .insert(kernel, (library, name.to_vec()));
+        if !records.lazy_kernels.contains_key(&kernel) && put(kernel, 0) {
+            records.lazy_kernels.insert(
+                kernel,
+                LazyKernel {
+                    library,
+                    name: name.to_vec(),
+                    loaded_in: 0,
+                },
+            );
         }
     }
 
-    /// The library and name of a pending kernel (`None`: not pending).
+    /// The library and name of a kernel whose code is not loaded in the current context yet
+    /// (`None`: loaded there, or not a lazily loaded library's).
     pub fn lazy_kernel(&self, kernel: usize) -> Option<(usize, Vec<u8>)> {
+        let ctx = self.lazy_context(Overhead::Library);
         let records = self.records.lock();
-        let found = records.lazy_kernels.get(&kernel).cloned();
-        if found.is_none() && !records.local_frames.contains_key(&kernel) {
-            remove(kernel);
+        let Some(lazy) = records.lazy_kernels.get(&kernel) else {
+            if !records.local_frames.contains_key(&kernel) {
+                remove(kernel);
+            }
+            return None;
+        };
+        if context_bit(ctx).is_some_and(|bit| lazy.loaded_in & bit != 0) {
+            return None;
         }
-        found
+        Some((lazy.library, lazy.name.clone()))
     }
 
-    /// A pending kernel's code was loaded: its launches take the fast path from now on.
+    /// A kernel's code was loaded in the current context: its launches there take the fast path
+    /// from now on.
     pub fn lazy_kernel_loaded(&self, kernel: usize) {
+        let ctx = self.lazy_context(Overhead::Library);
         let mut records = self.records.lock();
-        records.lazy_kernels.remove(&kernel);
-        if !records.local_frames.contains_key(&kernel) {
-            remove(kernel);
+        let bit = assign_context(ctx);
+        let Some(lazy) = records.lazy_kernels.get_mut(&kernel) else {
+            return;
+        };
+        match bit {
+            Some(bit) => {
+                lazy.loaded_in |= bit;
+                refresh(&records, kernel);
+            }
+            // Untracked context: its loads are left to reconciliation.
+            None => {
+                if !records.local_frames.contains_key(&kernel) {
+                    remove(kernel);
+                }
+            }
         }
     }
 }
@@ -139,7 +302,7 @@ impl Tenant {
             return;
         }
         let mut records = self.records.lock();
-        if insert(f) {
+        if put(f, EVERYWHERE) {
             records.local_frames.insert(f, local);
         }
     }
@@ -148,22 +311,25 @@ impl Tenant {
     pub fn local_frame_launched(&self, f: usize) -> Option<u64> {
         let mut records = self.records.lock();
         let local = records.local_frames.remove(&f);
-        if !records.lazy_kernels.contains_key(&f) {
-            remove(f);
+        if local.is_some() {
+            refresh(&records, f);
         }
         local
     }
 }
 
-/// A library was unloaded: its pending kernels go.
+/// A library was unloaded: its kernels go.
 pub(super) fn forget_library(records: &mut Records, library: usize) {
-    records.lazy_kernels.retain(|&kernel, (l, _)| {
-        let keep = *l != library;
-        if !keep {
-            remove(kernel);
-        }
-        keep
-    });
+    let gone: Vec<usize> = records
+        .lazy_kernels
+        .iter()
+        .filter(|(_, k)| k.library == library)
+        .map(|(&kernel, _)| kernel)
+        .collect();
+    for kernel in gone {
+        records.lazy_kernels.remove(&kernel);
+        refresh(records, kernel);
+    }
 }
 
 #[cfg(test)]
@@ -174,24 +340,72 @@ mod tests {
     fn kernels_are_pending_until_removed_and_slots_are_reused() {
         // Handles unlike any a test process's libraries would have.
         let base = 0x7f00_dead_0000usize;
-        assert!(!pending(base));
+        let none = || 0;
+        assert!(!pending(base, none));
         for i in 0..64 {
-            assert!(insert(base + i * 64));
+            assert!(put(base + i * 64, 0));
         }
         for i in 0..64 {
-            assert!(pending(base + i * 64));
+            assert!(pending(base + i * 64, none));
         }
-        assert!(!pending(base + 8));
+        assert!(!pending(base + 8, none));
         for i in 0..64 {
             remove(base + i * 64);
         }
         for i in 0..64 {
-            assert!(!pending(base + i * 64));
+            assert!(!pending(base + i * 64, none));
         }
-        assert!(insert(base));
-        assert!(pending(base));
+        assert!(put(base, 0));
+        assert!(pending(base, none));
         remove(base);
-        assert!(!pending(base));
-        assert!(!insert(0) && !pending(0));
+        assert!(!pending(base, none));
+        assert!(!put(0, 0) && !pending(0, none));
+    }
+
+    #[test]
+    fn a_kernel_loaded_in_one_context_is_pending_in_the_others() {
+        let kernel = 0x7f00_beef_0040usize;
+        let (one, two) = (0x7f00_c0de_1000usize, 0x7f00_c0de_2000usize);
+        let mut records = Records::default();
+        records.lazy_kernels.insert(
+            kernel,
+            LazyKernel {
+                library: 1,
+                name: b"k".to_vec(),
+                loaded_in: 0,
+            },
+        );
+        let charge = super::super::Charge {
+            device: 0,
+            bytes: 0,
+        };
+        records.contexts.insert(one, charge);
+        records.contexts.insert(two, charge);
+        assert!(put(kernel, 0));
+        assert!(pending(kernel, || one) && pending(kernel, || two));
+        // Loaded in the first context: its launches there pass, the second's still load it.
+        let bit = assign_context(one).unwrap();
+        records.lazy_kernels.get_mut(&kernel).unwrap().loaded_in |= bit;
+        refresh(&records, kernel);
+        assert!(!pending(kernel, || one));
+        assert!(pending(kernel, || two));
+        // Loaded in both: it leaves the table.
+        let bit = assign_context(two).unwrap();
+        records.lazy_kernels.get_mut(&kernel).unwrap().loaded_in |= bit;
+        refresh(&records, kernel);
+        assert!(slot(kernel).is_none());
+        assert!(!pending(kernel, || two));
+        // The second context is destroyed and a third appears: pending again in the third only.
+        records.contexts.remove(&two);
+        context_gone(&mut records, two);
+        assert_eq!(context_bit(two), None);
+        let three = 0x7f00_c0de_3000usize;
+        records.contexts.insert(three, charge);
+        context_appeared(&records);
+        assert!(pending(kernel, || three));
+        assert!(!pending(kernel, || one));
+        forget_library(&mut records, 1);
+        assert!(!pending(kernel, || three));
+        context_gone(&mut records, one);
     }
 }

@@ -93,6 +93,10 @@ const GRAPH_MEM_RESERVED_CURRENT: i32 = 2;
 /// some graph of this process allocates on has an entry.
 static CACHED: Mutex<BTreeMap<CUdevice, (usize, u64)>> = Mutex::new(BTreeMap::new());
 
+/// Graph allocations a launch left live (not freed by their graph) -> their device ordinal: freed
+/// outside a graph (`cuMemFree`, `cuMemFreeAsync`), their memory goes to the pool's cache.
+static LIVE: Mutex<BTreeMap<u64, CUdevice>> = Mutex::new(BTreeMap::new());
+
 /// Whether any executable graph of this process allocates memory (one load; graph launches of a
 /// process without graph memory skip everything here).
 #[inline]
@@ -313,9 +317,11 @@ impl Tenant {
                 freed.push(charge);
             } else {
                 self.allocations.lock().insert(a.ptr, charge);
+                LIVE.lock().insert(a.ptr, a.ordinal);
             }
         }
         for &ptr in &plan.frees_elsewhere {
+            LIVE.lock().remove(&ptr);
             let charge = self.allocations.lock().remove(ptr);
             match charge {
                 Some(charge) => freed.push(charge),
@@ -358,6 +364,24 @@ impl Tenant {
             fell |= self.charge_graph_pool_cache(ordinal);
         }
         released || fell
+    }
+
+    /// The allocation at `ptr`, charged `charge`, was freed outside a graph: a graph allocation's
+    /// memory stays in its device's graph memory pool, cached until a trim (`cuDeviceGraphMemTrim`:
+    /// "Free unused memory that was cached on the specified device for use with graphs"), so its
+    /// charge moves to the pool's cache rather than going back (true); any other allocation's does
+    /// not (false).
+    pub(super) fn graph_allocation_freed(&self, ptr: u64, charge: Charge) -> bool {
+        let Some(ordinal) = LIVE.lock().remove(&ptr) else {
+            return false;
+        };
+        match CACHED.lock().get_mut(&ordinal) {
+            Some((slot, charged)) if *slot == charge.device => {
+                *charged = charged.saturating_add(charge.bytes);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// After `cuDeviceGraphMemTrim` of `ordinal`: the pool's cache went back to the device.

@@ -62,11 +62,31 @@ static WARNED_LOCK: AtomicBool = AtomicBool::new(false);
 /// directory (`config::paths::measure_lock`), released when dropped (or when the process dies). A
 /// lock that cannot be had in [`LOCK_WAIT`] (a stopped holder) or a file that cannot be opened
 /// leaves the measurement unlocked (logged once).
+///
+/// Exclusive (`LOCK_EX`) for a measurement that other processes' operations would disturb (one
+/// read from the device's used memory) or that the next one depends on (a context's, whose
+/// expected cost is the previous context's charge); shared (`LOCK_SH`) for one read from this
+/// process's own figure with its cost known beforehand (code of an image), which no other process
+/// disturbs: such measurements of different processes run at once, and an exclusive one still
+/// waits for all of them. A process's own shared measurements are serialised by [`OWN`].
 struct MeasureLock(Option<OwnedFd>);
 
+/// Serialises this process's measurements made under a shared device lock (its threads'
+/// operations would disturb its own figure).
+static OWN: parking_lot::Mutex<()> = parking_lot::const_mutex(());
+
+/// Waits between tries of a held lock: from [`FIRST_BACKOFF`], doubling, at most [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_micros(20);
+const MAX_BACKOFF: Duration = Duration::from_millis(1);
+
 impl MeasureLock {
-    /// The lock of device `uuid` in the device directory `dir`.
+    /// The exclusive lock of device `uuid` in the device directory `dir`.
     fn acquire(dir: &Path, uuid: &str) -> MeasureLock {
+        Self::acquire_as(dir, uuid, libc::LOCK_EX)
+    }
+
+    /// The lock of device `uuid` in the device directory `dir`, `LOCK_EX` or `LOCK_SH`.
+    fn acquire_as(dir: &Path, uuid: &str, kind: libc::c_int) -> MeasureLock {
         let path = crate::config::paths::measure_lock(dir, uuid);
         let fd: OwnedFd = match open_lock_file(dir, &path) {
             Ok(f) => f.into(),
@@ -82,8 +102,9 @@ impl MeasureLock {
             }
         };
         let start = Instant::now();
+        let mut backoff = FIRST_BACKOFF;
         loop {
-            if lock_byte(&fd, libc::LOCK_EX) {
+            if lock_byte(&fd, kind) {
                 return MeasureLock(Some(fd));
             }
             if start.elapsed() >= LOCK_WAIT {
@@ -96,7 +117,8 @@ impl MeasureLock {
                 );
                 return MeasureLock(None);
             }
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 }
@@ -202,20 +224,50 @@ impl Tenant {
                 },
             ));
         }
-        let lock = MeasureLock::acquire(&self.config.device_dir, &device.uuid);
+        // A cost known beforehand is reserved before any lock; a context's is worked out under
+        // the exclusive lock (the previous context on the device charged by then).
+        let mut predicted = match expected {
+            Expected::Known(bytes) => match bytes.saturating_sub(known) {
+                0 => None,
+                more => Some(self.reserve(device, more, what)?),
+            },
+            Expected::Context => None,
+        };
+        // A known cost read from this process's own figure: the shared lock (see `MeasureLock`),
+        // found by the first sample under it; otherwise the exclusive lock, sampled under it.
+        let mut shared = None;
+        if let Expected::Known(_) = expected {
+            let own = OWN.lock();
+            let lock =
+                MeasureLock::acquire_as(&self.config.device_dir, &device.uuid, libc::LOCK_SH);
+            let sample = self.sample(device);
+            if sample.is_own() {
+                shared = Some((own, lock, sample));
+            }
+        }
+        let (own, lock, before) = match shared {
+            Some((own, lock, sample)) => (Some(own), lock, Some(sample)),
+            None => (
+                None,
+                MeasureLock::acquire(&self.config.device_dir, &device.uuid),
+                None,
+            ),
+        };
         let expected = match expected {
             Expected::Known(bytes) => bytes,
-            Expected::Context => self.expected_context_cost(device, fallback),
-        };
-        let predicted = match expected.saturating_sub(known) {
-            0 => None,
-            more => Some(self.reserve(device, more, what)?),
+            Expected::Context => {
+                let bytes = self.expected_context_cost(device, fallback);
+                if let more @ 1.. = bytes.saturating_sub(known) {
+                    predicted = Some(self.reserve(device, more, what)?);
+                }
+                bytes
+            }
         };
         let reserved = upfront
             .charge()
             .bytes
             .saturating_add(predicted.as_ref().map_or(0, |p| p.charge().bytes));
-        let before = self.sample(device);
+        let before = before.unwrap_or_else(|| self.sample(device));
         let value = call()?;
         let after = self.sample(device);
         // What the operation can cost at most, for a figure that also moves with other processes:
@@ -303,6 +355,7 @@ impl Tenant {
             ledger.set_overhead_by_me(slot, overhead.saturating_add(cost));
         }
         drop(lock);
+        drop(own);
         Ok((
             value,
             Charge {
@@ -310,5 +363,47 @@ impl Tenant {
                 bytes: cost,
             },
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_measurements_run_together_and_an_exclusive_one_waits_for_them() {
+        let dir =
+            std::env::temp_dir().join(format!("gpuslice-measure-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let uuid = "GPU-00000000-0000-4000-8000-0000000000bb";
+        let one = MeasureLock::acquire_as(&dir, uuid, libc::LOCK_SH);
+        let two = MeasureLock::acquire_as(&dir, uuid, libc::LOCK_SH);
+        assert!(
+            one.0.is_some() && two.0.is_some(),
+            "two shared holders at once"
+        );
+        let path = crate::config::paths::measure_lock(&dir, uuid);
+        let other: OwnedFd = open_lock_file(&dir, &path).unwrap().into();
+        assert!(
+            !lock_byte(&other, libc::LOCK_EX),
+            "exclusive while shared ones hold it"
+        );
+        drop(one);
+        assert!(
+            !lock_byte(&other, libc::LOCK_EX),
+            "exclusive while one shared holds it"
+        );
+        drop(two);
+        assert!(
+            lock_byte(&other, libc::LOCK_EX),
+            "exclusive once they are gone"
+        );
+        let shared: OwnedFd = open_lock_file(&dir, &path).unwrap().into();
+        assert!(
+            !lock_byte(&shared, libc::LOCK_SH),
+            "shared while an exclusive one holds it"
+        );
+        lock_byte(&other, libc::LOCK_UN);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -39,13 +39,24 @@ pub(super) struct OverheadRecord {
 
 /// A module or library the driver loads lazily (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA
 /// 12.2): its code goes to the device at lookups, each charged as it loads (see
-/// [`Tenant::lazy_code_expected`]).
+/// [`Tenant::lazy_code_expected`]). A library's code is loaded per context: `cuLibraryLoadData`
+/// says a lazily loaded library "will only be loaded when a function is needed for that context,
+/// such as a kernel launch", so a second context needing the same kernel loads (and is charged)
+/// it again; a module's, in its own context only (kept under context 0).
 pub struct LazyCode {
     code: gpuslice_api::image::Code,
+    /// What is loaded, by context handle.
+    loaded: Vec<(usize, LoadedCode)>,
+}
+
+/// What of a lazily loaded module or library one context holds, and what it was charged there.
+#[derive(Default)]
+struct LoadedCode {
     data: bool,
     /// By index into `code.kernels`.
     kernels: Vec<bool>,
     bytes: u64,
+    charged: u64,
 }
 
 /// `bytes` in the 2 MiB pages a driver maps device memory in.
@@ -75,6 +86,13 @@ pub(super) struct Sample {
     /// the two is at least what the driver held for them when it answered.
     charged_low: u64,
     charged: u64,
+}
+
+impl Sample {
+    /// Whether it read this process's own figure (NVML lists it): no other process moves it.
+    pub(super) fn is_own(&self) -> bool {
+        matches!(self.process, ProcessFigure::Listed(_))
+    }
 }
 
 /// What [`Tenant::spent`] found an operation cost.
@@ -416,51 +434,64 @@ impl Tenant {
 
     /// Remembers what a module or library loaded lazily will load at its lookups.
     pub fn record_lazy_code(&self, kind: Overhead, handle: usize, code: gpuslice_api::image::Code) {
-        let kernels = vec![false; code.kernels.len()];
-        self.records.lock().lazy_code.insert(
-            (kind as u8, handle),
-            LazyCode {
-                code,
-                data: false,
-                kernels,
-                bytes: 0,
-            },
-        );
+        self.records
+            .lock()
+            .lazy_code
+            .insert((kind as u8, handle), LazyCode::new(code));
     }
 
-    /// Whether a module or library is loaded lazily and `kernel`'s code is not loaded yet.
+    /// The context a lazily loaded object's code loads in: a library's, the current context's
+    /// (0 when none); a module's, its own (0).
+    pub(super) fn lazy_context(&self, kind: Overhead) -> usize {
+        if kind != Overhead::Library {
+            return 0;
+        }
+        self.driver().current_context().ok().flatten().unwrap_or(0)
+    }
+
+    /// Whether a module or library is loaded lazily and `kernel`'s code is not loaded yet in the
+    /// current context.
     pub fn lazy_code_pending(&self, kind: Overhead, handle: usize, kernel: &[u8]) -> bool {
+        let ctx = self.lazy_context(kind);
         let records = self.records.lock();
         records
             .lazy_code
             .get(&(kind as u8, handle))
-            .is_some_and(|lazy| lazy.after_lookup(kernel).0 != lazy.bytes)
+            .is_some_and(|lazy| lazy.after_lookup(ctx, kernel).0 != lazy.bytes(ctx))
     }
 
-    /// What looking up `kernel` in a lazily loaded module or library will make the driver load (the
-    /// module's data on its first lookup, the kernel's code), in the pages it adds: `None` when it
-    /// loads nothing new, or nothing that needs another page (then it is marked loaded).
+    /// What looking up `kernel` in a lazily loaded module or library will make the driver load in
+    /// the current context (the module's data on its first lookup there, the kernel's code), in the
+    /// pages it adds: `None` when it loads nothing new, or nothing that needs another page (then it
+    /// is marked loaded).
     pub fn lazy_code_expected(&self, kind: Overhead, handle: usize, kernel: &[u8]) -> Option<u64> {
+        let ctx = self.lazy_context(kind);
         let mut records = self.records.lock();
         let lazy = records.lazy_code.get_mut(&(kind as u8, handle))?;
-        let (bytes, _) = lazy.after_lookup(kernel);
-        let more = driver_pages(bytes).saturating_sub(driver_pages(lazy.bytes));
-        if bytes == lazy.bytes {
+        let (bytes, _) = lazy.after_lookup(ctx, kernel);
+        let before = lazy.bytes(ctx);
+        let more = driver_pages(bytes).saturating_sub(driver_pages(before));
+        if bytes == before {
             return None;
         }
         if more == 0 {
-            lazy.mark_loaded(kernel);
+            lazy.mark_loaded(ctx, kernel, 0);
             return None;
         }
         Some(more)
     }
 
-    /// A lookup of `kernel` loaded what [`Tenant::lazy_code_expected`] expected, charged `charge`:
-    /// the object's charge grows by it.
+    /// A lookup of `kernel` in the current context loaded what [`Tenant::lazy_code_expected`]
+    /// expected, charged `charge`: the object's charge grows by it.
     pub fn lazy_code_loaded(&self, kind: Overhead, handle: usize, kernel: &[u8], charge: Charge) {
+        let ctx = self.lazy_context(kind);
         let mut records = self.records.lock();
+        let same_device = records
+            .overhead
+            .get(&(kind as u8, handle))
+            .map_or(true, |o| o.charge.device == charge.device);
         if let Some(lazy) = records.lazy_code.get_mut(&(kind as u8, handle)) {
-            lazy.mark_loaded(kernel);
+            lazy.mark_loaded(ctx, kernel, if same_device { charge.bytes } else { 0 });
         }
         match records.overhead.get_mut(&(kind as u8, handle)) {
             Some(o) if o.charge.device == charge.device => {
@@ -516,11 +547,25 @@ impl Tenant {
         for k in &owned {
             r.lazy_code.remove(k);
         }
-        let charges: Vec<Charge> = owned
+        let mut charges: Vec<Charge> = owned
             .iter()
             .filter_map(|k| r.overhead.remove(k))
             .map(|o| o.charge)
             .collect();
+        // The code libraries loaded in it goes with it.
+        let records = &mut *r;
+        for (key, lazy) in records.lazy_code.iter_mut() {
+            let freed = lazy.forget_context(ctx);
+            if let Some(o) = records.overhead.get_mut(key).filter(|_| freed > 0) {
+                let bytes = freed.min(o.charge.bytes);
+                o.charge.bytes -= bytes;
+                charges.push(Charge {
+                    device: o.charge.device,
+                    bytes,
+                });
+            }
+        }
+        super::first_launch::context_gone(records, ctx);
         drop(r);
         for c in charges {
             self.release(c);
@@ -564,32 +609,98 @@ impl Tenant {
 }
 
 impl LazyCode {
-    /// The bytes loaded once `kernel` is looked up, and the index of its code (if listed).
-    fn after_lookup(&self, kernel: &[u8]) -> (u64, Option<usize>) {
-        let mut bytes = self.bytes;
-        if !self.data {
+    pub(super) fn new(code: gpuslice_api::image::Code) -> Self {
+        LazyCode {
+            code,
+            loaded: Vec::new(),
+        }
+    }
+
+    fn in_context(&self, ctx: usize) -> Option<&LoadedCode> {
+        self.loaded.iter().find(|(c, _)| *c == ctx).map(|(_, l)| l)
+    }
+
+    /// The bytes loaded in `ctx`.
+    fn bytes(&self, ctx: usize) -> u64 {
+        self.in_context(ctx).map_or(0, |l| l.bytes)
+    }
+
+    /// The bytes loaded in `ctx` once `kernel` is looked up there, and the index of its code (if
+    /// listed).
+    fn after_lookup(&self, ctx: usize, kernel: &[u8]) -> (u64, Option<usize>) {
+        let loaded = self.in_context(ctx);
+        let mut bytes = loaded.map_or(0, |l| l.bytes);
+        if !loaded.is_some_and(|l| l.data) {
             bytes = bytes.saturating_add(self.code.data);
         }
         let index = self.code.kernels.iter().position(|(n, _)| n == kernel);
-        if let Some(i) = index.filter(|&i| !self.kernels.get(i).copied().unwrap_or(true)) {
+        let done = |i: usize| loaded.is_some_and(|l| l.kernels.get(i).copied().unwrap_or(false));
+        if let Some(i) = index.filter(|&i| !done(i)) {
             bytes = bytes.saturating_add(self.code.kernels[i].1);
         }
         (bytes, index)
     }
 
-    fn mark_loaded(&mut self, kernel: &[u8]) {
-        let (bytes, index) = self.after_lookup(kernel);
-        self.bytes = bytes;
-        self.data = true;
-        if let Some(loaded) = index.and_then(|i| self.kernels.get_mut(i)) {
-            *loaded = true;
+    /// `kernel` loaded in `ctx`, which was charged `charged` more for it.
+    fn mark_loaded(&mut self, ctx: usize, kernel: &[u8], charged: u64) {
+        let (bytes, index) = self.after_lookup(ctx, kernel);
+        let at = match self.loaded.iter().position(|(c, _)| *c == ctx) {
+            Some(at) => at,
+            None => {
+                self.loaded.push((ctx, LoadedCode::default()));
+                self.loaded.len() - 1
+            }
+        };
+        let n = self.code.kernels.len();
+        let loaded = &mut self.loaded[at].1;
+        loaded.kernels.resize(n, false);
+        loaded.bytes = bytes;
+        loaded.data = true;
+        loaded.charged = loaded.charged.saturating_add(charged);
+        if let Some(k) = index.and_then(|i| loaded.kernels.get_mut(i)) {
+            *k = true;
         }
+    }
+
+    /// `ctx` was destroyed, and the code loaded in it with it: what it was charged there.
+    fn forget_context(&mut self, ctx: usize) -> u64 {
+        if ctx == 0 {
+            return 0;
+        }
+        let charged = self.in_context(ctx).map_or(0, |l| l.charged);
+        self.loaded.retain(|(c, _)| *c != ctx);
+        charged
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_librarys_code_is_loaded_per_context() {
+        let code = gpuslice_api::image::Code {
+            data: 4096,
+            kernels: vec![(b"a".to_vec(), 3 * MIB), (b"b".to_vec(), MIB)],
+        };
+        let mut lazy = LazyCode::new(code);
+        let (one, two) = (0x1000, 0x2000);
+        assert_eq!(lazy.after_lookup(one, b"a").0, 4096 + 3 * MIB);
+        lazy.mark_loaded(one, b"a", 4 * MIB);
+        assert_eq!(lazy.bytes(one), 4096 + 3 * MIB);
+        // Loaded in the first context: nothing more there, all of it again in the second.
+        assert_eq!(lazy.after_lookup(one, b"a").0, lazy.bytes(one));
+        assert_eq!(lazy.after_lookup(two, b"a").0, 4096 + 3 * MIB);
+        assert_eq!(lazy.after_lookup(one, b"b").0, 4096 + 4 * MIB);
+        lazy.mark_loaded(two, b"a", 4 * MIB);
+        lazy.mark_loaded(two, b"b", 0);
+        assert_eq!(lazy.bytes(two), 4096 + 4 * MIB);
+        // A destroyed context's code goes with it: what it was charged there comes back.
+        assert_eq!(lazy.forget_context(two), 4 * MIB);
+        assert_eq!(lazy.bytes(two), 0);
+        assert_eq!(lazy.bytes(one), 4096 + 3 * MIB);
+        assert_eq!(lazy.forget_context(0), 0);
+    }
     use crate::config::Limit;
     use crate::ledger::{Ledger, LedgerOptions, MAX_DEVICES, NODE_NOT_LISTED};
 

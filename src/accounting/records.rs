@@ -180,9 +180,10 @@ pub(super) struct Records {
     pub overhead: KeyMap<(u8, usize), OverheadRecord>,
     /// Module and library loaded lazily -> what of its code is on the device.
     pub lazy_code: KeyMap<(u8, usize), super::overhead::LazyCode>,
-    /// Kernel of a library loaded lazily, not loaded yet -> (library, name): its code is loaded
-    /// and charged at its `cuKernelGetFunction` or first launch (`first_launch`).
-    pub lazy_kernels: KeyMap<usize, (usize, Vec<u8>)>,
+    /// Kernel of a library loaded lazily -> its library, name, and the contexts it is loaded in:
+    /// its code is loaded and charged at its `cuKernelGetFunction` or first launch in each context
+    /// (`first_launch`).
+    pub lazy_kernels: KeyMap<usize, super::first_launch::LazyKernel>,
     /// Function or kernel whose local frame (bytes per thread) is larger than the default stack,
     /// not launched yet: its first launch may grow the context's local memory (`first_launch`).
     pub local_frames: KeyMap<usize, u64>,
@@ -312,7 +313,10 @@ impl Tenant {
             return Err(e);
         }
         if let Some(charge) = charge {
-            self.release(charge);
+            // A graph allocation's memory goes to the graph memory pool's cache, still charged.
+            if !(super::graphs::any() && self.graph_allocation_freed(key, charge)) {
+                self.release(charge);
+            }
         }
         Ok(())
     }

@@ -318,7 +318,8 @@ fn load_kernel(kernel: usize, call: impl FnOnce() -> CUresult) -> CUresult {
 /// `cuKernelGetFunction` in the current context, charged ([`load_kernel`]), then launches: a load
 /// the quota has no room for fails the launch with `CUDA_ERROR_OUT_OF_MEMORY` (as a driver that
 /// cannot load the code does) and nothing runs. Other errors of that call are left to the launch to
-/// report. Launches after the first take the fast path (`first_launch::pending` is false).
+/// report. Later launches in the same context take the fast path (`first_launch::pending` is
+/// false there); a launch in another context loads (and is charged) the code again.
 /// A function whose local frame is larger than the context's stack then grows the context's local
 /// memory at this launch ([`grow_local`]).
 pub fn first_launch(f: CUfunction, launch: impl FnOnce() -> CUresult) -> CUresult {

@@ -13,7 +13,7 @@ hooks! {
     // Uncontended (or no compute sharing at all), and not a kernel whose code the driver loads at
     // this launch: straight to the driver, before any other work.
     ret = CUresult,
-    fast = crate::scheduling::launch_passes() && !first_launch::pending(f as usize);
+    fast = crate::scheduling::launch_passes() && !first_launch::pending(f as usize, current);
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                       shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
         => launch(f, || gate(&[stream], false, || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)));
@@ -51,10 +51,17 @@ pub use multi::cuLaunchCooperativeKernelMultiDevice;
 /// A launch off the fast path: a kernel whose code the driver loads first is loaded and charged
 /// (`context::first_launch`), then the launch goes through the compute-share gate.
 fn launch(f: CUfunction, launch: impl FnOnce() -> CUresult) -> CUresult {
-    if first_launch::pending(f as usize) {
+    if first_launch::pending(f as usize, current) {
         return super::context::first_launch(f, launch);
     }
     launch()
+}
+
+/// The calling thread's current context, for [`first_launch::pending`] (asked only for a kernel
+/// loaded in some of the process's contexts, not all).
+#[inline]
+fn current() -> usize {
+    crate::driver::calls::current_context() as usize
 }
 
 /// The stream of a `cuLaunchKernelEx` configuration (NULL config: the driver reports it).

@@ -9,7 +9,9 @@
  *   a graph allocating GRAPH_MIB and freeing it itself, launched and synchronised: pid=, launched=1,
  *   wait; cuMemAlloc(BIG_MIB) (big_cached=rc): wait; cuDeviceGraphMemTrim (trim=rc): trimmed=1, wait;
  *   cuMemAlloc(BIG_MIB) again (big_trimmed=rc), freed; the graph launched and synchronised twice
- *   (relaunch=rc): relaunched=1, wait; trimmed again (trim2=rc): done=1, wait.
+ *   (relaunch=rc): relaunched=1, wait; trimmed again (trim2=rc): done=1, wait; a second graph
+ *   allocating GRAPH_MIB/2 without freeing it, launched and synchronised, its allocation then freed
+ *   with cuMemFree (free_outside=rc): freed_outside=1, wait; trimmed (trim3=rc): trimmed3=1, wait.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -72,6 +74,20 @@ int main(int argc, char **argv) {
     printf("relaunch=%d\nrelaunched=1\n", (int)r);
     wait_line();
     printf("trim2=%d\ndone=1\n", (int)cuDeviceGraphMemTrim(dev));
+    wait_line();
+    CUdeviceptr q;
+    CUgraph kept;
+    CUgraphExec kept_exec;
+    CHECK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuMemAllocAsync(&q, bytes / 2, stream));
+    CHECK(cuStreamEndCapture(stream, &kept));
+    CHECK(cuGraphInstantiate(&kept_exec, kept, 0));
+    CHECK(cuGraphLaunch(kept_exec, stream));
+    CHECK(cuStreamSynchronize(stream));
+    /* Freed outside any graph: into the pool's cache, with no synchronisation, launch or trim after. */
+    printf("free_outside=%d\nfreed_outside=1\n", (int)cuMemFree(q));
+    wait_line();
+    printf("trim3=%d\ntrimmed3=1\n", (int)cuDeviceGraphMemTrim(dev));
     wait_line();
     return 0;
 }

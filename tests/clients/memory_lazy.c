@@ -11,6 +11,14 @@
  *                                  function (launch1_rc, launch2_rc), the second's function asked
  *                                  (getfn_rc) and launched (launch3_rc); synchronised: done=1, wait
  *                                  for a line
+ *   contexts LIB_MIB               a context; a library of a LIB_MIB MiB PTX kernel `touch` loaded
+ *                                  and its kernel got: got=1, wait for a line; the kernel launched
+ *                                  twice in the first context (launch1_rc, launch2_rc),
+ *                                  synchronised: one=1, wait for a line; a second context created
+ *                                  and made current, the kernel launched twice there (launch3_rc,
+ *                                  launch4_rc), then again in the first (launch5_rc), synchronised:
+ *                                  two=1, wait for a line; the second context destroyed:
+ *                                  destroyed=1, wait for a line
  *   lmem ROOM_MIB LOCAL_BYTES      a context; the quota filled but ROOM_MIB (`-`: nothing filled);
  *                                  a module (cuModuleLoadData) whose kernel `touch` has a local
  *                                  frame of LOCAL_BYTES per thread: loaded=1, wait for a line; the
@@ -97,6 +105,35 @@ int main(int argc, char **argv) {
         wait_line();
         return 0;
     }
+    if (strcmp(mode, "contexts") == 0 && argc == 3) {
+        char *ptx = ptx_of(strtoull(argv[2], 0, 10), 0);
+        CUlibrary lib;
+        CUkernel k;
+        CHECK(cuLibraryLoadData(&lib, ptx, 0, 0, 0, 0, 0, 0));
+        free(ptx);
+        CHECK(cuLibraryGetKernel(&k, lib, "touch"));
+        printf("got=1\n");
+        wait_line();
+        printf("launch1_rc=%d\n", (int)cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        printf("launch2_rc=%d\n", (int)cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        CHECK(cuCtxSynchronize());
+        printf("one=1\n");
+        wait_line();
+        CUcontext ctx2;
+        CHECK(cuCtxCreate(&ctx2, 0, dev));
+        printf("launch3_rc=%d\n", (int)cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        printf("launch4_rc=%d\n", (int)cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        CHECK(cuCtxSynchronize());
+        CHECK(cuCtxSetCurrent(ctx));
+        printf("launch5_rc=%d\n", (int)cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
+        CHECK(cuCtxSynchronize());
+        printf("two=1\n");
+        wait_line();
+        CHECK(cuCtxDestroy(ctx2));
+        printf("destroyed=1\n");
+        wait_line();
+        return 0;
+    }
     if (strcmp(mode, "lmem") == 0 && argc == 4) {
         if (strcmp(argv[2], "-") != 0) leave_room(strtoull(argv[2], 0, 10));
         char *ptx = ptx_of(0, strtoull(argv[3], 0, 10));
@@ -117,6 +154,6 @@ int main(int argc, char **argv) {
         wait_line();
         return 0;
     }
-    fprintf(stderr, "usage: memory_lazy firstlaunch ROOM_MIB LIB_MIB | lmem ROOM_MIB LOCAL_BYTES\n");
+    fprintf(stderr, "usage: memory_lazy firstlaunch ROOM_MIB LIB_MIB | contexts LIB_MIB | lmem ROOM_MIB LOCAL_BYTES\n");
     return 2;
 }

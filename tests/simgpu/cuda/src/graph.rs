@@ -385,7 +385,7 @@ unsafe fn kernel_node(
     };
     // SAFETY: forwarded contract.
     Ok(NodeKind::Kernel(unsafe {
-        launch::prepare(f, shape, params, ctx.device, ctx.tag)
+        launch::prepare(f, shape, params, ctx.device, ctx.tag, ctx.id)
     }?))
 }
 

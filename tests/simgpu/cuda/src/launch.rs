@@ -199,7 +199,8 @@ pub(crate) struct Shape {
     pub shared_mem: u32,
 }
 
-/// Validates a launch and computes its kernel (duration read from the parameters now).
+/// Validates a launch and computes its kernel (duration read from the parameters now); `context`
+/// is the launching context's tag, `ctx_id` its id (a lazily loaded library's kernel loads there).
 ///
 /// # Safety
 /// `params` follows cuLaunchKernel's contract (see [`param_u64`]).
@@ -209,6 +210,7 @@ pub(crate) unsafe fn prepare(
     params: Params,
     device: u32,
     context: u64,
+    ctx_id: u64,
 ) -> Result<Kernel, CUerror> {
     if f.is_null() {
         return Err(CUerror::INVALID_HANDLE);
@@ -231,8 +233,8 @@ pub(crate) unsafe fn prepare(
     if !params.kernel_params.is_null() && !params.extra.is_null() {
         return Err(CUerror::INVALID_VALUE);
     }
-    // A library's kernel loaded lazily is loaded at its first launch (module.rs).
-    func.load()?;
+    // A library's kernel loaded lazily is loaded at its first launch in a context (module.rs).
+    func.load(ctx_id, device)?;
     let default = Work::Timed(Duration::from_nanos(simgpu_core::config().kernel_ns));
     // SAFETY: forwarded contract.
     let size = unsafe { extra_buffer_size(params.extra) };
@@ -289,7 +291,7 @@ unsafe fn launch(
     }
     let tag = s.context()?.tag;
     // SAFETY: forwarded contract.
-    let k = unsafe { prepare(f, shape, params, s.device(), tag) }?;
+    let k = unsafe { prepare(f, shape, params, s.device(), tag, ctx.id) }?;
     if s.capture().is_none() {
         crate::context::grow_local_memory(&ctx, k.func.local_size())?;
     }

@@ -24,8 +24,12 @@
 //! the `CUkernel` (or its function). Each loads the module's data on the module's first load and
 //! the kernel's code (`gpuslice_api::image::Code`), or answers `CUDA_ERROR_OUT_OF_MEMORY` when the
 //! device has no room (a launch then runs nothing). The module's pages are its loaded bytes rounded
-//! up, so a load spends the pages it adds. A library's code is loaded once, on the library's device,
-//! not once per context.
+//! up, so a load spends the pages it adds. A lazily loaded library's code is loaded per context
+//! (the documentation's "when a function is needed for that context"): a second context launching
+//! the same kernel loads it again, on that context's device, and the context's destruction frees
+//! it. An eagerly loaded library's code is loaded once, at its load, on the library's device
+//! (not modelled: the documentation has it "loaded eagerly into all contexts at the time of the
+//! call and future contexts at the time of creation").
 
 use crate::stream::lock;
 use gpuslice_api::launch_types::*;
@@ -33,7 +37,7 @@ use gpuslice_api::types::{CUdeviceptr, CUfunction, CUkernel, CUlibrary, CUmodule
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// Default dynamic shared memory limit per block, and the opt-in maximum of the simulated
@@ -47,10 +51,12 @@ pub struct Module {
     params: crate::image::ParamLayouts,
     /// Local frames (bytes per thread) by kernel name, from the image.
     locals: HashMap<String, u64>,
-    /// Physical device, what the image puts there, and what of it is loaded.
+    /// Physical device, what the image puts there, and what of it is loaded: by the id of the
+    /// context it is loaded in (a module's own context; a library's: each context that needed one
+    /// of its kernels, and 0 for an eager load), with that context's device.
     device: u32,
     code: gpuslice_api::image::Code,
-    loaded: Mutex<Loaded>,
+    loaded: Mutex<HashMap<u64, (u32, Loaded)>>,
     /// The context it was loaded in (0: a library's, which outlives contexts).
     ctx_id: u64,
 }
@@ -58,8 +64,12 @@ pub struct Module {
 pub struct Function {
     name: CString,
     module: Weak<Module>,
-    /// Its code is on the device (a library's kernel loads at its first use: [`Function::load`]).
+    /// Its code is on the device wherever it is used (a module's function, an eagerly loaded
+    /// library's kernel); a lazily loaded library's kernel loads in each context at its first use
+    /// there ([`Function::load`]).
     loaded: AtomicBool,
+    /// The context it was last found loaded in (0: none): one load on a launch's usual path.
+    loaded_in: AtomicU64,
     /// Attributes set with cuFuncSetAttribute, by attribute number.
     attrs: Mutex<[Option<i32>; CU_FUNC_ATTRIBUTE_MAX as usize]>,
 }
@@ -118,16 +128,16 @@ impl Function {
             .and_then(|m| m.locals.get(self.name()).copied())
             .unwrap_or(0)
     }
-    /// Loads its code if it is not on the device yet (a library's kernel, loaded lazily at its first
-    /// `cuKernelGetFunction` or launch): `CUDA_ERROR_OUT_OF_MEMORY` when the device has no room.
-    /// One load when loaded.
-    pub fn load(&self) -> CUresult {
-        if self.loaded.load(Ordering::Acquire) {
+    /// Loads its code in context `ctx_id` (on `device`) if it is not there yet (a lazily loaded library's kernel, at
+    /// its first `cuKernelGetFunction` or launch in that context): `CUDA_ERROR_OUT_OF_MEMORY` when
+    /// the context's device has no room.
+    pub fn load(&self, ctx_id: u64, device: u32) -> CUresult {
+        if self.loaded.load(Ordering::Acquire) || self.loaded_in.load(Ordering::Acquire) == ctx_id {
             return Ok(());
         }
         let m = self.module.upgrade().ok_or(CUerror::INVALID_HANDLE)?;
-        m.load_for(Some(self.name()), false)?;
-        self.loaded.store(true, Ordering::Release);
+        m.load_in(ctx_id, device, Some(self.name()), false)?;
+        self.loaded_in.store(ctx_id, Ordering::Release);
         Ok(())
     }
     /// The largest dynamic shared memory a launch of this function may ask for.
@@ -174,10 +184,27 @@ fn pages(bytes: u64) -> u64 {
 }
 
 impl Module {
-    /// Loads what a lookup of `kernel` needs that is not loaded yet: the module's data, the
-    /// kernel's code (everything, for an eager load: `kernel` `None` and `all`).
+    /// Loads what a lookup of `kernel` in the module's own context (a library's: its eager load)
+    /// needs that is not loaded yet.
     fn load_for(&self, kernel: Option<&str>, all: bool) -> Result<(), CUerror> {
-        let mut loaded = lock(&self.loaded);
+        self.load_in(self.ctx_id, self.device, kernel, all)
+    }
+
+    /// Loads what a lookup of `kernel` in context `ctx_id` (on `device`) needs that is not loaded
+    /// there yet: the module's data, the kernel's code (everything, for an eager load: `kernel`
+    /// `None` and `all`).
+    fn load_in(
+        &self,
+        ctx_id: u64,
+        device: u32,
+        kernel: Option<&str>,
+        all: bool,
+    ) -> Result<(), CUerror> {
+        let mut all_loaded = lock(&self.loaded);
+        let (device, loaded) = all_loaded
+            .entry(ctx_id)
+            .or_insert_with(|| (device, Loaded::default()));
+        let device = *device;
         loaded.kernels.resize(self.code.kernels.len(), false);
         let mut bytes = loaded.bytes;
         if !loaded.data {
@@ -193,7 +220,7 @@ impl Module {
         let charge = pages(bytes);
         if charge > loaded.charge {
             let shared = simgpu_core::shared().map_err(|_| CUerror::NOT_INITIALIZED)?;
-            if !shared.try_reserve(self.device, charge - loaded.charge) {
+            if !shared.try_reserve(device, charge - loaded.charge) {
                 return Err(CUerror::OUT_OF_MEMORY);
             }
         }
@@ -251,7 +278,7 @@ fn new_module(image: &crate::image::Image, library: bool) -> Result<Arc<Module>,
         locals: crate::image::local_sizes(&image.bytes),
         device,
         code,
-        loaded: Mutex::new(Loaded::default()),
+        loaded: Mutex::new(HashMap::new()),
         ctx_id,
     });
     if !lazy_loading() {
@@ -261,22 +288,37 @@ fn new_module(image: &crate::image::Image, library: bool) -> Result<Arc<Module>,
     Ok(m)
 }
 
-/// Unloads the modules of a destroyed context (their code goes with it).
+/// Unloads the modules of a destroyed context (their code goes with it), and frees the code
+/// libraries loaded in it.
 pub fn on_context_destroyed(ctx_id: u64) {
-    let gone: Vec<Arc<Module>> = lock(&MODULES)
-        .values()
-        .filter(|m| m.ctx_id == ctx_id && ctx_id != 0)
-        .cloned()
-        .collect();
-    for m in gone {
-        unload_module(&m);
+    if ctx_id == 0 {
+        return;
+    }
+    let modules: Vec<Arc<Module>> = lock(&MODULES).values().cloned().collect();
+    for m in modules {
+        if m.ctx_id == ctx_id {
+            unload_module(&m);
+            continue;
+        }
+        let freed = lock(&m.loaded).remove(&ctx_id);
+        if let (Some((device, loaded)), Ok(s)) = (freed, simgpu_core::shared()) {
+            s.release(device, loaded.charge);
+        }
+        // A primary context keeps its id across a reset: its kernels load again.
+        for f in lock(&m.functions).values() {
+            let _ = f
+                .loaded_in
+                .compare_exchange(ctx_id, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
     }
 }
 
 fn unload_module(m: &Arc<Module>) {
     if lock(&MODULES).remove(&(Arc::as_ptr(m) as usize)).is_some() {
         if let Ok(s) = simgpu_core::shared() {
-            s.release(m.device, std::mem::take(&mut lock(&m.loaded).charge));
+            for (_, (device, loaded)) in lock(&m.loaded).drain() {
+                s.release(device, loaded.charge);
+            }
         }
     }
     let mut fns = lock(&FUNCTIONS);
@@ -294,6 +336,7 @@ fn get_function(m: &Arc<Module>, name: &str, loaded: bool) -> CUfunction {
             name: CString::new(name).unwrap_or_default(),
             module: Arc::downgrade(m),
             loaded: AtomicBool::new(loaded),
+            loaded_in: AtomicU64::new(0),
             attrs: Mutex::new([None; CU_FUNC_ATTRIBUTE_MAX as usize]),
         });
         lock(&FUNCTIONS).insert(Arc::as_ptr(&f) as usize, f.clone());
@@ -608,9 +651,9 @@ pub unsafe extern "C" fn cuLibraryGetModule(pm: Option<&mut CUmodule>, h: CUlibr
 pub unsafe extern "C" fn cuKernelGetFunction(pf: Option<&mut CUfunction>, k: CUkernel) -> CUresult {
     crate::call("cuKernelGetFunction", || {
         let pf = crate::out(pf)?;
-        crate::context::current()?;
+        let ctx = crate::context::current()?;
         let f = function(k as CUfunction)?;
-        f.load()?;
+        f.load(ctx.id, ctx.device)?;
         *pf = Arc::as_ptr(&f) as CUfunction;
         Ok(())
     })
