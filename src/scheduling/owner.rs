@@ -252,6 +252,9 @@ impl Sched {
                 let timeout = if !self.peer_recent(now) || self.inflight.lock().is_empty() {
                     REFRESH_NS / 2
                 } else {
+                    if now.saturating_sub(self.last_submit_ns.load(Acquire)) > IDLE_NS {
+                        self.close_open();
+                    }
                     self.watch_stall(now);
                     OWNER_POLL_NS
                 };
@@ -274,6 +277,10 @@ impl Sched {
             let quiet = now.saturating_sub(self.last_submit_ns.load(Acquire).max(grant)) > IDLE_NS
                 && self.launching.load(SeqCst) == 0
                 && self.waiting.load(SeqCst) == 0;
+            if quiet {
+                // The program stopped launching: a batch it left open is measured from now.
+                self.close_open();
+            }
             let idle = quiet && self.completed();
             let preempted = !high && h.preempt.load(Acquire) != 0 && {
                 let real = self
