@@ -134,6 +134,7 @@ impl Sched {
         streams: &[CUstream],
         ctx: CUcontext,
         per_thread: bool,
+        busy: bool,
         launch: impl FnOnce() -> CUresult,
     ) -> CUresult {
         let high = self.high.load(Relaxed);
@@ -164,7 +165,7 @@ impl Sched {
             let mut skip = false;
             let mut recorded_at = 0;
             if !high {
-                start = self.chain(key, ctx, batch(key));
+                start = self.chain(key, ctx, batch(key), busy);
                 if start.is_none() {
                     // An event is never recorded into a capturing stream (it would be captured).
                     skip = cu::capturing(s, per_thread);
@@ -238,6 +239,16 @@ impl Sched {
             self.calibrate(streams, ctx, per_thread);
         }
         r
+    }
+
+    /// Whether the newest batch of stream `key` (of `ctx`) in `inflight` is still running (one
+    /// query; the caller has relaxed the thread's capture mode).
+    pub(super) fn newest_runs(inflight: &VecDeque<Tracked>, key: StreamKey, ctx: usize) -> bool {
+        inflight
+            .iter()
+            .rev()
+            .find(|t| t.key == key && t.end.ctx == ctx && !t.calibration)
+            .is_some_and(|t| matches!(query(&t.end), State::Running))
     }
 
     /// Whether a launch on `key` (of `ctx`) would begin a batch (nothing open on its stream).
@@ -318,18 +329,19 @@ impl Sched {
         tracked.saturating_add(open)
     }
 
-    /// The start of a batch on `stream` that begins soon after the stream's previous batch was
-    /// closed (`flow::chains`): that batch's end event, which the new batch then owns. `None`
-    /// otherwise (the device may have been idle between the two: a start event of its own
-    /// measures the batch alone). No driver call.
-    fn chain(&self, key: StreamKey, ctx: CUcontext, batch: u32) -> Option<Pending> {
+    /// The start of a batch on `stream` that begins while the stream's previous batch still runs
+    /// (`busy`: flow control just saw it run) or soon after it was closed (`flow::chains`): that
+    /// batch's end event, which the new batch then owns. `None` otherwise (the device may have
+    /// been idle between the two: a start event of its own measures the batch alone). No driver
+    /// call.
+    fn chain(&self, key: StreamKey, ctx: CUcontext, batch: u32, busy: bool) -> Option<Pending> {
         let mut f = self.inflight.lock();
         let prev = f
             .iter_mut()
             .rev()
             .find(|t| t.key == key && t.end.ctx == ctx as usize && !t.calibration)?;
         let gap = now_ns().saturating_sub(prev.closed_ns);
-        if prev.end_shared || !flow::chains(gap, self.launch_ns.load(Relaxed), batch) {
+        if prev.end_shared || !(busy || flow::chains(gap, self.launch_ns.load(Relaxed), batch)) {
             return None;
         }
         prev.end_shared = true;

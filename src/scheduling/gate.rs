@@ -277,11 +277,13 @@ impl Sched {
             if owner || self.tenant_turn() {
                 // Before counting as launching: a drain does not wait for our queue to shrink.
                 // Only a launch that begins a batch on its stream waits (`flow::stream_limit`).
+                // (A launch into a capturing stream may wait here too: for our work already in
+                // flight, bounded; no event of ours is recorded into a capturing stream.)
+                let mut busy = false;
                 if self.begins_batch(key, ctx as usize) {
-                    match self.flow_control(key, ctx as usize, &mut captured) {
+                    match self.flow_control(key, ctx as usize) {
                         Flow::Regrant => continue,
-                        Flow::Go => {}
-                        Flow::Captured => return launch(),
+                        Flow::Go { busy: b } => busy = b,
                     }
                 }
                 self.launching.fetch_add(1, SeqCst);
@@ -292,7 +294,7 @@ impl Sched {
                 if !owner {
                     self.member.store(true, Relaxed);
                 }
-                let r = self.launch_tracked(streams, ctx, per_thread, launch);
+                let r = self.launch_tracked(streams, ctx, per_thread, busy, launch);
                 self.last_submit_ns.store(now_ns(), Release);
                 self.launching.fetch_sub(1, SeqCst);
                 if waited_from != 0 {
@@ -304,7 +306,7 @@ impl Sched {
                 return r;
             }
             if self.peer_pass() {
-                let r = self.launch_tracked(streams, ctx, per_thread, launch);
+                let r = self.launch_tracked(streams, ctx, per_thread, false, launch);
                 self.last_submit_ns.store(now_ns(), Release);
                 return r;
             }
@@ -560,8 +562,10 @@ impl Sched {
     /// Keeps at most `flow::stream_limit` launches in flight on the launch's stream `key` (of
     /// context `ctx`), and [`flow::TOTAL_DEPTH`] over all streams of the process, for a launch that
     /// begins a batch there: waits for the oldest batch of the stream (`flow::pick`), each wait
-    /// bounded (`Sched::wait_bounded`); never for a launch into a capturing stream (`captured`).
-    fn flow_control(&self, key: StreamKey, ctx: usize, captured: &mut impl FnMut() -> bool) -> Flow {
+    /// bounded (`Sched::wait_bounded`). After a wait (its queries already paid for the
+    /// capture-mode exchange), one more query says whether the stream's newest batch still runs:
+    /// the new batch then starts at its end (`Flow::Go`'s `busy`).
+    fn flow_control(&self, key: StreamKey, ctx: usize) -> Flow {
         let q = self.queue_depth();
         let limit = flow::stream_limit(
             q,
@@ -583,18 +587,16 @@ impl Sched {
                     limit,
                     flow::TOTAL_DEPTH,
                 ) else {
-                    return Flow::Go;
+                    let busy = relaxed.is_some() && Sched::newest_runs(&f, key, ctx);
+                    return Flow::Go { busy };
                 };
                 if relaxed.is_none() {
                     drop(f);
-                    if captured() {
-                        return Flow::Captured;
-                    }
                     relaxed = Some(RelaxedCapture::enter());
                     continue;
                 }
                 let Some(t) = f.remove(i) else {
-                    return Flow::Go;
+                    return Flow::Go { busy: false };
                 };
                 (t, self.teardowns.load(Acquire))
             };
@@ -607,7 +609,7 @@ impl Sched {
                 // for something this very thread does later. This launch goes through, as it
                 // would without us; the next batch waits again (past `flow::HARD_DEPTH` tracked
                 // batches, a batch goes unmeasured: the queue's memory stays bounded).
-                Waited::Pass => return Flow::Go,
+                Waited::Pass => return Flow::Go { busy: false },
                 Waited::Regrant => return Flow::Regrant,
             }
         }
@@ -616,10 +618,9 @@ impl Sched {
 
 /// What flow control lets a launch do.
 enum Flow {
-    /// Go through (counted in its stream's batch).
-    Go,
-    /// Go straight to the driver: the stream is being captured (nothing runs).
-    Captured,
+    /// Go through (counted in its stream's batch); `busy`: the stream's newest batch was seen
+    /// running just now (a batch beginning now starts at its end).
+    Go { busy: bool },
     /// Back to the gate: we do not own the device (or it is no longer contended).
     Regrant,
 }
