@@ -242,13 +242,23 @@ impl Sched {
     }
 
     /// Whether the newest batch of stream `key` (of `ctx`) in `inflight` is still running (one
-    /// query; the caller has relaxed the thread's capture mode).
-    pub(super) fn newest_runs(inflight: &VecDeque<Tracked>, key: StreamKey, ctx: usize) -> bool {
+    /// query, none when it was closed recently enough to be chained anyway, `flow::chains`; the
+    /// caller has relaxed the thread's capture mode).
+    pub(super) fn newest_runs(
+        inflight: &VecDeque<Tracked>,
+        key: StreamKey,
+        ctx: usize,
+        launch_ns: u64,
+        batch: u32,
+    ) -> bool {
         inflight
             .iter()
             .rev()
             .find(|t| t.key == key && t.end.ctx == ctx && !t.calibration)
-            .is_some_and(|t| matches!(query(&t.end), State::Running))
+            .is_some_and(|t| {
+                flow::chains(now_ns().saturating_sub(t.closed_ns), launch_ns, batch)
+                    || matches!(query(&t.end), State::Running)
+            })
     }
 
     /// Whether a launch on `key` (of `ctx`) would begin a batch (nothing open on its stream).

@@ -567,14 +567,9 @@ impl Sched {
     /// the new batch then starts at its end (`Flow::Go`'s `busy`).
     fn flow_control(&self, key: StreamKey, ctx: usize) -> Flow {
         let q = self.queue_depth();
-        let limit = flow::stream_limit(
-            q,
-            flow::batch_len(
-                self.launch_ns.load(Relaxed),
-                q,
-                matches!(key, StreamKey::Thread(_)),
-            ),
-        );
+        let launch_ns = self.launch_ns.load(Relaxed);
+        let batch = flow::batch_len(launch_ns, q, matches!(key, StreamKey::Thread(_)));
+        let limit = flow::stream_limit(q, batch);
         // Entered before the first query: our event queries must not break another thread's
         // global-mode capture.
         let mut relaxed = None;
@@ -587,7 +582,8 @@ impl Sched {
                     limit,
                     flow::TOTAL_DEPTH,
                 ) else {
-                    let busy = relaxed.is_some() && Sched::newest_runs(&f, key, ctx);
+                    let busy = relaxed.is_some()
+                        && Sched::newest_runs(&f, key, ctx, launch_ns, batch);
                     return Flow::Go { busy };
                 };
                 if relaxed.is_none() {
