@@ -463,24 +463,12 @@ impl Sched {
         // Looked at once at once (the batch may have completed long ago: completions are only
         // looked at when needed), then after a part of its estimated work, doubling.
         let mut pause = flow::first_poll_ns(t.launches, self.launch_ns.load(Relaxed));
-        let mut looks = 0u32;
         loop {
             let state = query(&t.end);
-            looks = looks.saturating_add(1);
             if !matches!(state, State::Running) {
                 if !t.calibration {
                     self.wait_bound.lock().completed_after(clock.owned_ns());
-                    // With the queue full the device runs our work back to back: the interval
-                    // between two completions seen here is one batch's work. Only when the wait
-                    // saw it running (a batch found complete at the first look completed some
-                    // time before).
-                    let now = now_ns();
-                    let prev = self.last_completion_ns.swap(now, AcqRel);
-                    let gap = now.saturating_sub(prev) / u64::from(t.launches.max(1));
-                    if prev != 0 && gap < 200_000_000 && looks > 1 {
-                        let old = self.launch_ns.load(Relaxed);
-                        self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
-                    }
+                    self.last_completion_ns.store(now_ns(), Release);
                 }
                 self.completed_launch(t, matches!(state, State::Gone), teardowns);
                 return Waited::Completed;
@@ -560,6 +548,11 @@ impl Sched {
                     let ns = ns
                         .saturating_sub(t.start_gap_ns)
                         .saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
+                    if t.launches > 0 {
+                        let old = self.launch_ns.load(Relaxed);
+                        self.launch_ns
+                            .store(flow::launch_estimate(old, ns, t.launches), Relaxed);
+                    }
                     let owned = self.owned.load(SeqCst) != 0;
                     // A process that launched in its tenant's turn held by another sees its completions late
                     // (flow control and the scheduler thread reap them), mostly after the turn ended:

@@ -111,6 +111,16 @@ pub fn pick<K: PartialEq>(
     }
 }
 
+/// The estimated device time of one launch after a batch of `launches` measured `ns`: the batch's
+/// average, weighted by its length (a batch of 8 or more replaces the estimate: batches and `Q`
+/// follow a program whose kernels change length within a batch or two; a single launch moves it
+/// by an eighth).
+pub fn launch_estimate(old_ns: u64, ns: u64, launches: u32) -> u64 {
+    let n = u64::from(launches.clamp(1, 8));
+    let per = ns / u64::from(launches.max(1));
+    (old_ns.saturating_mul(8 - n).saturating_add(per.saturating_mul(n))) / 8
+}
+
 /// Device time a batch of launches between two of our events spans at most (estimated): one event
 /// measures this much work, whatever the kernels' length, up to [`BATCH_MAX`] launches.
 pub const BATCH_SPAN_NS: u64 = 2_000_000;
@@ -372,6 +382,19 @@ mod tests {
         assert!(!chains(4_001, 5_000, 16));
         // No estimate: only back-to-back launches chain.
         assert!(chains(0, 0, 1) && !chains(1, 0, 1));
+    }
+
+    /// A batch's measured time per launch is the estimate after a full batch; a short one moves
+    /// it by its share of eight.
+    #[test]
+    fn the_launch_estimate_follows_measured_batches() {
+        // 16 launches of 2 ms measured 32 ms: 2 ms at once, from the initial 250 us guess.
+        assert_eq!(launch_estimate(250_000, 32_000_000, 16), 2_000_000);
+        assert_eq!(launch_estimate(250_000, 16_000_000, 8), 2_000_000);
+        // One launch of 2 ms: an eighth of the way.
+        assert_eq!(launch_estimate(250_000, 2_000_000, 1), 468_750);
+        // A calibration-like empty batch is never passed (0 launches reads as 1), no overflow.
+        assert_eq!(launch_estimate(u64::MAX, u64::MAX, 0), u64::MAX / 8);
     }
 
     #[test]
