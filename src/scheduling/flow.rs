@@ -1,6 +1,8 @@
-//! Flow control's bookkeeping (docs/COMPUTE.md, "Flow control"): which stream a launch is on, which
-//! of our launches in flight a new one waits for, and how long it may wait. Pure logic: the gate
-//! (`gate.rs`) applies it to its queue of tracked launches and to the driver's events.
+//! Flow control's bookkeeping (docs/COMPUTE.md, "Flow control" and "Measuring device time"): which
+//! stream a launch is on, how many launches one event measures (a batch) and when a batch may start
+//! at the previous one's end, which of our batches in flight a launch that begins a batch waits for,
+//! and how long it may wait. Pure logic: the gate (`gate.rs`) and `events.rs` apply it to the queue
+//! of measured batches and to the driver's events.
 //!
 //! * Per stream: a launch waits only for launches of its own stream, so a long kernel on one stream
 //!   (a big GEMM, a collective) never holds up launches on another stream of the process. The
