@@ -138,13 +138,7 @@ impl Sched {
         launch: impl FnOnce() -> CUresult,
     ) -> CUresult {
         let high = self.high.load(Relaxed);
-        let batch = |key: StreamKey| {
-            flow::batch_len(
-                self.launch_ns.load(Relaxed),
-                self.queue_depth(),
-                matches!(key, StreamKey::Thread(_)),
-            )
-        };
+        let batch = |key: StreamKey| self.batch_len(key);
         let mut begun: [Option<Begun>; 4] = Default::default();
         for (b, &s) in begun.iter_mut().zip(streams) {
             let key = flow::stream_key(s as usize, per_thread);
@@ -264,6 +258,20 @@ impl Sched {
     /// Whether a launch on `key` (of `ctx`) would begin a batch (nothing open on its stream).
     pub(super) fn begins_batch(&self, key: StreamKey, ctx: usize) -> bool {
         !self.open.lock().iter().any(|o| o.key == key && o.ctx == ctx)
+    }
+
+    /// How many launches on stream `key` one event measures (`flow::batch_len`); one for a
+    /// high-priority tenant (an end event after each launch, as its flow control had: it is
+    /// charged by wall time, and its latency is what it keeps short).
+    pub(super) fn batch_len(&self, key: StreamKey) -> u32 {
+        if self.high.load(Relaxed) {
+            return 1;
+        }
+        flow::batch_len(
+            self.launch_ns.load(Relaxed),
+            self.queue_depth(),
+            matches!(key, StreamKey::Thread(_)),
+        )
     }
 
     /// The launches kept in flight (`Q`, `arbiter::queue_depth`): one beside a high-priority tenant.

@@ -568,7 +568,7 @@ impl Sched {
     fn flow_control(&self, key: StreamKey, ctx: usize) -> Flow {
         let q = self.queue_depth();
         let launch_ns = self.launch_ns.load(Relaxed);
-        let batch = flow::batch_len(launch_ns, q, matches!(key, StreamKey::Thread(_)));
+        let batch = self.batch_len(key);
         let limit = flow::stream_limit(q, batch);
         // Entered before the first query: our event queries must not break another thread's
         // global-mode capture.

@@ -243,6 +243,12 @@ impl Sched {
                     self.owned.store(e, SeqCst);
                     continue;
                 }
+                // A batch left open by launches in our tenant's turn held by another process, or
+                // passed to complete a collective: closed once that is over, so that a later
+                // launch does not extend it across another tenant's ownership.
+                if self.launching.load(SeqCst) == 0 && !self.tenant_turn() {
+                    self.close_open();
+                }
                 // Work of ours still on the device (left running at a hand-over, or passed to
                 // complete a collective): watched, so a wait of it is published.
                 // A tenant whose ranks on other devices wait (it does collectives): work of ours
