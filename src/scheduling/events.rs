@@ -257,7 +257,11 @@ impl Sched {
 
     /// Whether a launch on `key` (of `ctx`) would begin a batch (nothing open on its stream).
     pub(super) fn begins_batch(&self, key: StreamKey, ctx: usize) -> bool {
-        !self.open.lock().iter().any(|o| o.key == key && o.ctx == ctx)
+        !self
+            .open
+            .lock()
+            .iter()
+            .any(|o| o.key == key && o.ctx == ctx)
     }
 
     /// How many launches on stream `key` one event measures (`flow::batch_len`); one for a
@@ -700,8 +704,9 @@ impl Sched {
             self.watch_stall(now);
             // Looked at after half of what is in flight could take (a drain of a full queue costs
             // a few queries, not one every 20 us), at least every 20 us.
-            let pause = flow::drain_poll_ns(self.launches_in_flight(), self.launch_ns.load(Relaxed))
-                .min(deadline.saturating_sub(now));
+            let pause =
+                flow::drain_poll_ns(self.launches_in_flight(), self.launch_ns.load(Relaxed))
+                    .min(deadline.saturating_sub(now));
             std::thread::sleep(Duration::from_nanos(pause));
         }
         self.last_completion_ns.store(0, Release);

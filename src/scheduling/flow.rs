@@ -120,7 +120,10 @@ pub fn pick<K: PartialEq>(
 pub fn launch_estimate(old_ns: u64, ns: u64, launches: u32) -> u64 {
     let n = u64::from(launches.clamp(1, 8));
     let per = ns / u64::from(launches.max(1));
-    (old_ns.saturating_mul(8 - n).saturating_add(per.saturating_mul(n))) / 8
+    (old_ns
+        .saturating_mul(8 - n)
+        .saturating_add(per.saturating_mul(n)))
+        / 8
 }
 
 /// Device time a batch of launches between two of our events spans at most (estimated): one event
@@ -325,7 +328,10 @@ mod tests {
         let limit = stream_limit(5, 10);
         assert_eq!(limit, 19);
         assert_eq!(pick([(1, 10), (1, 8)].into_iter(), &1, limit, 64), Pick::Go);
-        assert_eq!(pick([(1, 10), (1, 9)].into_iter(), &1, limit, 64), Pick::Wait(0));
+        assert_eq!(
+            pick([(1, 10), (1, 9)].into_iter(), &1, limit, 64),
+            Pick::Wait(0)
+        );
         assert_eq!(
             pick([(2, 1), (1, 10), (1, 8), (1, 0)].into_iter(), &1, limit, 64),
             Pick::Wait(1),
@@ -349,8 +355,16 @@ mod tests {
         assert_eq!(batch_len(200_000, 5, false), 10);
         assert_eq!(batch_len(5_000, 32, false), BATCH_MAX);
         assert_eq!(batch_len(20_000_000, 2, false), 1);
-        assert_eq!(batch_len(0, 32, false), BATCH_MAX, "no estimate yet: no division by 0");
-        assert_eq!(batch_len(5_000, 1, false), 1, "beside a high-priority tenant");
+        assert_eq!(
+            batch_len(0, 32, false),
+            BATCH_MAX,
+            "no estimate yet: no division by 0"
+        );
+        assert_eq!(
+            batch_len(5_000, 1, false),
+            1,
+            "beside a high-priority tenant"
+        );
         assert_eq!(batch_len(5_000, 32, true), 1, "a per-thread default stream");
         assert!(closes(10, 10) && !closes(9, 10) && closes(1, 0));
     }

@@ -582,8 +582,8 @@ impl Sched {
                     limit,
                     flow::TOTAL_DEPTH,
                 ) else {
-                    let busy = relaxed.is_some()
-                        && Sched::newest_runs(&f, key, ctx, launch_ns, batch);
+                    let busy =
+                        relaxed.is_some() && Sched::newest_runs(&f, key, ctx, launch_ns, batch);
                     return Flow::Go { busy };
                 };
                 if relaxed.is_none() {
