@@ -557,9 +557,10 @@ impl Sched {
                     };
                     self.event_overhead_ns.store(new, Relaxed);
                 } else {
-                    let ns = ns
-                        .saturating_sub(t.start_gap_ns)
-                        .saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
+                    let ns = ns.saturating_sub(t.start_gap_ns).saturating_sub(
+                        flow::steps(t.launches)
+                            .saturating_mul(self.event_overhead_ns.load(Relaxed)),
+                    );
                     if t.launches > 0 {
                         let old = self.launch_ns.load(Relaxed);
                         self.launch_ns
