@@ -703,8 +703,8 @@ impl Sched {
             // A drain that waits for a collective's peer rank, stopped at another device's gate:
             // published, so the peer passes its gate for the round (`Sched::peer_pass`).
             self.watch_stall(now);
-            // Looked at after half of what is in flight could take (a drain of a full queue costs
-            // a few queries, not one every 20 us), at least every 20 us.
+            // Looked at every 20 us (`flow::drain_poll_ns`): a late look leaves the device idle
+            // before the hand-over.
             let pause =
                 flow::drain_poll_ns(self.launches_in_flight(), self.launch_ns.load(Relaxed))
                     .min(deadline.saturating_sub(now));
