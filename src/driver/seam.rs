@@ -126,6 +126,94 @@ pub fn context_destroyed() {
     CONTEXTS_DESTROYED.fetch_add(1, Ordering::AcqRel);
 }
 
+/// Streams the scheduler found named a context other than the one cached for them: every thread's
+/// cached stream → context answers are asked again ([`stream_context_stale`]).
+static STREAMS_STALE: AtomicU64 = AtomicU64::new(0);
+
+/// How many stream → context answers each thread keeps.
+const STREAM_CACHE: usize = 4;
+
+thread_local! {
+    /// The last streams this thread launched on, with their context and the stamp
+    /// ([`stream_stamp`]) they were resolved under; `(0, 0, 0)`: empty.
+    static LAST_STREAMS: Cell<[(usize, usize, u64); STREAM_CACHE]> =
+        const { Cell::new([(0, 0, 0); STREAM_CACHE]) };
+    /// Where the next answer goes (round robin).
+    static NEXT_STREAM: Cell<usize> = const { Cell::new(0) };
+}
+
+/// What a cached stream → context answer holds under: no context destroyed, no stream found stale
+/// since (both counters only grow, so their sum moves whenever either does).
+fn stream_stamp() -> u64 {
+    CONTEXTS_DESTROYED
+        .load(Ordering::Acquire)
+        .wrapping_add(STREAMS_STALE.load(Ordering::Acquire))
+        .wrapping_add(1)
+}
+
+/// A stream's context turned out to be another than the one cached (an operation of ours on it
+/// failed: the stream was destroyed and its handle given to a stream of another context): every
+/// thread asks again.
+pub fn stream_context_stale() {
+    STREAMS_STALE.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The context and device ordinal work on `stream` runs in, for the launch path: a stream the
+/// program created is resolved once per thread (`cuStreamGetCtx`, then [`Driver::context_device`],
+/// whose per-thread cache it shares) and kept until a context of the process is destroyed or
+/// [`stream_context_stale`] says a handle was given to another stream; the default streams
+/// (`NULL`, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) are the current context's, one
+/// `cuCtxGetCurrent`. On a launch of a stream seen before, no driver call at all.
+///
+/// Handles cross as addresses, as everywhere in the seam.
+pub fn launch_stream_device(stream: usize) -> Option<(usize, u32)> {
+    let default_stream = matches!(stream, 0..=2);
+    let stamp = stream_stamp();
+    let cached = if default_stream {
+        None
+    } else {
+        LAST_STREAMS.with(|c| {
+            c.get()
+                .iter()
+                .find(|&&(s, _, at)| s == stream && at == stamp)
+                .map(|&(_, ctx, _)| ctx)
+        })
+    };
+    let ctx = match cached {
+        Some(ctx) => ctx,
+        None => {
+            let resolved = if default_stream {
+                None
+            } else {
+                let mut ctx: CUcontext = std::ptr::null_mut();
+                // SAFETY: valid out-parameter; the program's stream handle, as its launch got it.
+                match unsafe { calls::real::cuStreamGetCtx(stream as CUstream, &mut ctx) } {
+                    Ok(()) if !ctx.is_null() => Some(ctx as usize),
+                    _ => None,
+                }
+            };
+            match resolved {
+                Some(ctx) => {
+                    LAST_STREAMS.with(|c| {
+                        let mut all = c.get();
+                        let i = NEXT_STREAM.with(|n| {
+                            let i = n.get() % STREAM_CACHE;
+                            n.set(i + 1);
+                            i
+                        });
+                        all[i] = (stream, ctx, stamp);
+                        c.set(all);
+                    });
+                    ctx
+                }
+                None => REAL.current_context().ok().flatten()?,
+            }
+        }
+    };
+    let ordinal = REAL.context_device(ctx).ok()?;
+    Some((ctx, u32::try_from(ordinal).ok()?))
+}
+
 /// An event the driver made for us, destroyed when dropped.
 pub struct Event<'d> {
     driver: &'d dyn Driver,

@@ -3,15 +3,21 @@
 //! guard that keeps our event calls from disturbing an application's stream capture.
 
 use crate::driver::calls::real::cuDeviceGetCount;
-pub use crate::driver::calls::{
-    capturing, in_context, primary_context_active, stream_device, RelaxedCapture,
-};
-use gpuslice_api::types::CUdevice;
+pub use crate::driver::calls::{capturing, in_context, primary_context_active, RelaxedCapture};
+pub use crate::driver::seam::stream_context_stale;
+use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
 use std::ffi::c_int;
 
 pub use crate::driver::real::{
     cuEventCreate, cuEventElapsedTime, cuEventQuery, cuEventRecord, cuEventRecord_ptsz,
 };
+
+/// The context and device ordinal of a launch's stream, cached per thread
+/// (`driver::seam::launch_stream_device`: no driver call for a stream seen before).
+pub fn stream_device(stream: CUstream) -> Option<(CUcontext, u32)> {
+    crate::driver::seam::launch_stream_device(stream as usize)
+        .map(|(ctx, ordinal)| (ctx as CUcontext, ordinal))
+}
 
 /// How many devices the process sees (0 before `cuInit` or on error).
 pub fn device_count() -> u32 {

@@ -1,5 +1,11 @@
-//! Device time measured with events: the shim records an event on the launch's stream before and
-//! after each launch; their interval, less what an empty pair measures, is the launch's device time.
+//! Device time measured with events, a batch of launches at a time (docs/COMPUTE.md, "Measuring
+//! device time"): the shim records an event on a stream after every `flow::batch_len`-th launch
+//! there (about 2 ms of work, at most 16 launches), and one before the batch's first launch unless
+//! the batch starts where the stream's previous one ends (`flow::chains`); the interval, less what
+//! an empty pair measures, is the batch's device time. Launches between the events cost no driver
+//! call of ours. Completions are looked at lazily: only the oldest batch a flow-control wait needs,
+//! and the scheduler thread's looks when it charges or hands over. A batch left open when the
+//! program stops launching is closed by the scheduler thread (`Sched::close_open`).
 //! What an ownership is charged is that time, never more than the wall time the device was held (so
 //! kernels of several streams that overlap are charged once).
 
@@ -19,10 +25,9 @@ use std::time::Duration;
 
 /// How often an empty event pair is recorded to re-measure the per-launch event overhead.
 const CALIBRATION_NS: u64 = 250_000_000;
-/// Pauses between two queries of the launch a flow-control wait waits for: from the first to the
-/// last, doubling (the queue holds about 1 ms of work when a launch waits: a late look leaves the
-/// device busy with the rest).
-const FLOW_POLL_FIRST_NS: u64 = 2_000;
+/// The longest pause between two queries of the batch a flow-control wait waits for (the first:
+/// `flow::first_poll_ns`, doubling; the queue holds a batch besides when a launch waits: a late look
+/// leaves the device busy with it).
 const FLOW_POLL_MAX_NS: u64 = 200_000;
 
 /// One of our events, and the context it belongs to.
@@ -52,12 +57,43 @@ pub(super) struct Tracked {
     /// stream the device stamps that event at once and the kernel only when it is launched: a
     /// thread preempted in between would be charged its wait as device time.
     start_gap_ns: u64,
+    /// Launches the interval spans (0: a calibration pair).
+    launches: u32,
+    /// When `end` was recorded (host, monotonic): a batch that begins soon after may start there.
+    closed_ns: u64,
+}
+
+/// A batch of launches on one stream whose end event is not recorded yet.
+pub(super) struct Open {
+    key: StreamKey,
+    ctx: usize,
+    /// The stream handle as the launches named it, and whether through a `_ptsz` entry point.
+    stream: usize,
+    per_thread: bool,
+    launches: u32,
+    /// Where the batch's interval starts: an event of its own, or the previous batch's end.
+    start: Option<Pending>,
+    start_gap_ns: u64,
+}
+
+/// What `launch_tracked` did about a stream's batch before the launch (when it begins a batch: a
+/// start, unless chained or high-priority).
+struct Begun {
+    start: Option<Pending>,
+    start_gap_ns: u64,
+    /// Not measured: the stream is being captured (nothing runs), or no event could be recorded.
+    skip: bool,
 }
 
 impl Tracked {
     /// Flow control's key: the stream, and the context (the default streams are one per context).
     pub(super) fn flow_key(&self) -> (StreamKey, usize) {
         (self.key, self.end.ctx)
+    }
+
+    /// Flow control's key and the launches the batch spans.
+    pub(super) fn flow_entry(&self) -> ((StreamKey, usize), u32) {
+        (self.flow_key(), self.launches)
     }
 }
 
@@ -89,54 +125,108 @@ fn query(p: &Pending) -> State {
 }
 
 impl Sched {
-    /// Calls `launch` between two of our events on each stream (one after it for a high-priority
-    /// tenant), and tracks them.
+    /// Launches `launch`, counted in its stream's open batch (one per stream, at most 4): a launch
+    /// that begins a batch records the batch's start (or starts where the stream's previous batch
+    /// ended), one that fills it records its end ([`Sched::close`]); the launches between cost no
+    /// driver call. A high-priority tenant records only ends (it is charged by wall time).
     pub(super) fn launch_tracked(
         &self,
         streams: &[CUstream],
         ctx: CUcontext,
         per_thread: bool,
+        busy: bool,
         launch: impl FnOnce() -> CUresult,
     ) -> CUresult {
         let high = self.high.load(Relaxed);
-        let mut starts: [Option<Pending>; 4] = Default::default();
-        // When each start event of our own was recorded (0: chained, or none).
-        let mut recorded_at = [0u64; 4];
-        if !high {
-            for ((start, at), &s) in starts.iter_mut().zip(&mut recorded_at).zip(streams) {
-                *start = self.chain(flow::stream_key(s as usize, per_thread), ctx);
+        let batch = |key: StreamKey| self.batch_len(key);
+        let mut begun: [Option<Begun>; 4] = Default::default();
+        for (b, &s) in begun.iter_mut().zip(streams) {
+            let key = flow::stream_key(s as usize, per_thread);
+            let open = self
+                .open
+                .lock()
+                .iter()
+                .any(|o| o.key == key && o.ctx == ctx as usize);
+            if open {
+                *b = Some(Begun {
+                    start: None,
+                    start_gap_ns: 0,
+                    skip: false,
+                });
+                continue;
+            }
+            let mut start = None;
+            let mut skip = false;
+            let mut recorded_at = 0;
+            if !high {
+                start = self.chain(key, ctx, batch(key), busy);
                 if start.is_none() {
-                    *start = self.record(s, ctx, per_thread);
-                    *at = now_ns();
+                    // An event is never recorded into a capturing stream (it would be captured).
+                    skip = cu::capturing(s, per_thread);
+                    if !skip {
+                        start = self.record(s, ctx, per_thread);
+                        recorded_at = now_ns();
+                        skip = start.is_none();
+                    }
                 }
             }
+            *b = Some(Begun {
+                start,
+                start_gap_ns: recorded_at,
+                skip,
+            });
         }
         let launched_at = now_ns();
         let r = launch();
-        let mut starts = starts.into_iter();
-        for (&s, at) in streams.iter().take(4).zip(recorded_at) {
-            let start = starts.next().flatten();
-            if start.is_none() && !high {
+        for (b, &s) in begun.into_iter().zip(streams) {
+            let Some(mut b) = b else { continue };
+            if r.is_err() || b.skip {
+                if let Some(start) = b.start.take() {
+                    self.unchain(start);
+                }
                 continue;
             }
-            match r.is_ok().then(|| self.record(s, ctx, per_thread)).flatten() {
-                Some(end) => self.pending(launched_at).push_back(Tracked {
-                    start,
-                    end,
-                    key: flow::stream_key(s as usize, per_thread),
-                    calibration: false,
-                    end_shared: false,
-                    start_gap_ns: if at == 0 {
-                        0
-                    } else {
-                        launched_at.saturating_sub(at)
-                    },
-                }),
-                None => {
-                    if let Some(start) = start {
-                        self.unchain(start);
+            if b.start_gap_ns != 0 {
+                b.start_gap_ns = launched_at.saturating_sub(b.start_gap_ns);
+            }
+            let key = flow::stream_key(s as usize, per_thread);
+            let full = {
+                let mut open = self.open.lock();
+                let i = match open
+                    .iter()
+                    .position(|o| o.key == key && o.ctx == ctx as usize)
+                {
+                    // Another thread began this stream's batch meanwhile: our start is not needed
+                    // (given back below).
+                    Some(i) => i,
+                    None => {
+                        if open.is_empty()
+                            && self.flow_waiting.load(SeqCst) == 0
+                            && self.inflight.lock().is_empty()
+                        {
+                            // Nothing of ours in flight: our work runs from here at most.
+                            self.pending_since_ns.store(launched_at, Release);
+                        }
+                        open.push(Open {
+                            key,
+                            ctx: ctx as usize,
+                            stream: s as usize,
+                            per_thread,
+                            launches: 0,
+                            start: b.start.take(),
+                            start_gap_ns: b.start_gap_ns,
+                        });
+                        open.len() - 1
                     }
-                }
+                };
+                open[i].launches = open[i].launches.saturating_add(1);
+                flow::closes(open[i].launches, batch(key)).then(|| open.swap_remove(i))
+            };
+            if let Some(o) = full {
+                self.close(o, true);
+            }
+            if let Some(start) = b.start.take() {
+                self.unchain(start);
             }
         }
         if r.is_ok() && !high {
@@ -145,26 +235,135 @@ impl Sched {
         r
     }
 
-    /// The queue of tracked launches, about to take one submitted at `at`: with nothing of ours in
-    /// flight, our work runs from `at` at most (`meter::running_ns`).
-    fn pending(&self, at: u64) -> parking_lot::MutexGuard<'_, VecDeque<Tracked>> {
-        let f = self.inflight.lock();
-        if f.is_empty() && self.flow_waiting.load(SeqCst) == 0 {
-            self.pending_since_ns.store(at, Release);
-        }
-        f
+    /// Whether the newest batch of stream `key` (of `ctx`) in `inflight` is still running (one
+    /// query, none when it was closed recently enough to be chained anyway, `flow::chains`; the
+    /// caller has relaxed the thread's capture mode).
+    pub(super) fn newest_runs(
+        inflight: &VecDeque<Tracked>,
+        key: StreamKey,
+        ctx: usize,
+        launch_ns: u64,
+        batch: u32,
+    ) -> bool {
+        inflight
+            .iter()
+            .rev()
+            .find(|t| t.key == key && t.end.ctx == ctx && !t.calibration)
+            .is_some_and(|t| {
+                flow::chains(now_ns().saturating_sub(t.closed_ns), launch_ns, batch)
+                    || matches!(query(&t.end), State::Running)
+            })
     }
 
-    /// The start of a launch on `stream` when the previous launch there is still running: that
-    /// launch's end event, which the new launch then owns. `None` when there is none (the device
-    /// may be idle between the two: a start event of its own measures the launch alone).
-    fn chain(&self, key: StreamKey, ctx: CUcontext) -> Option<Pending> {
+    /// Whether a launch on `key` (of `ctx`) would begin a batch (nothing open on its stream).
+    pub(super) fn begins_batch(&self, key: StreamKey, ctx: usize) -> bool {
+        !self
+            .open
+            .lock()
+            .iter()
+            .any(|o| o.key == key && o.ctx == ctx)
+    }
+
+    /// How many launches on stream `key` one event measures (`flow::batch_len`); one for a
+    /// high-priority tenant (an end event after each launch, as its flow control had: it is
+    /// charged by wall time, and its latency is what it keeps short).
+    pub(super) fn batch_len(&self, key: StreamKey) -> u32 {
+        if self.high.load(Relaxed) {
+            return 1;
+        }
+        flow::batch_len(
+            self.launch_ns.load(Relaxed),
+            self.queue_depth(),
+            matches!(key, StreamKey::Thread(_)),
+        )
+    }
+
+    /// The launches kept in flight (`Q`, `arbiter::queue_depth`): one beside a high-priority tenant.
+    pub(super) fn queue_depth(&self) -> usize {
+        if self.beside_high.load(Relaxed) && !self.high.load(Relaxed) {
+            super::arbiter::QUEUE_DEPTH_BESIDE_HIGH
+        } else {
+            super::arbiter::queue_depth(self.launch_ns.load(Relaxed))
+        }
+    }
+
+    /// Records a batch's end event and tracks it (`launcher`: from the thread that launched the
+    /// batch's last launch, whose current context is the batch's; otherwise the batch's context is
+    /// made current for the record). Not into a capturing stream (the launches since the check
+    /// were captured, not run), nor past [`flow::HARD_DEPTH`] tracked batches: the batch then goes
+    /// unmeasured.
+    fn close(&self, o: Open, launcher: bool) {
+        let full = self.inflight.lock().len() >= flow::HARD_DEPTH;
+        let default_stream = matches!(o.stream, 0 | 1);
+        let end = if full || cu::capturing(o.stream as CUstream, o.per_thread) {
+            None
+        } else if launcher || !default_stream {
+            self.record(o.stream as CUstream, o.ctx as CUcontext, o.per_thread)
+        } else {
+            cu::in_context(o.ctx as CUcontext, || {
+                self.record(o.stream as CUstream, o.ctx as CUcontext, o.per_thread)
+            })
+        };
+        match end {
+            Some(end) => self.inflight.lock().push_back(Tracked {
+                start: o.start,
+                end,
+                key: o.key,
+                calibration: false,
+                end_shared: false,
+                start_gap_ns: o.start_gap_ns,
+                launches: o.launches,
+                closed_ns: now_ns(),
+            }),
+            None => {
+                if let Some(start) = o.start {
+                    self.unchain(start);
+                }
+            }
+        }
+    }
+
+    /// Closes every open batch (the scheduler thread: the program stopped launching, or our
+    /// ownership ends): their launches are then measured when they complete. A per-thread default
+    /// stream's batch (one launch, closed at once) is never left open.
+    pub(super) fn close_open(&self) {
+        let open = std::mem::take(&mut *self.open.lock());
+        for o in open {
+            if matches!(o.key, StreamKey::Thread(_)) {
+                if let Some(start) = o.start {
+                    self.unchain(start);
+                }
+                continue;
+            }
+            self.close(o, false);
+        }
+    }
+
+    /// Launches of ours not yet known to have completed: in tracked batches and open ones.
+    pub(super) fn launches_in_flight(&self) -> usize {
+        let tracked: usize = self
+            .inflight
+            .lock()
+            .iter()
+            .map(|t| t.launches as usize)
+            .sum();
+        let open: usize = self.open.lock().iter().map(|o| o.launches as usize).sum();
+        tracked.saturating_add(open)
+    }
+
+    /// The start of a batch on `stream` that begins while the stream's previous batch still runs
+    /// (`busy`: flow control just saw it run) or soon after it was closed (`flow::chains`): that
+    /// batch's end event, which the new batch then owns. `None` otherwise (the device may have
+    /// been idle between the two: a start event of its own measures the batch alone). No driver
+    /// call.
+    fn chain(&self, key: StreamKey, ctx: CUcontext, batch: u32, busy: bool) -> Option<Pending> {
         let mut f = self.inflight.lock();
         let prev = f
             .iter_mut()
             .rev()
-            .find(|t| t.key == key && t.end.ctx == ctx as usize)?;
-        if prev.end_shared || !matches!(query(&prev.end), State::Running) {
+            .find(|t| t.key == key && t.end.ctx == ctx as usize && !t.calibration)?;
+        let gap = now_ns().saturating_sub(prev.closed_ns);
+        if prev.end_shared || !(busy || flow::chains(gap, self.launch_ns.load(Relaxed), batch)) {
             return None;
         }
         prev.end_shared = true;
@@ -222,8 +421,11 @@ impl Sched {
             Ok(()) => Some(p),
             // The context is gone (destroyed, or its address reused by a new one): forget its events
             // without calling the driver on them again.
+            // Or the stream's handle names a stream of another context now (it was destroyed and
+            // its handle given again): the cached stream → context answers are asked again.
             Err(_) => {
                 self.free_events.lock().retain(|q| q.ctx != key);
+                cu::stream_context_stale();
                 None
             }
         }
@@ -256,6 +458,8 @@ impl Sched {
                 calibration: true,
                 end_shared: false,
                 start_gap_ns: 0,
+                launches: 0,
+                closed_ns: now_ns(),
             }),
             None => self.free_events.lock().push(start),
         }
@@ -268,21 +472,15 @@ impl Sched {
     pub(super) fn wait_bounded(&self, t: Tracked, teardowns: u64) -> Waited {
         let limit = self.wait_bound.lock().limit_ns();
         let mut clock = OwnedClock::start(now_ns());
-        let mut pause = FLOW_POLL_FIRST_NS;
+        // Looked at once at once (the batch may have completed long ago: completions are only
+        // looked at when needed), then after a part of its estimated work, doubling.
+        let mut pause = flow::first_poll_ns(t.launches, self.launch_ns.load(Relaxed));
         loop {
             let state = query(&t.end);
             if !matches!(state, State::Running) {
                 if !t.calibration {
                     self.wait_bound.lock().completed_after(clock.owned_ns());
-                    // With the queue full the device runs our work back to back: the interval
-                    // between two completions seen here is one launch's work.
-                    let now = now_ns();
-                    let prev = self.last_completion_ns.swap(now, AcqRel);
-                    let gap = now.saturating_sub(prev);
-                    if prev != 0 && gap < 200_000_000 {
-                        let old = self.launch_ns.load(Relaxed);
-                        self.launch_ns.store((old * 7 + gap) / 8, Relaxed);
-                    }
+                    self.last_completion_ns.store(now_ns(), Release);
                 }
                 self.completed_launch(t, matches!(state, State::Gone), teardowns);
                 return Waited::Completed;
@@ -359,9 +557,15 @@ impl Sched {
                     };
                     self.event_overhead_ns.store(new, Relaxed);
                 } else {
-                    let ns = ns
-                        .saturating_sub(t.start_gap_ns)
-                        .saturating_sub(2 * self.event_overhead_ns.load(Relaxed));
+                    let ns = ns.saturating_sub(t.start_gap_ns).saturating_sub(
+                        flow::steps(t.launches)
+                            .saturating_mul(self.event_overhead_ns.load(Relaxed)),
+                    );
+                    if t.launches > 0 {
+                        let old = self.launch_ns.load(Relaxed);
+                        self.launch_ns
+                            .store(flow::launch_estimate(old, ns, t.launches), Relaxed);
+                    }
                     let owned = self.owned.load(SeqCst) != 0;
                     // A process that launched in its tenant's turn held by another sees its completions late
                     // (flow control and the scheduler thread reap them), mostly after the turn ended:
@@ -413,6 +617,9 @@ impl Sched {
             theirs
         };
         self.free_events.lock().retain(|p| p.ctx != ctx);
+        // Batches open there: their launches are never measured (their start may be that
+        // context's event).
+        self.open.lock().retain(|o| o.ctx != ctx);
         if alive && !theirs.is_empty() {
             // Called from the program's thread: our queries must not disturb a capture.
             let _relaxed = cu::RelaxedCapture::enter();
@@ -454,7 +661,9 @@ impl Sched {
         })
     }
 
-    /// Whether every tracked launch has completed (completed ones are accounted and recycled).
+    /// Whether every tracked launch has completed (completed ones are accounted and recycled), and
+    /// none is in an open batch. One query per batch found complete, and one for the oldest still
+    /// running.
     pub(super) fn completed(&self) -> bool {
         let mut done = Vec::new();
         let (all, teardowns) = {
@@ -473,7 +682,8 @@ impl Sched {
         for (p, gone) in done {
             self.completed_launch(p, gone, teardowns);
         }
-        all
+        // Launches in a batch still open have no event to tell (`close_open`).
+        all && self.open.lock().is_empty()
     }
 
     /// Waits for every tracked launch, at most [`DRAIN_LIMIT_NS`]: work that waits for something
@@ -482,6 +692,8 @@ impl Sched {
     pub(super) fn drain(&self) {
         let h = &self.ledger.layout().header;
         let deadline = now_ns().saturating_add(DRAIN_LIMIT_NS);
+        // Launching has stopped: what is still open is measured too.
+        self.close_open();
         loop {
             if self.completed() {
                 break;
@@ -495,7 +707,12 @@ impl Sched {
             // A drain that waits for a collective's peer rank, stopped at another device's gate:
             // published, so the peer passes its gate for the round (`Sched::peer_pass`).
             self.watch_stall(now);
-            std::thread::sleep(Duration::from_micros(20));
+            // Looked at every 20 us (`flow::drain_poll_ns`): a late look leaves the device idle
+            // before the hand-over.
+            let pause =
+                flow::drain_poll_ns(self.launches_in_flight(), self.launch_ns.load(Relaxed))
+                    .min(deadline.saturating_sub(now));
+            std::thread::sleep(Duration::from_nanos(pause));
         }
         self.last_completion_ns.store(0, Release);
     }

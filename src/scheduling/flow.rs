@@ -1,6 +1,8 @@
-//! Flow control's bookkeeping (docs/COMPUTE.md, "Flow control"): which stream a launch is on, which
-//! of our launches in flight a new one waits for, and how long it may wait. Pure logic: the gate
-//! (`gate.rs`) applies it to its queue of tracked launches and to the driver's events.
+//! Flow control's bookkeeping (docs/COMPUTE.md, "Flow control" and "Measuring device time"): which
+//! stream a launch is on, how many launches one event measures (a batch) and when a batch may start
+//! at the previous one's end, which of our batches in flight a launch that begins a batch waits for,
+//! and how long it may wait. Pure logic: the gate (`gate.rs`) and `events.rs` apply it to the queue
+//! of measured batches and to the driver's events.
 //!
 //! * Per stream: a launch waits only for launches of its own stream, so a long kernel on one stream
 //!   (a big GEMM, a collective) never holds up launches on another stream of the process. The
@@ -80,25 +82,27 @@ fn thread_number() -> u64 {
 pub enum Pick {
     /// Nothing: it goes through.
     Go,
-    /// The launch in flight at this position (the oldest of its stream, or, with the process's
+    /// The batch in flight at this position (the oldest of its stream, or, with the process's
     /// total reached and nothing of its own stream in flight, the oldest of all).
     Wait(usize),
 }
 
-/// Which launch a new launch on `key` waits for: the oldest of its own stream when `per_stream` of
-/// its stream are in flight, or when `total` are in flight over all streams (then the oldest of all
-/// if its stream has none in flight: any completion makes room).
+/// Which batch a launch that begins a batch on `key` waits for, given the batches in flight
+/// (their stream keys and how many launches each spans, oldest first): the oldest of its own
+/// stream while `per_stream` launches of its stream are in flight, or while `total` are over all
+/// streams (then the oldest of all if its stream has none in flight: any completion makes room).
 pub fn pick<K: PartialEq>(
-    inflight: impl Iterator<Item = K>,
+    inflight: impl Iterator<Item = (K, u32)>,
     key: &K,
     per_stream: usize,
     total: usize,
 ) -> Pick {
     let (mut len, mut mine, mut oldest_mine) = (0usize, 0usize, None);
-    for (i, k) in inflight.enumerate() {
-        len += 1;
+    for (i, (k, n)) in inflight.enumerate() {
+        let n = n.max(1) as usize;
+        len = len.saturating_add(n);
         if k == *key {
-            mine += 1;
+            mine = mine.saturating_add(n);
             oldest_mine.get_or_insert(i);
         }
     }
@@ -107,6 +111,90 @@ pub fn pick<K: PartialEq>(
     } else {
         Pick::Go
     }
+}
+
+/// The estimated device time of one launch after a batch of `launches` measured `ns`: the batch's
+/// average, weighted by its length (a batch of 8 or more replaces the estimate: batches and `Q`
+/// follow a program whose kernels change length within a batch or two; a single launch moves it
+/// by an eighth).
+pub fn launch_estimate(old_ns: u64, ns: u64, launches: u32) -> u64 {
+    let n = u64::from(launches.clamp(1, 8));
+    let per = ns / u64::from(launches.max(1));
+    (old_ns
+        .saturating_mul(8 - n)
+        .saturating_add(per.saturating_mul(n)))
+        / 8
+}
+
+/// The driver's steps from one stream operation to the next that an interval between two of our
+/// events spans besides the device time of the `launches` in it: one before each launch and one
+/// before the end event. Each is what an empty event pair measures (calibrated); taking off two per
+/// batch, as per launch before, would charge a batch of 16 launches 15 steps of a device idle
+/// between its kernels (on simgpu's debug build a few microseconds each).
+pub fn steps(launches: u32) -> u64 {
+    u64::from(launches.max(1)) + 1
+}
+
+/// Device time a batch of launches between two of our events spans at most (estimated): one event
+/// measures this much work, whatever the kernels' length, up to [`BATCH_MAX`] launches.
+pub const BATCH_SPAN_NS: u64 = 2_000_000;
+/// Launches one event measures at most.
+pub const BATCH_MAX: u32 = 16;
+
+/// How many launches on one stream one of our events measures, launches of `launch_ns` each
+/// (estimated) with `q` kept in flight: about [`BATCH_SPAN_NS`] of work, at most [`BATCH_MAX`]
+/// launches; one where one launch at a time is kept in flight (`q` 1, beside a high-priority
+/// tenant) or the stream is a thread's per-thread default stream (`thread_stream`: only its own
+/// thread can record on it, and a batch left open must be closable by the scheduler thread).
+pub fn batch_len(launch_ns: u64, q: usize, thread_stream: bool) -> u32 {
+    if thread_stream || q <= 1 {
+        return 1;
+    }
+    (BATCH_SPAN_NS / launch_ns.max(1)).clamp(1, u64::from(BATCH_MAX)) as u32
+}
+
+/// Launches of one stream in flight at which a launch that begins a batch waits for the stream's
+/// oldest batch: `q` (the work kept in flight), never less than one batch, plus the batch about to
+/// begin less one. With batches of one launch, `q`: the old bound of one event pair per launch.
+/// With longer batches a batch is only ever waited for as a whole, so one full batch stays queued
+/// while the next is submitted (the device never drains for flow control).
+pub fn stream_limit(q: usize, batch: u32) -> usize {
+    let b = batch.max(1) as usize;
+    q.max(b).saturating_add(b - 1)
+}
+
+/// Whether a batch that begins `gap_ns` after the stream's previous batch was closed (its end
+/// event recorded) may start where that one ends (its end event is the new batch's start: one
+/// event a batch instead of two). The device may have run out of our work in between, and the
+/// interval then includes the idle time: at most `gap_ns`, so only a gap within a twentieth of a
+/// batch's estimated work (at most 20 us) is chained; a longer one records a start of its own.
+pub fn chains(gap_ns: u64, launch_ns: u64, batch: u32) -> bool {
+    let limit = (launch_ns.saturating_mul(u64::from(batch.max(1))) / 20).min(CHAIN_GAP_MAX_NS);
+    gap_ns <= limit
+}
+
+/// The longest host gap between two batches that are chained.
+pub const CHAIN_GAP_MAX_NS: u64 = 20_000;
+
+/// Whether a launch closes its stream's open batch (records the event that measures it): the
+/// batch holds `open` launches with this one, of `batch` at most.
+pub fn closes(open: u32, batch: u32) -> bool {
+    open >= batch.max(1)
+}
+
+/// The first pause of a wait for a batch of `launches` of `launch_ns` each: a quarter of its
+/// estimated work, within 2 us and 200 us (queries cost the host; a late look leaves the device
+/// with the rest of the queue).
+pub fn first_poll_ns(launches: u32, launch_ns: u64) -> u64 {
+    (u64::from(launches.max(1)).saturating_mul(launch_ns) / 4).clamp(2_000, 200_000)
+}
+
+/// The pause between two looks of a drain with `launches` in flight of `launch_ns` each: 20 us
+/// whatever is in flight. (Half the estimated work, up to 500 us, cost fewer queries but left the
+/// device idle for up to that long after the last completion of a drain, before the hand-over.)
+pub fn drain_poll_ns(launches: usize, launch_ns: u64) -> u64 {
+    let _ = (launches, launch_ns);
+    20_000
 }
 
 /// How long a flow-control wait may last, from what earlier waits took: at least
@@ -215,29 +303,142 @@ mod tests {
         );
     }
 
+    fn ones(q: &[u32]) -> impl Iterator<Item = (u32, u32)> + '_ {
+        q.iter().map(|&k| (k, 1))
+    }
+
     #[test]
     fn a_long_kernel_on_one_stream_does_not_hold_up_another() {
         // Two long launches on stream 1, three short ones on stream 2, per-stream depth 2.
         let q = [1, 2, 1, 2, 2];
         // Stream 2 is at its depth: it waits for its own oldest (position 1), not the long one.
-        assert_eq!(pick(q.iter().copied(), &2, 2, 64), Pick::Wait(1));
-        assert_eq!(pick(q.iter().copied(), &1, 2, 64), Pick::Wait(0));
+        assert_eq!(pick(ones(&q), &2, 2, 64), Pick::Wait(1));
+        assert_eq!(pick(ones(&q), &1, 2, 64), Pick::Wait(0));
         // Stream 2 below its depth: through, whatever stream 1 has in flight.
-        assert_eq!(pick([1, 1, 2].into_iter(), &2, 2, 64), Pick::Go);
+        assert_eq!(pick(ones(&[1, 1, 2]), &2, 2, 64), Pick::Go);
         // A new stream goes through.
-        assert_eq!(pick(q.iter().copied(), &3, 2, 64), Pick::Go);
+        assert_eq!(pick(ones(&q), &3, 2, 64), Pick::Go);
     }
 
     #[test]
     fn the_process_total_bounds_the_queue() {
         let q = [1, 1, 2, 2, 3];
         // At the total: a stream with launches in flight waits for its own oldest...
-        assert_eq!(pick(q.iter().copied(), &2, 4, 5), Pick::Wait(2));
+        assert_eq!(pick(ones(&q), &2, 4, 5), Pick::Wait(2));
         // ...one with none waits for the oldest of all.
-        assert_eq!(pick(q.iter().copied(), &4, 4, 5), Pick::Wait(0));
+        assert_eq!(pick(ones(&q), &4, 4, 5), Pick::Wait(0));
         // Depths of 0 read as 1: never an unbounded queue.
-        assert_eq!(pick([7].into_iter(), &7, 0, 0), Pick::Wait(0));
-        assert_eq!(pick(std::iter::empty(), &7, 0, 0), Pick::Go);
+        assert_eq!(pick(ones(&[7]), &7, 0, 0), Pick::Wait(0));
+        assert_eq!(pick(ones(&[]), &7, 0, 0), Pick::Go);
+    }
+
+    /// Batches count as the launches they span, for the stream and for the total.
+    #[test]
+    fn batches_count_their_launches() {
+        // Stream 1: a batch of 10 and one of 8 in flight; the limit for q 5, batches of 10 is 19.
+        let limit = stream_limit(5, 10);
+        assert_eq!(limit, 19);
+        assert_eq!(pick([(1, 10), (1, 8)].into_iter(), &1, limit, 64), Pick::Go);
+        assert_eq!(
+            pick([(1, 10), (1, 9)].into_iter(), &1, limit, 64),
+            Pick::Wait(0)
+        );
+        assert_eq!(
+            pick([(2, 1), (1, 10), (1, 8), (1, 0)].into_iter(), &1, limit, 64),
+            Pick::Wait(1),
+            "a calibration pair (0 launches) counts as one"
+        );
+        // Over the process total in launches, not in batches.
+        assert_eq!(
+            pick([(1, 16), (2, 16), (3, 16)].into_iter(), &4, 64, 48),
+            Pick::Wait(0)
+        );
+        assert_eq!(
+            pick([(1, 16), (2, 16), (3, 15)].into_iter(), &4, 64, 48),
+            Pick::Go
+        );
+    }
+
+    /// One event measures about 2 ms of work, at most 16 launches; one launch each where a
+    /// single launch is kept in flight or only the launching thread can record on the stream.
+    #[test]
+    fn batch_lengths_follow_the_work_per_launch() {
+        assert_eq!(batch_len(200_000, 5, false), 10);
+        assert_eq!(batch_len(5_000, 32, false), BATCH_MAX);
+        assert_eq!(batch_len(20_000_000, 2, false), 1);
+        assert_eq!(
+            batch_len(0, 32, false),
+            BATCH_MAX,
+            "no estimate yet: no division by 0"
+        );
+        assert_eq!(
+            batch_len(5_000, 1, false),
+            1,
+            "beside a high-priority tenant"
+        );
+        assert_eq!(batch_len(5_000, 32, true), 1, "a per-thread default stream");
+        assert!(closes(10, 10) && !closes(9, 10) && closes(1, 0));
+    }
+
+    /// With one launch a batch the bound is the old one (q launches); with batches, one full
+    /// batch stays queued while the next one is submitted.
+    #[test]
+    fn the_stream_limit_keeps_a_batch_queued() {
+        assert_eq!(stream_limit(4, 1), 4);
+        assert_eq!(stream_limit(1, 1), 1);
+        assert_eq!(stream_limit(5, 10), 19);
+        assert_eq!(stream_limit(32, 16), 47);
+        // Batches of b at a limit of l: the oldest is waited for with at least l - b + 1 in
+        // flight, so a whole batch (b) is still queued after it completes.
+        for (q, b) in [(2, 3), (5, 10), (32, 16), (4, 1)] {
+            let l = stream_limit(q, b);
+            let b = b as usize;
+            assert!(l + 1 - b >= b, "q {q}, batch {b}: limit {l}");
+        }
+    }
+
+    /// A batch starts at the previous batch's end only when the host gap bounds the idle time the
+    /// interval could include to a twentieth of the batch's work (and 20 us).
+    #[test]
+    fn chaining_bounds_what_an_idle_gap_adds() {
+        // 10 launches of 200 us: 2 ms of work, 20 us at most.
+        assert!(chains(20_000, 200_000, 10));
+        assert!(!chains(20_001, 200_000, 10));
+        // 16 launches of 5 us: 80 us of work, a gap of 4 us at most.
+        assert!(chains(4_000, 5_000, 16));
+        assert!(!chains(4_001, 5_000, 16));
+        // No estimate: only back-to-back launches chain.
+        assert!(chains(0, 0, 1) && !chains(1, 0, 1));
+    }
+
+    /// A batch's measured time per launch is the estimate after a full batch; a short one moves
+    /// it by its share of eight.
+    #[test]
+    fn the_launch_estimate_follows_measured_batches() {
+        // 16 launches of 2 ms measured 32 ms: 2 ms at once, from the initial 250 us guess.
+        assert_eq!(launch_estimate(250_000, 32_000_000, 16), 2_000_000);
+        assert_eq!(launch_estimate(250_000, 16_000_000, 8), 2_000_000);
+        // One launch of 2 ms: an eighth of the way.
+        assert_eq!(launch_estimate(250_000, 2_000_000, 1), 468_750);
+        // A calibration-like empty batch is never passed (0 launches reads as 1), no overflow.
+        assert_eq!(launch_estimate(u64::MAX, u64::MAX, 0), u64::MAX / 8);
+    }
+
+    /// An interval over n launches spans n + 1 steps of the driver: 2 for one launch, as before.
+    #[test]
+    fn a_batch_spans_a_step_per_launch_and_one() {
+        assert_eq!(steps(1), 2);
+        assert_eq!(steps(16), 17);
+        assert_eq!(steps(0), 2);
+    }
+
+    #[test]
+    fn polls_follow_the_estimated_work() {
+        assert_eq!(first_poll_ns(10, 200_000), 200_000);
+        assert_eq!(first_poll_ns(16, 5_000), 20_000);
+        assert_eq!(first_poll_ns(1, 0), 2_000);
+        assert_eq!(drain_poll_ns(0, 200_000), 20_000);
+        assert_eq!(drain_poll_ns(64, 20_000_000), 20_000);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::arbiter::{self, Choice, GRACE_NS, SLICE_NS};
 use super::cu::{self, RelaxedCapture};
 use super::demand::DemandState;
 use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
-use super::events::{Pending, Tracked, Waited};
+use super::events::{Open, Pending, Tracked, Waited};
 use super::flow::{self, Pick, StreamKey, WaitBound};
 
 use super::meter::Meter;
@@ -79,9 +79,13 @@ pub struct Sched {
     pub(super) last_completion_ns: AtomicU64,
     /// When one of our tracked launches last completed (any path): our work makes progress.
     pub(super) progress_ns: AtomicU64,
-    /// Event pairs in flight: around a launch, or empty (`Tracked::calibration`), oldest first, of
-    /// every stream (flow control counts them per stream, `flow`).
+    /// Measured batches in flight: between two events of ours on a stream (`events`), or an empty
+    /// pair (`Tracked::calibration`), oldest first, of every stream (flow control counts their
+    /// launches per stream, `flow`).
     pub(super) inflight: Mutex<VecDeque<Tracked>>,
+    /// Batches whose end event is not recorded yet, one per stream at most. Locked before
+    /// `inflight` when both are.
+    pub(super) open: Mutex<Vec<Open>>,
     /// How long a flow-control wait may last (`flow::WaitBound`).
     pub(super) wait_bound: Mutex<WaitBound>,
     /// Device time of our launches completed during the current ownership (ns), not charged yet.
@@ -155,6 +159,7 @@ impl Sched {
             last_completion_ns: AtomicU64::new(0),
             progress_ns: AtomicU64::new(0),
             inflight: Mutex::new(VecDeque::new()),
+            open: Mutex::new(Vec::new()),
             wait_bound: Mutex::new(WaitBound::default()),
             measured_ns: AtomicU64::new(0),
             carried_ns: AtomicU64::new(0),
@@ -243,15 +248,15 @@ impl Sched {
         if !self.contended() {
             return launch();
         }
-        // Our event calls must not break another thread's global-mode capture.
-        let _relaxed = RelaxedCapture::enter();
-        // Launches into a capturing stream build a graph; nothing runs.
-        if streams.iter().any(|&s| cu::capturing(s, per_thread)) {
-            return launch();
-        }
         let key = streams.first().map_or(StreamKey::Legacy, |&s| {
             flow::stream_key(s as usize, per_thread)
         });
+        // Launches into a capturing stream build a graph; nothing runs: they never wait. Asked
+        // only before a wait (and before an event is recorded, `events`), at most once a launch.
+        let mut capturing = None;
+        let mut captured = || {
+            *capturing.get_or_insert_with(|| streams.iter().any(|&s| cu::capturing(s, per_thread)))
+        };
         let mut waited_from = 0;
         loop {
             if !self.contended() || runtime::stopped() {
@@ -259,6 +264,9 @@ impl Sched {
             }
             let owner = self.owns_now();
             if (owner || self.tenant_turn()) && self.yields_to_high() {
+                if captured() {
+                    return launch();
+                }
                 // A high-priority tenant waits: our scheduler thread is about to hand over (it
                 // checks that the waiter is real); a launch now would only add a kernel ahead of
                 // the high-priority work. Bounded: the word is cleared, or the device handed over.
@@ -268,11 +276,16 @@ impl Sched {
             }
             if owner || self.tenant_turn() {
                 // Before counting as launching: a drain does not wait for our queue to shrink.
-                let tracked = match self.flow_control(key, ctx as usize) {
-                    Flow::Regrant => continue,
-                    Flow::Tracked => true,
-                    Flow::Untracked => false,
-                };
+                // Only a launch that begins a batch on its stream waits (`flow::stream_limit`).
+                // (A launch into a capturing stream may wait here too: for our work already in
+                // flight, bounded; no event of ours is recorded into a capturing stream.)
+                let mut busy = false;
+                if self.begins_batch(key, ctx as usize) {
+                    match self.flow_control(key, ctx as usize) {
+                        Flow::Regrant => continue,
+                        Flow::Go { busy: b } => busy = b,
+                    }
+                }
                 self.launching.fetch_add(1, SeqCst);
                 if !self.may_launch() || self.yields_to_high() {
                     self.launching.fetch_sub(1, SeqCst);
@@ -281,11 +294,7 @@ impl Sched {
                 if !owner {
                     self.member.store(true, Relaxed);
                 }
-                let r = if tracked {
-                    self.launch_tracked(streams, ctx, per_thread, launch)
-                } else {
-                    launch()
-                };
+                let r = self.launch_tracked(streams, ctx, per_thread, busy, launch);
                 self.last_submit_ns.store(now_ns(), Release);
                 self.launching.fetch_sub(1, SeqCst);
                 if waited_from != 0 {
@@ -297,9 +306,12 @@ impl Sched {
                 return r;
             }
             if self.peer_pass() {
-                let r = self.launch_tracked(streams, ctx, per_thread, launch);
+                let r = self.launch_tracked(streams, ctx, per_thread, false, launch);
                 self.last_submit_ns.store(now_ns(), Release);
                 return r;
+            }
+            if captured() {
+                return launch();
             }
             if waited_from == 0 {
                 waited_from = now_ns();
@@ -427,7 +439,11 @@ impl Sched {
         if self.pass_episode.load(Acquire) != episode {
             return true;
         }
-        self.completed();
+        {
+            // Our event queries must not break another thread's global-mode capture.
+            let _relaxed = RelaxedCapture::enter();
+            self.completed();
+        }
         self.passes.load(Acquire) < MAX_PASSES
             && self.progress_ns.load(Acquire) < self.pass_from.load(Acquire)
     }
@@ -543,28 +559,40 @@ impl Sched {
         futex_wake(&h.epoch);
     }
 
-    /// Keeps at most `Q` launches in flight on the launch's stream `key` (of context `ctx`), and
-    /// [`flow::TOTAL_DEPTH`] over all streams of the process: waits for the oldest of the stream
-    /// (`flow::pick`), each wait bounded (`Sched::wait_bounded`).
+    /// Keeps at most `flow::stream_limit` launches in flight on the launch's stream `key` (of
+    /// context `ctx`), and [`flow::TOTAL_DEPTH`] over all streams of the process, for a launch that
+    /// begins a batch there: waits for the oldest batch of the stream (`flow::pick`), each wait
+    /// bounded (`Sched::wait_bounded`). After a wait (its queries already paid for the
+    /// capture-mode exchange), one more query says whether the stream's newest batch still runs:
+    /// the new batch then starts at its end (`Flow::Go`'s `busy`).
     fn flow_control(&self, key: StreamKey, ctx: usize) -> Flow {
-        let q = if self.beside_high.load(Relaxed) && !self.high.load(Relaxed) {
-            arbiter::QUEUE_DEPTH_BESIDE_HIGH
-        } else {
-            arbiter::queue_depth(self.launch_ns.load(Relaxed))
-        };
+        let q = self.queue_depth();
+        let launch_ns = self.launch_ns.load(Relaxed);
+        let batch = self.batch_len(key);
+        let limit = flow::stream_limit(q, batch);
+        // Entered before the first query: our event queries must not break another thread's
+        // global-mode capture.
+        let mut relaxed = None;
         loop {
             let (t, teardowns) = {
                 let mut f = self.inflight.lock();
                 let Pick::Wait(i) = flow::pick(
-                    f.iter().map(Tracked::flow_key),
+                    f.iter().map(Tracked::flow_entry),
                     &(key, ctx),
-                    q,
+                    limit,
                     flow::TOTAL_DEPTH,
                 ) else {
-                    return Flow::Tracked;
+                    let busy =
+                        relaxed.is_some() && Sched::newest_runs(&f, key, ctx, launch_ns, batch);
+                    return Flow::Go { busy };
                 };
+                if relaxed.is_none() {
+                    drop(f);
+                    relaxed = Some(RelaxedCapture::enter());
+                    continue;
+                }
                 let Some(t) = f.remove(i) else {
-                    return Flow::Tracked;
+                    return Flow::Go { busy: false };
                 };
                 (t, self.teardowns.load(Acquire))
             };
@@ -575,14 +603,9 @@ impl Sched {
                 Waited::Completed => {}
                 // Our work made no progress for the bound while we owned the device: it may wait
                 // for something this very thread does later. This launch goes through, as it
-                // would without us; the next one waits again.
-                Waited::Pass => {
-                    return if self.inflight.lock().len() < flow::HARD_DEPTH {
-                        Flow::Tracked
-                    } else {
-                        Flow::Untracked
-                    };
-                }
+                // would without us; the next batch waits again (past `flow::HARD_DEPTH` tracked
+                // batches, a batch goes unmeasured: the queue's memory stays bounded).
+                Waited::Pass => return Flow::Go { busy: false },
                 Waited::Regrant => return Flow::Regrant,
             }
         }
@@ -591,10 +614,9 @@ impl Sched {
 
 /// What flow control lets a launch do.
 enum Flow {
-    /// Go through, between events of ours.
-    Tracked,
-    /// Go through untracked (past the bound with [`flow::HARD_DEPTH`] launches tracked).
-    Untracked,
+    /// Go through (counted in its stream's batch); `busy`: the stream's newest batch was seen
+    /// running just now (a batch beginning now starts at its end).
+    Go { busy: bool },
     /// Back to the gate: we do not own the device (or it is no longer contended).
     Regrant,
 }

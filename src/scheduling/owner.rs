@@ -248,6 +248,12 @@ impl Sched {
                     self.owned.store(e, SeqCst);
                     continue;
                 }
+                // A batch left open by launches in our tenant's turn held by another process, or
+                // passed to complete a collective: closed once that is over, so that a later
+                // launch does not extend it across another tenant's ownership.
+                if self.launching.load(SeqCst) == 0 && !self.tenant_turn() {
+                    self.close_open();
+                }
                 // Work of ours still on the device (left running at a hand-over, or passed to
                 // complete a collective): watched, so a wait of it is published.
                 // A tenant whose ranks on other devices wait (it does collectives): work of ours
@@ -257,6 +263,9 @@ impl Sched {
                 let timeout = if !self.peer_recent(now) || self.inflight.lock().is_empty() {
                     REFRESH_NS / 2
                 } else {
+                    if now.saturating_sub(self.last_submit_ns.load(Acquire)) > IDLE_NS {
+                        self.close_open();
+                    }
                     self.watch_stall(now);
                     OWNER_POLL_NS
                 };
@@ -278,15 +287,18 @@ impl Sched {
             // the device back to ourselves meanwhile would only leave it idle). Nor right after our
             // work completed: a program that synchronises after each long kernel submits its next
             // one only once it has seen the last complete, and that is not idleness.
-            let quiet = |now: u64| {
-                let last = self
-                    .last_submit_ns
-                    .load(Acquire)
-                    .max(self.progress_ns.load(Acquire))
-                    .max(grant);
-                now.saturating_sub(last) > IDLE_NS
+            let quiet_since = |now: u64, last: u64| {
+                now.saturating_sub(last.max(grant)) > IDLE_NS
                     && self.launching.load(SeqCst) == 0
                     && self.waiting.load(SeqCst) == 0
+            };
+            if quiet_since(now, self.last_submit_ns.load(Acquire)) {
+                // The program stopped launching: a batch it left open is measured from now.
+                self.close_open();
+            }
+            let quiet = |now: u64| {
+                let last = self.last_submit_ns.load(Acquire);
+                quiet_since(now, last.max(self.progress_ns.load(Acquire)))
             };
             // Looked at again after `completed()`: a completion it finds counts as progress now.
             let idle = quiet(now) && self.completed() && quiet(now);
