@@ -1,6 +1,6 @@
 //! The hooks: thin `extern "C"` exports, expanded by [`hooks!`] from one declaration per entry point,
 //! that call ordinary safe Rust functions in the group modules (memory, context, first_launch, info,
-//! nvml, entry, launch, graph).
+//! nvml, nvml_stats, entry, launch, graph).
 //!
 //! Every export runs inside [`enter`]: a per-thread re-entrancy token (a nested call passes straight
 //! through to the real function) and `catch_unwind` (a panic never crosses the C ABI; the call answers
@@ -17,6 +17,7 @@ pub mod info;
 pub mod launch;
 pub mod memory;
 pub mod nvml;
+pub mod nvml_stats;
 
 thread_local! {
     /// Set while this thread runs a hook body.
