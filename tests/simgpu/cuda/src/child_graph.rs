@@ -254,27 +254,37 @@ pub unsafe extern "C" fn cuGraphAddNode(
     })
 }
 
-/// The 12.3 signature (`_v2`), and the 13.4 form with it (`_v3`): edge data per dependency
-/// (ignored: simgpu's graphs are ordered lists).
-macro_rules! add_node_with_edges {
-    ($($name:ident),*) => {$(
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            pn: Option<&mut CUgraphNode>,
-            hg: CUgraph,
-            deps: *const CUgraphNode,
-            _edges: *const c_void,
-            num_deps: usize,
-            p: *mut GraphNodeParams,
-        ) -> CUresult {
-            crate::call(stringify!($name), || {
-                // SAFETY: the client's pointers follow the API's contract.
-                unsafe { add_node(pn, hg, deps, num_deps, p) }
-            })
-        }
-    )*};
+/// The 12.3 signature: edge data per dependency (ignored: simgpu's graphs are ordered lists).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    pn: Option<&mut CUgraphNode>,
+    hg: CUgraph,
+    deps: *const CUgraphNode,
+    _edges: *const c_void,
+    num_deps: usize,
+    p: *mut GraphNodeParams,
+) -> CUresult {
+    crate::call("cuGraphAddNode_v2", || {
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { add_node(pn, hg, deps, num_deps, p) }
+    })
 }
-add_node_with_edges!(cuGraphAddNode_v2, cuGraphAddNode_v3);
+
+/// The 13.4 form, with the 12.3 signature.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v3(
+    pn: Option<&mut CUgraphNode>,
+    hg: CUgraph,
+    deps: *const CUgraphNode,
+    _edges: *const c_void,
+    num_deps: usize,
+    p: *mut GraphNodeParams,
+) -> CUresult {
+    crate::call("cuGraphAddNode_v3", || {
+        // SAFETY: the client's pointers follow the API's contract.
+        unsafe { add_node(pn, hg, deps, num_deps, p) }
+    })
+}
 
 #[cfg(test)]
 mod tests {
