@@ -73,8 +73,9 @@ pub mod nvml {
     pub use crate::driver::real;
 }
 
-/// The UUID of an NVML device handle, through the real NVML.
-pub fn nvml_device_uuid(device: nvmlDevice_t) -> Option<String> {
+/// The UUID of an NVML device handle (its address), through the real NVML.
+pub fn nvml_device_uuid(handle: usize) -> Option<String> {
+    let device = handle as nvmlDevice_t;
     let mut uuid = [0 as c_char; 96];
     // SAFETY: `uuid` is a writable buffer of the length given.
     unsafe { real::nvmlDeviceGetUUID(device, uuid.as_mut_ptr(), uuid.len() as u32) }.ok()?;
@@ -86,7 +87,8 @@ pub fn nvml_device_uuid(device: nvmlDevice_t) -> Option<String> {
 /// The GPU and compute instance ids of an NVML device handle (nvml.h `nvmlDeviceGetGpuInstanceId`,
 /// `nvmlDeviceGetComputeInstanceId`); `u32::MAX` each (NVML's "no instance") for a GPU's handle,
 /// where the driver refuses them.
-pub fn nvml_instance_ids(device: nvmlDevice_t) -> (u32, u32) {
+pub fn nvml_instance_ids(handle: usize) -> (u32, u32) {
+    let device = handle as nvmlDevice_t;
     let (mut gi, mut ci): (c_uint, c_uint) = (0, 0);
     // SAFETY: valid out-parameters; the handle is the caller's, validated by the driver.
     let ok = unsafe {

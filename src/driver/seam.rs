@@ -10,7 +10,6 @@
 
 use super::calls;
 use super::measure::{self, ProcessFigure};
-use gpuslice_api::nvml::nvmlDevice_t;
 use gpuslice_api::types::{CUcontext, CUdevice, CUevent, CUmemoryPool, CUstream};
 use gpuslice_api::CUerror;
 use std::cell::Cell;
@@ -338,10 +337,10 @@ impl Driver for RealDriver {
     }
 
     fn nvml_device_uuid(&self, handle: usize) -> Option<String> {
-        calls::nvml_device_uuid(handle as nvmlDevice_t)
+        calls::nvml_device_uuid(handle)
     }
 
     fn nvml_instance_ids(&self, handle: usize) -> (u32, u32) {
-        calls::nvml_instance_ids(handle as nvmlDevice_t)
+        calls::nvml_instance_ids(handle)
     }
 }
