@@ -17,7 +17,7 @@
 
 use gpuslice_observe::procs::{self, Descriptors, GpuProcess, Unmanaged};
 use gpuslice_observe::Sources;
-use gpuslice_state::ledger::{Ledger, MAX_DEVICES, MAX_SLOTS, NODE_NOT_LISTED};
+use gpuslice_state::ledger::{Ledger, NodeWord, MAX_DEVICES, MAX_SLOTS, NODE_NOT_LISTED};
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -145,7 +145,13 @@ pub fn pass(opts: &Options) -> Result<Pass, String> {
             let allocated = b.1[dev].max(a.1[dev]);
             words[dev] = used.saturating_sub(allocated);
         }
-        ledger.publish_node_word(slot, a.0, pid, &words, now);
+        let word = NodeWord {
+            claim: a.0,
+            host_pid: pid,
+            overhead: words,
+            now_ms: now,
+        };
+        ledger.publish_node_word(slot, &word);
         done.reconciled.push((path.clone(), slot, pid));
     }
     for (_, l) in &ledgers {

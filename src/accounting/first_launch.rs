@@ -1,6 +1,6 @@
 //! Functions whose first launch makes the driver spend memory: a library's kernels whose code the
 //! driver has not loaded yet, and functions whose local frame is larger than the context's stack
-//! (their launch grows the context's local memory, see `hooks::context::grow_local`).
+//! (their launch grows the context's local memory, see `hooks::first_launch::grow_local`).
 //!
 //! Kernels whose code is not loaded: a library's kernels under lazy loading
 //! (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA 12.2). `cuLibraryLoadData`'s documentation:
@@ -8,7 +8,7 @@
 //! a kernel launch"; so `cuLibraryGetKernel` loads nothing, and the kernel's code goes to the device
 //! at `cuKernelGetFunction` or at the first launch of the `CUkernel`, in each context that needs it
 //! ("for that context": a second context launching the same kernel loads its code again). Those
-//! are where it is charged (`hooks::context`).
+//! are where it is charged (`hooks::first_launch`).
 //!
 //! The launch hooks ask [`pending`] on their fast path: one load of a counter while no kernel is
 //! pending, else a few loads of a lock-free open-addressed table of kernel handles. Each entry

@@ -10,10 +10,11 @@
 //! The modules each do one job: [`tenant`] (the tenant, its ledger and devices), [`reservation`]
 //! (reserve, refuse, release), [`records`] (allocations and arrays), [`vmm`] (physical allocations
 //! and their mappings), [`pools`] (stream-ordered pools), [`contexts`] (contexts, primary contexts),
-//! [`overhead`] (driver memory measured around contexts, modules and limits), [`views`] (what the
-//! program and `gpuslice status` are shown). The driver is reached through `crate::driver`, never
-//! through the hooks; the configuration and the tenant's ledger come from the process runtime
-//! (`crate::process`), which scheduling reads too.
+//! [`overhead`] (driver memory measured around contexts, modules and limits), [`reconcile`] (what
+//! the driver holds beyond the records), [`views`] (what the program and `gpuslice status` are
+//! shown), [`nvml_view`] (what NVML shows: the quota as the card, the tenant's own processes). The
+//! driver is reached through `crate::driver`, never through the hooks; the configuration and the
+//! tenant's ledger come from the process runtime (`crate::process`), which scheduling reads too.
 
 use std::sync::OnceLock;
 
@@ -23,9 +24,11 @@ pub mod graphs;
 pub mod limits;
 pub mod measurement;
 pub mod modules;
+pub mod nvml_view;
 pub mod overhead;
 pub mod pool_alloc;
 pub mod pools;
+pub mod reconcile;
 pub mod records;
 pub mod reservation;
 pub mod sizes;

@@ -49,8 +49,8 @@ pub struct Tenant {
     /// charge is derived from the pool's size before and after, which another thread's allocation or
     /// settle must not change in between. Reentrant: a refused reservation settles the pools.
     pub(super) pools_serial: ReentrantMutex<()>,
-    /// Driver overhead measured per device (see `overhead`).
-    pub(super) overhead: Mutex<super::overhead::State>,
+    /// Driver overhead found by reconciliation per device (see `reconcile`).
+    pub(super) overhead: Mutex<super::reconcile::State>,
 }
 
 /// Where the tenant's ledger is: the process runtime's (joined on first use), or, in unit tests,

@@ -2,58 +2,10 @@
 //! its used memory, its own processes only, and (for `gpuslice status`) this process's allocations
 //! and driver overhead separately.
 
+use super::nvml_view::TenantProcess;
 use super::{Device, Tenant};
 use crate::config::Limit;
 use crate::ledger::UNLIMITED;
-
-/// One of the tenant's processes as NVML's process lists show it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TenantProcess {
-    /// As the process sees itself (its own PID namespace).
-    pub pid: u32,
-    /// What it is charged on the device.
-    pub used: u64,
-}
-
-/// Which of NVML's process lists a view is of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProcessList {
-    /// Processes with a compute context.
-    Compute,
-    /// Processes with a graphics context (OpenGL, Vulkan, ...).
-    Graphics,
-    /// Clients of an MPS server.
-    Mps,
-}
-
-impl ProcessList {
-    /// Whether the tenant's view of this list depends on what the driver lists.
-    pub fn follows_driver(self) -> bool {
-        self != ProcessList::Compute
-    }
-}
-
-/// The entries of one of NVML's process lists that a tenant is shown, from its own processes on the
-/// device (`mine`, each with its charge) and the pids the driver lists there. The compute list is the
-/// tenant's charged processes whatever the driver lists (they are the processes with a CUDA context,
-/// and the driver's own answer would name other tenants'); graphics and MPS clients are those of the
-/// driver's entries that are the tenant's processes, each with its charge (what a process holds is
-/// one figure, whichever list names it). A process not charged to the tenant is never shown: it
-/// may be anyone's.
-pub fn shown_processes(
-    list: ProcessList,
-    mine: &[TenantProcess],
-    driver_pids: &[u32],
-) -> Vec<TenantProcess> {
-    match list {
-        ProcessList::Compute => mine.to_vec(),
-        ProcessList::Graphics | ProcessList::Mps => mine
-            .iter()
-            .filter(|p| driver_pids.contains(&p.pid))
-            .copied()
-            .collect(),
-    }
-}
 
 /// This process's charges on one device, split by what they are for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,37 +134,4 @@ impl Tenant {
 /// apply here.
 pub fn process_charges() -> Vec<ProcessCharges> {
     super::tenant().map_or_else(Vec::new, Tenant::process_charges)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MINE: [TenantProcess; 2] = [
-        TenantProcess { pid: 10, used: 100 },
-        TenantProcess { pid: 11, used: 200 },
-    ];
-
-    #[test]
-    fn the_compute_list_is_the_tenants_charged_processes() {
-        assert_eq!(
-            shown_processes(ProcessList::Compute, &MINE, &[10, 99]),
-            MINE
-        );
-        assert_eq!(shown_processes(ProcessList::Compute, &[], &[10, 99]), []);
-    }
-
-    #[test]
-    fn graphics_and_mps_lists_keep_only_the_tenants_own_entries_with_their_charge() {
-        for list in [ProcessList::Graphics, ProcessList::Mps] {
-            // 99 and 98 are another tenant's (or anyone's): never shown.
-            assert_eq!(
-                shown_processes(list, &MINE, &[99, 11, 98]),
-                [TenantProcess { pid: 11, used: 200 }],
-                "{list:?}"
-            );
-            assert_eq!(shown_processes(list, &MINE, &[99, 98]), [], "{list:?}");
-            assert_eq!(shown_processes(list, &[], &[99]), [], "{list:?}");
-        }
-    }
 }

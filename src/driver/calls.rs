@@ -1,11 +1,12 @@
 //! Real driver functions the accounting calls (without hooking them, or past their hooks), and small
 //! queries built on them: the layer below accounting, so that it never calls up into the hooks.
 
+use gpuslice_api::nvml::nvmlDevice_t;
 use gpuslice_api::types::{
     CUcontext, CUdevice, CUmemAllocationProp, CUmemoryPool, CUstream, CUuuid,
 };
 use gpuslice_api::CUerror;
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint};
 
 /// Typed calls to the real functions (generated from the table).
 pub use super::real;
@@ -70,6 +71,35 @@ pub fn pointer_known(ptr: u64) -> bool {
 /// NVML functions (a separate library, its own error type).
 pub mod nvml {
     pub use crate::driver::real;
+}
+
+/// The UUID of an NVML device handle (its address), through the real NVML.
+pub fn nvml_device_uuid(handle: usize) -> Option<String> {
+    let device = handle as nvmlDevice_t;
+    let mut uuid = [0 as c_char; 96];
+    // SAFETY: `uuid` is a writable buffer of the length given.
+    unsafe { real::nvmlDeviceGetUUID(device, uuid.as_mut_ptr(), uuid.len() as u32) }.ok()?;
+    // SAFETY: NVML wrote a NUL-terminated string into the buffer (it is zero-initialised besides).
+    let uuid = unsafe { std::ffi::CStr::from_ptr(uuid.as_ptr()) };
+    Some(uuid.to_string_lossy().into_owned())
+}
+
+/// The GPU and compute instance ids of an NVML device handle (nvml.h `nvmlDeviceGetGpuInstanceId`,
+/// `nvmlDeviceGetComputeInstanceId`); `u32::MAX` each (NVML's "no instance") for a GPU's handle,
+/// where the driver refuses them.
+pub fn nvml_instance_ids(handle: usize) -> (u32, u32) {
+    let device = handle as nvmlDevice_t;
+    let (mut gi, mut ci): (c_uint, c_uint) = (0, 0);
+    // SAFETY: valid out-parameters; the handle is the caller's, validated by the driver.
+    let ok = unsafe {
+        real::nvmlDeviceGetGpuInstanceId(device, &mut gi).is_ok()
+            && real::nvmlDeviceGetComputeInstanceId(device, &mut ci).is_ok()
+    };
+    if ok {
+        (gi, ci)
+    } else {
+        (u32::MAX, u32::MAX)
+    }
 }
 
 /// The identity of a CUDA device ordinal, as NVML, `nvidia-smi -L` and `CUDA_VISIBLE_DEVICES` spell

@@ -60,6 +60,8 @@ pub struct State {
     pub totals: BTreeMap<String, u64>,
     pub pid_unknown: bool,
     pub identified_pid: Option<u32>,
+    /// NVML device handle -> its UUID and (GPU, compute) instance ids (`None`: a GPU's handle).
+    pub nvml_devices: BTreeMap<usize, (String, Option<(u32, u32)>)>,
     pub next_event: usize,
     pub live_events: Vec<usize>,
     /// Events whose work has run.
@@ -294,6 +296,17 @@ impl Driver for FakeDriver {
 
     fn identify_driver_pid(&self, pid: u32) {
         self.state.lock().identified_pid = Some(pid);
+    }
+
+    fn nvml_device_uuid(&self, handle: usize) -> Option<String> {
+        let s = self.state.lock();
+        s.nvml_devices.get(&handle).map(|(uuid, _)| uuid.clone())
+    }
+
+    fn nvml_instance_ids(&self, handle: usize) -> (u32, u32) {
+        let s = self.state.lock();
+        let ids = s.nvml_devices.get(&handle).and_then(|(_, ids)| *ids);
+        ids.unwrap_or((u32::MAX, u32::MAX))
     }
 }
 

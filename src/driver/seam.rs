@@ -82,6 +82,11 @@ pub trait Driver: Sync {
     fn driver_pid_unknown(&self) -> bool;
     /// Records the PID the driver lists this process under.
     fn identify_driver_pid(&self, pid: u32);
+    /// The UUID of NVML device handle `handle` (`nvmlDeviceGetUUID`).
+    fn nvml_device_uuid(&self, handle: usize) -> Option<String>;
+    /// The GPU and compute instance ids of NVML device handle `handle`, which the process lists of
+    /// a MIG device carry; `u32::MAX` each (NVML's "no instance") for a GPU's handle.
+    fn nvml_instance_ids(&self, handle: usize) -> (u32, u32);
 
     /// The device of `ctx`, cached per thread until a context of the process is destroyed (a
     /// driver gives a destroyed context's handle to a later context, perhaps on another device).
@@ -417,5 +422,13 @@ impl Driver for RealDriver {
 
     fn identify_driver_pid(&self, pid: u32) {
         measure::identify_driver_pid(pid)
+    }
+
+    fn nvml_device_uuid(&self, handle: usize) -> Option<String> {
+        calls::nvml_device_uuid(handle)
+    }
+
+    fn nvml_instance_ids(&self, handle: usize) -> (u32, u32) {
+        calls::nvml_instance_ids(handle)
     }
 }

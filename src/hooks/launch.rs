@@ -49,10 +49,10 @@ mod multi {
 pub use multi::cuLaunchCooperativeKernelMultiDevice;
 
 /// A launch off the fast path: a kernel whose code the driver loads first is loaded and charged
-/// (`context::first_launch`), then the launch goes through the compute-share gate.
+/// (`first_launch::first_launch`), then the launch goes through the compute-share gate.
 fn launch(f: CUfunction, launch: impl FnOnce() -> CUresult) -> CUresult {
     if first_launch::pending(f as usize, current) {
-        return super::context::first_launch(f, launch);
+        return super::first_launch::first_launch(f, launch);
     }
     launch()
 }

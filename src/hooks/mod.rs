@@ -1,5 +1,6 @@
 //! The hooks: thin `extern "C"` exports, expanded by [`hooks!`] from one declaration per entry point,
-//! that call ordinary safe Rust functions in the group modules (memory, context, info, nvml, entry).
+//! that call ordinary safe Rust functions in the group modules (memory, context, first_launch, info,
+//! nvml, nvml_stats, entry, launch, graph).
 //!
 //! Every export runs inside [`enter`]: a per-thread re-entrancy token (a nested call passes straight
 //! through to the real function) and `catch_unwind` (a panic never crosses the C ABI; the call answers
@@ -10,11 +11,13 @@ use std::cell::Cell;
 
 pub mod context;
 pub mod entry;
+pub mod first_launch;
 pub mod graph;
 pub mod info;
 pub mod launch;
 pub mod memory;
 pub mod nvml;
+pub mod nvml_stats;
 
 thread_local! {
     /// Set while this thread runs a hook body.

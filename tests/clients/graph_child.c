@@ -19,14 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-
-static CUstream stream;
-
-static CUresult step(const char *name, CUresult r) {
-    printf("%s=%d\n", name, (int)r);
-    return r;
-}
+#include "graph_client.h"
 
 /* A graph with one allocation node of `bytes` on device 0; its address in *dptr. */
 static CUgraph allocating(size_t bytes, CUdeviceptr *dptr) {
@@ -56,20 +49,9 @@ static CUresult move_into(CUgraph parent, CUgraph child) {
 }
 
 int main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc != 3) {
-        fprintf(stderr, "usage: graph_child BIG_MIB GRAPH_MIB\n");
-        return 2;
-    }
-    size_t big = strtoull(argv[1], NULL, 10) << 20, graph = strtoull(argv[2], NULL, 10) << 20;
-    CUdevice dev;
-    CUcontext ctx;
+    size_t big, graph;
+    CUdevice dev = graph_client_start(argc, argv, "graph_child BIG_MIB GRAPH_MIB", &big, &graph);
     CUdeviceptr a, b;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
 
     /* Moved: the child's allocation outlives the parent's launch. */
     CUdeviceptr g;

@@ -22,17 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "check.h"
+#include "graph_client.h"
 
-static CUstream stream;
 static CUfunction spin;
 static unsigned long long spin_us = 3000000;
-
-/* One step whose result is the subject: printed, never fatal. */
-static CUresult step(const char *name, CUresult r) {
-    printf("%s=%d\n", name, (int)r);
-    return r;
-}
 
 static CUgraphExec capture(size_t bytes, int free_in_graph, const char *name, CUdeviceptr *out) {
     CUdeviceptr p = 0;
@@ -57,20 +50,9 @@ static CUgraphExec capture(size_t bytes, int free_in_graph, const char *name, CU
 }
 
 int main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc != 3) {
-        fprintf(stderr, "usage: graph_memory BIG_MIB GRAPH_MIB\n");
-        return 2;
-    }
-    size_t big = strtoull(argv[1], NULL, 10) << 20, graph = strtoull(argv[2], NULL, 10) << 20;
-    CUdevice dev;
-    CUcontext ctx;
+    size_t big, graph;
+    CUdevice dev = graph_client_start(argc, argv, "graph_memory BIG_MIB GRAPH_MIB", &big, &graph);
     CUdeviceptr a, b;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
 
     /* Held: the graph's allocation outlives its launch. */
     CUdeviceptr g;

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "graph_client.h"
 
 static void wait_line(void) {
     char line[64];
@@ -27,23 +27,11 @@ static void wait_line(void) {
 }
 
 int main(int argc, char **argv) {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc != 3) {
-        fprintf(stderr, "usage: graph_pool GRAPH_MIB BIG_MIB\n");
-        return 2;
-    }
-    size_t bytes = strtoull(argv[1], NULL, 10) << 20, big = strtoull(argv[2], NULL, 10) << 20;
-    CUdevice dev;
-    CUcontext ctx;
-    CUstream stream;
+    size_t bytes, big;
+    CUdevice dev = graph_client_start(argc, argv, "graph_pool GRAPH_MIB BIG_MIB", &bytes, &big);
     CUdeviceptr p, b;
     CUgraph graph;
     CUgraphExec exec;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     CHECK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
     CHECK(cuMemAllocAsync(&p, bytes, stream));
     CHECK(cuMemFreeAsync(p, stream));

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 mod allocations;
 mod measure;
+mod nvml;
 mod pools;
 mod reserve;
 

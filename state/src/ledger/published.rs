@@ -81,19 +81,11 @@ impl Ledger {
         ))
     }
 
-    /// The node: publishes its word for the holder of claim `claim` of `slot` (see
+    /// The node: publishes its word for the holder of a claim of `slot` (see
     /// `shm::Layout::publish_node_word`). Nothing on a read-only ledger or a free slot.
-    pub fn publish_node_word(
-        &self,
-        slot: usize,
-        claim: u64,
-        host_pid: u32,
-        overhead: &[u64; MAX_DEVICES],
-        now_ms: u64,
-    ) {
-        let l = self.layout();
-        if self.writable && slot < MAX_SLOTS && l.slot_state(slot) == shm::SLOT_ACTIVE {
-            l.publish_node_word(slot, claim, host_pid, overhead, now_ms);
+    pub fn publish_node_word(&self, slot: usize, word: &shm::NodeWord) {
+        if self.writable {
+            self.layout().publish_node_word(slot, word);
         }
     }
 

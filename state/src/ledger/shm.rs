@@ -112,6 +112,17 @@ pub struct Slot {
 /// `Slot::node_overhead` of a device the node did not find the process on.
 pub const NODE_NOT_LISTED: u64 = u64::MAX;
 
+/// What the node found for the holder of claim `claim` of a slot (docs/MEMORY.md, "Reconciled by
+/// the node"): its driver memory beyond its allocations per device (`NODE_NOT_LISTED` where not
+/// listed), read at `now_ms`, the driver listing it as `host_pid`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeWord {
+    pub claim: u64,
+    pub host_pid: u32,
+    pub overhead: [u64; MAX_DEVICES],
+    pub now_ms: u64,
+}
+
 /// `Slot::reconciled`: nothing published yet (no driver overhead measured).
 pub const RECONCILED_UNKNOWN: u32 = 0;
 /// From the process's own line in NVML's lists (it knows the PID the driver lists it under).
@@ -480,26 +491,23 @@ impl Layout {
         self.slots[slot].reconciled.store(how, Ordering::Relaxed);
     }
 
-    /// The node writes what it found for the holder of claim `claim` of `slot` (`overhead`, per
-    /// device, `NODE_NOT_LISTED` where not listed), read at `now_ms`, the driver listing it as
-    /// `host_pid`. The claim is cleared first and written last, so a reader that sees the same
-    /// claim before and after reading the figures read them whole.
-    pub fn publish_node_word(
-        &self,
-        slot: usize,
-        claim: u64,
-        host_pid: u32,
-        overhead: &[u64; MAX_DEVICES],
-        now_ms: u64,
-    ) {
-        let s = &self.slots[slot];
+    /// The node writes what it found for the holder of a claim of `slot` ([`NodeWord`]). The claim
+    /// is cleared first and written last, so a reader that sees the same claim before and after
+    /// reading the figures read them whole. Nothing for a slot out of range or free.
+    pub fn publish_node_word(&self, slot: usize, word: &NodeWord) {
+        let Some(s) = self.slots.get(slot) else {
+            return;
+        };
+        if s.state.load(Ordering::Acquire) != SLOT_ACTIVE {
+            return;
+        }
         s.node_claim.store(0, Ordering::Release);
-        for (dst, v) in s.node_overhead.iter().zip(overhead) {
+        for (dst, v) in s.node_overhead.iter().zip(&word.overhead) {
             dst.store(*v, Ordering::Release);
         }
-        s.node_ms.store(now_ms, Ordering::Release);
-        s.node_pid.store(host_pid, Ordering::Release);
-        s.node_claim.store(claim, Ordering::Release);
+        s.node_ms.store(word.now_ms, Ordering::Release);
+        s.node_pid.store(word.host_pid, Ordering::Release);
+        s.node_claim.store(word.claim, Ordering::Release);
     }
 
     /// The node's word for the slot's current holder: (figure on `dev`, when read, host PID);

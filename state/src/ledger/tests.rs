@@ -37,6 +37,16 @@ fn opts(default: Limit, devices: &[(&str, Limit)]) -> LedgerOptions {
     }
 }
 
+/// The node's word for claim `claim`.
+fn word(claim: u64, host_pid: u32, overhead: [u64; MAX_DEVICES], now_ms: u64) -> NodeWord {
+    NodeWord {
+        claim,
+        host_pid,
+        overhead,
+        now_ms,
+    }
+}
+
 fn limited(bytes: u64) -> LedgerOptions {
     opts(Limit::Unlimited, &[(UUID_A, Limit::Bytes(bytes))])
 }
@@ -478,7 +488,7 @@ fn the_nodes_word_is_for_the_claim_it_was_read_for() {
     assert_eq!(used, MIB);
     let mut words = [NODE_NOT_LISTED; MAX_DEVICES];
     words[d] = 7 * MIB;
-    node.publish_node_word(slot, claim, 4242, &words, 1234);
+    node.publish_node_word(slot, &word(claim, 4242, words, 1234));
     node.publish_node_pass(1235);
     assert_eq!(a.node_word_for_me(d), Some((7 * MIB, 1234)));
     assert_eq!(a.node_stamp_for_me(), 1234);
@@ -486,9 +496,9 @@ fn the_nodes_word_is_for_the_claim_it_was_read_for() {
     assert_eq!(s.node_ms, Some(1235));
     assert_eq!(s.processes[0].node, Some((4242, 1234)));
     // A word for an earlier claim of the slot is nobody's.
-    node.publish_node_word(slot, claim.wrapping_sub(1), 1, &words, 99);
+    node.publish_node_word(slot, &word(claim.wrapping_sub(1), 1, words, 99));
     assert_eq!(a.node_word_for_me(d), None);
-    node.publish_node_word(slot, claim, 4242, &words, 1300);
+    node.publish_node_word(slot, &word(claim, 4242, words, 1300));
     drop(a);
     let b = Ledger::open(&path, &limited(GIB)).unwrap();
     b.try_reserve(d, MIB).unwrap();
