@@ -274,6 +274,14 @@ fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
     let after0 = at(9500);
     let after1 = at(12_000);
     let runs = finish_all(children, "spin");
+    let st = status(&scene);
+    println!(
+        "forge: status: {}",
+        st.stdout
+            .lines()
+            .find(|l| l.contains("FORGED"))
+            .unwrap_or("-")
+    );
     assert!(
         took < Duration::from_secs(2),
         "forge: tenant create took {took:?} during the attack"
@@ -291,21 +299,15 @@ fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
     let during = percents(&during0, &during1);
     let after = percents(&after0, &after1);
     println!("forge: during {during:.1?}, after {after:.1?}, policy {policy:.1?}");
-    // During the attack the forger's own process is held to its due by its own library, which
-    // counts the wall time it holds (drains included) while the victims launch paced beside it:
-    // it gets less than its share, never more. The attack fails when it gains nothing and the
-    // victims lose nothing; after it, arbitration is back to policy.
-    println!("forge: during the attack: got {during:.1?}, policy {policy:.1?}");
-    assert!(
-        during[0] <= policy[0] + TOLERANCE
-            && during[1..]
-                .iter()
-                .zip(&policy[1..])
-                .all(|(g, w)| *g >= w - TOLERANCE),
-        "forge: during the attack: shares {during:.1?}, policy {policy:.1?}: the forger gained \
-         more than {TOLERANCE} points, or a victim lost more"
-    );
+    // During the attack the forger's own process is held to its due by its own library and the
+    // victims launch paced to theirs; after it, arbitration is back to policy.
+    assert_shares("forge: during the attack", &during, &policy);
     assert_shares("forge: after the attack", &after, &policy);
+    assert!(
+        st.stdout.contains("FORGED OWNER"),
+        "status must report the forged owner:\n{}",
+        st.stdout
+    );
     for r in &runs[1..] {
         assert!(
             r.stderr.contains("launches paced"),

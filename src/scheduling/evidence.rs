@@ -46,10 +46,13 @@ pub const SLACK_PCT: u64 = 10;
 /// lasts until it is empty: holds of about a slice, not a stutter of short ones each paying a
 /// drain.
 pub const PACE_ON_NS: i64 = SLICE_NS as i64;
-/// How long a starved process launches paced before it waits for its turns again (and judges
-/// afresh): what it takes paced is charged to its virtual time, so a test of arbitration taken
-/// right away would find it behind its neighbours, kept waiting as honest arbitration should.
-pub const FALLBACK_NS: u64 = 2_000_000_000;
+/// A paced process waits for its turns again once it has seen the epoch word unchanged this long:
+/// arbitration works again. A forger rewriting the owner word makes a new epoch every few
+/// milliseconds (5 ms in the test); an honest grant lasts up to a slice.
+pub const CLEAN_NS: u64 = 15_000_000;
+/// The frame of paced launches: each tenant that wants the device launches paced in its window
+/// of every frame (`Window`), whatever the shared words say.
+pub const FRAME_NS: u64 = 400_000_000;
 /// The observation window: past it, what was seen counts half.
 pub const WINDOW_NS: u64 = 1_000_000_000;
 /// Wanted time observed before a process judges whether it is starved.
@@ -90,6 +93,52 @@ impl Bucket {
 
     pub fn full(&mut self) {
         self.tokens = BUCKET_MAX_NS;
+    }
+}
+
+/// A tenant's window of every [`FRAME_NS`] frame (ppm of the frame): the tenants that want the
+/// device, ordered by id, each get a window in proportion to its share (the node's policy), so
+/// paced processes of different tenants take turns by the clock alone rather than overlap at
+/// random.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub start_ppm: u64,
+    pub len_ppm: u64,
+}
+
+impl Window {
+    /// Our window among `tenants` (id, share), ours among them; each id counted once.
+    pub fn of(mine: TenantId, tenants: &[(TenantId, u64)]) -> Window {
+        let mut sorted: Vec<(TenantId, u64)> = Vec::with_capacity(tenants.len());
+        for &(id, share) in tenants {
+            if !sorted.iter().any(|(i, _)| *i == id) {
+                sorted.push((id, share.max(1)));
+            }
+        }
+        sorted.sort_by_key(|(id, _)| id.0);
+        let total: u64 = sorted.iter().map(|(_, s)| *s).sum::<u64>().max(1);
+        let before: u64 = sorted
+            .iter()
+            .take_while(|(id, _)| *id != mine)
+            .map(|(_, s)| *s)
+            .sum();
+        let me = sorted
+            .iter()
+            .find(|(id, _)| *id == mine)
+            .map_or(0, |(_, s)| *s);
+        Window {
+            start_ppm: fraction(before, total),
+            len_ppm: fraction(me, total),
+        }
+    }
+
+    /// Whether `now` (monotonic ns, the node's common clock) falls in the window. (What a
+    /// process has queued at its window's end runs into the next one, time-sliced with it: the
+    /// frame is long enough for that to cost little.)
+    pub fn holds(&self, now: u64) -> bool {
+        let ns = |ppm: u64| (u128::from(ppm) * u128::from(FRAME_NS) / u128::from(PPM)) as u64;
+        let (start, len) = (ns(self.start_ppm), ns(self.len_ppm));
+        (start..start.saturating_add(len)).contains(&(now % FRAME_NS))
     }
 }
 
@@ -166,12 +215,19 @@ pub struct Seen {
     pub exempt: bool,
     /// We own the device (by our own adoption).
     pub owned: bool,
+    /// The epoch word as read now.
+    pub epoch: u64,
     /// A thread of ours waits at the gate.
     pub waiting: bool,
     /// Our fair fraction among the tenants that want the device now (ppm).
     pub fair_ppm: u64,
     /// The least fraction honest arbitration gives us ([`fraction_floor`], ppm).
     pub floor_ppm: u64,
+    /// Our tenant's window of the paced frame.
+    pub window: Window,
+    /// Our ownership's epoch was replaced by another naming us again: nobody honest does that
+    /// (only we renew our own), so a forger writes the words on our behalf.
+    pub forged: bool,
 }
 
 /// What changed at a tick, for the caller to report.
@@ -181,6 +237,8 @@ pub enum Turn {
     /// We found ourselves starved: paced from now on (with what we owned, ppm).
     Starved {
         owned_ppm: u64,
+        /// Found by a new epoch naming us while we owned the device (else by the watch).
+        forged: bool,
     },
     /// Arbitration gives us our due again: waiting from now on.
     Recovered,
@@ -189,8 +247,9 @@ pub enum Turn {
 #[derive(Default)]
 struct State {
     last_ns: u64,
-    /// When the current paced episode began (0: none).
-    fallback_since: u64,
+    /// The epoch we last owned and since when (for [`CLEAN_NS`]).
+    epoch: u64,
+    epoch_since: u64,
     held_before: bool,
     bucket: Bucket,
     watch: Watch,
@@ -209,6 +268,9 @@ pub struct Evidence {
     waited_ns: AtomicU64,
     fair_ppm: AtomicU64,
     floor_ppm: AtomicU64,
+    window_start: AtomicU64,
+    window_len: AtomicU64,
+    forged: AtomicBool,
 }
 
 impl Default for Evidence {
@@ -222,6 +284,9 @@ impl Default for Evidence {
             waited_ns: AtomicU64::new(0),
             fair_ppm: AtomicU64::new(PPM),
             floor_ppm: AtomicU64::new(0),
+            window_start: AtomicU64::new(0),
+            window_len: AtomicU64::new(PPM),
+            forged: AtomicBool::new(false),
         }
     }
 }
@@ -241,6 +306,11 @@ impl Evidence {
     /// Whether this process found itself starved and paces itself.
     pub fn fallback(&self) -> bool {
         self.fallback.load(Relaxed)
+    }
+
+    /// Our ownership's epoch was replaced by another naming us (the scheduler thread saw it).
+    pub fn forged(&self) {
+        self.forged.store(true, Relaxed);
     }
 
     /// The scheduler thread's step (at least every few milliseconds).
@@ -279,21 +349,24 @@ impl Evidence {
         }
         s.watch.tick(dt, seen.waiting, seen.owned);
         let mut turn = Turn::Same;
+        if seen.epoch != s.epoch {
+            s.epoch = seen.epoch;
+            s.epoch_since = seen.now;
+        }
         let fallback = if self.fallback.load(Relaxed) {
-            let over = seen.now.saturating_sub(s.fallback_since) >= FALLBACK_NS;
-            if over {
+            let clean = seen.now.saturating_sub(s.epoch_since) >= CLEAN_NS;
+            if clean {
                 turn = Turn::Recovered;
                 s.watch = Watch::default();
-                s.fallback_since = 0;
             }
-            !over
+            !clean
         } else {
-            let starved = s.watch.starved(seen.floor_ppm);
+            let starved = seen.forged || s.watch.starved(seen.floor_ppm);
             if starved {
                 turn = Turn::Starved {
                     owned_ppm: s.watch.owned_ppm(),
+                    forged: seen.forged,
                 };
-                s.fallback_since = seen.now.max(1);
             }
             starved
         };
@@ -306,8 +379,18 @@ impl Evidence {
                 tokens >= PACE_ON_NS
             }
         };
-        self.paced.store(fallback && on(paced), Relaxed);
-        self.may_own.store(on(self.may_own.load(Relaxed)), Relaxed);
+        // Paced: in our tenant's window of the frame, and only then (ownership included: the
+        // words may name us at any time).
+        let window = fallback && seen.window.holds(seen.now);
+        self.paced.store(window, Relaxed);
+        self.may_own.store(
+            if fallback {
+                window
+            } else {
+                on(self.may_own.load(Relaxed))
+            },
+            Relaxed,
+        );
         turn
     }
 }
@@ -339,6 +422,7 @@ impl Sched {
         let share = |t: usize| u64::from(self.ledger.view(t).share);
         let me = share(mine);
         let mut ids: Vec<TenantId> = Vec::with_capacity(MAX_TENANTS);
+        let mut frame: Vec<(TenantId, u64)> = vec![(self.id, me)];
         let mut listed = 0u64;
         let mut others = 0u64;
         for (t, e) in l.tenants.iter().enumerate() {
@@ -357,6 +441,7 @@ impl Sched {
             listed = listed.saturating_add(s);
             if t != mine && id != self.id && wanting[t] {
                 others = others.saturating_add(s);
+                frame.push((id, s));
             }
         }
         let cap = self.ledger.view(mine).cap;
@@ -366,6 +451,9 @@ impl Sched {
             .store(fraction(me, me.saturating_add(others)), Relaxed);
         e.floor_ppm
             .store(fraction_floor(me, listed, cap, processes), Relaxed);
+        let w = Window::of(self.id, &frame);
+        e.window_start.store(w.start_ppm, Relaxed);
+        e.window_len.store(w.len_ppm, Relaxed);
     }
 
     /// The scheduler thread's step: the evidence as seen now; a process that finds itself starved
@@ -387,14 +475,20 @@ impl Sched {
             others_wait: now.saturating_sub(e.waited_ns.load(Relaxed)) < WAITED_NS,
             exempt: self.high.load(Relaxed) || self.beside_high.load(Relaxed),
             owned: self.owned.load(SeqCst) != 0,
+            epoch: u64::from(self.ledger.layout().header.epoch.load(Acquire)),
             waiting: self.waiting.load(SeqCst) != 0,
             fair_ppm: e.fair_ppm.load(Relaxed),
             floor_ppm: e.floor_ppm.load(Relaxed),
+            window: Window {
+                start_ppm: e.window_start.load(Relaxed),
+                len_ppm: e.window_len.load(Relaxed),
+            },
+            forged: e.forged.swap(false, Relaxed),
         });
         let l = self.ledger.layout();
         match turn {
             Turn::Same => {}
-            Turn::Starved { owned_ppm } => {
+            Turn::Starved { owned_ppm, forged } => {
                 l.header.forged_owner.fetch_add(1, Relaxed);
                 let named = super::Holder::from_word(l.header.owner.load(Acquire))
                     .slot()
@@ -415,23 +509,36 @@ impl Sched {
                     .unwrap_or_else(|| "nobody".to_string());
                 static LOGGED: AtomicBool = AtomicBool::new(false);
                 let log = if LOGGED.swap(true, Relaxed) {
-                    crate::log::info
+                    crate::log::warn
                 } else {
                     crate::log::error
                 };
+                let why = if forged {
+                    "a new epoch naming this process was written while it owned the device: \
+                     the ledger's ownership words are forged"
+                        .to_string()
+                } else {
+                    format!(
+                        "owned {:.1}% of the time it waited, less than half of its due \
+                         ({:.1}%): an owner whose ledger words cannot be trusted keeps it out",
+                        owned_ppm as f64 / 1e4,
+                        e.floor_ppm.load(Relaxed) as f64 / 1e4,
+                    )
+                };
                 log(format_args!(
-                    "compute: device {}: owned {:.1}% of the time it waited, less than half of \
-                     its due ({:.1}%): an owner whose ledger words cannot be trusted keeps it out \
-                     (the owner word names {named}); this process launches paced to its share \
-                     for 2 s, then waits for its turns again",
+                    "compute: device {}: {why} (the owner word names {named}); this process \
+                     launches paced, in its tenant's window of every {} ms by its share, until \
+                     the epoch word stays put for {} ms",
                     self.ordinal,
-                    owned_ppm as f64 / 1e4,
-                    e.floor_ppm.load(Relaxed) as f64 / 1e4,
+                    FRAME_NS / 1_000_000,
+                    CLEAN_NS / 1_000_000,
                 ));
             }
-            Turn::Recovered => crate::log::info(format_args!(
-                "compute: device {}: the paced episode is over; this process waits for its turns again",
-                self.ordinal
+            Turn::Recovered => crate::log::warn(format_args!(
+                "compute: device {}: the epoch word stayed {} ms: the paced episode is over; this process \
+                 waits for its turns again",
+                self.ordinal,
+                CLEAN_NS / 1_000_000
             )),
         }
     }
@@ -529,53 +636,66 @@ mod tests {
         assert_eq!(fraction(50, 0), PPM);
     }
 
-    /// A forged owner word keeps a victim waiting: it turns paced, holds about its fraction, and
-    /// turns back once it owns its due again.
+    /// A forged owner word keeps a victim waiting: it turns paced, holds about its fraction while
+    /// every grant it gets is taken back within 5 ms, and turns back at the first grant it keeps
+    /// for [`CLEAN_NS`].
     #[test]
     fn a_starved_process_paces_itself_and_comes_back() {
         let e = Evidence::default();
-        let seen = |now: u64, owned: bool, waiting: bool| Seen {
+        let seen = |now: u64, epoch: u64, owned: bool, waiting: bool| Seen {
             now,
             others_want: true,
             others_wait: true,
             exempt: false,
             owned,
+            epoch,
             waiting,
             fair_ppm: PPM * 3 / 7,
             floor_ppm: PPM * 3 / 8,
+            window: Window {
+                start_ppm: PPM / 7,
+                len_ppm: PPM * 3 / 7,
+            },
+            forged: false,
         };
         let mut now = 1;
         let mut starved_at = None;
         let mut paced_ms = 0;
         for i in 0..4000u64 {
             now += MS;
-            let turn = e.tick(seen(now, false, !e.paced()));
-            if let Turn::Starved { owned_ppm } = turn {
-                assert_eq!(owned_ppm, 0);
+            // Kept out: a new epoch every 5 ms (the forger's); at times granted for 4 ms.
+            let turn = e.tick(seen(now, 1 + i / 5, i % 50 < 4, !e.paced()));
+            if let Turn::Starved { owned_ppm, .. } = turn {
+                assert!(owned_ppm < PPM / 10, "{owned_ppm}");
                 starved_at = starved_at.or(Some(i));
+            }
+            if starved_at.is_some() {
+                assert!(
+                    e.fallback(),
+                    "waiting again at {i} ms, every grant taken back"
+                );
             }
             if i >= 1000 {
                 paced_ms += u64::from(e.paced());
             }
         }
         assert!(starved_at.is_some_and(|i| i < 600), "{starved_at:?}");
-        assert!(e.fallback());
         let pct = paced_ms as f64 / 30.0;
-        // 3/7 and the slack, in 2 s episodes each found again half a second after it ends.
-        assert!((36.0..48.0).contains(&pct), "paced {pct}% of the time");
-        // The episode ends after `FALLBACK_NS`; with honest turns again (owning 3 in 7 ms while
-        // it wants) it stays waiting.
+        // 3/7 and the slack: the episode goes on as long as the forger does.
+        assert!((40.0..50.0).contains(&pct), "paced {pct}% of the time");
+        // Honest turns again (20 ms slices, each its own epoch, 3 in 7 of the time owned): the
+        // first epoch that stays ends the episode, and it stays waiting.
         let mut back = None;
         for i in 0..6000u64 {
             now += MS;
-            if let Turn::Recovered = e.tick(seen(now, i % 7 < 3, true)) {
+            if let Turn::Recovered = e.tick(seen(now, 1_000_000 + i / 20, i % 47 < 20, true)) {
                 back = Some(i);
             }
             if back.is_some() {
                 assert!(!e.fallback() && !e.paced(), "paced again at {i} ms");
             }
         }
-        assert!(back.is_some_and(|i| i < 2000), "never recovered: {back:?}");
+        assert!(back.is_some_and(|i| i < 100), "never recovered: {back:?}");
     }
 
     #[test]
@@ -588,9 +708,12 @@ mod tests {
                 others_wait: true,
                 exempt: true,
                 owned: true,
+                epoch: 1,
                 waiting: true,
                 fair_ppm: 0,
                 floor_ppm: PPM,
+                window: Window::default(),
+                forged: i == 5,
             });
             assert_eq!(t, Turn::Same);
             assert!(e.may_own() && !e.paced());

@@ -269,6 +269,10 @@ impl Sched {
                 continue;
             }
             if h.owner.load(Acquire) != self.me().word() || h.epoch.load(Acquire) != owned {
+                if h.owner.load(Acquire) == self.me().word() {
+                    // A new epoch naming us that we did not write: forged words (`evidence`).
+                    self.evidence.forged();
+                }
                 // Revoked (we were stopped or too slow): queue like everyone else.
                 self.owned.store(0, SeqCst);
                 continue;
