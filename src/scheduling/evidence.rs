@@ -380,8 +380,9 @@ impl Evidence {
             }
         };
         // Paced: in our tenant's window of the frame, and only then (ownership included: the
-        // words may name us at any time).
-        let window = fallback && seen.window.holds(seen.now);
+        // words may name us at any time), while a live process of another tenant waits; nobody
+        // waiting, the device is ours (a stopped neighbour owes us its windows).
+        let window = fallback && (seen.window.holds(seen.now) || !seen.others_wait);
         self.paced.store(window, Relaxed);
         self.may_own.store(
             if fallback {
