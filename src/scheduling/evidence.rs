@@ -211,6 +211,8 @@ pub struct Seen {
     /// A live process of another tenant waited at its gate within [`WAITED_NS`]: only then is a
     /// holder's time owed to anyone (a stopped or idle neighbour's demand lock costs nothing).
     pub others_wait: bool,
+    /// No live process of another tenant waited at its gate for half a [`FRAME_NS`].
+    pub others_gone: bool,
     /// A high-priority tenant is ours or beside us: the class decides, not the shares.
     pub exempt: bool,
     /// We own the device (by our own adoption).
@@ -380,9 +382,9 @@ impl Evidence {
             }
         };
         // Paced: in our tenant's window of the frame, and only then (ownership included: the
-        // words may name us at any time), while a live process of another tenant waits; nobody
-        // waiting, the device is ours (a stopped neighbour owes us its windows).
-        let window = fallback && (seen.window.holds(seen.now) || !seen.others_wait);
+        // words may name us at any time), unless no live process of another tenant waited for
+        // half a frame: then the device is ours (a stopped neighbour owes us its windows).
+        let window = fallback && (seen.window.holds(seen.now) || seen.others_gone);
         self.paced.store(window, Relaxed);
         self.may_own.store(
             if fallback {
@@ -474,6 +476,7 @@ impl Sched {
             now,
             others_want: e.others_want.load(Relaxed) && self.contended(),
             others_wait: now.saturating_sub(e.waited_ns.load(Relaxed)) < WAITED_NS,
+            others_gone: now.saturating_sub(e.waited_ns.load(Relaxed)) >= FRAME_NS / 2,
             exempt: self.high.load(Relaxed) || self.beside_high.load(Relaxed),
             owned: self.owned.load(SeqCst) != 0,
             epoch: u64::from(self.ledger.layout().header.epoch.load(Acquire)),
@@ -647,6 +650,7 @@ mod tests {
             now,
             others_want: true,
             others_wait: true,
+            others_gone: false,
             exempt: false,
             owned,
             epoch,
@@ -707,6 +711,7 @@ mod tests {
                 now: i * MS,
                 others_want: i % 2 == 0,
                 others_wait: true,
+                others_gone: false,
                 exempt: true,
                 owned: true,
                 epoch: 1,
