@@ -191,6 +191,9 @@ pub(crate) struct HealthRow {
     pub slot_denials: u64,
     pub lock_takeovers: u64,
     pub size_repairs: u64,
+    /// Times a process was kept from its due by an owner whose ledger words lie and launched
+    /// paced (counted by the victims; anybody can write it: a report).
+    pub forged_owner: u64,
     pub detail: String,
 }
 
@@ -212,6 +215,7 @@ pub(crate) fn health(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Hea
                     slot_denials: h.slot_denials,
                     lock_takeovers: h.lock_takeovers,
                     size_repairs: h.size_repairs,
+                    forged_owner: h.forged_owner,
                     detail: h.describe(),
                 }
             }
@@ -225,6 +229,7 @@ pub(crate) fn health(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Hea
                 slot_denials: 0,
                 lock_takeovers: 0,
                 size_repairs: 0,
+                forged_owner: 0,
                 detail: format!("{e} (the next process that joins repairs a wrong size)"),
             },
         };
@@ -233,11 +238,21 @@ pub(crate) fn health(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Hea
     Ok(out)
 }
 
-/// The unhealthy ledgers as text (nothing when all are healthy).
+/// The unhealthy ledgers, and those where processes reported a forged owner, as text (nothing
+/// when all are healthy and none did).
 pub(crate) fn health_text(rows: &[HealthRow]) -> String {
     let mut out = String::new();
-    for r in rows.iter().filter(|r| !r.healthy) {
-        let _ = writeln!(out, "device ledger {:?}: UNHEALTHY: {}", r.ledger, r.detail);
+    for r in rows {
+        if !r.healthy {
+            let _ = writeln!(out, "device ledger {:?}: UNHEALTHY: {}", r.ledger, r.detail);
+        } else if r.forged_owner > 0 {
+            let _ = writeln!(
+                out,
+                "device ledger {:?}: FORGED OWNER: {} time(s) a process was kept out by an owner \
+                 whose ledger words lie and launched paced to its share; {}",
+                r.ledger, r.forged_owner, r.detail
+            );
+        }
     }
     out
 }

@@ -6,6 +6,10 @@
 //! * a tenant whose CUDA process re-stamps the arbitration lock (naming its own slot) every 5 ms
 //!   while it owns the GPU: the shares stay within 3 points of policy, and root's `tenant create`
 //!   answers within 2 s meanwhile;
+//! * a tenant whose CUDA process writes the owner word naming its own slot, a fresh grant,
+//!   heartbeat and epoch every 5 ms (forged ownership): the shares stay within 7 points of policy
+//!   during the attack (not yet 3) and within 3 after it, the victims report it, and
+//!   `tenant create` answers within 2 s;
 //! * a tenant that `lockf`s every slot-lock byte of the device ledger: processes started
 //!   afterwards are throttled to their shares (not unscheduled), `status --compute` reports the
 //!   ledger unhealthy, and `tenant create` answers within 2 s;
@@ -23,6 +27,8 @@ use support::*;
 
 /// How far (percentage points) a tenant's part of the busy time may be from its policy.
 const TOLERANCE: f64 = 3.0;
+/// The same while an owner's words are forged (paced windows): not yet `TOLERANCE`.
+const FORGED_TOLERANCE: f64 = 7.0;
 const RUN_MS: u64 = 8000;
 
 fn device_ledger(scene: &Scene) -> PathBuf {
@@ -106,11 +112,15 @@ fn busy(scene: &Scene, tenants: &[(&str, u32)]) -> Vec<u64> {
 
 /// Asserts every tenant within `TOLERANCE` of `want` (percent of the busy time).
 fn assert_shares(what: &str, got: &[f64], want: &[f64]) {
+    assert_shares_within(what, got, want, TOLERANCE);
+}
+
+fn assert_shares_within(what: &str, got: &[f64], want: &[f64], tolerance: f64) {
     println!("{what}: got {got:.1?}, policy {want:.1?}");
     for (g, w) in got.iter().zip(want) {
         assert!(
-            (g - w).abs() <= TOLERANCE,
-            "{what}: shares {got:.1?}, policy {want:.1?} (more than {TOLERANCE} points off)"
+            (g - w).abs() <= tolerance,
+            "{what}: shares {got:.1?}, policy {want:.1?} (more than {tolerance} points off)"
         );
     }
 }
@@ -136,11 +146,24 @@ fn middle_window(scene: &Scene, tenants: &[(&str, u32)], start: u64) -> (Vec<u64
 /// re-stamps the arbitration lock word naming the process's own slot while it owns the GPU,
 /// `owner` writes the owner word naming it, a fresh grant, heartbeat and epoch).
 fn attacker(scene: &Scene, client: &Path, ledger: &Path, start: u64, what: &str) -> Child {
+    attacker_for(scene, client, ledger, start, what, RUN_MS, RUN_MS)
+}
+
+/// [`attacker`] running `run_ms`, attacking for the first `attack_ms` of them.
+fn attacker_for(
+    scene: &Scene,
+    client: &Path,
+    ledger: &Path,
+    start: u64,
+    what: &str,
+    run_ms: u64,
+    attack_ms: u64,
+) -> Child {
     let h = offset_of!(Layout, header);
     let args: Vec<String> = [
         "stamp".to_string(),
         start.to_string(),
-        RUN_MS.to_string(),
+        run_ms.to_string(),
         "2000".to_string(),
         what.to_string(),
         inside(ledger),
@@ -153,6 +176,7 @@ fn attacker(scene: &Scene, client: &Path, ledger: &Path, start: u64, what: &str)
         offset_of!(Layout, slots).to_string(),
         size_of::<SlotEntry>().to_string(),
         offset_of!(SlotEntry, pid).to_string(),
+        attack_ms.to_string(),
     ]
     .into();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -210,6 +234,95 @@ fn attacked_shares(tag: &str, what: &str) {
 #[test]
 fn a_tenant_restamping_the_arbitration_lock_cannot_freeze_it() {
     attacked_shares("freeze", "lock");
+}
+
+/// Finding (left open when the lock-freeze was closed): a tenant's own CUDA process that writes
+/// the owner word naming its slot, a fresh grant, heartbeat and epoch every 5 ms keeps the GPU:
+/// its gate launches, the others' wait, and every revocation is undone at the next write. Shares
+/// 10 / 30 / 30, the share-10 tenant forging for the first 7 s of a 13 s run; judged over
+/// [1.5 s, 6.5 s] (during) and [9.5 s, 12 s] (after, once the victims have seen their due again).
+#[test]
+fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
+    const RUN: u64 = 13_000;
+    const ATTACK: u64 = 7_000;
+    let scene = Scene::new("forge", &[("SIMGPU_MEMORY", "16GiB")]);
+    let tenants = [("t1", 1001), ("t2", 1002), ("t3", 1003)];
+    for ((t, _), share) in tenants.iter().zip(["10", "30", "30"]) {
+        create(&scene, t, share);
+    }
+    let ledger = device_ledger(&scene);
+    let client = compute_client(&scene.dir);
+    let start = start_in(2500);
+    let mut children = vec![attacker_for(
+        &scene, &client, &ledger, start, "owner", RUN, ATTACK,
+    )];
+    let (s, ms) = (start.to_string(), RUN.to_string());
+    children.extend(
+        tenants[1..]
+            .iter()
+            .map(|&(t, uid)| spawn(&scene, t, uid, &client, &["spin", &s, &ms, "2000"])),
+    );
+    let at = |ms: u64| {
+        let (n, t) = (start_in(0), start + ms * 1_000_000);
+        if t > n {
+            std::thread::sleep(Duration::from_nanos(t - n));
+        }
+        busy(&scene, &tenants)
+    };
+    let during0 = at(1500);
+    let took = {
+        at(3000);
+        let took = create(&scene, "t4", "10");
+        println!("forge: tenant create took {took:?} during the attack");
+        took
+    };
+    let during1 = at(6500);
+    let after0 = at(9500);
+    let after1 = at(12_000);
+    let runs = finish_all(children, "spin");
+    let st = status(&scene);
+    println!(
+        "forge: status: {}",
+        st.stdout
+            .lines()
+            .find(|l| l.contains("FORGED"))
+            .unwrap_or("-")
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "forge: tenant create took {took:?} during the attack"
+    );
+    assert!(
+        runs[0].get_u64("stamped") > 100,
+        "the attack never ran:\n{}",
+        runs[0].report()
+    );
+    println!(
+        "forge: the attacker wrote {} times",
+        runs[0].get_u64("stamped")
+    );
+    let policy = [100.0 / 7.0, 300.0 / 7.0, 300.0 / 7.0];
+    let during = percents(&during0, &during1);
+    let after = percents(&after0, &after1);
+    println!("forge: during {during:.1?}, after {after:.1?}, policy {policy:.1?}");
+    // During the attack the forger's own process is held to its due by its own library and the
+    // victims launch paced to theirs; after it, arbitration is back to policy. During it, paced
+    // windows are not yet held to 3 points on a loaded host (forger 10.7-16.7, victims 37.2-47.3
+    // seen, docs/COMPUTE.md): 7 points, against 100/0/0 without the defence.
+    assert_shares_within("forge: during the attack", &during, &policy, FORGED_TOLERANCE);
+    assert_shares("forge: after the attack", &after, &policy);
+    assert!(
+        st.stdout.contains("FORGED OWNER"),
+        "status must report the forged owner:\n{}",
+        st.stdout
+    );
+    for r in &runs[1..] {
+        assert!(
+            r.stderr.contains("launches paced"),
+            "a victim kept out by a forged owner must say so:\n{}",
+            r.report()
+        );
+    }
 }
 
 fn status(scene: &Scene) -> Run {

@@ -7,6 +7,7 @@ use super::cu::{self, RelaxedCapture};
 use super::demand::DemandState;
 use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
 use super::events::{Open, Pending, Tracked, Waited};
+use super::evidence::Evidence;
 use super::flow::{self, Pick, StreamKey, WaitBound};
 
 use super::meter::Meter;
@@ -96,6 +97,9 @@ pub struct Sched {
     pub(super) meter: Mutex<Meter>,
     /// When a launch was submitted with nothing of ours in flight: our work runs since then at most.
     pub(super) pending_since_ns: AtomicU64,
+    /// What this process owes and is owed by its own clock (`evidence`): ownership it may use,
+    /// whether it launches paced because a forged owner keeps it out.
+    pub(super) evidence: Evidence,
     /// What an empty event pair measures (the driver's own step from one stream operation to the
     /// next, not device time): taken off each launch's two steps. Running low estimate.
     pub(super) event_overhead_ns: AtomicU64,
@@ -165,6 +169,7 @@ impl Sched {
             carried_ns: AtomicU64::new(0),
             meter: Mutex::new(Meter::default()),
             pending_since_ns: AtomicU64::new(0),
+            evidence: Evidence::default(),
             event_overhead_ns: AtomicU64::new(0),
             last_calibration_ns: AtomicU64::new(0),
             free_events: Mutex::new(Vec::new()),
@@ -199,6 +204,7 @@ impl Sched {
         let e = self.owned.load(SeqCst);
         e != 0
             && !self.stopping.load(SeqCst)
+            && self.evidence.may_own()
             && h.owner.load(Acquire) == self.me().word()
             && h.epoch.load(Acquire) == e
     }
@@ -305,7 +311,8 @@ impl Sched {
                 }
                 return r;
             }
-            if self.peer_pass() {
+            // Kept out past our due by an owner whose words lie: launch paced (`evidence`).
+            if self.peer_pass() || self.evidence.paced() {
                 let r = self.launch_tracked(streams, ctx, per_thread, false, launch);
                 self.last_submit_ns.store(now_ns(), Release);
                 return r;
@@ -330,7 +337,11 @@ impl Sched {
         }
         self.publish_waiting();
         loop {
-            if !self.contended() || runtime::stopped() || self.peer_pass_due() || self.tenant_turn()
+            if !self.contended()
+                || runtime::stopped()
+                || self.peer_pass_due()
+                || self.tenant_turn()
+                || self.evidence.paced()
             {
                 break;
             }
@@ -343,7 +354,10 @@ impl Sched {
             let e = h.epoch.load(Acquire);
             let o = Holder::from_word(h.owner.load(Acquire));
             if o == self.me() {
-                if self.owned.load(SeqCst) != e && !self.stopping.load(SeqCst) {
+                if self.owned.load(SeqCst) != e
+                    && !self.stopping.load(SeqCst)
+                    && self.evidence.may_own()
+                {
                     self.owned.store(e, SeqCst);
                 }
                 if self.owns_now() {
@@ -478,7 +492,7 @@ impl Sched {
     /// refresh write it again.
     pub(super) fn publish_waiting(&self) {
         let slot = &self.ledger.layout().slots[self.slot];
-        let n = self.waiting.load(SeqCst);
+        let n = self.published_wants();
         let since = if n == 0 {
             0
         } else {
@@ -488,9 +502,18 @@ impl Sched {
         slot.wait_since.store(since, Release);
     }
 
+    /// What our `wants` word says: the threads waiting, or one while we launch paced
+    /// (`evidence`): our neighbours' buckets then count us as waiting, and arbitration may grant
+    /// us a turn again.
+    fn published_wants(&self) -> u32 {
+        self.waiting
+            .load(SeqCst)
+            .max(u32::from(self.evidence.fallback()))
+    }
+
     /// Whether our slot's `wants` and `wait_since` words say what this process's count says.
     pub(super) fn waiting_published(&self, slot: &super::shm::SlotEntry) -> bool {
-        let n = self.waiting.load(SeqCst);
+        let n = self.published_wants();
         let since = slot.wait_since.load(Acquire);
         slot.wants.load(Acquire) == n && (n == 0) == (since == 0) && since <= now_ns()
     }

@@ -3,7 +3,9 @@
 //!
 //! * [`arbiter`]: the pure logic (virtual time, token bucket, choice of the next owner), unit-tested;
 //!   [`demand`]: who wants the device (contention from demand, not presence), unit-tested;
-//!   [`meter`]: what an ownership is charged (work still running included), unit-tested.
+//!   [`meter`]: what an ownership is charged (work still running included), unit-tested;
+//!   [`evidence`]: what a process owes and is owed by its own clock, whatever the shared words
+//!   say (a forged owner word), unit-tested.
 //! * [`device`]: the shared file (layout and encodings in [`shm`]), its arbitration lock, tenants,
 //!   slots, liveness; with [`arbiter`] and [`policy`], in the shared-state crate
 //!   (`gpuslice_state::compute`), re-exported here. Every word read from it is untrusted.
@@ -16,6 +18,7 @@
 mod cu;
 pub mod demand;
 mod events;
+pub mod evidence;
 mod flow;
 mod gate;
 pub mod meter;

@@ -31,6 +31,8 @@ enum Why {
     /// Quiet, with work that completes nothing: it waits for something outside the process.
     Stalled,
     Preempted,
+    /// Our bucket of device time is empty (`evidence`).
+    Due,
     Uncontended,
     Exit,
 }
@@ -139,6 +141,7 @@ impl Sched {
         let view = self.ledger.view(mine);
         self.high.store(view.high, Relaxed);
         self.beside_high.store(beside_high, Relaxed);
+        self.weigh();
         let contended = demand::contended(now, self.contended_until.load(Relaxed), view.cap != 0);
         if self.contended.swap(contended, Relaxed) != contended {
             runtime::update_pass();
@@ -231,6 +234,7 @@ impl Sched {
         while !self.stop.load(Acquire) {
             let now = now_ns();
             beat.store(now, Release);
+            self.weigh_step(now);
             if now.saturating_sub(last_refresh) >= REFRESH_NS {
                 last_refresh = now;
                 self.refresh(now);
@@ -243,7 +247,10 @@ impl Sched {
             let owned = self.owned.load(SeqCst);
             if owned == 0 {
                 let e = h.epoch.load(Acquire);
-                if h.owner.load(Acquire) == self.me().word() && !self.stopping.load(SeqCst) {
+                if h.owner.load(Acquire) == self.me().word()
+                    && !self.stopping.load(SeqCst)
+                    && self.evidence.may_own()
+                {
                     // Granted while none of our threads waited: adopt it (idleness hands it on).
                     self.owned.store(e, SeqCst);
                     continue;
@@ -260,7 +267,10 @@ impl Sched {
                 // left running at a hand-over, or passed, is watched, so that a wait of it is
                 // published too. (Not for other tenants: accounting completions here rather than
                 // at our next ownership took a graph tenant of share 30 to 18-19% of the device.)
-                let timeout = if !self.peer_recent(now) || self.inflight.lock().is_empty() {
+                let timeout = if self.evidence.fallback() {
+                    // Paced holds start and end on our steps.
+                    OWNER_POLL_NS
+                } else if !self.peer_recent(now) || self.inflight.lock().is_empty() {
                     REFRESH_NS / 2
                 } else {
                     if now.saturating_sub(self.last_submit_ns.load(Acquire)) > IDLE_NS {
@@ -273,6 +283,10 @@ impl Sched {
                 continue;
             }
             if h.owner.load(Acquire) != self.me().word() || h.epoch.load(Acquire) != owned {
+                if h.owner.load(Acquire) == self.me().word() {
+                    // A new epoch naming us that we did not write: forged words (`evidence`).
+                    self.evidence.forged();
+                }
                 // Revoked (we were stopped or too slow): queue like everyone else.
                 self.owned.store(0, SeqCst);
                 continue;
@@ -313,12 +327,16 @@ impl Sched {
                 }
                 real
             };
-            if idle && !preempted && self.contended() && self.hand_on(owned, grant) {
+            // Past our due by our own clock (`evidence`): whatever the grant word says.
+            let due = !self.evidence.may_own();
+            if idle && !preempted && !due && self.contended() && self.hand_on(owned, grant) {
                 continue;
             }
-            if idle || preempted || !self.contended() {
+            if idle || preempted || due || !self.contended() {
                 let why = if preempted {
                     Why::Preempted
+                } else if due {
+                    Why::Due
                 } else if idle {
                     Why::Idle
                 } else {

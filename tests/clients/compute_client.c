@@ -49,15 +49,16 @@
  *   sidestream START_NS MS LONG_US US  one stream loops LONG_US kernels (two queued), another
  *                                      launches US kernels (DEPTH 4 queued) for MS ms; prints
  *                                      short_launches=
- *   stamp START_NS MS US WHAT LEDGER LOCK LOCK_NS OWNER GRANT EPOCH BEAT SLOTS SLOT_SIZE PID
+ *   stamp START_NS MS US WHAT LEDGER LOCK LOCK_NS OWNER GRANT EPOCH BEAT SLOTS SLOT_SIZE PID [ATTACK_MS]
  *                                      as `spin` (depth 8), while a second thread of this process
  *                                      attacks the device ledger LEDGER (byte offsets of its words
  *                                      given) every 5 ms: WHAT = lock: writes the arbitration lock
  *                                      word naming this process's slot (the slot whose pid word is
  *                                      ours), stamped now, and takes it back within 100 us whenever
  *                                      it is let go of; owner: writes the owner word naming our
- *                                      slot, the grant and heartbeat now, and a new epoch. Prints
- *                                      stamped=
+ *                                      slot, the grant and heartbeat now, and a new epoch. With
+ *                                      ATTACK_MS after the offsets, the attack stops that long
+ *                                      after START_NS (the spinning goes on). Prints stamped=
  *
  * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
@@ -603,6 +604,7 @@ struct stamper {
     const char *path;
     size_t at[10]; /* lock, lock_ns, owner, grant, epoch, beat, slots, slot size, pid, unused */
     uint64_t end_ns;
+    uint64_t attack_end_ns;
     long stamped;
 };
 
@@ -621,6 +623,10 @@ static void *stamp_thread(void *arg) {
     }
     uint32_t self = (uint32_t)getpid();
     while (now_ns(CLOCK_REALTIME) < st->end_ns) {
+        if (now_ns(CLOCK_REALTIME) >= st->attack_end_ns) {
+            usleep(5000);
+            continue;
+        }
         uint32_t mine = 0;
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t pid = __atomic_load_n((uint32_t *)(m + st->at[6] + i * st->at[7] + st->at[8]),
@@ -661,7 +667,7 @@ static void *stamp_thread(void *arg) {
     return NULL;
 }
 
-static int mode_stamp(char **argv) {
+static int mode_stamp(int argc, char **argv) {
     struct stamper st = {0};
     uint64_t start = strtoull(argv[2], NULL, 10), ms = strtoull(argv[3], NULL, 10);
     st.owner_mode = strcmp(argv[5], "owner") == 0;
@@ -669,6 +675,7 @@ static int mode_stamp(char **argv) {
     for (int i = 0; i < 9; i++)
         st.at[i] = strtoull(argv[7 + i], NULL, 10);
     st.end_ns = start + ms * 1000000ull;
+    st.attack_end_ns = argc > 16 ? start + strtoull(argv[16], NULL, 10) * 1000000ull : st.end_ns;
     pthread_t t;
     pthread_create(&t, NULL, stamp_thread, &st);
     int r = mode_spin(start, ms, strtoull(argv[4], NULL, 10), 8);
@@ -720,8 +727,8 @@ int main(int argc, char **argv) {
     if (strcmp(m, "sidestream") == 0 && argc == 6)
         return mode_sidestream(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                                strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
-    if (strcmp(m, "stamp") == 0 && argc == 16)
-        return mode_stamp(argv);
+    if (strcmp(m, "stamp") == 0 && (argc == 16 || argc == 17))
+        return mode_stamp(argc, argv);
     if (strcmp(m, "bench") == 0 && argc == 4)
         return mode_bench(atoi(argv[2]), atoi(argv[3]));
     fprintf(stderr, "usage: see the comment at the top of compute_client.c\n");

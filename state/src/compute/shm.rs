@@ -62,7 +62,10 @@ pub struct Header {
     pub slot_denials: AtomicU64,
     /// Times the file was found with the wrong size or marked damaged and repaired in place.
     pub size_repairs: AtomicU64,
-    pub _reserved: [AtomicU64; 4],
+    /// Times a process found itself kept from its due by an owner whose words it cannot trust and
+    /// launched paced instead (`evidence`): counted by the victims, a report only.
+    pub forged_owner: AtomicU64,
+    pub _reserved: [AtomicU64; 3],
 }
 
 #[repr(C)]

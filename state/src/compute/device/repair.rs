@@ -36,6 +36,7 @@ impl DeviceLedger {
             lock_takeovers: h.lock_takeovers.load(Acquire),
             slot_denials: h.slot_denials.load(Acquire),
             size_repairs: h.size_repairs.load(Acquire),
+            forged_owner: h.forged_owner.load(Acquire),
         }
     }
 
@@ -152,6 +153,9 @@ pub struct Health {
     pub lock_takeovers: u64,
     pub slot_denials: u64,
     pub size_repairs: u64,
+    /// Times a process found itself kept from its due by an owner whose words lie and launched
+    /// paced (`Header::forged_owner`).
+    pub forged_owner: u64,
 }
 
 impl Health {
@@ -184,12 +188,13 @@ impl Health {
             parts.push("healthy".into());
         }
         format!(
-            "{}; {} free slot(s), {} process(es) throttled without a slot, {} arbitration lock take-over(s), {} size repair(s) so far",
+            "{}; {} free slot(s), {} process(es) throttled without a slot, {} arbitration lock take-over(s), {} size repair(s), {} forged-owner episode(s) so far",
             parts.join("; "),
             self.free_slots,
             self.slot_denials,
             self.lock_takeovers,
-            self.size_repairs
+            self.size_repairs,
+            self.forged_owner
         )
     }
 }

@@ -1,0 +1,728 @@
+//! Arbitration no tenant can take over by writing shared words (docs/COMPUTE.md, "Failure";
+//! docs/SECURITY.md). Every tenant process maps its device ledger read-write, so the owner, grant,
+//! heartbeat and epoch words prove nothing: a thread of a tenant's own process can write them
+//! every few milliseconds, and every revocation a waiter makes is undone at its next write. What
+//! this module decides rests only on what the process itself saw, by its own clock, and on the
+//! node's policy:
+//!
+//! * **Nobody holds more than its due, whatever the words say** ([`Bucket`]): each process keeps a
+//!   private bucket of device time that fills at its tenant's fair fraction of a contended device
+//!   (its share over the shares of the tenants that want it, the node's policy deciding the shares
+//!   by tenant id, plus [`SLACK_PCT`]) and empties by the wall time the process holds the device,
+//!   or launches without holding it. Empty, the process neither adopts ownership nor launches as
+//!   owner, whatever the owner word names: a forged grant buys its own process nothing past its
+//!   share. (Honest arbitration never empties it: start-time fair queuing gives each tenant its
+//!   fraction, and the bucket holds [`BUCKET_MAX_NS`], more than a slice and the longest drain.)
+//! * **Victims see that they are starved and stop waiting** ([`Watch`]): each process measures, by
+//!   its own clock, how much of the time it wanted the device (a thread of it waiting at the gate,
+//!   or it owning) it did own it. Honest arbitration gives it at least its share of everything
+//!   every tenant listed could want ([`fraction_floor`]); one owning less than half of that over
+//!   the last [`JUDGE_NS`] or more is being kept out by someone whose words lie. It then launches
+//!   **paced** ([`Evidence::paced`]): without waiting for ownership, in holds of about a slice
+//!   while its bucket has [`PACE_ON_NS`], resting while it refills, so it takes its fair fraction
+//!   and no more; the device's own time-slicing between contexts shares the moments two processes
+//!   launch at once. It says so in an error line and counts the episode (`Header::forged_owner`).
+//!   After [`FALLBACK_NS`] it waits for its turns again and judges afresh: a forger that stopped
+//!   is forgotten, one that goes on is found again within [`JUDGE_NS`].
+//!
+//! Not a defence against a tenant that bypasses the library (calls the driver itself): then only
+//! the victims' pacing stands, and the device's time-slicing decides the rest.
+
+use super::arbiter::{DRAIN_LIMIT_NS, SLICE_NS};
+use super::gate::Sched;
+use super::shm::{SLOT_ACTIVE, TENANT_READY};
+use super::{TenantId, MAX_TENANTS};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+/// Fractions are in parts per million.
+pub const PPM: u64 = 1_000_000;
+/// The most device time a bucket holds: three slices and the longest drain.
+pub const BUCKET_MAX_NS: i64 = (3 * SLICE_NS + DRAIN_LIMIT_NS) as i64;
+/// The bucket fills this much faster than the fair fraction (percent): honest arbitration is not
+/// exact over short spans.
+pub const SLACK_PCT: u64 = 10;
+/// A hold (ownership adopted, or paced launches) starts only when the bucket has this much, and
+/// lasts until it is empty: holds of about a slice, not a stutter of short ones each paying a
+/// drain.
+pub const PACE_ON_NS: i64 = SLICE_NS as i64;
+/// A paced process waits for its turns again once it has seen the epoch word unchanged this long:
+/// arbitration works again. A forger rewriting the owner word makes a new epoch every few
+/// milliseconds (5 ms in the test); an honest grant lasts up to a slice.
+pub const CLEAN_NS: u64 = 15_000_000;
+/// The frame of paced launches: each tenant that wants the device launches paced in its window
+/// of every frame (`Window`), whatever the shared words say.
+pub const FRAME_NS: u64 = 400_000_000;
+/// The observation window: past it, what was seen counts half.
+pub const WINDOW_NS: u64 = 1_000_000_000;
+/// Wanted time observed before a process judges whether it is starved.
+pub const JUDGE_NS: u64 = 500_000_000;
+/// A neighbour seen waiting this recently still waits.
+pub const WAITED_NS: u64 = 50_000_000;
+/// The longest step counted at once (a process the host did not run for a while).
+pub const MAX_STEP_NS: u64 = 50_000_000;
+
+/// A private bucket of device time (ns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    pub tokens: i64,
+}
+
+impl Default for Bucket {
+    fn default() -> Bucket {
+        Bucket {
+            tokens: BUCKET_MAX_NS,
+        }
+    }
+}
+
+impl Bucket {
+    /// `dt` ns went by at fair fraction `f_ppm`; the process held the device (or launched paced)
+    /// during them when `held`.
+    pub fn tick(&mut self, dt: u64, f_ppm: u64, held: bool) {
+        let dt = dt.min(MAX_STEP_NS);
+        let earn = (u128::from(dt) * u128::from(f_ppm.min(PPM)) * u128::from(100 + SLACK_PCT)
+            / u128::from(100 * PPM)) as i64;
+        let spend = if held { dt as i64 } else { 0 };
+        self.tokens = self
+            .tokens
+            .saturating_add(earn)
+            .saturating_sub(spend)
+            .clamp(-BUCKET_MAX_NS, BUCKET_MAX_NS);
+    }
+
+    pub fn full(&mut self) {
+        self.tokens = BUCKET_MAX_NS;
+    }
+}
+
+/// A tenant's window of every [`FRAME_NS`] frame (ppm of the frame): the tenants that want the
+/// device, ordered by id, each get a window in proportion to its share (the node's policy), so
+/// paced processes of different tenants take turns by the clock alone rather than overlap at
+/// random.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub start_ppm: u64,
+    pub len_ppm: u64,
+}
+
+impl Window {
+    /// Our window among `tenants` (id, share), ours among them; each id counted once.
+    pub fn of(mine: TenantId, tenants: &[(TenantId, u64)]) -> Window {
+        let mut sorted: Vec<(TenantId, u64)> = Vec::with_capacity(tenants.len());
+        for &(id, share) in tenants {
+            if !sorted.iter().any(|(i, _)| *i == id) {
+                sorted.push((id, share.max(1)));
+            }
+        }
+        sorted.sort_by_key(|(id, _)| id.0);
+        let total: u64 = sorted.iter().map(|(_, s)| *s).sum::<u64>().max(1);
+        let before: u64 = sorted
+            .iter()
+            .take_while(|(id, _)| *id != mine)
+            .map(|(_, s)| *s)
+            .sum();
+        let me = sorted
+            .iter()
+            .find(|(id, _)| *id == mine)
+            .map_or(0, |(_, s)| *s);
+        Window {
+            start_ppm: fraction(before, total),
+            len_ppm: fraction(me, total),
+        }
+    }
+
+    /// Whether `now` (monotonic ns, the node's common clock) falls in the window. (What a
+    /// process has queued at its window's end runs into the next one, time-sliced with it: the
+    /// frame is long enough for that to cost little.)
+    pub fn holds(&self, now: u64) -> bool {
+        let ns = |ppm: u64| (u128::from(ppm) * u128::from(FRAME_NS) / u128::from(PPM)) as u64;
+        let (start, len) = (ns(self.start_ppm), ns(self.len_ppm));
+        (start..start.saturating_add(len)).contains(&(now % FRAME_NS))
+    }
+}
+
+/// How much of the time the process wanted the device it owned it, by its own clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Watch {
+    pub wanted_ns: u64,
+    pub owned_ns: u64,
+}
+
+impl Watch {
+    /// `dt` ns went by, wanting the device when `wanted`, owning it when `owned`.
+    pub fn tick(&mut self, dt: u64, wanted: bool, owned: bool) {
+        let dt = dt.min(MAX_STEP_NS);
+        if wanted || owned {
+            self.wanted_ns = self.wanted_ns.saturating_add(dt);
+        }
+        if owned {
+            self.owned_ns = self.owned_ns.saturating_add(dt);
+        }
+        if self.wanted_ns > WINDOW_NS {
+            self.wanted_ns /= 2;
+            self.owned_ns /= 2;
+        }
+    }
+
+    /// Owned less than half of `floor_ppm` of a judged span.
+    pub fn starved(&self, floor_ppm: u64) -> bool {
+        self.wanted_ns >= JUDGE_NS
+            && u128::from(self.owned_ns) * u128::from(2 * PPM)
+                < u128::from(self.wanted_ns) * u128::from(floor_ppm)
+    }
+
+    /// Owned at least three quarters of `floor_ppm` of a judged span.
+    pub fn recovered(&self, floor_ppm: u64) -> bool {
+        self.wanted_ns >= JUDGE_NS
+            && u128::from(self.owned_ns) * u128::from(4 * PPM)
+                >= u128::from(self.wanted_ns) * u128::from(3 * floor_ppm)
+    }
+
+    /// The owned fraction observed (ppm).
+    pub fn owned_ppm(&self) -> u64 {
+        (u128::from(self.owned_ns) * u128::from(PPM) / u128::from(self.wanted_ns.max(1))) as u64
+    }
+}
+
+/// `share` over `total` in ppm (at most one whole; a total below the share counts as the share).
+pub fn fraction(share: u64, total: u64) -> u64 {
+    (u128::from(share) * u128::from(PPM) / u128::from(total.max(share).max(1))) as u64
+}
+
+/// The least fraction honest arbitration gives a tenant of `share` among tenants whose shares sum
+/// to `listed_total` (every tenant of the GPU wanting it at once), lowered to its cap when it has
+/// one (percent, 0 = none), divided among its own `processes` that want the device (at most 8
+/// counted: past that, a process may go paced when it need not, which still keeps its share).
+pub fn fraction_floor(share: u64, listed_total: u64, cap: u32, processes: u32) -> u64 {
+    let mut f = fraction(share, listed_total);
+    if cap != 0 {
+        f = f.min(u64::from(cap.min(100)) * PPM / 100);
+    }
+    f / u64::from(processes.clamp(1, 8))
+}
+
+/// What the scheduler thread tells [`Evidence::tick`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seen {
+    pub now: u64,
+    /// Another tenant wants the device (kernel evidence: its demand lock), and ours is contended.
+    pub others_want: bool,
+    /// A live process of another tenant waited at its gate within [`WAITED_NS`]: only then is a
+    /// holder's time owed to anyone (a stopped or idle neighbour's demand lock costs nothing).
+    pub others_wait: bool,
+    /// No live process of another tenant waited at its gate for half a [`FRAME_NS`].
+    pub others_gone: bool,
+    /// A high-priority tenant is ours or beside us: the class decides, not the shares.
+    pub exempt: bool,
+    /// We own the device (by our own adoption).
+    pub owned: bool,
+    /// The epoch word as read now.
+    pub epoch: u64,
+    /// A thread of ours waits at the gate.
+    pub waiting: bool,
+    /// Our fair fraction among the tenants that want the device now (ppm).
+    pub fair_ppm: u64,
+    /// The least fraction honest arbitration gives us ([`fraction_floor`], ppm).
+    pub floor_ppm: u64,
+    /// Our tenant's window of the paced frame.
+    pub window: Window,
+    /// Our ownership's epoch was replaced by another naming us again: nobody honest does that
+    /// (only we renew our own), so a forger writes the words on our behalf.
+    pub forged: bool,
+}
+
+/// What changed at a tick, for the caller to report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    Same,
+    /// We found ourselves starved: paced from now on (with what we owned, ppm).
+    Starved {
+        owned_ppm: u64,
+        /// Found by a new epoch naming us while we owned the device (else by the watch).
+        forged: bool,
+    },
+    /// Arbitration gives us our due again: waiting from now on.
+    Recovered,
+}
+
+#[derive(Default)]
+struct State {
+    last_ns: u64,
+    /// The epoch we last owned and since when (for [`CLEAN_NS`]).
+    epoch: u64,
+    epoch_since: u64,
+    held_before: bool,
+    bucket: Bucket,
+    watch: Watch,
+}
+
+/// One device's evidence in this process: written by its scheduler thread, read by the gate.
+pub struct Evidence {
+    state: Mutex<State>,
+    may_own: AtomicBool,
+    fallback: AtomicBool,
+    paced: AtomicBool,
+    /// The scheduler thread's last weighing ([`Sched::weigh`]): another tenant wants the device,
+    /// our fair fraction, our floor (ppm).
+    others_want: AtomicBool,
+    /// When a live process of another tenant was last seen waiting (monotonic ns).
+    waited_ns: AtomicU64,
+    fair_ppm: AtomicU64,
+    floor_ppm: AtomicU64,
+    window_start: AtomicU64,
+    window_len: AtomicU64,
+    forged: AtomicBool,
+}
+
+impl Default for Evidence {
+    fn default() -> Evidence {
+        Evidence {
+            state: Mutex::new(State::default()),
+            may_own: AtomicBool::new(true),
+            fallback: AtomicBool::new(false),
+            paced: AtomicBool::new(false),
+            others_want: AtomicBool::new(false),
+            waited_ns: AtomicU64::new(0),
+            fair_ppm: AtomicU64::new(PPM),
+            floor_ppm: AtomicU64::new(0),
+            window_start: AtomicU64::new(0),
+            window_len: AtomicU64::new(PPM),
+            forged: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Evidence {
+    /// Whether this process may adopt or use ownership now: its bucket holds a slice's worth, or
+    /// it holds already and its bucket is not empty.
+    pub fn may_own(&self) -> bool {
+        self.may_own.load(Relaxed)
+    }
+
+    /// Whether launches go through without ownership now (starved, in a paced hold).
+    pub fn paced(&self) -> bool {
+        self.paced.load(Relaxed)
+    }
+
+    /// Whether this process found itself starved and paces itself.
+    pub fn fallback(&self) -> bool {
+        self.fallback.load(Relaxed)
+    }
+
+    /// Our ownership's epoch was replaced by another naming us (the scheduler thread saw it).
+    pub fn forged(&self) {
+        self.forged.store(true, Relaxed);
+    }
+
+    /// The scheduler thread's step (at least every few milliseconds).
+    pub fn tick(&self, seen: Seen) -> Turn {
+        let mut s = self.state.lock();
+        let dt = if s.last_ns == 0 {
+            0
+        } else {
+            seen.now.saturating_sub(s.last_ns)
+        };
+        s.last_ns = seen.now;
+        if !seen.others_want || seen.exempt {
+            // Nobody to be fair to (or the class decides): nothing owed, nothing to judge.
+            s.bucket.full();
+            s.watch = Watch::default();
+            s.held_before = false;
+            self.may_own.store(true, Relaxed);
+            self.paced.store(false, Relaxed);
+            return if self.fallback.swap(false, Relaxed) {
+                Turn::Recovered
+            } else {
+                Turn::Same
+            };
+        }
+        let paced = self.paced.load(Relaxed);
+        let held = seen.owned || paced;
+        // Held at either end of the step counts the whole step: the holder pays.
+        let held_step = held || s.held_before;
+        s.held_before = held;
+        if seen.others_wait || self.fallback.load(Relaxed) {
+            s.bucket
+                .tick(dt, seen.fair_ppm.max(seen.floor_ppm), held_step);
+        } else {
+            // Nobody waits for what we hold: nothing is owed (work-conserving).
+            s.bucket.full();
+        }
+        s.watch.tick(dt, seen.waiting, seen.owned);
+        let mut turn = Turn::Same;
+        if seen.epoch != s.epoch {
+            s.epoch = seen.epoch;
+            s.epoch_since = seen.now;
+        }
+        let fallback = if self.fallback.load(Relaxed) {
+            let clean = seen.now.saturating_sub(s.epoch_since) >= CLEAN_NS;
+            if clean {
+                turn = Turn::Recovered;
+                s.watch = Watch::default();
+            }
+            !clean
+        } else {
+            let starved = seen.forged || s.watch.starved(seen.floor_ppm);
+            if starved {
+                turn = Turn::Starved {
+                    owned_ppm: s.watch.owned_ppm(),
+                    forged: seen.forged,
+                };
+            }
+            starved
+        };
+        self.fallback.store(fallback, Relaxed);
+        let tokens = s.bucket.tokens;
+        let on = |was: bool| {
+            if was {
+                tokens > 0
+            } else {
+                tokens >= PACE_ON_NS
+            }
+        };
+        // Paced: in our tenant's window of the frame, and only then (ownership included: the
+        // words may name us at any time), unless no live process of another tenant waited for
+        // half a frame: then the device is ours (a stopped neighbour owes us its windows).
+        let window = fallback && (seen.window.holds(seen.now) || seen.others_gone);
+        self.paced.store(window, Relaxed);
+        self.may_own.store(
+            if fallback {
+                window
+            } else {
+                on(self.may_own.load(Relaxed))
+            },
+            Relaxed,
+        );
+        turn
+    }
+}
+
+impl Sched {
+    /// Weighs what this process is owed (the scheduler thread's refresh): which tenants want the
+    /// device (a demand lock held on an active slot: the kernel's evidence that a process wants
+    /// it; the tenant it names is a word, but every process rewrites its own at each refresh),
+    /// their shares by the node's policy, and the shares of every tenant the ledger lists, each id
+    /// counted once (a tenant the policy does not list counts 1: planted entries barely move it).
+    pub(super) fn weigh(&self) {
+        let l = self.ledger.layout();
+        let mine = self.tenant();
+        let mut wanting = [false; MAX_TENANTS];
+        let mut processes = 1u32;
+        for (i, s) in l.slots.iter().enumerate() {
+            if i == self.slot || s.state.load(Acquire) != SLOT_ACTIVE {
+                continue;
+            }
+            let t = s.tenant.load(Acquire) as usize;
+            if t < MAX_TENANTS && self.ledger.slot_wants(i) {
+                if t == mine {
+                    processes = processes.saturating_add(1);
+                } else {
+                    wanting[t] = true;
+                }
+            }
+        }
+        let share = |t: usize| u64::from(self.ledger.view(t).share);
+        let me = share(mine);
+        let mut ids: Vec<TenantId> = Vec::with_capacity(MAX_TENANTS);
+        let mut frame: Vec<(TenantId, u64)> = vec![(self.id, me)];
+        let mut listed = 0u64;
+        let mut others = 0u64;
+        for (t, e) in l.tenants.iter().enumerate() {
+            let id = if t == mine {
+                self.id
+            } else if e.state.load(Acquire) == TENANT_READY {
+                TenantId::load(&e.id)
+            } else {
+                continue;
+            };
+            if ids.contains(&id) {
+                continue;
+            }
+            ids.push(id);
+            let s = share(t);
+            listed = listed.saturating_add(s);
+            if t != mine && id != self.id && wanting[t] {
+                others = others.saturating_add(s);
+                frame.push((id, s));
+            }
+        }
+        let cap = self.ledger.view(mine).cap;
+        let e = &self.evidence;
+        e.others_want.store(others != 0, Relaxed);
+        e.fair_ppm
+            .store(fraction(me, me.saturating_add(others)), Relaxed);
+        e.floor_ppm
+            .store(fraction_floor(me, listed, cap, processes), Relaxed);
+        let w = Window::of(self.id, &frame);
+        e.window_start.store(w.start_ppm, Relaxed);
+        e.window_len.store(w.len_ppm, Relaxed);
+    }
+
+    /// The scheduler thread's step: the evidence as seen now; a process that finds itself starved
+    /// (or its due again) says so.
+    pub(super) fn weigh_step(&self, now: u64) {
+        let e = &self.evidence;
+        let mine = self.tenant();
+        if self
+            .ledger
+            .waiters(Some(self.slot))
+            .iter()
+            .any(|w| w.tenant != mine)
+        {
+            e.waited_ns.store(now, Relaxed);
+        }
+        let turn = e.tick(Seen {
+            now,
+            others_want: e.others_want.load(Relaxed) && self.contended(),
+            others_wait: now.saturating_sub(e.waited_ns.load(Relaxed)) < WAITED_NS,
+            others_gone: now.saturating_sub(e.waited_ns.load(Relaxed)) >= FRAME_NS / 2,
+            exempt: self.high.load(Relaxed) || self.beside_high.load(Relaxed),
+            owned: self.owned.load(SeqCst) != 0,
+            epoch: u64::from(self.ledger.layout().header.epoch.load(Acquire)),
+            waiting: self.waiting.load(SeqCst) != 0,
+            fair_ppm: e.fair_ppm.load(Relaxed),
+            floor_ppm: e.floor_ppm.load(Relaxed),
+            window: Window {
+                start_ppm: e.window_start.load(Relaxed),
+                len_ppm: e.window_len.load(Relaxed),
+            },
+            forged: e.forged.swap(false, Relaxed),
+        });
+        let l = self.ledger.layout();
+        match turn {
+            Turn::Same => {}
+            Turn::Starved { owned_ppm, forged } => {
+                l.header.forged_owner.fetch_add(1, Relaxed);
+                let named = super::Holder::from_word(l.header.owner.load(Acquire))
+                    .slot()
+                    .map(|s| {
+                        let slot = &l.slots[s];
+                        let t = slot.tenant.load(Acquire) as usize;
+                        let label = l
+                            .tenants
+                            .get(t)
+                            .map(|e| super::shm::unpack(&e.name))
+                            .unwrap_or_default();
+                        format!(
+                            "slot {s} (pid {}, tenant entry {t} {:?}, by its words)",
+                            slot.pid.load(Acquire),
+                            label.escape_debug().to_string()
+                        )
+                    })
+                    .unwrap_or_else(|| "nobody".to_string());
+                static LOGGED: AtomicBool = AtomicBool::new(false);
+                let log = if LOGGED.swap(true, Relaxed) {
+                    crate::log::warn
+                } else {
+                    crate::log::error
+                };
+                let why = if forged {
+                    "a new epoch naming this process was written while it owned the device: \
+                     the ledger's ownership words are forged"
+                        .to_string()
+                } else {
+                    format!(
+                        "owned {:.1}% of the time it waited, less than half of its due \
+                         ({:.1}%): an owner whose ledger words cannot be trusted keeps it out",
+                        owned_ppm as f64 / 1e4,
+                        e.floor_ppm.load(Relaxed) as f64 / 1e4,
+                    )
+                };
+                log(format_args!(
+                    "compute: device {}: {why} (the owner word names {named}); this process \
+                     launches paced, in its tenant's window of every {} ms by its share, until \
+                     the epoch word stays put for {} ms",
+                    self.ordinal,
+                    FRAME_NS / 1_000_000,
+                    CLEAN_NS / 1_000_000,
+                ));
+            }
+            Turn::Recovered => crate::log::warn(format_args!(
+                "compute: device {}: the epoch word stayed {} ms: the paced episode is over; this process \
+                 waits for its turns again",
+                self.ordinal,
+                CLEAN_NS / 1_000_000
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_bucket_holds_a_holder_to_its_fraction() {
+        // Holding whenever it may, at a fair fraction of 1/7: held ~1/7 (+ slack) of 10 s.
+        let mut b = Bucket::default();
+        let f = PPM / 7;
+        let (mut held, step) = (0u64, MS);
+        for _ in 0..10_000 {
+            let h = b.tokens > 0;
+            // (The hysteresis of `Evidence` aside: here a holder holds whenever it can.)
+            b.tick(step, f, h);
+            held += u64::from(h) * step;
+        }
+        let pct = held as f64 * 100.0 / 10_000.0 / MS as f64;
+        assert!((14.5..17.0).contains(&pct), "held {pct}%");
+        // Never held: full, and no more.
+        let mut b = Bucket::default();
+        b.tick(10_000 * MS, f, false);
+        assert_eq!(b.tokens, BUCKET_MAX_NS);
+        // A holder that never stops owes at most the bucket.
+        let mut b = Bucket::default();
+        for _ in 0..1000 {
+            b.tick(10 * MS, 0, true);
+        }
+        assert_eq!(b.tokens, -BUCKET_MAX_NS);
+    }
+
+    #[test]
+    fn honest_turns_never_empty_the_bucket() {
+        // Turns as start-time fair queuing gives them, each hold a slice and a drain of 5 ms
+        // (charged), each wait what the others' holds take at their shares, give or take a few
+        // milliseconds: share 10 beside 90, 50 beside 50, 90 beside 10, 1/7 beside 3/7 and 3/7.
+        for (f, hold, rest) in [
+            (PPM / 10, 25, 220),
+            (PPM / 2, 25, 22),
+            (PPM * 9 / 10, 225, 22),
+            (PPM / 7, 25, 147),
+            (PPM * 3 / 7, 25, 31),
+        ] {
+            let mut b = Bucket::default();
+            for _ in 0..500 {
+                for _ in 0..hold {
+                    b.tick(MS, f, true);
+                    assert!(b.tokens > 0, "f {f}: emptied");
+                }
+                for _ in 0..rest {
+                    b.tick(MS, f, false);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_starved_waiter_is_told_apart_from_a_patient_one() {
+        let floor = fraction_floor(30, 80, 0, 1);
+        assert_eq!(floor, 375_000);
+        // Owned 5 ms in every 140 ms it wanted: starved once half a second was seen.
+        let mut w = Watch::default();
+        let mut first = None;
+        for i in 0..300u64 {
+            w.tick(5 * MS, true, i % 28 == 0);
+            if first.is_none() && w.starved(floor) {
+                first = Some(i * 5);
+            }
+        }
+        assert!(
+            first.is_some_and(|ms| (495..=600).contains(&ms)),
+            "{first:?}"
+        );
+        // Honest turns at its fraction 3/7 (30 ms owned, 40 ms waiting): never starved.
+        let mut w = Watch::default();
+        for i in 0..2000u64 {
+            w.tick(MS, true, i % 70 < 30);
+            assert!(!w.starved(floor));
+        }
+        assert!(w.recovered(floor));
+        // A capped tenant waiting for its tokens, share 10 of 100 with cap 5: not starved.
+        let floor = fraction_floor(10, 100, 5, 1);
+        let mut w = Watch::default();
+        for i in 0..2000u64 {
+            w.tick(MS, true, i % 100 < 5);
+            assert!(!w.starved(floor));
+        }
+        assert_eq!(fraction_floor(30, 60, 0, 3), 166_666);
+        assert_eq!(fraction(50, 0), PPM);
+    }
+
+    /// A forged owner word keeps a victim waiting: it turns paced, holds about its fraction while
+    /// every grant it gets is taken back within 5 ms, and turns back at the first grant it keeps
+    /// for [`CLEAN_NS`].
+    #[test]
+    fn a_starved_process_paces_itself_and_comes_back() {
+        let e = Evidence::default();
+        let seen = |now: u64, epoch: u64, owned: bool, waiting: bool| Seen {
+            now,
+            others_want: true,
+            others_wait: true,
+            others_gone: false,
+            exempt: false,
+            owned,
+            epoch,
+            waiting,
+            fair_ppm: PPM * 3 / 7,
+            floor_ppm: PPM * 3 / 8,
+            window: Window {
+                start_ppm: PPM / 7,
+                len_ppm: PPM * 3 / 7,
+            },
+            forged: false,
+        };
+        let mut now = 1;
+        let mut starved_at = None;
+        let mut paced_ms = 0;
+        for i in 0..4000u64 {
+            now += MS;
+            // Kept out: a new epoch every 5 ms (the forger's); at times granted for 4 ms.
+            let turn = e.tick(seen(now, 1 + i / 5, i % 50 < 4, !e.paced()));
+            if let Turn::Starved { owned_ppm, .. } = turn {
+                assert!(owned_ppm < PPM / 10, "{owned_ppm}");
+                starved_at = starved_at.or(Some(i));
+            }
+            if starved_at.is_some() {
+                assert!(
+                    e.fallback(),
+                    "waiting again at {i} ms, every grant taken back"
+                );
+            }
+            if i >= 1000 {
+                paced_ms += u64::from(e.paced());
+            }
+        }
+        assert!(starved_at.is_some_and(|i| i < 600), "{starved_at:?}");
+        let pct = paced_ms as f64 / 30.0;
+        // 3/7 and the slack: the episode goes on as long as the forger does.
+        assert!((40.0..50.0).contains(&pct), "paced {pct}% of the time");
+        // Honest turns again (20 ms slices, each its own epoch, 3 in 7 of the time owned): the
+        // first epoch that stays ends the episode, and it stays waiting.
+        let mut back = None;
+        for i in 0..6000u64 {
+            now += MS;
+            if let Turn::Recovered = e.tick(seen(now, 1_000_000 + i / 20, i % 47 < 20, true)) {
+                back = Some(i);
+            }
+            if back.is_some() {
+                assert!(!e.fallback() && !e.paced(), "paced again at {i} ms");
+            }
+        }
+        assert!(back.is_some_and(|i| i < 100), "never recovered: {back:?}");
+    }
+
+    #[test]
+    fn alone_or_beside_high_priority_nothing_is_owed() {
+        let e = Evidence::default();
+        for i in 1..2000u64 {
+            let t = e.tick(Seen {
+                now: i * MS,
+                others_want: i % 2 == 0,
+                others_wait: true,
+                others_gone: false,
+                exempt: true,
+                owned: true,
+                epoch: 1,
+                waiting: true,
+                fair_ppm: 0,
+                floor_ppm: PPM,
+                window: Window::default(),
+                forged: i == 5,
+            });
+            assert_eq!(t, Turn::Same);
+            assert!(e.may_own() && !e.paced());
+        }
+    }
+}
