@@ -309,7 +309,12 @@ fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
     // victims launch paced to theirs; after it, arbitration is back to policy. During it, paced
     // windows are not yet held to 3 points on a loaded host (forger 10.7-16.7, victims 37.2-47.3
     // seen, docs/COMPUTE.md): 7 points, against 100/0/0 without the defence.
-    assert_shares_within("forge: during the attack", &during, &policy, FORGED_TOLERANCE);
+    assert_shares_within(
+        "forge: during the attack",
+        &during,
+        &policy,
+        FORGED_TOLERANCE,
+    );
     assert_shares("forge: after the attack", &after, &policy);
     assert!(
         st.stdout.contains("FORGED OWNER"),
