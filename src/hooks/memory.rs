@@ -3,9 +3,8 @@
 //!
 //! Counted: cuMemAlloc (both ABIs), cuMemAllocPitch (the pitch x height really reserved), cuMemAllocManaged,
 //! stream-ordered allocation (charged as what the pool holds: a freed block stays in the pool, and
-//! counts, until the driver trims it), VMM physical allocations (cuMemCreate counts once however often
-//! mapped; returned when released and unmapped), arrays and mipmapped arrays (estimated, see
-//! `accounting::sizes::array_bytes`).
+//! counts, until the driver trims it), arrays and mipmapped arrays (estimated, see
+//! `accounting::sizes::array_bytes`). VMM physical allocations: `vmm.rs`.
 
 use super::{hooks, In, Out, Word};
 use crate::accounting::sizes::{array_bytes, Pitch};
@@ -14,9 +13,8 @@ use crate::driver::calls as driver;
 use crate::scheduling::host_wait;
 use gpuslice_api::types::{
     CUDA_ARRAY3D_DESCRIPTOR_v1, CUDA_ARRAY_DESCRIPTOR_v1, CUarray, CUdeviceptr, CUevent,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPoolProps, CUmemoryPool,
-    CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
-    CU_MEM_LOCATION_TYPE_DEVICE,
+    CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR,
+    CUDA_ARRAY_DESCRIPTOR,
 };
 use gpuslice_api::{CUerror, CUresult};
 use std::ffi::c_uint;
@@ -64,13 +62,6 @@ hooks! {
     // Waiting for an event behind queued work is waiting for that work: the process still wants
     // the device (`host_wait`). Nothing is settled: only the work before the event is known done.
     fn cuEventSynchronize(event: CUevent) => host_wait(|| real::cuEventSynchronize(event));
-
-    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64)
-        => mem_create(Out::new(handle), size as u64, In::new(prop), || real::cuMemCreate(handle, size, prop, flags));
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle) => mem_release(handle, || real::cuMemRelease(handle));
-    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64)
-        => mem_map(ptr, size as u64, handle, || real::cuMemMap(ptr, size, offset, handle, flags));
-    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) => mem_unmap(ptr, size as u64, || real::cuMemUnmap(ptr, size));
 
     fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR)
         => array_create(Out::new(handle), In::new(desc).get().map(|d| array_bytes(d.Width as u64, d.Height as u64, 0, d.Format, d.NumChannels, 1)),
@@ -242,57 +233,6 @@ fn pool_destroy(pool: usize, call: impl FnOnce() -> CUresult) -> CUresult {
     call()?;
     if let Some(t) = tenant() {
         t.forget_pool(pool);
-    }
-    Ok(())
-}
-
-fn mem_create(
-    handle: Out<u64>,
-    bytes: u64,
-    prop: In<CUmemAllocationProp>,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let Some(t) = tenant() else { return call() };
-    let (device, granularity) = match prop.get() {
-        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => {
-            (p.location.id, driver::allocation_granularity(&p))
-        }
-        // Host-located or invalid: not device memory (or the driver rejects it).
-        _ => return call(),
-    };
-    let Ok(device) = t.device(device) else {
-        return call();
-    };
-    let call = || {
-        call()?;
-        Ok(handle.get())
-    };
-    t.create_physical(device, bytes, granularity, call, |h| {
-        // SAFETY: `h` is the handle the driver just created for this call.
-        let _ = unsafe { driver::real::cuMemRelease(h) };
-    })
-}
-
-fn mem_release(handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    call()?;
-    if let Some(t) = tenant() {
-        t.physical_released(handle);
-    }
-    Ok(())
-}
-
-fn mem_map(ptr: u64, size: u64, handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    call()?;
-    if let Some(t) = tenant() {
-        t.mapped(ptr, size, handle);
-    }
-    Ok(())
-}
-
-fn mem_unmap(ptr: u64, size: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    call()?;
-    if let Some(t) = tenant() {
-        t.unmapped(ptr, size);
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The hooks: thin `extern "C"` exports, expanded by [`hooks!`] from one declaration per entry point,
 //! that call ordinary safe Rust functions in the group modules (memory, context, first_launch, info,
-//! nvml, nvml_stats, entry, launch, graph).
+//! nvml, nvml_stats, entry, launch, graph, vmm).
 //!
 //! Every export runs inside [`enter`]: a per-thread re-entrancy token (a nested call passes straight
 //! through to the real function) and `catch_unwind` (a panic never crosses the C ABI; the call answers
@@ -18,6 +18,7 @@ pub mod launch;
 pub mod memory;
 pub mod nvml;
 pub mod nvml_stats;
+pub mod vmm;
 
 thread_local! {
     /// Set while this thread runs a hook body.
