@@ -573,16 +573,15 @@ impl Sched {
                     // intervals covered (`turn`).
                     let member = self.member.load(Relaxed) || self.tenant_turn();
                     let completion = turn::completion(owned, !owned && member);
-                    // Progress: how long one launch may run without completing (the stall time).
-                    let now = now_ns();
-                    let grant = self.ledger.layout().header.grant_ns.load(Acquire);
-                    // The first completion after our work was seen stalled ends that stall.
-                    let after_stall = self.stall_since.swap(0, Relaxed) != 0;
-                    let held = now.saturating_sub(grant.min(now));
-                    if turn::tells_launch_length(completion, ns, held, after_stall) {
-                        let longest = self.longest_ns.load(Relaxed);
-                        self.longest_ns
-                            .store(turn::longest_after(longest, ns), Relaxed);
+                    if completion == Completion::Measured {
+                        // Progress seen within our ownership: how long one launch may run.
+                        let now = now_ns();
+                        let grant = self.ledger.layout().header.grant_ns.load(Acquire);
+                        if turn::tells_launch_length(ns, now.saturating_sub(grant.min(now))) {
+                            let longest = self.longest_ns.load(Relaxed);
+                            self.longest_ns
+                                .store(turn::longest_after(longest, ns), Relaxed);
+                        }
                     }
                     match completion {
                         Completion::Measured => {

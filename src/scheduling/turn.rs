@@ -106,29 +106,11 @@ pub fn longest_after(longest_ns: u64, ns: u64) -> u64 {
     }
 }
 
-/// Whether a launch of `ns` that completed as `completion` (in an ownership held for `held_ns` so
-/// far, when `Measured`) tells how long one launch of the program runs:
-/// - the launch our work was seen waiting on as stalled (`after_stall`), or one that completed
-///   after our ownership ended without waiting for it: the stall time was shorter than this
-///   launch. A 10 ms kernel followed by a synchronisation was handed over as stalled after 1 ms;
-///   it completed in the next ownership, as an interval longer than that ownership, so the stall
-///   time never grew. Such an interval may span others' work: the stall time then errs long, within
-///   [`STALL_MAX_NS`], and a collective's wait (a peer rank's wait published) ignores it;
-/// - completed in our ownership: not when its interval is longer than the ownership (it began
-///   before our grant and spans another tenant's work, or a hand-over);
-/// - completed in another process's turn of our tenant: its interval spans that turn.
-pub fn tells_launch_length(
-    completion: Completion,
-    ns: u64,
-    held_ns: u64,
-    after_stall: bool,
-) -> bool {
-    match completion {
-        Completion::InTurn => false,
-        _ if after_stall => true,
-        Completion::Measured => ns <= held_ns,
-        Completion::Carried => true,
-    }
+/// Whether a launch of `ns` that completed in an ownership held for `held_ns` so far tells how long
+/// one launch of the program runs: not when its interval is longer than the ownership (it began
+/// before our grant and spans another tenant's work, or a hand-over).
+pub fn tells_launch_length(ns: u64, held_ns: u64) -> bool {
+    ns <= held_ns
 }
 
 #[cfg(test)]
@@ -209,42 +191,9 @@ mod tests {
 
     #[test]
     fn an_interval_longer_than_the_ownership_is_no_launch_length() {
-        assert!(tells_launch_length(
-            Completion::Measured,
-            10 * MS,
-            12 * MS,
-            false
-        ));
+        assert!(tells_launch_length(10 * MS, 12 * MS));
         // Began before the grant: it spans another tenant's slice.
-        assert!(!tells_launch_length(
-            Completion::Measured,
-            20 * MS,
-            3 * MS,
-            false
-        ));
-        // Completed in another process's turn: that turn's work.
-        assert!(!tells_launch_length(
-            Completion::InTurn,
-            10 * MS,
-            12 * MS,
-            true
-        ));
-    }
-
-    #[test]
-    fn a_launch_that_outlived_a_stall_hand_over_lengthens_the_stall_time() {
-        // A 10 ms kernel handed over as stalled at 1 ms completes after the ownership ended, or is
-        // seen to complete early in the next one: the stall time must grow past it, or every such
-        // kernel is handed over undrained.
-        assert!(tells_launch_length(Completion::Carried, 10 * MS, 0, false));
-        assert!(tells_launch_length(
-            Completion::Measured,
-            10 * MS,
-            2 * MS,
-            true
-        ));
-        let longest = longest_after(0, 10 * MS);
-        assert!(stall_ns(250_000, longest) > 10 * MS);
+        assert!(!tells_launch_length(20 * MS, 3 * MS));
     }
 
     #[test]

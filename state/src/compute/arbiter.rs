@@ -11,6 +11,9 @@ pub const BUCKET_NS: i64 = 2 * SLICE_NS as i64;
 pub const IDLE_NS: u64 = 500_000;
 /// A stopped or hung owner keeps the device at most its slice plus this grace.
 pub const GRACE_NS: u64 = 100_000_000;
+/// Longest an arbitration can be kept from running while a live tenant waits (a slice, its drain
+/// and the grace of a stopped owner): a waiting tenant unseen for longer was not waiting.
+pub const UNSEEN_NS: u64 = SLICE_NS + DRAIN_LIMIT_NS + GRACE_NS;
 /// A tenant that wanted the device within this interval counts as active (its virtual time stands).
 pub const ACTIVE_GAP_NS: u64 = 50_000_000;
 /// Shortest slice granted to a capped tenant with few tokens (keeps hand-overs from thrashing).
@@ -120,7 +123,12 @@ pub fn activate(tenants: &mut [TenantView], i: usize, wanted_since: u64, now: u6
     let idle = wanted_since
         .min(now)
         .saturating_sub(tenants[i].last_active_ns);
-    if idle > ACTIVE_GAP_NS {
+    // Every arbitration marks the tenants it sees waiting; one unseen for longer than any ownership
+    // keeps a live waiter out did not wait meanwhile, whatever its `since` says: its process did not
+    // run (stopped, or starved of CPU, its heartbeat stale), and banking that time let a tenant
+    // stopped for 1 s take 60% for a second after it continued.
+    let unseen = now.saturating_sub(tenants[i].last_active_ns);
+    if idle > ACTIVE_GAP_NS || unseen > UNSEEN_NS {
         let floor = tenants
             .iter()
             .enumerate()
@@ -291,10 +299,18 @@ mod tests {
         // One that has been waiting all along (kept out by a long slice) keeps its credit.
         let mut ts = vec![tenant(50), tenant(50)];
         ts[0].vtime = 1_000_000;
-        ts[0].last_active_ns = 10 * ACTIVE_GAP_NS;
+        ts[0].last_active_ns = UNSEEN_NS;
         ts[1].last_active_ns = 1;
-        activate(&mut ts, 1, 1 + ACTIVE_GAP_NS / 2, 10 * ACTIVE_GAP_NS + 1);
+        activate(&mut ts, 1, 1 + ACTIVE_GAP_NS / 2, UNSEEN_NS);
         assert_eq!(ts[1].vtime, 0);
+        // One whose waiting started before it was stopped for a second: unseen by arbitration
+        // since, it did not wait; it starts at the active tenants' virtual time.
+        let mut ts = vec![tenant(50), tenant(50)];
+        ts[0].vtime = 1_000_000;
+        ts[0].last_active_ns = 1_000_000_000;
+        ts[1].last_active_ns = 1;
+        activate(&mut ts, 1, 1 + ACTIVE_GAP_NS / 2, 1_000_000_001);
+        assert_eq!(ts[1].vtime, 1_000_000);
     }
 
     #[test]
