@@ -111,6 +111,17 @@ fn busy(scene: &Scene, tenants: &[(&str, u32)]) -> Vec<u64> {
 }
 
 /// Asserts every tenant within `TOLERANCE` of `want` (percent of the busy time).
+/// The attacker's run wrote its words more than `min` times (the attack really ran).
+fn attack_ran(tag: &str, attacker: &Run, min: u64) {
+    let stamped = attacker.get_u64("stamped");
+    assert!(
+        stamped > min,
+        "the attack never ran:\n{}",
+        attacker.report()
+    );
+    println!("{tag}: the attacker wrote {stamped} times");
+}
+
 fn assert_shares(what: &str, got: &[f64], want: &[f64]) {
     assert_shares_within(what, got, want, TOLERANCE);
 }
@@ -212,15 +223,7 @@ fn attacked_shares(tag: &str, what: &str) {
         middle_window(&scene, &tenants, start)
     };
     let runs = finish_all(children, "spin");
-    assert!(
-        runs[0].get_u64("stamped") > 20,
-        "the attack never ran:\n{}",
-        runs[0].report()
-    );
-    println!(
-        "{tag}: the attacker wrote {} times",
-        runs[0].get_u64("stamped")
-    );
+    attack_ran(tag, &runs[0], 20);
     // Policy: 10 / 30 / 30 of the busy time among the three active tenants.
     assert_shares(
         tag,
@@ -292,15 +295,7 @@ fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
         took < Duration::from_secs(2),
         "forge: tenant create took {took:?} during the attack"
     );
-    assert!(
-        runs[0].get_u64("stamped") > 100,
-        "the attack never ran:\n{}",
-        runs[0].report()
-    );
-    println!(
-        "forge: the attacker wrote {} times",
-        runs[0].get_u64("stamped")
-    );
+    attack_ran("forge", &runs[0], 100);
     let policy = [100.0 / 7.0, 300.0 / 7.0, 300.0 / 7.0];
     let during = percents(&during0, &during1);
     let after = percents(&after0, &after1);
