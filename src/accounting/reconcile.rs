@@ -216,6 +216,21 @@ impl Tenant {
         }
     }
 
+    /// [`Tenant::reconcile_device`] from the figures a measurement read after its operation
+    /// ([`Tenant::charge_measured_sampled`]), once its charge is recorded; reads them when it read
+    /// none.
+    pub(super) fn reconcile_with(&self, device: &Device, after: Option<Sample>) {
+        let (Ok(&slot), Some(sample)) = (device.slot.as_ref(), after) else {
+            return self.reconcile_device(device);
+        };
+        if !self.context_reserve_is_explicit() {
+            self.reconcile(device, slot, &sample);
+        }
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            ledger.set_overhead_by_me(slot, self.overhead_on(Some(slot)));
+        }
+    }
+
     /// [`Tenant::reconcile_device`] before the program is told how much memory it has
     /// (`cuMemGetInfo`): driver memory spent since the last overhead operation (code loaded lazily at
     /// a kernel's first launch, graph memory) is charged before the program sizes itself from the

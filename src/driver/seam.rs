@@ -405,9 +405,15 @@ impl Driver for RealDriver {
         } else {
             None
         };
+        // The device's figure is only read when this process's own is not there: an own figure is
+        // what a measurement and reconciliation use (one NVML query per sample, not two).
+        let device = match process {
+            ProcessFigure::Listed(_) => None,
+            _ => measure::device_used(uuid),
+        };
         MemorySample {
             process,
-            device: measure::device_used(uuid),
+            device,
             listed,
         }
     }
