@@ -399,7 +399,8 @@ impl Tenant {
     /// without reading them: in the PID namespace the driver lists processes in, a process with
     /// nothing charged on the device (no context, no allocation, no overhead) holds nothing there,
     /// and NVML does not list it. Spares the first context (the start-up's) a reading of NVML's
-    /// process list. `None` otherwise (the figures are read).
+    /// process list (the device's used memory is still read). `None` otherwise (the figures are
+    /// read).
     fn nothing_held_before_first_context(
         &self,
         device: &Device,
@@ -428,7 +429,9 @@ impl Tenant {
         }
         Some(Sample {
             process: ProcessFigure::NotListed,
-            device: None,
+            // Read for a driver that lists this process without a figure (then the device's
+            // used memory measures the context).
+            device: self.driver.device_used(&device.uuid),
             listed: None,
             charged_low: charged,
             charged,

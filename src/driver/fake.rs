@@ -285,6 +285,10 @@ impl Driver for FakeDriver {
         })
     }
 
+    fn device_used(&self, uuid: &str) -> Option<u64> {
+        self.memory_sample(uuid).device
+    }
+
     fn device_total(&self, uuid: &str) -> Option<u64> {
         self.state.lock().totals.get(uuid).copied()
     }
