@@ -19,6 +19,8 @@ pub enum Call {
     EventCreate(usize),
     EventDestroy(usize),
     MemorySample,
+    /// The device's used memory alone (its figure is the next sample's).
+    DeviceUsed,
 }
 
 /// A pool's figures.
@@ -285,8 +287,15 @@ impl Driver for FakeDriver {
         })
     }
 
-    fn device_used(&self, uuid: &str) -> Option<u64> {
-        self.memory_sample(uuid).device
+    fn device_used(&self, _uuid: &str) -> Option<u64> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::DeviceUsed);
+        let sample = if s.samples.len() > 1 {
+            s.samples.pop_front()
+        } else {
+            s.samples.front().cloned()
+        };
+        sample.and_then(|s| s.device)
     }
 
     fn device_total(&self, uuid: &str) -> Option<u64> {

@@ -34,6 +34,48 @@ fn a_context_is_charged_what_the_driver_lists_this_process_as_spending() {
     assert_eq!(k.used(0), 300 * MIB);
 }
 
+/// Before this process's first context on a device (nothing charged there, the driver's PID
+/// namespace) NVML's process list is not read: it does not list the process. After it, one reading
+/// serves both the measurement and the reconciliation. A second context reads the list before too.
+#[test]
+fn the_first_context_reads_the_process_list_once() {
+    let k = kit("measure-first-once", 4 * GIB);
+    k.fake
+        .push_samples([listed(0, GIB), listed(300 * MIB, GIB + 300 * MIB)]);
+    create(&k, 0x200, &Cell::new(false)).unwrap();
+    assert_eq!(k.used(0), 300 * MIB);
+    let calls = k.fake.calls();
+    let count = |c: Call| calls.iter().filter(|&x| *x == c).count();
+    assert_eq!(
+        (count(Call::DeviceUsed), count(Call::MemorySample)),
+        (1, 1),
+        "{calls:?}"
+    );
+    k.fake.with(|s| {
+        s.calls.clear();
+        s.samples = [listed(300 * MIB, GIB), listed(600 * MIB, GIB)].into();
+    });
+    create(&k, 0x201, &Cell::new(false)).unwrap();
+    assert_eq!(k.used(0), 600 * MIB);
+    let calls = k.fake.calls();
+    let count = |c: Call| calls.iter().filter(|&x| *x == c).count();
+    assert_eq!(
+        (count(Call::DeviceUsed), count(Call::MemorySample)),
+        (0, 2),
+        "{calls:?}"
+    );
+}
+
+/// In another PID namespace the process list is read before the first context too: it finds the
+/// PID the driver lists this process under.
+#[test]
+fn in_another_pid_namespace_the_first_context_reads_the_list_before() {
+    let k = kit("measure-first-ns", 4 * GIB);
+    k.fake.with(|s| s.pid_unknown = true);
+    create(&k, 0x200, &Cell::new(false)).unwrap();
+    assert!(!k.fake.calls().contains(&Call::DeviceUsed));
+}
+
 #[test]
 fn a_context_measured_from_the_device_is_bounded_by_what_it_can_cost() {
     let k = kit("measure-neighbour", 4 * GIB);
