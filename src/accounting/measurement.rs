@@ -257,7 +257,14 @@ impl Tenant {
             let own = OWN.lock();
             let lock =
                 MeasureLock::acquire_as(&self.config.device_dir, &device.uuid, libc::LOCK_SH);
-            let sample = self.sample(device);
+            let reserved = upfront
+                .charge()
+                .bytes
+                .saturating_add(predicted.as_ref().map_or(0, |p| p.charge().bytes));
+            let settled = (current == 0 && floor.is_none())
+                .then(|| self.settled_figure(device, slot, reserved))
+                .flatten();
+            let sample = settled.unwrap_or_else(|| self.sample(device));
             if sample.is_own() {
                 shared = Some((own, lock, sample));
             }
@@ -393,6 +400,33 @@ impl Tenant {
             },
             Some(after),
         ))
+    }
+
+    /// This process's figure on `device` before a new object of known cost is made, known without
+    /// reading it: the driver's last reading for this process there agreed with the ledger (the
+    /// reconciliation after it found nothing beyond the charges, and no surplus), and nothing was
+    /// charged or given back since but through the ledger, so the driver holds what the process
+    /// has charged, less what was reserved for this operation. Spares each module load and kernel
+    /// lookup one NVML reading. What the driver spent on the device outside any measured
+    /// operation since (code loaded at a first launch) is then measured with this object: the
+    /// totals stay the driver's, and reconciliation at the object's unload gives it back to the
+    /// unattributed charge. `None` when the last reading did not agree (the figure is read).
+    fn settled_figure(&self, device: &Device, slot: usize, reserved: u64) -> Option<Sample> {
+        if !self.agreed(slot) || self.context_reserve_is_explicit() {
+            return None;
+        }
+        let Some(Ok(ledger)) = self.ledger.get() else {
+            return None;
+        };
+        let _ = device;
+        let charged = ledger.used_by_me(slot);
+        Some(Sample {
+            process: ProcessFigure::Listed(charged.saturating_sub(reserved)),
+            device: None,
+            listed: None,
+            charged_low: charged,
+            charged,
+        })
     }
 
     /// What the driver's figures were before this process's first context on `device`, known

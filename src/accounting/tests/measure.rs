@@ -284,3 +284,44 @@ fn reconciliation_charges_what_the_driver_holds_beyond_the_records() {
     k.t.reconcile_device(k.t.device(0).unwrap());
     assert_eq!(k.used(0), 300 * MIB);
 }
+
+/// Once a reconciliation left the ledger agreeing with the driver's figure, a new object of known
+/// cost is measured from one reading after it: the figure before is what the process has charged.
+/// A surplus (the records charge more than the driver holds) makes the next one read both again.
+#[test]
+fn a_known_cost_after_an_agreeing_reconciliation_is_measured_from_one_reading() {
+    let k = kit("measure-settled", 4 * GIB);
+    k.fake
+        .push_samples([listed(0, GIB), listed(300 * MIB, GIB)]);
+    create(&k, 0x200, &Cell::new(false)).unwrap();
+    assert_eq!(k.used(0), 300 * MIB);
+    let d = k.t.device(0).unwrap();
+    let count = || {
+        let calls = k.fake.calls();
+        calls.iter().filter(|&x| *x == Call::MemorySample).count()
+    };
+    let load = |expected: u64| {
+        let m = Measurement::new("module load", expected, Expected::Known(expected));
+        k.t.charge_measured(d, &m, || Ok(()), Some(|()| {}))
+            .unwrap()
+            .1
+    };
+    // The driver spends 6 MiB where 4 MiB were expected: charged what it spent.
+    k.fake.with(|s| {
+        s.calls.clear();
+        s.samples = [listed(306 * MIB, GIB)].into();
+    });
+    assert_eq!(load(4 * MIB).bytes, 6 * MIB);
+    assert_eq!(count(), 1, "one reading, after the load");
+    assert_eq!(k.used(0), 306 * MIB);
+    // A surplus: the driver holds 10 MiB less than charged. Reconciled, it does not agree...
+    k.fake.with(|s| s.samples = [listed(296 * MIB, GIB)].into());
+    k.t.reconcile_device(d);
+    // ...so the next load reads the figure before it again.
+    k.fake.with(|s| {
+        s.calls.clear();
+        s.samples = [listed(296 * MIB, GIB), listed(298 * MIB, GIB)].into();
+    });
+    assert_eq!(load(2 * MIB).bytes, 2 * MIB);
+    assert_eq!(count(), 2, "read before and after");
+}
