@@ -4,8 +4,8 @@
 //! driver's figures around it (through the driver seam) and settles the charge.
 
 use super::overhead::{warn_once, Sample, WARNED_DISTURBED, WARNED_NEIGHBOUR, WARNED_UNDOABLE};
-use crate::driver::measure::ProcessFigure;
 use super::{Charge, Device, Tenant};
+use crate::driver::measure::ProcessFigure;
 use gpuslice_api::CUerror;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -450,7 +450,9 @@ impl Tenant {
         };
         let r = self.records.lock();
         let context_there = r.contexts.values().any(|c| c.device == slot)
-            || r.primary.values().any(|p| p.live.is_some_and(|(c, _)| c.device == slot));
+            || r.primary
+                .values()
+                .any(|p| p.live.is_some_and(|(c, _)| c.device == slot));
         drop(r);
         if context_there || self.overhead_on(Some(slot)) != 0 {
             return None;

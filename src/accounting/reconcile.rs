@@ -164,7 +164,9 @@ impl Tenant {
             match ledger.try_reserve(slot, wanted - *entry) {
                 Ok(()) => {
                     *entry = wanted;
-                    state.agreed.insert(slot, if agrees { std::process::id() } else { 0 });
+                    state
+                        .agreed
+                        .insert(slot, if agrees { std::process::id() } else { 0 });
                 }
                 Err(QuotaExceeded { used, limit, .. }) => warn_once(
                     &WARNED_UNCHARGED,
@@ -182,7 +184,9 @@ impl Tenant {
                 ledger.release(slot, *entry - wanted);
                 *entry = wanted;
             }
-            state.agreed.insert(slot, if agrees { std::process::id() } else { 0 });
+            state
+                .agreed
+                .insert(slot, if agrees { std::process::id() } else { 0 });
         }
     }
 

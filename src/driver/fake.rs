@@ -13,8 +13,14 @@ use std::collections::{BTreeMap, VecDeque};
 /// A call the fake recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Call {
-    StreamSynchronize { stream: usize, per_thread: bool },
-    PoolTrim { pool: usize, keep: u64 },
+    StreamSynchronize {
+        stream: usize,
+        per_thread: bool,
+    },
+    PoolTrim {
+        pool: usize,
+        keep: u64,
+    },
     DeviceOfContext(usize),
     EventCreate(usize),
     EventDestroy(usize),
