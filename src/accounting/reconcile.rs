@@ -29,9 +29,9 @@ impl Tenant {
         self.overhead.lock().agreed.get(&slot).copied() == Some(std::process::id())
     }
 
-    fn set_agreed(&self, slot: usize, agreed: bool) {
-        let pid = if agreed { std::process::id() } else { 0 };
-        self.overhead.lock().agreed.insert(slot, pid);
+    /// Marks ledger device `slot` as not agreeing (no PID to read for that).
+    fn disagree(&self, slot: usize) {
+        self.overhead.lock().agreed.insert(slot, 0);
     }
 }
 
@@ -106,7 +106,7 @@ impl Tenant {
     /// process in another PID namespace; see [`node_overhead`]). Publishes which it was.
     fn reconcile(&self, device: &Device, slot: usize, sample: &Sample) {
         // Agreeing only once shown below.
-        self.set_agreed(slot, false);
+        self.disagree(slot);
         if self.context_reserve_is_explicit() {
             // Contexts are charged what the operator said; what the driver holds beyond that is
             // mostly theirs, and cannot be told apart from other overhead.
