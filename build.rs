@@ -213,6 +213,11 @@ fn main() {
     for object in names {
         println!("cargo:rustc-cdylib-link-arg={}", object.display());
     }
+    // The library's references to the functions it defines itself (its hooks, whose addresses
+    // `cuGetProcAddress` and the NVML views hand out; the interposed libc names) are bound at link
+    // time, as a preloaded library's are found first anyway: no symbol lookup each at load (start-up
+    // time, docs/BENCHMARKS.md).
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     let exports = Path::new(&out_dir).join("c-exports.map");
     std::fs::write(&exports, "{ global: dlsym; dlvsym; dlopen; };\n").unwrap();
     println!(

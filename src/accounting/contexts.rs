@@ -4,6 +4,7 @@
 //! release or reset. A context's modules and limits go with it.
 
 use super::measurement::{Expected, Measurement};
+use super::overhead::Sample;
 use super::tenant::{context_destroyed, Device};
 use super::{Charge, Tenant};
 use gpuslice_api::types::{CUcontext, CUdevice};
@@ -25,12 +26,12 @@ impl Tenant {
         call: impl FnOnce() -> Result<CUcontext, CUerror>,
         destroy: impl FnOnce(CUcontext),
     ) -> CUresult {
-        let (ctx, charge) = self.charge_context(device, call, destroy)?;
+        let (ctx, charge, after) = self.charge_context(device, call, destroy)?;
         let mut records = self.records.lock();
         records.contexts.insert(ctx as usize, charge);
         super::first_launch::context_appeared(&records);
         drop(records);
-        self.reconcile_device(device);
+        self.reconcile_with(device, after);
         Ok(())
     }
 
@@ -41,13 +42,13 @@ impl Tenant {
         device: &Device,
         call: impl FnOnce() -> Result<CUcontext, CUerror>,
         undo: impl FnOnce(CUcontext),
-    ) -> Result<(CUcontext, Charge), CUerror> {
+    ) -> Result<(CUcontext, Charge, Option<Sample>), CUerror> {
         let (explicit, fallback) = self.context_estimate();
         let m = Measurement {
             explicit,
             ..Measurement::new("context creation", fallback, Expected::Context)
         };
-        self.charge_measured(device, &m, call, Some(undo))
+        self.charge_measured_sampled(device, &m, call, Some(undo))
     }
 
     /// What a new context on `device` is expected to cost, reserved before the driver is asked so
@@ -116,7 +117,7 @@ impl Tenant {
                 .refs += 1;
             return Ok(());
         }
-        let (ctx, charge) = self.charge_context(device, call, release)?;
+        let (ctx, charge, after) = self.charge_context(device, call, release)?;
         let mut r = self.records.lock();
         let primary = r.primary.entry(device.ordinal).or_default();
         primary.refs = primary.refs.saturating_add(1);
@@ -128,7 +129,7 @@ impl Tenant {
             primary.live = Some((charge, ctx as usize));
             super::first_launch::context_appeared(&r);
             drop(r);
-            self.reconcile_device(device);
+            self.reconcile_with(device, after);
         }
         Ok(())
     }

@@ -63,9 +63,9 @@ impl Tenant {
                 Expected::Known(0),
             )
         };
-        let ((), charge) = t.charge_measured(device, &m, call, undo)?;
+        let ((), charge, after) = t.charge_measured_sampled(device, &m, call, undo)?;
         t.record_overhead(Overhead::Limits, ctx, ctx, charge);
-        t.reconcile_device(device);
+        t.reconcile_with(device, after);
         Ok(())
     }
 

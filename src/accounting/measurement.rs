@@ -3,8 +3,9 @@
 //! [`Tenant::charge_measured`] reserves, runs it under the device's measurement lock, reads the
 //! driver's figures around it (through the driver seam) and settles the charge.
 
-use super::overhead::{warn_once, WARNED_DISTURBED, WARNED_NEIGHBOUR, WARNED_UNDOABLE};
+use super::overhead::{warn_once, Sample, WARNED_DISTURBED, WARNED_NEIGHBOUR, WARNED_UNDOABLE};
 use super::{Charge, Device, Tenant};
+use crate::driver::measure::ProcessFigure;
 use gpuslice_api::CUerror;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -188,6 +189,21 @@ impl Tenant {
         call: impl FnOnce() -> Result<T, CUerror>,
         undo: Option<impl FnOnce(T)>,
     ) -> Result<(T, Charge), CUerror> {
+        self.charge_measured_sampled(device, m, call, undo)
+            .map(|(value, charge, _)| (value, charge))
+    }
+
+    /// [`Tenant::charge_measured`], also returning the driver's figures read after the operation
+    /// (`None` when none were read), its ledger readings brought to the settled charge: what the
+    /// caller reconciles with once it recorded the charge ([`Tenant::reconcile_with`]), instead of
+    /// reading the driver's figures a third time.
+    pub(super) fn charge_measured_sampled<T: Copy>(
+        &self,
+        device: &Device,
+        m: &Measurement<'_>,
+        call: impl FnOnce() -> Result<T, CUerror>,
+        undo: Option<impl FnOnce(T)>,
+    ) -> Result<(T, Charge, Option<Sample>), CUerror> {
         let Measurement {
             what,
             explicit,
@@ -222,6 +238,7 @@ impl Tenant {
                     device: slot,
                     bytes,
                 },
+                None,
             ));
         }
         // A cost known beforehand is reserved before any lock; a context's is worked out under
@@ -240,7 +257,14 @@ impl Tenant {
             let own = OWN.lock();
             let lock =
                 MeasureLock::acquire_as(&self.config.device_dir, &device.uuid, libc::LOCK_SH);
-            let sample = self.sample(device);
+            let reserved = upfront
+                .charge()
+                .bytes
+                .saturating_add(predicted.as_ref().map_or(0, |p| p.charge().bytes));
+            let settled = (current == 0 && floor.is_none())
+                .then(|| self.settled_figure(device, slot, reserved))
+                .flatten();
+            let sample = settled.unwrap_or_else(|| self.sample(device));
             if sample.is_own() {
                 shared = Some((own, lock, sample));
             }
@@ -267,9 +291,11 @@ impl Tenant {
             .charge()
             .bytes
             .saturating_add(predicted.as_ref().map_or(0, |p| p.charge().bytes));
-        let before = before.unwrap_or_else(|| self.sample(device));
+        let before = before
+            .or_else(|| self.nothing_held_before_first_context(device, m.expected, reserved))
+            .unwrap_or_else(|| self.sample(device));
         let value = call()?;
-        let after = self.sample(device);
+        let mut after = self.sample(device);
         // What the operation can cost at most, for a figure that also moves with other processes:
         // what it is expected to cost (a context as this tenant's others on the GPU, a module its
         // image's pages, a limit what NVIDIA documents), else the fallback estimate.
@@ -349,6 +375,16 @@ impl Tenant {
                 bytes: have - cost,
             });
         }
+        // The ledger moved by the settlement since the figures were read.
+        let settle = |charged: u64| {
+            if cost >= have {
+                charged.saturating_add(cost - have)
+            } else {
+                charged.saturating_sub(have - cost)
+            }
+        };
+        after.charged = settle(after.charged);
+        after.charged_low = settle(after.charged_low);
         if let Some(Ok(ledger)) = self.ledger.get() {
             // The caller records the object (and publishes again) once the lock is released.
             let overhead = self.overhead_on(Some(slot)).saturating_sub(current);
@@ -362,7 +398,80 @@ impl Tenant {
                 device: slot,
                 bytes: cost,
             },
+            Some(after),
         ))
+    }
+
+    /// This process's figure on `device` before a new object of known cost is made, known without
+    /// reading it: the driver's last reading for this process there agreed with the ledger (the
+    /// reconciliation after it found nothing beyond the charges, and no surplus), and nothing was
+    /// charged or given back since but through the ledger, so the driver holds what the process
+    /// has charged, less what was reserved for this operation. Spares each module load and kernel
+    /// lookup one NVML reading. What the driver spent on the device outside any measured
+    /// operation since (code loaded at a first launch) is then measured with this object: the
+    /// totals stay the driver's, and reconciliation at the object's unload gives it back to the
+    /// unattributed charge. `None` when the last reading did not agree (the figure is read).
+    fn settled_figure(&self, device: &Device, slot: usize, reserved: u64) -> Option<Sample> {
+        if !self.agreed(slot) || self.context_reserve_is_explicit() {
+            return None;
+        }
+        let Some(Ok(ledger)) = self.ledger.get() else {
+            return None;
+        };
+        let _ = device;
+        let charged = ledger.used_by_me(slot);
+        Some(Sample {
+            process: ProcessFigure::Listed(charged.saturating_sub(reserved)),
+            device: None,
+            listed: None,
+            charged_low: charged,
+            charged,
+        })
+    }
+
+    /// What the driver's figures were before this process's first context on `device`, known
+    /// without reading them: in the PID namespace the driver lists processes in, a process with
+    /// nothing charged on the device (no context, no allocation, no overhead) holds nothing there,
+    /// and NVML does not list it. Spares the first context (the start-up's) a reading of NVML's
+    /// process list (the device's used memory is still read). `None` otherwise (the figures are
+    /// read).
+    fn nothing_held_before_first_context(
+        &self,
+        device: &Device,
+        expected: Expected,
+        reserved: u64,
+    ) -> Option<Sample> {
+        if expected != Expected::Context || self.driver.driver_pid_unknown() {
+            return None;
+        }
+        let slot = *device.slot.as_ref().ok()?;
+        let Some(Ok(ledger)) = self.ledger.get() else {
+            return None;
+        };
+        let r = self.records.lock();
+        let context_there = r.contexts.values().any(|c| c.device == slot)
+            || r.primary
+                .values()
+                .any(|p| p.live.is_some_and(|(c, _)| c.device == slot));
+        drop(r);
+        if context_there || self.overhead_on(Some(slot)) != 0 {
+            return None;
+        }
+        // Only what this operation reserved before the driver is asked: no allocation of this
+        // process is on the device.
+        let charged = ledger.used_by_me(slot);
+        if charged != reserved {
+            return None;
+        }
+        Some(Sample {
+            process: ProcessFigure::NotListed,
+            // Read for a driver that lists this process without a figure (then the device's
+            // used memory measures the context).
+            device: self.driver.device_used(&device.uuid),
+            listed: None,
+            charged_low: charged,
+            charged,
+        })
     }
 }
 

@@ -47,12 +47,13 @@ impl Tenant {
             (false, _) => expected,
         };
         let m = Measurement::new(what, fallback, Expected::Known(expected));
-        let (loaded, charge) = self.charge_measured(device, &m, call, Some(unload))?;
+        let (loaded, charge, after) =
+            self.charge_measured_sampled(device, &m, call, Some(unload))?;
         self.record_overhead(kind, key(loaded), owner, charge);
         if lazy {
             self.record_lazy_code(kind, key(loaded), code);
         }
-        self.reconcile_device(device);
+        self.reconcile_with(device, after);
         Ok(())
     }
 
@@ -73,7 +74,7 @@ impl Tenant {
             return call();
         };
         let m = Measurement::new("kernel load", expected, Expected::Known(expected));
-        let ((), charge) = self.charge_measured(
+        let ((), charge, after) = self.charge_measured_sampled(
             device,
             &m,
             call,
@@ -83,7 +84,7 @@ impl Tenant {
             None::<fn(())>,
         )?;
         self.lazy_code_loaded(kind, handle, kernel, charge);
-        self.reconcile_device(device);
+        self.reconcile_with(device, after);
         Ok(())
     }
 }

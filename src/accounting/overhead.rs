@@ -199,7 +199,7 @@ impl Tenant {
                 &WARNED_IMPOSSIBLE,
                 format_args!(
                     "the driver says this process holds {a} bytes on {}, less than the {allocated} \
-                     it allocated: its per-process figures are not believed (charging the larger)",
+                     it allocated: its per-process figures are not believed (charging the estimate)",
                     device.uuid
                 ),
             );

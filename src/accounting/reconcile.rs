@@ -16,6 +16,23 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub(super) struct State {
     /// Ledger device -> overhead found by reconciliation beyond the recorded charges (charged).
     pub unattributed: super::records::KeyMap<usize, u64>,
+    /// Ledger device -> the PID of the process whose last reconciliation there read its own figure
+    /// and left the ledger agreeing with it (no surplus, nothing beyond the charges left uncharged;
+    /// a forked child's is not its parent's). See `measurement::settled_figure`.
+    pub agreed: super::records::KeyMap<usize, u32>,
+}
+
+impl Tenant {
+    /// Whether this process's last reconciliation on ledger device `slot` left the ledger agreeing
+    /// with the driver's figure for it.
+    pub(super) fn agreed(&self, slot: usize) -> bool {
+        self.overhead.lock().agreed.get(&slot).copied() == Some(std::process::id())
+    }
+
+    /// Marks ledger device `slot` as not agreeing (no PID to read for that).
+    fn disagree(&self, slot: usize) {
+        self.overhead.lock().agreed.insert(slot, 0);
+    }
 }
 
 static WARNED_UNCHARGED: AtomicBool = AtomicBool::new(false);
@@ -88,6 +105,8 @@ impl Tenant {
     /// from the process's own line in NVML's lists, else from the node's word in the ledger (a
     /// process in another PID namespace; see [`node_overhead`]). Publishes which it was.
     fn reconcile(&self, device: &Device, slot: usize, sample: &Sample) {
+        // Agreeing only once shown below.
+        self.disagree(slot);
         if self.context_reserve_is_explicit() {
             // Contexts are charged what the operator said; what the driver holds beyond that is
             // mostly theirs, and cannot be told apart from other overhead.
@@ -101,6 +120,7 @@ impl Tenant {
         drop(state);
         let recorded = self.overhead_on(Some(slot)).saturating_sub(unattributed);
         let fell = note_recorded(slot, recorded);
+        let mut agrees = false;
         let wanted = match sample.process {
             ProcessFigure::Listed(holds) => {
                 ledger.set_reconciled_by_me(crate::ledger::RECONCILED_OWN);
@@ -108,6 +128,9 @@ impl Tenant {
                 if holds < allocated {
                     return; // impossible (logged by `spent`): not believed
                 }
+                // The ledger agrees with the figure once unattributed is brought to `wanted`,
+                // unless the records charge more than the driver holds beyond the allocations.
+                agrees = holds - allocated >= recorded;
                 holds.saturating_sub(allocated).saturating_sub(recorded)
             }
             _ => match node_overhead(
@@ -135,10 +158,16 @@ impl Tenant {
             },
         };
         state = self.overhead.lock();
+        let state = &mut *state;
         let entry = state.unattributed.entry(slot).or_insert(0);
         if wanted > *entry {
             match ledger.try_reserve(slot, wanted - *entry) {
-                Ok(()) => *entry = wanted,
+                Ok(()) => {
+                    *entry = wanted;
+                    state
+                        .agreed
+                        .insert(slot, if agrees { std::process::id() } else { 0 });
+                }
                 Err(QuotaExceeded { used, limit, .. }) => warn_once(
                     &WARNED_UNCHARGED,
                     format_args!(
@@ -150,9 +179,14 @@ impl Tenant {
                     ),
                 ),
             }
-        } else if wanted < *entry {
-            ledger.release(slot, *entry - wanted);
-            *entry = wanted;
+        } else {
+            if wanted < *entry {
+                ledger.release(slot, *entry - wanted);
+                *entry = wanted;
+            }
+            state
+                .agreed
+                .insert(slot, if agrees { std::process::id() } else { 0 });
         }
     }
 
@@ -209,6 +243,21 @@ impl Tenant {
         let Ok(slot) = device.slot else { return };
         if !self.context_reserve_is_explicit() {
             let sample = self.sample(device);
+            self.reconcile(device, slot, &sample);
+        }
+        if let Some(Ok(ledger)) = self.ledger.get() {
+            ledger.set_overhead_by_me(slot, self.overhead_on(Some(slot)));
+        }
+    }
+
+    /// [`Tenant::reconcile_device`] from the figures a measurement read after its operation
+    /// ([`Tenant::charge_measured_sampled`]), once its charge is recorded; reads them when it read
+    /// none.
+    pub(super) fn reconcile_with(&self, device: &Device, after: Option<Sample>) {
+        let (Ok(&slot), Some(sample)) = (device.slot.as_ref(), after) else {
+            return self.reconcile_device(device);
+        };
+        if !self.context_reserve_is_explicit() {
             self.reconcile(device, slot, &sample);
         }
         if let Some(Ok(ledger)) = self.ledger.get() {

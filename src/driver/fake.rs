@@ -13,12 +13,20 @@ use std::collections::{BTreeMap, VecDeque};
 /// A call the fake recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Call {
-    StreamSynchronize { stream: usize, per_thread: bool },
-    PoolTrim { pool: usize, keep: u64 },
+    StreamSynchronize {
+        stream: usize,
+        per_thread: bool,
+    },
+    PoolTrim {
+        pool: usize,
+        keep: u64,
+    },
     DeviceOfContext(usize),
     EventCreate(usize),
     EventDestroy(usize),
     MemorySample,
+    /// The device's used memory alone (its figure is the next sample's).
+    DeviceUsed,
 }
 
 /// A pool's figures.
@@ -283,6 +291,17 @@ impl Driver for FakeDriver {
             device: None,
             listed: None,
         })
+    }
+
+    fn device_used(&self, _uuid: &str) -> Option<u64> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::DeviceUsed);
+        let sample = if s.samples.len() > 1 {
+            s.samples.pop_front()
+        } else {
+            s.samples.front().cloned()
+        };
+        sample.and_then(|s| s.device)
     }
 
     fn device_total(&self, uuid: &str) -> Option<u64> {

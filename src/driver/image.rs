@@ -20,10 +20,22 @@ const MAX_IMAGE: u64 = 1 << 32;
 impl Image {
     /// The image's size and what its code takes on device `ordinal` ([`gpuslice_api::image`]),
     /// 0 and nothing when it cannot be read.
+    /// PTX in memory is measured where it lies (its length is what it takes: no copy, no device
+    /// attributes); a cubin or fatbinary is copied as far as its headers say, then read.
     pub fn measure(self, ordinal: CUdevice) -> (u64, gpuslice_api::image::Code) {
         let bytes = match self {
             Image::File(path) => read_file(path),
-            Image::Memory(p) => read_image(p.cast(), true),
+            Image::Memory(p) => match read_image(p.cast(), true) {
+                Some(Read::Text(len)) => {
+                    let code = gpuslice_api::image::Code {
+                        data: len,
+                        kernels: Vec::new(),
+                    };
+                    return (len, code);
+                }
+                Some(Read::Copied(bytes)) => Some(bytes),
+                None => None,
+            },
         };
         let Some(bytes) = bytes else {
             return (0, gpuslice_api::image::Code::default());
@@ -53,12 +65,21 @@ fn read_file(fname: *const c_char) -> Option<Vec<u8>> {
         .ok()
 }
 
-/// A copy of the in-memory image at `p`: as far as its headers say (an ELF cubin, a fatbinary, the
+/// An in-memory image as [`read_image`] reads it.
+#[derive(Debug, PartialEq, Eq)]
+enum Read {
+    /// A cubin or fatbinary, copied.
+    Copied(Vec<u8>),
+    /// NUL-terminated PTX of this many bytes (not copied: its length is all it takes).
+    Text(u64),
+}
+
+/// The in-memory image at `p`: a copy as far as its headers say (an ELF cubin, a fatbinary, the
 /// compiler's wrapper around one followed when `follow`: a wrapper wraps a fatbinary, never another
-/// wrapper), else NUL-terminated PTX. Headers are copied with `process_vm_readv`, which fails
-/// instead of faulting: a damaged header makes the driver refuse the image, never this library
-/// crash the program.
-fn read_image(p: *const u8, follow: bool) -> Option<Vec<u8>> {
+/// wrapper), else NUL-terminated PTX's length. Headers are copied with `process_vm_readv`, which
+/// fails instead of faulting: a damaged header makes the driver refuse the image, never this
+/// library crash the program.
+fn read_image(p: *const u8, follow: bool) -> Option<Read> {
     if p.is_null() {
         return None;
     }
@@ -74,10 +95,10 @@ fn read_image(p: *const u8, follow: bool) -> Option<Vec<u8>> {
     match gpuslice_api::image::extent(&head) {
         // An ELF or fatbinary header must be there whole.
         Some(_) if head.len() < 64 => None,
-        Some(n) if n <= MAX_IMAGE => copy_own_memory(p, usize::try_from(n).ok()?),
+        Some(n) if n <= MAX_IMAGE => copy_own_memory(p, usize::try_from(n).ok()?).map(Read::Copied),
         Some(_) => None,
         // SAFETY: anything else is PTX, which the driver API requires to be NUL-terminated.
-        None => Some(unsafe { CStr::from_ptr(p.cast()) }.to_bytes().to_vec()),
+        None => Some(Read::Text(unsafe { libc::strlen(p.cast()) } as u64)),
     }
 }
 
@@ -166,12 +187,12 @@ mod tests {
         let cubin = include_bytes!("../../tests/fixtures/modules/kernel.sm_80.cubin");
         let fatbin = include_bytes!("../../tests/fixtures/modules/kernel.fatbin");
         assert_eq!(
-            read_image(cubin.as_ptr(), true).as_deref(),
-            Some(&cubin[..])
+            read_image(cubin.as_ptr(), true),
+            Some(Read::Copied(cubin.to_vec()))
         );
         assert_eq!(
-            read_image(fatbin.as_ptr(), true).as_deref(),
-            Some(&fatbin[..])
+            read_image(fatbin.as_ptr(), true),
+            Some(Read::Copied(fatbin.to_vec()))
         );
         let wrapper: [u64; 3] = [
             u64::from(gpuslice_api::image::FATBIN_WRAPPER_MAGIC) | (1 << 32),
@@ -179,10 +200,10 @@ mod tests {
             0,
         ];
         let wrapped = read_image(wrapper.as_ptr().cast(), true);
-        assert_eq!(wrapped.as_deref(), Some(&fatbin[..]));
+        assert_eq!(wrapped, Some(Read::Copied(fatbin.to_vec())));
         assert_eq!(
-            read_image(b"ptx text\0more".as_ptr(), true).as_deref(),
-            Some(&b"ptx text"[..])
+            read_image(b"ptx text\0more".as_ptr(), true),
+            Some(Read::Text(8))
         );
     }
 }

@@ -76,6 +76,9 @@ pub trait Driver: Sync {
     fn event_destroy(&self, event: usize);
     /// What the driver says about memory in use on device `uuid`.
     fn memory_sample(&self, uuid: &str) -> MemorySample;
+    /// The device's used memory alone (NVML, else `cuMemGetInfo`): a sample without the process
+    /// list, where this process's own figure is known.
+    fn device_used(&self, uuid: &str) -> Option<u64>;
     /// The device's total memory (NVML; `None` without it).
     fn device_total(&self, uuid: &str) -> Option<u64>;
     /// Whether this process's driver PID is not known yet (another PID namespace).
@@ -405,11 +408,21 @@ impl Driver for RealDriver {
         } else {
             None
         };
+        // The device's figure is only read when this process's own is not there: an own figure is
+        // what a measurement and reconciliation use (one NVML query per sample, not two).
+        let device = match process {
+            ProcessFigure::Listed(_) => None,
+            _ => measure::device_used(uuid),
+        };
         MemorySample {
             process,
-            device: measure::device_used(uuid),
+            device,
             listed,
         }
+    }
+
+    fn device_used(&self, uuid: &str) -> Option<u64> {
+        measure::device_used(uuid)
     }
 
     fn device_total(&self, uuid: &str) -> Option<u64> {

@@ -34,6 +34,48 @@ fn a_context_is_charged_what_the_driver_lists_this_process_as_spending() {
     assert_eq!(k.used(0), 300 * MIB);
 }
 
+/// Before this process's first context on a device (nothing charged there, the driver's PID
+/// namespace) NVML's process list is not read: it does not list the process. After it, one reading
+/// serves both the measurement and the reconciliation. A second context reads the list before too.
+#[test]
+fn the_first_context_reads_the_process_list_once() {
+    let k = kit("measure-first-once", 4 * GIB);
+    k.fake
+        .push_samples([listed(0, GIB), listed(300 * MIB, GIB + 300 * MIB)]);
+    create(&k, 0x200, &Cell::new(false)).unwrap();
+    assert_eq!(k.used(0), 300 * MIB);
+    let calls = k.fake.calls();
+    let count = |c: Call| calls.iter().filter(|&x| *x == c).count();
+    assert_eq!(
+        (count(Call::DeviceUsed), count(Call::MemorySample)),
+        (1, 1),
+        "{calls:?}"
+    );
+    k.fake.with(|s| {
+        s.calls.clear();
+        s.samples = [listed(300 * MIB, GIB), listed(600 * MIB, GIB)].into();
+    });
+    create(&k, 0x201, &Cell::new(false)).unwrap();
+    assert_eq!(k.used(0), 600 * MIB);
+    let calls = k.fake.calls();
+    let count = |c: Call| calls.iter().filter(|&x| *x == c).count();
+    assert_eq!(
+        (count(Call::DeviceUsed), count(Call::MemorySample)),
+        (0, 2),
+        "{calls:?}"
+    );
+}
+
+/// In another PID namespace the process list is read before the first context too: it finds the
+/// PID the driver lists this process under.
+#[test]
+fn in_another_pid_namespace_the_first_context_reads_the_list_before() {
+    let k = kit("measure-first-ns", 4 * GIB);
+    k.fake.with(|s| s.pid_unknown = true);
+    create(&k, 0x200, &Cell::new(false)).unwrap();
+    assert!(!k.fake.calls().contains(&Call::DeviceUsed));
+}
+
 #[test]
 fn a_context_measured_from_the_device_is_bounded_by_what_it_can_cost() {
     let k = kit("measure-neighbour", 4 * GIB);
@@ -241,4 +283,45 @@ fn reconciliation_charges_what_the_driver_holds_beyond_the_records() {
     k.fake.with(|s| s.samples = [listed(100 * MIB, GIB)].into());
     k.t.reconcile_device(k.t.device(0).unwrap());
     assert_eq!(k.used(0), 300 * MIB);
+}
+
+/// Once a reconciliation left the ledger agreeing with the driver's figure, a new object of known
+/// cost is measured from one reading after it: the figure before is what the process has charged.
+/// A surplus (the records charge more than the driver holds) makes the next one read both again.
+#[test]
+fn a_known_cost_after_an_agreeing_reconciliation_is_measured_from_one_reading() {
+    let k = kit("measure-settled", 4 * GIB);
+    k.fake
+        .push_samples([listed(0, GIB), listed(300 * MIB, GIB)]);
+    create(&k, 0x200, &Cell::new(false)).unwrap();
+    assert_eq!(k.used(0), 300 * MIB);
+    let d = k.t.device(0).unwrap();
+    let count = || {
+        let calls = k.fake.calls();
+        calls.iter().filter(|&x| *x == Call::MemorySample).count()
+    };
+    let load = |expected: u64| {
+        let m = Measurement::new("module load", expected, Expected::Known(expected));
+        k.t.charge_measured(d, &m, || Ok(()), Some(|()| {}))
+            .unwrap()
+            .1
+    };
+    // The driver spends 6 MiB where 4 MiB were expected: charged what it spent.
+    k.fake.with(|s| {
+        s.calls.clear();
+        s.samples = [listed(306 * MIB, GIB)].into();
+    });
+    assert_eq!(load(4 * MIB).bytes, 6 * MIB);
+    assert_eq!(count(), 1, "one reading, after the load");
+    assert_eq!(k.used(0), 306 * MIB);
+    // A surplus: the driver holds 10 MiB less than charged. Reconciled, it does not agree...
+    k.fake.with(|s| s.samples = [listed(296 * MIB, GIB)].into());
+    k.t.reconcile_device(d);
+    // ...so the next load reads the figure before it again.
+    k.fake.with(|s| {
+        s.calls.clear();
+        s.samples = [listed(296 * MIB, GIB), listed(298 * MIB, GIB)].into();
+    });
+    assert_eq!(load(2 * MIB).bytes, 2 * MIB);
+    assert_eq!(count(), 2, "read before and after");
 }
