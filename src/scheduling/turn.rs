@@ -75,6 +75,17 @@ pub enum Completion {
     InTurn,
 }
 
+/// Whether a process stops counting as a member of its tenant's turn (its completions outside its
+/// own ownership then carried, not taken as the turn's): it was one (`member`), neither it nor
+/// another process of its tenant holds the device now (`turn_held`), and none of its launches is
+/// between its check and its submission (`launching`). What completes after the turn ended ran
+/// after the lead's last event, which the lead's charge did not cover, and the next tenant's
+/// intervals did: left uncharged, the share-30 tenant beside a two-process tenant of 70 got
+/// 27.8%.
+pub fn membership_ends(member: bool, turn_held: bool, launching: bool) -> bool {
+    member && !turn_held && !launching
+}
+
 pub fn completion(owned: bool, in_turn: bool) -> Completion {
     match (owned, in_turn) {
         (true, _) => Completion::Measured,
@@ -151,6 +162,19 @@ mod tests {
         assert_eq!(completion(true, false), Completion::Measured);
         assert_eq!(completion(true, true), Completion::Measured);
         assert_eq!(completion(false, true), Completion::InTurn);
+        assert_eq!(completion(false, false), Completion::Carried);
+    }
+
+    #[test]
+    fn a_membership_ends_with_the_turn() {
+        // Launched in the tenant's turn, the turn now another tenant's, nothing being launched.
+        assert!(membership_ends(true, false, false));
+        // The turn still held by the tenant, or a launch between its check and its submission.
+        assert!(!membership_ends(true, true, false));
+        assert!(!membership_ends(true, false, true));
+        // Never a member.
+        assert!(!membership_ends(false, false, false));
+        // After it ends, a completion outside the process's ownership is carried.
         assert_eq!(completion(false, false), Completion::Carried);
     }
 
