@@ -135,6 +135,11 @@ impl Sched {
                         let old = self.launch_ns.load(Relaxed);
                         self.launch_ns
                             .store(flow::launch_estimate(old, ns, t.launches), Relaxed);
+                        let low = self.launch_low_ns.load(Relaxed);
+                        self.launch_low_ns.store(
+                            drain::low_estimate(low, ns / u64::from(t.launches)),
+                            Relaxed,
+                        );
                     }
                     let owned = self.owned.load(SeqCst) != 0;
                     // A process that launched in its tenant's turn held by another sees its completions late
@@ -288,7 +293,7 @@ impl Sched {
             if now >= deadline {
                 break;
             }
-            let launch_ns = self.launch_ns.load(Relaxed);
+            let launch_ns = self.launch_low_ns.load(Relaxed);
             let pause = {
                 let f = self.inflight.lock();
                 if popped.is_some() {

@@ -70,6 +70,8 @@ pub struct Sched {
     pub(super) last_submit_ns: AtomicU64,
     /// Estimated device time of one launch (EWMA), for `Q`.
     pub(super) launch_ns: AtomicU64,
+    /// A low estimate of one launch's device time (`drain::low_estimate`): what a drain sleeps for.
+    pub(super) launch_low_ns: AtomicU64,
     pub(super) last_completion_ns: AtomicU64,
     /// When one of our tracked launches last completed (any path): our work makes progress.
     pub(super) progress_ns: AtomicU64,
@@ -153,6 +155,7 @@ impl Sched {
             waiting_since: AtomicU64::new(0),
             last_submit_ns: AtomicU64::new(0),
             launch_ns: AtomicU64::new(250_000),
+            launch_low_ns: AtomicU64::new(0),
             last_completion_ns: AtomicU64::new(0),
             progress_ns: AtomicU64::new(0),
             inflight: Mutex::new(VecDeque::new()),
