@@ -21,6 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 /// Longest a waiter sleeps before checking the owner's liveness again.
 pub(super) const WAITER_POLL_NS: u64 = 2_000_000;
+/// How often a waiter looks again while another process of its tenant owns the device past its
+/// slice (`turn::in_slice`): a renewal does not wake waiters.
+const TURN_POLL_NS: u64 = 100_000;
 /// How long a launch held back for a high-priority tenant waits before it looks again.
 const YIELD_POLL_NS: u64 = 200_000;
 
@@ -214,12 +217,18 @@ impl Sched {
         let Some(entry) = owner.and_then(|o| l.slots.get(o)) else {
             return false;
         };
+        let h = &l.header;
         turn::shares_turn(
             owner,
             entry.state.load(Acquire) == super::shm::SLOT_ACTIVE,
             entry.tenant.load(Acquire) as usize,
             self.slot,
             self.tenant(),
+        ) && turn::in_slice(
+            now_ns(),
+            h.grant_ns.load(Acquire),
+            h.slice_ns.load(Acquire),
+            super::arbiter::SLICE_NS,
         )
     }
 
@@ -402,7 +411,14 @@ impl Sched {
                 self.revoke(o, e);
                 continue;
             }
-            futex_wait(&h.epoch, e, self.waiter_poll_ns());
+            // Our tenant's owner past its slice: it renews (the turn is shared again) or hands
+            // over, soon.
+            let poll = if ot == self.tenant() {
+                TURN_POLL_NS
+            } else {
+                self.waiter_poll_ns()
+            };
+            futex_wait(&h.epoch, e, poll);
         }
         self.waiting.fetch_sub(1, SeqCst);
         self.publish_waiting();

@@ -36,6 +36,16 @@ pub fn shares_turn(
     owner.is_some_and(|o| o != me) && owner_active && owner_tenant == mine
 }
 
+/// Whether the owner's slice, granted at `grant_ns` for `slice_ns` (untrusted words; the slice at
+/// most `slice_max_ns`), still runs at `now`: the other processes of its tenant launch in the turn
+/// only until then. Past it the owner renews (a new grant) or drains, and its drain waits only for
+/// its own work: what another process of the tenant launched during the drain ran after the
+/// owner's last event, was charged to nobody, and ran into the next tenant's ownership (the
+/// share-30 tenant beside a two-process tenant of 70 got 27.8-28.1%).
+pub fn in_slice(now: u64, grant_ns: u64, slice_ns: u64, slice_max_ns: u64) -> bool {
+    now < grant_ns.min(now).saturating_add(slice_ns.min(slice_max_ns))
+}
+
 /// Whether a waiting slot of tenant `waiter` is a rival of an owner of tenant `mine` at the end of
 /// its slice (the owner must hand over rather than renew): a process of the owner's own tenant
 /// is not (it launches in the renewed turn); a high-priority owner yields only to another
@@ -141,6 +151,18 @@ mod tests {
         // Nobody owns, or the owner word names a slot no process holds.
         assert!(!shares_turn(None, true, 1, 5, 1));
         assert!(!shares_turn(Some(3), false, 1, 5, 1));
+    }
+
+    #[test]
+    fn a_turn_is_shared_until_the_slice_ends() {
+        let (grant, slice) = (100 * MS, 20 * MS);
+        assert!(in_slice(110 * MS, grant, slice, 20 * MS));
+        // Past the slice's end: the owner renews or drains.
+        assert!(!in_slice(120 * MS, grant, slice, 20 * MS));
+        // A slice word past the longest slice counts as the longest.
+        assert!(!in_slice(125 * MS, grant, u64::MAX, 20 * MS));
+        // A grant in the future counts from now.
+        assert!(in_slice(110 * MS, u64::MAX, slice, 20 * MS));
     }
 
     #[test]
