@@ -114,11 +114,7 @@ mod tests {
     #[test]
     fn streams_side_by_side_count_once() {
         // Two streams with 1 ms and 2 ms not yet started: 2 ms are left at least, not 3.
-        let p = pause_ns(
-            [(1, 1), (2, 1), (1, 5), (2, 10)].into_iter(),
-            200_000,
-            None,
-        );
+        let p = pause_ns([(1, 1), (2, 1), (1, 5), (2, 10)].into_iter(), 200_000, None);
         assert_eq!(p, 1_500_000);
     }
 
@@ -134,10 +130,16 @@ mod tests {
     #[test]
     fn running_work_of_unknown_progress_is_looked_at_often() {
         // One batch of 10 launches of 200 us, begun who knows when: every 50 us at most.
-        assert_eq!(pause_ns([(1, 10)].into_iter(), 200_000, None), UNKNOWN_MAX_NS);
+        assert_eq!(
+            pause_ns([(1, 10)].into_iter(), 200_000, None),
+            UNKNOWN_MAX_NS
+        );
         // Short work: every 20 us at least.
         assert_eq!(pause_ns([(1, 2)].into_iter(), 20_000, None), POLL_NS);
         // Nothing in flight.
-        assert_eq!(pause_ns(std::iter::empty::<(u8, u32)>(), 200_000, None), POLL_NS);
+        assert_eq!(
+            pause_ns(std::iter::empty::<(u8, u32)>(), 200_000, None),
+            POLL_NS
+        );
     }
 }

@@ -433,5 +433,4 @@ impl Sched {
             None => self.free_events.lock().push(start),
         }
     }
-
 }

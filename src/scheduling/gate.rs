@@ -3,10 +3,10 @@
 //! waiter takes the device from an owner that is dead, stopped, or named by a damaged ledger word.
 
 use super::arbiter::Choice;
+use super::completions::Waited;
 use super::cu::{self, RelaxedCapture};
 use super::demand::DemandState;
 use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
-use super::completions::Waited;
 use super::events::{Open, Pending, Tracked};
 use super::evidence::Evidence;
 use super::flow::{self, Pick, StreamKey, WaitBound};
