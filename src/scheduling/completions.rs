@@ -316,7 +316,7 @@ impl Sched {
             // published, so the peer passes its gate for the round (`Sched::peer_pass`).
             self.watch_stall_after(now, false);
             std::thread::sleep(Duration::from_nanos(
-                pause.min(deadline.saturating_sub(now)),
+                pause.max(drain::POLL_NS).min(deadline.saturating_sub(now)),
             ));
         }
         self.last_completion_ns.store(0, Release);

@@ -45,32 +45,38 @@ pub fn pause_ns<K: PartialEq + Copy>(
 ) -> u64 {
     // Per stream: at most 8 told apart, no allocation; batches of further streams are left out
     // (what is known to be left is then only underestimated: an earlier look).
-    let mut streams: [(Option<K>, u64); 8] = [(None, 0); 8];
+    let mut keys: [Option<K>; 8] = [None; 8];
+    let mut left = [0u64; 8];
     let mut running = 0u64;
     for (i, (key, launches)) in batches.enumerate() {
         let work = u64::from(launches).saturating_mul(launch_ns);
-        let Some(slot) = streams
-            .iter()
-            .position(|(k, _)| k.is_none() || *k == Some(key))
-        else {
+        let mut slot = keys.len();
+        for (n, k) in keys.iter().enumerate() {
+            if k.is_none() || *k == Some(key) {
+                slot = n;
+                break;
+            }
+        }
+        if slot == keys.len() {
             continue;
-        };
-        let (k, left) = &mut streams[slot];
-        if k.is_none() {
+        }
+        if keys[slot].is_none() {
             // The stream's oldest batch: it may be running, with any part of it left, unless it is
             // the oldest of all and we know when it began.
-            *k = Some(key);
+            keys[slot] = Some(key);
             running = running.max(work);
-            if i == 0 {
-                if let Some(began) = front_began_ns {
-                    *left = work.saturating_sub(began);
-                }
+            if let (0, Some(began)) = (i, front_began_ns) {
+                left[slot] = work.saturating_sub(began);
             }
         } else {
-            *left = left.saturating_add(work);
+            left[slot] = left[slot].saturating_add(work);
         }
     }
-    let known = streams.iter().map(|(_, left)| *left).max().unwrap_or(0);
+    if keys[0].is_none() {
+        // Nothing in flight (a batch still open): look again soon.
+        return POLL_NS;
+    }
+    let known = left.iter().copied().max().unwrap_or(0);
     let pause = known - known / 4;
     if pause >= POLL_NS {
         return pause.min(PAUSE_MAX_NS);
@@ -79,7 +85,12 @@ pub fn pause_ns<K: PartialEq + Copy>(
         // Past the estimated end: it completes any moment.
         POLL_NS
     } else {
-        (running / 8).max(POLL_NS).min(UNKNOWN_MAX_NS)
+        let part = running / 8;
+        if part <= POLL_NS {
+            POLL_NS
+        } else {
+            part.min(UNKNOWN_MAX_NS)
+        }
     }
 }
 
@@ -138,7 +149,7 @@ mod tests {
         assert_eq!(pause_ns([(1, 2)].into_iter(), 20_000, None), POLL_NS);
         // Nothing in flight.
         assert_eq!(
-            pause_ns(std::iter::empty::<(u8, u32)>(), 200_000, None),
+            pause_ns(std::iter::empty::<(i32, u32)>(), 200_000, None),
             POLL_NS
         );
     }
