@@ -681,11 +681,12 @@ fn turn_scenario(failures: &mut Vec<String>) {
 /// simgpu's trace of the share-30 one, less the client's own three calls a launch (`spin`). Each
 /// stream's launches are measured in batches (one event after about 2 ms of work, chained to the
 /// previous one while the stream is busy), completions looked at only when flow control or the
-/// scheduler thread needs them: 1.4 calls a launch (0.8 with drains that looked less often, which
-/// cost the mixed-length shares), where an event pair, queries, capture-mode exchanges and stream
-/// look-ups around every launch made about 13. Bounded at 2.0: about half of what is left is the
-/// drain's look every 20 us at each hand-over, which a loaded host lengthens. The sparser events must keep the shares: the share-30 tenant's part of the busy
-/// device over a window after the start is 30 ± 5 points.
+/// scheduler thread needs them, and a drain sleeps for what is known to be left of its work
+/// (`drain`) instead of looking every 20 us: 0.92-0.99 calls a launch on a loaded 2-core machine
+/// (1.43-1.45 with the 20 us looks; about 13 with an event pair, queries, capture-mode exchanges
+/// and stream look-ups around every launch). Bounded at 1.25, a margin for a loaded host, whose
+/// late threads lengthen waits and so add looks. The sparser events must keep the shares: the
+/// share-30 tenant's part of the busy device over a window after the start is 30 ± 5 points.
 fn contended_calls_scenario(failures: &mut Vec<String>) {
     const MS: u64 = 3_000;
     let scene = Scene::new("lifecycle", "contended-calls");
@@ -723,12 +724,12 @@ fn contended_calls_scenario(failures: &mut Vec<String>) {
     top.sort_by_key(|e| std::cmp::Reverse(e.1));
     top.truncate(10);
     let line = format!(
-        "contended: {launches} launches, driver calls per launch added {added:.2} (bound 2.0), \
+        "contended: {launches} launches, driver calls per launch added {added:.2} (bound 1.25), \
          share-30 tenant's part of the busy device {:.1}% (30 +- 5); calls: {top:?}",
         part * 100.0
     );
     println!("lifecycle: {line}");
-    if launches < 100 || added > 2.0 || (part - 0.30).abs() > 0.05 {
+    if launches < 100 || added > 1.25 || (part - 0.30).abs() > 0.05 {
         failures.push(line);
     }
 }

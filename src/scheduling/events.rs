@@ -9,31 +9,22 @@
 //! What an ownership is charged is that time, never more than the wall time the device was held (so
 //! kernels of several streams that overlap are charged once).
 
-use super::arbiter::DRAIN_LIMIT_NS;
 use super::cu;
 use super::device::now_ns;
-use super::flow::{self, Next, OwnedClock, StreamKey};
+use super::flow::{self, StreamKey};
 use super::gate::Sched;
-use super::meter::{self, Reading};
-use super::runtime;
-use super::turn::{self, Completion};
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
-use std::time::Duration;
 
 /// How often an empty event pair is recorded to re-measure the per-launch event overhead.
 const CALIBRATION_NS: u64 = 250_000_000;
-/// The longest pause between two queries of the batch a flow-control wait waits for (the first:
-/// `flow::first_poll_ns`, doubling; the queue holds a batch besides when a launch waits: a late look
-/// leaves the device busy with it).
-const FLOW_POLL_MAX_NS: u64 = 200_000;
 
 /// One of our events, and the context it belongs to.
 pub(super) struct Pending {
-    event: usize,
-    ctx: usize,
+    pub(super) event: usize,
+    pub(super) ctx: usize,
 }
 
 /// Recorded events: around one launch, or back to back to calibrate what an empty pair measures. A
@@ -45,28 +36,28 @@ pub(super) struct Pending {
 /// two, the common case under contention, where the queue is rarely empty). The event then belongs
 /// to the later launch (`end_shared` on the earlier one): it is recycled once, when the later one is.
 pub(super) struct Tracked {
-    start: Option<Pending>,
-    end: Pending,
+    pub(super) start: Option<Pending>,
+    pub(super) end: Pending,
     /// The stream the events were recorded on (a chained start is found by it; flow control counts
     /// launches per stream by it): the per-thread default stream is the launching thread's.
-    key: StreamKey,
-    calibration: bool,
+    pub(super) key: StreamKey,
+    pub(super) calibration: bool,
     /// `end` is also the next launch's `start`: not recycled with this one.
-    end_shared: bool,
+    pub(super) end_shared: bool,
     /// Host time from recording a start event of our own to the launch (0 when chained). On an idle
     /// stream the device stamps that event at once and the kernel only when it is launched: a
     /// thread preempted in between would be charged its wait as device time.
-    start_gap_ns: u64,
+    pub(super) start_gap_ns: u64,
     /// Launches the interval spans (0: a calibration pair).
-    launches: u32,
+    pub(super) launches: u32,
     /// When `end` was recorded (host, monotonic): a batch that begins soon after may start there.
-    closed_ns: u64,
+    pub(super) closed_ns: u64,
 }
 
 /// A batch of launches on one stream whose end event is not recorded yet.
 pub(super) struct Open {
     key: StreamKey,
-    ctx: usize,
+    pub(super) ctx: usize,
     /// The stream handle as the launches named it, and whether through a `_ptsz` entry point.
     stream: usize,
     per_thread: bool,
@@ -97,25 +88,15 @@ impl Tracked {
     }
 }
 
-/// How a flow-control wait ended.
-pub(super) enum Waited {
-    /// The launch waited for completed (accounted).
-    Completed,
-    /// It completed nothing for the bound while we owned the device: the new launch goes through.
-    Pass,
-    /// We do not own the device (or it is no longer contended): the new launch goes back to the gate.
-    Regrant,
-}
-
 /// What a query of one of our events says.
-enum State {
+pub(super) enum State {
     Done,
     Running,
     /// The event is gone (its context was destroyed): nothing to measure, never to be used again.
     Gone,
 }
 
-fn query(p: &Pending) -> State {
+pub(super) fn query(p: &Pending) -> State {
     // SAFETY: an event we created and recorded.
     match unsafe { cu::cuEventQuery(p.event as CUevent) } {
         Ok(()) => State::Done,
@@ -339,18 +320,6 @@ impl Sched {
         }
     }
 
-    /// Launches of ours not yet known to have completed: in tracked batches and open ones.
-    pub(super) fn launches_in_flight(&self) -> usize {
-        let tracked: usize = self
-            .inflight
-            .lock()
-            .iter()
-            .map(|t| t.launches as usize)
-            .sum();
-        let open: usize = self.open.lock().iter().map(|o| o.launches as usize).sum();
-        tracked.saturating_add(open)
-    }
-
     /// The start of a batch on `stream` that begins while the stream's previous batch still runs
     /// (`busy`: flow control just saw it run) or soon after it was closed (`flow::chains`): that
     /// batch's end event, which the new batch then owns. `None` otherwise (the device may have
@@ -463,256 +432,5 @@ impl Sched {
             }),
             None => self.free_events.lock().push(start),
         }
-    }
-
-    /// Waits for a tracked launch `t` taken off the queue by flow control (when [`Sched::teardowns`]
-    /// read `teardowns`), and accounts it when it completes. Bounded (`flow`): past
-    /// [`flow::WaitBound::limit_ns`] of owned time without `t` completing, or as long without
-    /// owning the device, `t` goes back to the queue's front and the wait ends without it.
-    pub(super) fn wait_bounded(&self, t: Tracked, teardowns: u64) -> Waited {
-        let limit = self.wait_bound.lock().limit_ns();
-        let mut clock = OwnedClock::start(now_ns());
-        // Looked at once at once (the batch may have completed long ago: completions are only
-        // looked at when needed), then after a part of its estimated work, doubling.
-        let mut pause = flow::first_poll_ns(t.launches, self.launch_ns.load(Relaxed));
-        loop {
-            let state = query(&t.end);
-            if !matches!(state, State::Running) {
-                if !t.calibration {
-                    self.wait_bound.lock().completed_after(clock.owned_ns());
-                    self.last_completion_ns.store(now_ns(), Release);
-                }
-                self.completed_launch(t, matches!(state, State::Gone), teardowns);
-                return Waited::Completed;
-            }
-            let next = if !self.contended() || runtime::stopped() {
-                Next::Regrant
-            } else {
-                clock.step(now_ns(), self.may_launch(), limit)
-            };
-            if next != Next::Wait {
-                if next == Next::Pass {
-                    crate::log::debug(format_args!(
-                        "compute: device {}: a launch passes flow control: the launch it waited for completed nothing in {} ms of ownership",
-                        self.ordinal,
-                        clock.owned_ns() / 1_000_000
-                    ));
-                }
-                let mut f = self.inflight.lock();
-                // Unless its context was let go of meanwhile (its events may be someone else's).
-                if self.teardowns.load(Acquire) == teardowns {
-                    f.push_front(t);
-                }
-                return if next == Next::Pass {
-                    Waited::Pass
-                } else {
-                    Waited::Regrant
-                };
-            }
-            std::thread::sleep(Duration::from_nanos(pause));
-            pause = (pause * 2).min(FLOW_POLL_MAX_NS);
-        }
-    }
-
-    /// Adds a completed launch's device time to what the next charge takes (or, for an empty pair,
-    /// updates the event overhead), and recycles its events. Neither when they are gone, nor when
-    /// a context was let go of since the launch was taken off the queue at `teardowns`: they may be
-    /// that context's, their handles another event's (left to the driver, which frees a context's
-    /// events with it).
-    fn completed_launch(&self, t: Tracked, gone: bool, teardowns: u64) {
-        if gone || self.teardowns.load(Acquire) != teardowns {
-            return;
-        }
-        self.account(&t);
-        let mut free = self.free_events.lock();
-        if self.teardowns.load(Acquire) != teardowns {
-            return;
-        }
-        free.extend(t.start);
-        if !t.end_shared {
-            free.push(t.end);
-        }
-    }
-
-    /// Adds a completed launch's device time to what the next charge takes (or, for an empty pair,
-    /// updates the event overhead).
-    fn account(&self, t: &Tracked) {
-        self.progress_ns.store(now_ns(), Release);
-        if let Some(start) = &t.start {
-            let mut ms = 0f32;
-            // SAFETY: two of our events, both completed.
-            let measured = unsafe {
-                cu::cuEventElapsedTime(&mut ms, start.event as CUevent, t.end.event as CUevent)
-            }
-            .is_ok()
-            .then(|| (ms.max(0.0) as f64 * 1e6) as u64);
-            if let Some(ns) = measured {
-                if t.calibration {
-                    // Low estimate: follow decreases at once, increases slowly (a busy host only adds).
-                    let old = self.event_overhead_ns.load(Relaxed);
-                    let new = if old == 0 || ns < old {
-                        ns
-                    } else {
-                        old + (ns - old) / 16
-                    };
-                    self.event_overhead_ns.store(new, Relaxed);
-                } else {
-                    let ns = ns.saturating_sub(t.start_gap_ns).saturating_sub(
-                        flow::steps(t.launches)
-                            .saturating_mul(self.event_overhead_ns.load(Relaxed)),
-                    );
-                    if t.launches > 0 {
-                        let old = self.launch_ns.load(Relaxed);
-                        self.launch_ns
-                            .store(flow::launch_estimate(old, ns, t.launches), Relaxed);
-                    }
-                    let owned = self.owned.load(SeqCst) != 0;
-                    // A process that launched in its tenant's turn held by another sees its completions late
-                    // (flow control and the scheduler thread reap them), mostly after the turn ended:
-                    // every completion outside its own ownership is taken as the turn's, which its lead's
-                    // intervals covered (`turn`).
-                    let member = self.member.load(Relaxed) || self.tenant_turn();
-                    let completion = turn::completion(owned, !owned && member);
-                    if completion == Completion::Measured {
-                        // Progress seen within our ownership: how long one launch may run.
-                        let now = now_ns();
-                        let grant = self.ledger.layout().header.grant_ns.load(Acquire);
-                        if turn::tells_launch_length(ns, now.saturating_sub(grant.min(now))) {
-                            let longest = self.longest_ns.load(Relaxed);
-                            self.longest_ns
-                                .store(turn::longest_after(longest, ns), Relaxed);
-                        }
-                    }
-                    match completion {
-                        Completion::Measured => {
-                            self.measured_ns.fetch_add(ns, AcqRel);
-                        }
-                        // Work that outlived our ownership (or our tenant's turn) is charged at
-                        // our next charge, in full.
-                        Completion::Carried => {
-                            self.carried_ns.fetch_add(ns, AcqRel);
-                        }
-                        // The lead's charge covered it.
-                        Completion::InTurn => {}
-                    }
-                }
-            }
-        }
-    }
-
-    /// Lets go of every event of context `ctx`, which is being destroyed (`alive`: its events can
-    /// still be asked about) or was: a driver hands a destroyed context's handles out again, so an
-    /// event kept past its context may be a new one, perhaps the program's own. Tracked launches
-    /// there that are known to have completed are accounted; no event of `ctx` is recorded, waited
-    /// for, measured or recycled after this.
-    pub(super) fn forget_context(&self, ctx: usize, alive: bool) {
-        let theirs = {
-            let mut f = self.inflight.lock();
-            self.teardowns.fetch_add(1, AcqRel);
-            let (theirs, others): (VecDeque<Tracked>, VecDeque<Tracked>) = std::mem::take(&mut *f)
-                .into_iter()
-                .partition(|t| t.end.ctx == ctx);
-            *f = others;
-            theirs
-        };
-        self.free_events.lock().retain(|p| p.ctx != ctx);
-        // Batches open there: their launches are never measured (their start may be that
-        // context's event).
-        self.open.lock().retain(|o| o.ctx != ctx);
-        if alive && !theirs.is_empty() {
-            // Called from the program's thread: our queries must not disturb a capture.
-            let _relaxed = cu::RelaxedCapture::enter();
-            for t in theirs
-                .iter()
-                .filter(|t| matches!(query(&t.end), State::Done))
-            {
-                self.account(t);
-            }
-        }
-    }
-
-    /// What this ownership is charged at `now` for the time since `since` (the grant or last
-    /// renewal), by [`meter::Meter::charge`]: its measured device time less what was charged for it while
-    /// it ran, at most the wall time (overlapping streams count once), plus what our unfinished
-    /// work ran since `since`, plus what completed after an earlier ownership; for a high-priority
-    /// tenant the wall time since `since`.
-    pub(super) fn take_charge(&self, now: u64, since: u64) -> u64 {
-        let wall = now.saturating_sub(since.min(now));
-        if self.high.load(Relaxed) {
-            self.measured_ns.swap(0, AcqRel);
-            self.carried_ns.swap(0, AcqRel);
-            return wall;
-        }
-        // Completions seen now are measured now, not run as if still running.
-        let pending = !self.completed() || self.flow_waiting.load(SeqCst) > 0;
-        let running = meter::running_ns(
-            pending,
-            now,
-            since,
-            self.pending_since_ns.load(Acquire),
-            self.progress_ns.load(Acquire),
-        );
-        self.meter.lock().charge(Reading {
-            measured_ns: self.measured_ns.swap(0, AcqRel),
-            carried_ns: self.carried_ns.swap(0, AcqRel),
-            running_ns: running,
-            wall_ns: wall,
-        })
-    }
-
-    /// Whether every tracked launch has completed (completed ones are accounted and recycled), and
-    /// none is in an open batch. One query per batch found complete, and one for the oldest still
-    /// running.
-    pub(super) fn completed(&self) -> bool {
-        let mut done = Vec::new();
-        let (all, teardowns) = {
-            let mut f = self.inflight.lock();
-            // In order per stream: stop at the first one still running.
-            while let Some(p) = f.front() {
-                let gone = match query(&p.end) {
-                    State::Running => break,
-                    State::Done => false,
-                    State::Gone => true,
-                };
-                done.extend(f.pop_front().map(|p| (p, gone)));
-            }
-            (f.is_empty(), self.teardowns.load(Acquire))
-        };
-        for (p, gone) in done {
-            self.completed_launch(p, gone, teardowns);
-        }
-        // Launches in a batch still open have no event to tell (`close_open`).
-        all && self.open.lock().is_empty()
-    }
-
-    /// Waits for every tracked launch, at most [`DRAIN_LIMIT_NS`]: work that waits for something
-    /// outside this process (a collective whose peer waits at another device's gate) must not keep the
-    /// device; what is still running then is accounted when it completes.
-    pub(super) fn drain(&self) {
-        let h = &self.ledger.layout().header;
-        let deadline = now_ns().saturating_add(DRAIN_LIMIT_NS);
-        // Launching has stopped: what is still open is measured too.
-        self.close_open();
-        loop {
-            if self.completed() {
-                break;
-            }
-            let now = now_ns();
-            if now >= deadline {
-                break;
-            }
-            // Polled, with a heartbeat, so waiters can tell a long drain from a stopped owner.
-            h.owner_beat_ns.store(now, Release);
-            // A drain that waits for a collective's peer rank, stopped at another device's gate:
-            // published, so the peer passes its gate for the round (`Sched::peer_pass`).
-            self.watch_stall(now);
-            // Looked at every 20 us (`flow::drain_poll_ns`): a late look leaves the device idle
-            // before the hand-over.
-            let pause =
-                flow::drain_poll_ns(self.launches_in_flight(), self.launch_ns.load(Relaxed))
-                    .min(deadline.saturating_sub(now));
-            std::thread::sleep(Duration::from_nanos(pause));
-        }
-        self.last_completion_ns.store(0, Release);
     }
 }

@@ -189,14 +189,6 @@ pub fn first_poll_ns(launches: u32, launch_ns: u64) -> u64 {
     (u64::from(launches.max(1)).saturating_mul(launch_ns) / 4).clamp(2_000, 200_000)
 }
 
-/// The pause between two looks of a drain with `launches` in flight of `launch_ns` each: 20 us
-/// whatever is in flight. (Half the estimated work, up to 500 us, cost fewer queries but left the
-/// device idle for up to that long after the last completion of a drain, before the hand-over.)
-pub fn drain_poll_ns(launches: usize, launch_ns: u64) -> u64 {
-    let _ = (launches, launch_ns);
-    20_000
-}
-
 /// How long a flow-control wait may last, from what earlier waits took: at least
 /// [`WAIT_LIMIT_MIN_NS`], twice the longest recent wait that ended in a completion (a program with
 /// long kernels waits long for each), at most [`WAIT_LIMIT_MAX_NS`].
@@ -437,8 +429,6 @@ mod tests {
         assert_eq!(first_poll_ns(10, 200_000), 200_000);
         assert_eq!(first_poll_ns(16, 5_000), 20_000);
         assert_eq!(first_poll_ns(1, 0), 2_000);
-        assert_eq!(drain_poll_ns(0, 200_000), 20_000);
-        assert_eq!(drain_poll_ns(64, 20_000_000), 20_000);
     }
 
     #[test]

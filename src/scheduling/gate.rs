@@ -2,11 +2,12 @@
 //! the owner's launches reach the driver (at most `Q` in flight); the others wait for a grant, and a
 //! waiter takes the device from an owner that is dead, stopped, or named by a damaged ledger word.
 
-use super::arbiter::{self, Choice, GRACE_NS, SLICE_NS};
+use super::arbiter::Choice;
+use super::completions::Waited;
 use super::cu::{self, RelaxedCapture};
 use super::demand::DemandState;
 use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
-use super::events::{Open, Pending, Tracked, Waited};
+use super::events::{Open, Pending, Tracked};
 use super::evidence::Evidence;
 use super::flow::{self, Pick, StreamKey, WaitBound};
 
@@ -19,17 +20,12 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 /// Longest a waiter sleeps before checking the owner's liveness again.
-const WAITER_POLL_NS: u64 = 2_000_000;
-/// A published wait of the tenant on another device counts while it was seen within this.
-const PEER_FRESH_NS: u64 = 1_000_000;
-/// Waiters of a tenant whose work waited on another device within this interval look every
-/// `PEER_POLL_NS` (instead of `WAITER_POLL_NS`), so a pass is not missed.
-const PEER_RECENT_NS: u64 = 1_000_000_000;
-const PEER_POLL_NS: u64 = 200_000;
+pub(super) const WAITER_POLL_NS: u64 = 2_000_000;
+/// How often a waiter looks again while another process of its tenant owns the device past its
+/// slice (`turn::in_slice`): a renewal does not wake waiters.
+const TURN_POLL_NS: u64 = 100_000;
 /// How long a launch held back for a high-priority tenant waits before it looks again.
 const YIELD_POLL_NS: u64 = 200_000;
-/// Launches that pass the gate for one wait of the tenant on another device.
-const MAX_PASSES: u32 = 8;
 
 /// A 64-bit FNV-1a hash (device keys: the same in every process), never 0 (0: no device).
 pub(super) fn key_of(bytes: &[u8]) -> u64 {
@@ -77,6 +73,8 @@ pub struct Sched {
     pub(super) last_submit_ns: AtomicU64,
     /// Estimated device time of one launch (EWMA), for `Q`.
     pub(super) launch_ns: AtomicU64,
+    /// A low estimate of one launch's device time (`drain::low_estimate`): what a drain sleeps for.
+    pub(super) launch_low_ns: AtomicU64,
     pub(super) last_completion_ns: AtomicU64,
     /// When one of our tracked launches last completed (any path): our work makes progress.
     pub(super) progress_ns: AtomicU64,
@@ -160,6 +158,7 @@ impl Sched {
             waiting_since: AtomicU64::new(0),
             last_submit_ns: AtomicU64::new(0),
             launch_ns: AtomicU64::new(250_000),
+            launch_low_ns: AtomicU64::new(0),
             last_completion_ns: AtomicU64::new(0),
             progress_ns: AtomicU64::new(0),
             inflight: Mutex::new(VecDeque::new()),
@@ -218,12 +217,18 @@ impl Sched {
         let Some(entry) = owner.and_then(|o| l.slots.get(o)) else {
             return false;
         };
+        let h = &l.header;
         turn::shares_turn(
             owner,
             entry.state.load(Acquire) == super::shm::SLOT_ACTIVE,
             entry.tenant.load(Acquire) as usize,
             self.slot,
             self.tenant(),
+        ) && turn::in_slice(
+            now_ns(),
+            h.grant_ns.load(Acquire),
+            h.slice_ns.load(Acquire),
+            super::arbiter::SLICE_NS,
         )
     }
 
@@ -406,180 +411,17 @@ impl Sched {
                 self.revoke(o, e);
                 continue;
             }
-            futex_wait(&h.epoch, e, self.waiter_poll_ns());
+            // Our tenant's owner past its slice: it renews (the turn is shared again) or hands
+            // over, soon.
+            let poll = if ot == self.tenant() {
+                TURN_POLL_NS
+            } else {
+                self.waiter_poll_ns()
+            };
+            futex_wait(&h.epoch, e, poll);
         }
         self.waiting.fetch_sub(1, SeqCst);
         self.publish_waiting();
-    }
-
-    /// A waiter looks again at least this often: more often while the tenant's work waits on
-    /// another device (a pass may be due).
-    fn waiter_poll_ns(&self) -> u64 {
-        if self.peer_recent(now_ns()) {
-            PEER_POLL_NS
-        } else {
-            WAITER_POLL_NS
-        }
-    }
-
-    /// Whether a wait of our tenant's work on another device was seen within `PEER_RECENT_NS`:
-    /// the tenant's programs span devices and wait for each other (collectives).
-    pub(super) fn peer_recent(&self, now: u64) -> bool {
-        let seen = self.peer_seen_ns.load(Relaxed);
-        seen != 0 && now.saturating_sub(seen) < PEER_RECENT_NS
-    }
-
-    /// The tenant's published wait on another device, if it is current: its start (the episode).
-    fn peer_stall(&self, now: u64) -> Option<u64> {
-        let ledger = runtime::tenant_ledger()?;
-        let (device, since, seen) = ledger.stall();
-        if device == self.device_key || since == 0 || seen > now || now - seen > PEER_FRESH_NS {
-            return None;
-        }
-        self.peer_seen_ns.store(now, Relaxed);
-        Some(since)
-    }
-
-    /// Whether a launch of ours would pass the gate now (see [`Sched::peer_pass`]), without
-    /// counting it.
-    fn peer_pass_due(&self) -> bool {
-        let now = now_ns();
-        let Some(episode) = self.peer_stall(now) else {
-            return false;
-        };
-        if self.beside_high.load(Relaxed) || self.ledger.view(self.tenant()).cap != 0 {
-            return false;
-        }
-        if self.pass_episode.load(Acquire) != episode {
-            return true;
-        }
-        {
-            // Our event queries must not break another thread's global-mode capture.
-            let _relaxed = RelaxedCapture::enter();
-            self.completed();
-        }
-        self.passes.load(Acquire) < MAX_PASSES
-            && self.progress_ns.load(Acquire) < self.pass_from.load(Acquire)
-    }
-
-    /// Lets a launch through the gate without ownership when our tenant's work on another device
-    /// waits without completing (published in the tenant's memory ledger by the process whose work
-    /// it is): that work may be a collective waiting for this very launch (its peer rank here),
-    /// and without it the other device's owner would only drain or stall, and then hand over
-    /// with the collective half launched, whose kernel then spins in every gap of the next owner's
-    /// work (the hardware time-slices it). One round per wait: launches pass until one of them
-    /// has completed (the round went through), at most [`MAX_PASSES`]. Not beside an active
-    /// high-priority tenant (its latency) or for a capped tenant (its cap). What passes runs in
-    /// another tenant's ownership and is charged to ours when it completes, like work left
-    /// running at a hand-over.
-    fn peer_pass(&self) -> bool {
-        if !self.peer_pass_due() {
-            return false;
-        }
-        let Some(episode) = self.peer_stall(now_ns()) else {
-            return false;
-        };
-        if self.pass_episode.swap(episode, AcqRel) != episode {
-            self.pass_from.store(now_ns(), Release);
-            self.passes.store(0, Release);
-        }
-        self.passes.fetch_add(1, AcqRel);
-        true
-    }
-
-    /// Writes our slot's `wants` and `wait_since` from this process's own count. Two threads
-    /// publishing at once may leave a stale value; a waiter's next pass and the scheduler thread's
-    /// refresh write it again.
-    pub(super) fn publish_waiting(&self) {
-        let slot = &self.ledger.layout().slots[self.slot];
-        let n = self.published_wants();
-        let since = if n == 0 {
-            0
-        } else {
-            self.waiting_since.load(SeqCst).max(1)
-        };
-        slot.wants.store(n, Release);
-        slot.wait_since.store(since, Release);
-    }
-
-    /// What our `wants` word says: the threads waiting, or one while we launch paced
-    /// (`evidence`): our neighbours' buckets then count us as waiting, and arbitration may grant
-    /// us a turn again.
-    fn published_wants(&self) -> u32 {
-        self.waiting
-            .load(SeqCst)
-            .max(u32::from(self.evidence.fallback()))
-    }
-
-    /// Whether our slot's `wants` and `wait_since` words say what this process's count says.
-    pub(super) fn waiting_published(&self, slot: &super::shm::SlotEntry) -> bool {
-        let n = self.published_wants();
-        let since = slot.wait_since.load(Acquire);
-        slot.wants.load(Acquire) == n && (n == 0) == (since == 0) && since <= now_ns()
-    }
-
-    /// Whether the owner is stopped or hung: past its slice plus the grace, and silent (a draining
-    /// owner beats); or past its slice, the longest drain and the grace, beating or not. A grant, slice or heartbeat that cannot be genuine is repaired first.
-    fn overdue(&self, h: &super::shm::Header) -> bool {
-        // Read before the clock: a genuine stamp is then never ahead of `now`.
-        let (grant, slice, beat) = (
-            h.grant_ns.load(Acquire),
-            h.slice_ns.load(Acquire),
-            h.owner_beat_ns.load(Acquire),
-        );
-        let now = now_ns();
-        if grant > now || slice > SLICE_NS || beat > now {
-            let g = self.ledger.lock(self.slot);
-            let fixed_grant = h.grant_ns.load(Acquire).min(now);
-            h.grant_ns.store(fixed_grant, Release);
-            h.slice_ns
-                .store(h.slice_ns.load(Acquire).min(SLICE_NS), Release);
-            h.owner_beat_ns
-                .store(h.owner_beat_ns.load(Acquire).min(now), Release);
-            drop(g);
-            incident(
-                Incident::Time,
-                format_args!(
-                    "device ledger {}: grant {grant}, slice {slice} ns, heartbeat {beat} (now {now})",
-                    self.ledger.path().display()
-                ),
-            );
-            return false;
-        }
-        let past = grant.saturating_add(slice).saturating_add(GRACE_NS);
-        // A heartbeat is a word anybody can write: past the longest a genuine owner can keep one
-        // grant (its slice, the bounded drain, the grace), a fresh one does not save it.
-        (now > past && now.saturating_sub(beat) > BEAT_STALE_NS)
-            || now > past.saturating_add(arbiter::DRAIN_LIMIT_NS)
-    }
-
-    /// Takes the device from a dead, stopped or invalid owner (still `owner` under `epoch`).
-    fn revoke(&self, owner: Holder, epoch: u32) {
-        let l = self.ledger.layout();
-        let h = &l.header;
-        let g = self.ledger.lock(self.slot);
-        if h.owner.load(Acquire) != owner.word() || h.epoch.load(Acquire) != epoch {
-            return;
-        }
-        let now = now_ns();
-        if let Some(slot) = owner.slot() {
-            let t = l.slots[slot].tenant.load(Acquire) as usize;
-            let held = now.saturating_sub(h.grant_ns.load(Acquire).min(now));
-            let bound = h
-                .slice_ns
-                .load(Acquire)
-                .min(SLICE_NS)
-                .saturating_add(GRACE_NS);
-            g.charge(t, held.min(bound), now);
-            self.ledger.count(t, true);
-            crate::log::info(format_args!(
-                "compute: revoked the device from slot {slot} (dead or stopped)"
-            ));
-        }
-        h.revocations.fetch_add(1, Relaxed);
-        g.hand_over(now);
-        drop(g);
-        futex_wake(&h.epoch);
     }
 
     /// Keeps at most `flow::stream_limit` launches in flight on the launch's stream `key` (of

@@ -12,17 +12,26 @@
 //! * The process's side: [`runtime`] (the devices the process may take part on, one participation
 //!   per device it launches on, its fork and exit steps; configuration and identity come from the
 //!   process runtime, `crate::process`), `gate` (a launch waits for its device's
-//!   ownership), `owner` (the scheduler thread that ends slices and hands the device over), `events`
-//!   (device time measured with events, the charge). `cu`: the driver calls, through the driver layer.
+//!   ownership; `liveness`: a waiter's published words and a stopped owner revoked; `peers`:
+//!   launches passed for a collective), `owner` (the scheduler thread that ends slices and hands the device over; `refresh`: its
+//!   look at the ledger and at stalls), `events`
+//!   (device time measured with events, a batch of launches at a time), `completions` (what
+//!   becomes of measured batches: flow-control waits, accounting, the charge, the drain; its
+//!   pauses in `drain`, unit-tested). `cu`: the driver calls, through the driver layer.
 
+mod completions;
 mod cu;
 pub mod demand;
+mod drain;
 mod events;
 pub mod evidence;
 mod flow;
 mod gate;
+mod liveness;
 pub mod meter;
 mod owner;
+mod peers;
+mod refresh;
 pub mod runtime;
 pub mod turn;
 

@@ -1,0 +1,174 @@
+//! The scheduler thread's look at the device ledger (docs/COMPUTE.md, "Contention"): whether
+//! another tenant wants the device, whether a high-priority tenant is active, whether this process
+//! wants the device (`demand`), our own entries repaired when the file was damaged; and whether our
+//! work waits without completing (a stall, published for the tenant's other devices).
+
+use super::demand;
+use super::device::now_ns;
+use super::gate::Sched;
+use super::shm::{self, TENANT_READY};
+use super::{incident, runtime, turn, Holder, Incident, TenantId, MAX_TENANTS};
+use std::sync::atomic::Ordering::*;
+
+/// A high-priority tenant that wanted the device within this interval is active: normal tenants
+/// beside it keep one launch in flight. One that is merely present costs them nothing.
+const HIGH_ACTIVE_NS: u64 = 200_000_000;
+
+impl Sched {
+    /// Re-reads the ledger: contention, priorities, caps; repairs our own slot and tenant entry.
+    pub(super) fn refresh(&self, now: u64) {
+        self.repair_own();
+        let l = self.ledger.layout();
+        let mine = self.tenant();
+        self.note_demand(now);
+        let mut present = [false; MAX_TENANTS];
+        let mut wanting = [false; MAX_TENANTS];
+        // Another tenant *wants* the device (its process holds its demand lock, `demand`): one
+        // that merely holds a slot costs us nothing.
+        let mut others = false;
+        for (i, s) in l.slots.iter().enumerate() {
+            if s.state.load(Acquire) == shm::SLOT_ACTIVE {
+                let t = s.tenant.load(Acquire) as usize;
+                if t < MAX_TENANTS {
+                    present[t] = true;
+                    wanting[t] |= s.wants.load(Acquire) > 0;
+                    others = others || (t != mine && self.ledger.slot_wants(i));
+                }
+            }
+        }
+        if others {
+            let until = now.saturating_add(demand::CONTENTION_HOLD_NS);
+            self.contended_until.fetch_max(until, Relaxed);
+        }
+        let owner_tenant = Holder::from_word(l.header.owner.load(Acquire))
+            .slot()
+            .map(|s| l.slots[s].tenant.load(Acquire) as usize);
+        let beside_high = (0..MAX_TENANTS).any(|t| {
+            present[t]
+                && t != mine
+                && self.ledger.is_high(t)
+                && (wanting[t]
+                    || owner_tenant == Some(t)
+                    || now.saturating_sub(self.ledger.view(t).last_active_ns) < HIGH_ACTIVE_NS)
+        });
+        let view = self.ledger.view(mine);
+        self.high.store(view.high, Relaxed);
+        self.beside_high.store(beside_high, Relaxed);
+        self.weigh();
+        let contended = demand::contended(now, self.contended_until.load(Relaxed), view.cap != 0);
+        if self.contended.swap(contended, Relaxed) != contended {
+            runtime::update_pass();
+        }
+    }
+
+    /// Notes whether this process was active since the previous refresh (it launched, a thread of
+    /// it waits at the gate or for its own queued work, or it owns the device), and says with its demand lock whether it
+    /// wants the device (`demand`).
+    fn note_demand(&self, now: u64) {
+        // The launch note is the process's (the fast path does not know the device): whichever
+        // device's thread takes it stamps when, and each device counts a stamp after its own look.
+        if runtime::LAUNCHED.0.swap(false, Relaxed) {
+            runtime::LAUNCH_NOTED_NS.fetch_max(now, Relaxed);
+        }
+        let mut seen = self.demand.lock();
+        let launched = runtime::LAUNCH_NOTED_NS.load(Relaxed) > seen.looked_ns;
+        seen.looked_ns = now;
+        let active = launched
+            || runtime::HOST_WAITS.load(Relaxed) > 0
+            || self.waiting.load(SeqCst) > 0
+            || self.owned.load(SeqCst) != 0;
+        let window = demand::window_of(now);
+        seen.history.observe(window, active);
+        let wants = seen.history.wants(window);
+        if wants != seen.said {
+            seen.said = wants;
+            self.ledger.set_demand(self.slot, wants);
+        }
+    }
+
+    /// Our slot and tenant entry as we wrote them: a damaged file (another program, a bit flip) must
+    /// not take us out of scheduling or make us count as someone else.
+    fn repair_own(&self) {
+        let l = self.ledger.layout();
+        let slot = &l.slots[self.slot];
+        if !self.waiting_published(slot) {
+            // Zeroed (a waiter would never be granted) or stale (a grant nobody uses).
+            self.publish_waiting();
+        }
+        let t = self.tenant();
+        let entry = &l.tenants[t % MAX_TENANTS];
+        let slot_ok =
+            slot.state.load(Acquire) == shm::SLOT_ACTIVE && slot.tenant.load(Acquire) as usize == t;
+        let entry_ok =
+            entry.state.load(Acquire) == TENANT_READY && TenantId::load(&entry.id) == self.id;
+        if slot_ok && entry_ok {
+            return;
+        }
+        let g = self.ledger.lock(self.slot);
+        if !entry_ok {
+            let label = shm::unpack(&entry.name);
+            let view = self.ledger.view(t);
+            self.ledger.rewrite_tenant(t, self.id, &label, &view);
+        }
+        slot.tenant.store(t as u32, Release);
+        slot.state.store(shm::SLOT_ACTIVE, Release);
+        drop(g);
+        incident(
+            Incident::OwnEntry,
+            format_args!(
+                "device ledger {}: our slot {} or tenant entry {t} was overwritten",
+                self.ledger.path().display(),
+                self.slot
+            ),
+        );
+    }
+
+    /// How long our work may complete nothing before it counts as waiting for something outside
+    /// this process (`turn::stall_ns`): from its progress, three launches' time or twice the
+    /// longest launch seen to complete, at least 1 ms.
+    /// While the tenant's work on another device waits (a collective), the longest launch is not
+    /// counted: a collective's kernel is long because it waits, and its peer ranks need the
+    /// device to move on quickly (docs/COMPUTE.md, "Ownership, slices, draining").
+    pub(super) fn stall_ns(&self) -> u64 {
+        let longest = if self.peer_recent(now_ns()) {
+            0
+        } else {
+            self.longest_ns.load(Relaxed)
+        };
+        turn::stall_ns(self.launch_ns.load(Relaxed), longest)
+    }
+
+    /// Whether our work on this device waits without completing (work in flight, nothing of it
+    /// completed and nothing submitted for the stall time); while it does, it is published in the
+    /// tenant's memory ledger, where the tenant's processes on other devices find it: their
+    /// launches then pass their gates for one round (`Sched::peer_pass`), since what ours waits
+    /// for may be their part of a collective.
+    pub(super) fn watch_stall(&self, now: u64) -> bool {
+        let done = self.completed();
+        self.watch_stall_after(now, done)
+    }
+
+    /// [`Sched::watch_stall`] after a look that found our work `done` (or not).
+    pub(super) fn watch_stall_after(&self, now: u64, done: bool) -> bool {
+        let last = self
+            .progress_ns
+            .load(Acquire)
+            .max(self.last_submit_ns.load(Acquire));
+        if done || now.saturating_sub(last) <= self.stall_ns() {
+            self.stall_since.store(0, Relaxed);
+            return false;
+        }
+        let since = match self.stall_since.load(Relaxed) {
+            0 => {
+                let s = last.max(1);
+                self.stall_since.store(s, Relaxed);
+                s
+            }
+            s => s,
+        };
+        if let Some(ledger) = runtime::tenant_ledger() {
+            ledger.publish_stall(self.device_key, since, now);
+        }
+        true
+    }
+}
