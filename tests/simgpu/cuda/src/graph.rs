@@ -302,44 +302,60 @@ fn capture_status(
     })
 }
 
+/// Where cuStreamGetCaptureInfo (any version) writes its answers: the C caller's out-parameters,
+/// each NULL when that version has no such parameter or the caller does not ask for it.
+struct CaptureInfoOut {
+    status: *mut CUstreamCaptureStatus,
+    id: *mut c_ulonglong,
+    graph: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+}
+
+impl CaptureInfoOut {
+    /// The first version's two answers (status and id), nothing else.
+    fn status_and_id(status: *mut CUstreamCaptureStatus, id: *mut c_ulonglong) -> Self {
+        let null = std::ptr::null_mut();
+        CaptureInfoOut {
+            status,
+            id,
+            graph: null,
+            deps: null.cast(),
+            edges: null.cast(),
+            num_deps: null.cast(),
+        }
+    }
+}
+
 /// cuStreamGetCaptureInfo (all versions): status, id and graph; simgpu reports no dependency set
 /// (its graphs are ordered lists).
 ///
 /// # Safety
-/// Each pointer is NULL or valid for a write of its type.
-#[allow(clippy::too_many_arguments)]
-unsafe fn capture_info(
-    hs: CUstream,
-    per_thread: bool,
-    status: *mut CUstreamCaptureStatus,
-    id: *mut c_ulonglong,
-    graph_out: *mut CUgraph,
-    deps: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    num_deps: *mut usize,
-) -> CUresult {
-    if status.is_null() {
+/// Each pointer of `out` is NULL or valid for a write of its type.
+unsafe fn capture_info(hs: CUstream, per_thread: bool, out: CaptureInfoOut) -> CUresult {
+    if out.status.is_null() {
         return Err(CUerror::INVALID_VALUE);
     }
     let (st, c) = capture_status(hs, per_thread)?;
     // SAFETY: each pointer is NULL or writable per the contract; only non-NULL ones are written.
     unsafe {
-        *status = st;
+        *out.status = st;
         if let Some(c) = c {
-            if !id.is_null() {
-                *id = c.id;
+            if !out.id.is_null() {
+                *out.id = c.id;
             }
-            if !graph_out.is_null() {
-                *graph_out = Arc::as_ptr(&c.graph) as CUgraph;
+            if !out.graph.is_null() {
+                *out.graph = Arc::as_ptr(&c.graph) as CUgraph;
             }
-            if !deps.is_null() {
-                *deps = std::ptr::null();
+            if !out.deps.is_null() {
+                *out.deps = std::ptr::null();
             }
-            if !edges.is_null() {
-                *edges = std::ptr::null();
+            if !out.edges.is_null() {
+                *out.edges = std::ptr::null();
             }
-            if !num_deps.is_null() {
-                *num_deps = 0;
+            if !out.num_deps.is_null() {
+                *out.num_deps = 0;
             }
         }
     }
@@ -552,20 +568,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo(
     id: *mut c_ulonglong,
 ) -> CUresult {
     crate::call("cuStreamGetCaptureInfo", || {
-        let null = std::ptr::null_mut();
         // SAFETY: the client's pointers follow the API's contract.
-        unsafe {
-            capture_info(
-                hs,
-                false,
-                status,
-                id,
-                null,
-                null.cast(),
-                null.cast(),
-                null.cast(),
-            )
-        }
+        unsafe { capture_info(hs, false, CaptureInfoOut::status_and_id(status, id)) }
     })
 }
 
@@ -576,20 +580,8 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
     id: *mut c_ulonglong,
 ) -> CUresult {
     crate::call("cuStreamGetCaptureInfo_ptsz", || {
-        let null = std::ptr::null_mut();
         // SAFETY: the client's pointers follow the API's contract.
-        unsafe {
-            capture_info(
-                hs,
-                true,
-                status,
-                id,
-                null,
-                null.cast(),
-                null.cast(),
-                null.cast(),
-            )
-        }
+        unsafe { capture_info(hs, true, CaptureInfoOut::status_and_id(status, id)) }
     })
 }
 
@@ -608,12 +600,14 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
             capture_info(
                 hs,
                 false,
-                status,
-                id,
-                graph_out,
-                deps,
-                std::ptr::null_mut(),
-                num_deps,
+                CaptureInfoOut {
+                    status,
+                    id,
+                    graph: graph_out,
+                    deps,
+                    edges: std::ptr::null_mut(),
+                    num_deps,
+                },
             )
         }
     })
@@ -634,12 +628,14 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
             capture_info(
                 hs,
                 true,
-                status,
-                id,
-                graph_out,
-                deps,
-                std::ptr::null_mut(),
-                num_deps,
+                CaptureInfoOut {
+                    status,
+                    id,
+                    graph: graph_out,
+                    deps,
+                    edges: std::ptr::null_mut(),
+                    num_deps,
+                },
             )
         }
     })
@@ -657,7 +653,20 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
 ) -> CUresult {
     crate::call("cuStreamGetCaptureInfo_v3", || {
         // SAFETY: the client's pointers follow the API's contract.
-        unsafe { capture_info(hs, false, status, id, graph_out, deps, edges, num_deps) }
+        unsafe {
+            capture_info(
+                hs,
+                false,
+                CaptureInfoOut {
+                    status,
+                    id,
+                    graph: graph_out,
+                    deps,
+                    edges,
+                    num_deps,
+                },
+            )
+        }
     })
 }
 
@@ -673,7 +682,20 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
 ) -> CUresult {
     crate::call("cuStreamGetCaptureInfo_v3_ptsz", || {
         // SAFETY: the client's pointers follow the API's contract.
-        unsafe { capture_info(hs, true, status, id, graph_out, deps, edges, num_deps) }
+        unsafe {
+            capture_info(
+                hs,
+                true,
+                CaptureInfoOut {
+                    status,
+                    id,
+                    graph: graph_out,
+                    deps,
+                    edges,
+                    num_deps,
+                },
+            )
+        }
     })
 }
 
