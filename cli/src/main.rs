@@ -8,6 +8,7 @@ mod doctor;
 mod node;
 mod observe;
 mod run;
+mod set;
 mod status;
 mod tenant;
 
@@ -40,7 +41,7 @@ enum Command {
     /// Per device: limit, used, peak; the tenant's processes; the compute shares (read-only).
     Status(status::StatusArgs),
     /// Change a running tenant's memory limit, compute share, cap or priority.
-    Set(status::SetArgs),
+    Set(set::SetArgs),
     /// Is the quota enforced for CUDA programs started here, how, and what is misconfigured (exit 1 if not).
     Doctor,
     /// Two tenants share one GPU (simulated by simgpu when no NVIDIA driver is present).
@@ -111,7 +112,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Status(a) => status::status(a),
-        Command::Set(a) => status::set(a),
+        Command::Set(a) => set::set(a),
         Command::Doctor => doctor::doctor(),
         Command::Demo(a) => demo::demo(a),
         Command::Exporter(a) => observe::exporter(a),

@@ -153,14 +153,14 @@ macro_rules! hooks {
         use $crate::driver::real;
         // Each export's signature is the table's: the generated declaration coerces to it only then.
         const _: () = {
-            $( let _: unsafe fn($($ty),*) -> $ret = real::$name; )*
+            $( let _: unsafe extern "C" fn($($ty),*) -> $ret = real::$name; )*
         };
         /// The hook bodies, out of line so that an export's fast path stays a few instructions.
         /// They have the export's C ABI, so the export's call to one is a jump (a sibling call):
         /// the application's call reaches the real function one frame deeper, not two. Every frame
         /// between the caller and a deep driver call costs a mispredicted return per call
         /// (docs/BENCHMARKS.md, "Frames around the driver call").
-        #[allow(non_snake_case, clippy::too_many_arguments)]
+        #[allow(non_snake_case)]
         mod slow {
             use super::*;
             $(
@@ -186,7 +186,7 @@ macro_rules! hooks {
             /// # Safety
             /// Called from C with the driver API's contract for this entry point.
             #[cfg_attr(not(test), no_mangle)]
-            #[allow(non_snake_case, clippy::too_many_arguments)]
+            #[allow(non_snake_case)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                 // The real function when the fast predicate holds and it is resolved already, else
                 // the body (which resolves it, and does the rest): both are jumps for arguments

@@ -1,6 +1,6 @@
 //! Shared by simgpu's build scripts (`#[path]`-included): expands an entry-point table into a
 //! library's exports. Every function the table lists is exported; the ones implemented by hand in
-//! `src/*.rs` (a line `pub unsafe extern "C" fn NAME` or `pub extern "C" fn NAME`) are picked up by
+//! `src/` (a line `pub unsafe extern "C" fn NAME` or `pub extern "C" fn NAME`) are picked up by
 //! name, every other one becomes a stub whose body is `stub_body` (it answers "not supported").
 
 use std::collections::BTreeSet;
@@ -26,30 +26,41 @@ pub fn table(path: &str) -> Vec<Symbol> {
         .collect()
 }
 
-/// Names starting with `prefix` of the `extern "C"` functions implemented in `src/*.rs`.
+/// Names starting with `prefix` of the `extern "C"` functions implemented in `src/` (every `.rs`
+/// file, in subdirectories too).
 fn implemented(prefix: &str) -> BTreeSet<String> {
     println!("cargo:rerun-if-changed=src");
     let mut names = BTreeSet::new();
-    for entry in std::fs::read_dir("src").unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "rs") {
-            for line in std::fs::read_to_string(&path).unwrap().lines() {
-                let line = line.trim_start();
-                for head in ["pub unsafe extern \"C\" fn ", "pub extern \"C\" fn "] {
-                    if let Some(rest) = line.strip_prefix(head) {
-                        let name: String = rest
-                            .chars()
-                            .take_while(|c| c.is_alphanumeric() || *c == '_')
-                            .collect();
-                        if name.starts_with(prefix) {
-                            names.insert(name);
-                        }
-                    }
-                }
+    let mut dirs = vec![std::path::PathBuf::from("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                implemented_in(&path, prefix, &mut names);
             }
         }
     }
     names
+}
+
+/// Adds to `names` those starting with `prefix` of the `extern "C"` functions defined in `path`.
+fn implemented_in(path: &Path, prefix: &str, names: &mut BTreeSet<String>) {
+    for line in std::fs::read_to_string(path).unwrap().lines() {
+        let line = line.trim_start();
+        for head in ["pub unsafe extern \"C\" fn ", "pub extern \"C\" fn "] {
+            if let Some(rest) = line.strip_prefix(head) {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if name.starts_with(prefix) {
+                    names.insert(name);
+                }
+            }
+        }
+    }
 }
 
 /// Writes `$OUT_DIR/exports.rs`: the stubs, the data words, and (with `address_table`) `EXPORTS`, the

@@ -201,9 +201,8 @@ fn unified(dst: CUdeviceptr, src: CUdeviceptr, n: usize, mode: Result<Mode, CUer
 
 // ---- 2D ----
 
-/// One side of a CUDA_MEMCPY2D: its first byte, pitch and kind.
-#[allow(clippy::too_many_arguments)]
-fn side_2d(
+/// One side of a CUDA_MEMCPY2D, as the caller described it (the `src*` or the `dst*` fields).
+struct Side2d {
     ty: u32,
     host: usize,
     device: CUdeviceptr,
@@ -211,9 +210,45 @@ fn side_2d(
     x: usize,
     y: usize,
     pitch: usize,
-    width: usize,
-    height: usize,
-) -> Result<(usize, usize, Side), CUerror> {
+}
+
+impl Side2d {
+    fn src(p: &CUDA_MEMCPY2D) -> Self {
+        Side2d {
+            ty: p.srcMemoryType,
+            host: p.srcHost as usize,
+            device: p.srcDevice,
+            array: p.srcArray,
+            x: p.srcXInBytes,
+            y: p.srcY,
+            pitch: p.srcPitch,
+        }
+    }
+
+    fn dst(p: &CUDA_MEMCPY2D) -> Self {
+        Side2d {
+            ty: p.dstMemoryType,
+            host: p.dstHost as usize,
+            device: p.dstDevice,
+            array: p.dstArray,
+            x: p.dstXInBytes,
+            y: p.dstY,
+            pitch: p.dstPitch,
+        }
+    }
+}
+
+/// One side of a CUDA_MEMCPY2D of `width` bytes by `height` rows: its first byte, pitch and kind.
+fn side_2d(side: Side2d, width: usize, height: usize) -> Result<(usize, usize, Side), CUerror> {
+    let Side2d {
+        ty,
+        host,
+        device,
+        array,
+        x,
+        y,
+        pitch,
+    } = side;
     let (base, pitch, kind) = match ty {
         CU_MEMORYTYPE_HOST => (host, pitch, None),
         CU_MEMORYTYPE_DEVICE => (device as usize, pitch, Some(Side::Device)),
@@ -255,28 +290,8 @@ fn copy_2d(p: Option<&CUDA_MEMCPY2D>, mode: Result<Mode, CUerror>) -> CUresult {
         return Ok(());
     }
     let (w, h) = (p.WidthInBytes, p.Height);
-    let (src, src_pitch, ss) = side_2d(
-        p.srcMemoryType,
-        p.srcHost as usize,
-        p.srcDevice,
-        p.srcArray,
-        p.srcXInBytes,
-        p.srcY,
-        p.srcPitch,
-        w,
-        h,
-    )?;
-    let (dst, dst_pitch, ds) = side_2d(
-        p.dstMemoryType,
-        p.dstHost as usize,
-        p.dstDevice,
-        p.dstArray,
-        p.dstXInBytes,
-        p.dstY,
-        p.dstPitch,
-        w,
-        h,
-    )?;
+    let (src, src_pitch, ss) = side_2d(Side2d::src(p), w, h)?;
+    let (dst, dst_pitch, ds) = side_2d(Side2d::dst(p), w, h)?;
     execute(
         Plan {
             src,

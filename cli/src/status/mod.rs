@@ -1,14 +1,17 @@
-//! `gpuslice status` (read-only view of a tenant's ledger and of the device ledgers) and
-//! `gpuslice set` (live changes). `status --json` prints exactly one JSON document whose shape is
+//! `gpuslice status`: a read-only view of a tenant's ledger and of the device ledgers (`gpuslice set`,
+//! the live changes, is `set.rs`). `status --json` prints exactly one JSON document whose shape is
 //! documented in docs/CLI.md; its types are [`StatusDocument`] and below.
 
 use super::compute::{self, ComputeRow};
 use super::LedgerArgs;
-use gpuslice_state::config::{format_bytes, parse_size, Units};
+use gpuslice_state::config::format_bytes;
 use gpuslice_state::ledger::{Ledger, ProcessSnapshot, Snapshot, UNLIMITED};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
+
+mod node_tenants;
+use node_tenants::{node_table, node_tenants, NodeTenant};
 
 /// `gpuslice status`'s arguments.
 #[derive(clap::Args)]
@@ -33,35 +36,6 @@ pub(crate) struct StatusArgs {
     state_dir: Option<PathBuf>,
 }
 
-/// `gpuslice set`'s arguments.
-#[derive(clap::Args)]
-pub(crate) struct SetArgs {
-    #[command(flatten)]
-    ledger: LedgerArgs,
-    /// New memory limit (SIZE or `unlimited`); applies to the tenant's next allocation.
-    #[arg(long, value_name = "SIZE")]
-    memory: Option<String>,
-    /// Only this device: a GPU (or MIG) UUID, or an index in the ledger (memory) / a GPU (or MIG)
-    /// UUID (compute).
-    #[arg(long, value_name = "GPU-UUID|INDEX")]
-    device: Option<String>,
-    /// Compute share under contention, percent.
-    #[arg(long, value_name = "PCT")]
-    share: Option<String>,
-    /// Compute cap, percent, or `none`.
-    #[arg(long, value_name = "PCT|none")]
-    limit: Option<String>,
-    /// `high` or `normal`.
-    #[arg(long, value_name = "high|normal")]
-    priority: Option<String>,
-    /// Directory of the device ledgers (default: GPUSLICE_DEVICE_DIR, else the default).
-    #[arg(long, value_name = "DIR")]
-    device_dir: Option<PathBuf>,
-    /// A node's state directory: `--tenant NAME` is then the node-created tenant (root only).
-    #[arg(long, value_name = "DIR", requires = "tenant", conflicts_with_all = ["ledger", "device_dir"])]
-    state_dir: Option<PathBuf>,
-}
-
 /// The whole of `status --json`: one document, in every state. A section that could not be read is
 /// `null` with its reason in the matching `_error` field.
 #[derive(Serialize)]
@@ -82,118 +56,6 @@ struct StatusDocument {
     /// With --state-dir: every tenant the node created, with the exporter's figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     node_tenants: Option<Vec<NodeTenant>>,
-}
-
-/// A node tenant as the exporter reads it (`gpuslice_observe::collect`): its pod, and per GPU its
-/// memory (exited processes' part apart), or why its ledger could not be read.
-#[derive(Serialize)]
-struct NodeTenant {
-    tenant: String,
-    namespace: Option<String>,
-    pod: Option<String>,
-    container: Option<String>,
-    ledger: String,
-    /// Live processes attached to its ledger.
-    processes: Option<usize>,
-    devices: Vec<NodeTenantDevice>,
-    error: Option<String>,
-}
-
-#[derive(Serialize)]
-struct NodeTenantDevice {
-    uuid: String,
-    /// `null`: unlimited.
-    limit: Option<u64>,
-    used: u64,
-    /// The part of `used` still charged to processes that have exited.
-    exited: u64,
-    peak: u64,
-    denied: u64,
-}
-
-/// The node's tenants under `state` (`<state>/tenants/*`), read as the exporter reads them.
-fn node_tenants(state: &std::path::Path) -> Vec<NodeTenant> {
-    let layout = gpuslice_node::policy::Layout::new(state);
-    let sources = gpuslice_observe::collect::Sources::new(
-        Some(state.to_path_buf()),
-        // Only the node's tenants: no other ledger directory is listed.
-        Some(layout.tenants_dir().join(".none")),
-        Some(layout.devices_dir()),
-    );
-    let tenants_dir = layout.tenants_dir();
-    sources
-        .read()
-        .tenants
-        .into_iter()
-        .filter(|t| t.ledger.starts_with(&tenants_dir))
-        .map(|t| {
-            let k = t.kubernetes.as_ref();
-            let (processes, devices, error) = match &t.memory {
-                Ok(m) => (
-                    Some(m.processes),
-                    m.devices
-                        .iter()
-                        .map(|d| NodeTenantDevice {
-                            uuid: d.uuid.clone(),
-                            limit: d.limit,
-                            used: d.used,
-                            exited: d.exited,
-                            peak: d.peak,
-                            denied: d.denied,
-                        })
-                        .collect(),
-                    None,
-                ),
-                Err(e) => (None, Vec::new(), Some(e.clone())),
-            };
-            NodeTenant {
-                tenant: t.tenant.clone(),
-                namespace: k.map(|k| k.namespace.clone()),
-                pod: k.map(|k| k.pod.clone()),
-                container: k.map(|k| k.container.clone()),
-                ledger: t.ledger.display().to_string(),
-                processes,
-                devices,
-                error,
-            }
-        })
-        .collect()
-}
-
-/// The node tenants as text: one line per tenant and GPU.
-fn node_table(tenants: &[NodeTenant]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<24} {:<28} {:<14} {:>10} {:>10} {:>10} {:>6} {:>9}",
-        "node tenant", "pod", "gpu", "used", "exited", "limit", "denied", "processes"
-    );
-    for t in tenants {
-        let pod = match (&t.namespace, &t.pod) {
-            (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
-            _ => "-".into(),
-        };
-        if let Some(e) = &t.error {
-            let _ = writeln!(out, "{:<24} {:<28} unreadable: {e}", t.tenant, pod);
-            continue;
-        }
-        for d in &t.devices {
-            let gpu: String = d.uuid.chars().take(12).collect();
-            let _ = writeln!(
-                out,
-                "{:<24} {:<28} {:<14} {:>10} {:>10} {:>10} {:>6} {:>9}",
-                t.tenant,
-                pod,
-                gpu,
-                format_bytes(d.used),
-                format_bytes(d.exited),
-                d.limit.map_or("unlimited".into(), format_bytes),
-                d.denied,
-                t.processes.unwrap_or(0)
-            );
-        }
-    }
-    out
 }
 
 #[derive(Serialize)]
@@ -444,7 +306,7 @@ pub(crate) fn status(mut a: StatusArgs) -> Result<i32, String> {
     Err(reason)
 }
 
-fn limit_text(limit: u64, invalid: bool) -> String {
+pub(crate) fn limit_text(limit: u64, invalid: bool) -> String {
     match (limit, invalid) {
         (_, true) => "invalid config (0)".into(),
         (UNLIMITED, _) => "unlimited".into(),
@@ -536,83 +398,4 @@ fn allocations(p: &ProcessSnapshot) -> Vec<(usize, u64)> {
         .iter()
         .map(|&(dev, used)| (dev, used.saturating_sub(on_device(&p.overhead, dev))))
         .collect()
-}
-
-pub(crate) fn set(mut a: SetArgs) -> Result<i32, String> {
-    if let (Some(state), Some(t)) = (&a.state_dir, &a.ledger.tenant) {
-        let layout = gpuslice_node::policy::Layout::new(state);
-        a.ledger.ledger = Some(layout.ledger_path(t));
-        a.device_dir = Some(layout.devices_dir());
-    }
-    let memory_bytes = match a.memory.as_deref() {
-        Some("unlimited") => Some(UNLIMITED),
-        Some(m) => {
-            Some(parse_size(m, Units::Gpuslice).map_err(|e| format!("--memory {m:?}: {e}"))?)
-        }
-        None => None,
-    };
-    crate::tenant::guard_set(
-        &a.ledger.path(),
-        memory_bytes,
-        a.device.as_deref(),
-        a.share.as_deref(),
-        a.limit.as_deref(),
-        a.priority.as_deref(),
-    )?;
-    let compute_change = a.share.is_some() || a.limit.is_some() || a.priority.is_some();
-    match (&a.memory, compute_change) {
-        (Some(_), true) => Err(
-            "set: change --memory and the compute settings (--share/--limit/--priority) in two calls"
-                .into(),
-        ),
-        (None, false) => {
-            Err("set: nothing to change (--memory SIZE, --share PCT, --limit PCT or --priority)".into())
-        }
-        (None, true) => compute::set(compute::ComputeChange {
-            tenant: a.ledger.tenant.clone(),
-            share: a.share.as_deref(),
-            limit: a.limit.as_deref(),
-            priority: a.priority.as_deref(),
-            device: a.device.as_deref(),
-            device_dir: a.device_dir.as_deref(),
-        }),
-        (Some(memory), false) => set_memory(&a.ledger, memory, a.device.as_deref()),
-    }
-}
-
-fn set_memory(ledger: &LedgerArgs, memory: &str, device: Option<&str>) -> Result<i32, String> {
-    let bytes = if memory == "unlimited" {
-        UNLIMITED
-    } else {
-        parse_size(memory, Units::Gpuslice).map_err(|e| format!("--memory {memory:?}: {e}"))?
-    };
-    let path = ledger.path();
-    let ledger = Ledger::open_existing(&path).map_err(|e| e.to_string())?;
-    let snap = ledger.snapshot();
-    let targets: Vec<usize> = match device {
-        None => snap.devices.iter().map(|d| d.index).collect(),
-        // A GPU's UUID, or a MIG instance's (`MIG-…`, as the ledger keys it).
-        Some(key) if key.starts_with("GPU-") || key.starts_with("MIG-") => {
-            vec![ledger
-                .device_index(key)
-                .ok_or_else(|| format!("--device {key}: not a GPU or MIG UUID"))?]
-        }
-        Some(key) => {
-            let i: usize = key
-                .parse()
-                .map_err(|_| format!("--device {key:?}: expected a GPU-UUID or a ledger index"))?;
-            vec![i]
-        }
-    };
-    if targets.is_empty() {
-        return Err(format!(
-            "{}: no device has been used yet; name one with --device GPU-...",
-            path.display()
-        ));
-    }
-    for dev in targets {
-        ledger.set_limit(dev, bytes).map_err(|e| e.to_string())?;
-        println!("device {dev}: limit {}", limit_text(bytes, false));
-    }
-    Ok(0)
 }
