@@ -10,7 +10,7 @@
 //! Ledgers are published whole (created under a hidden temporary name, then linked), so a ledger
 //! being created is either not listed yet or complete; hidden files are never read.
 
-use gpuslice_state::compute::device::{tenant_name, DeviceLedger, HISTORY_LEN};
+use gpuslice_state::compute::device::{tenant_name, DeviceLedger, Health, HISTORY_LEN};
 use gpuslice_state::compute::shm::SLOT_ACTIVE;
 use gpuslice_state::compute::{Holder, MAX_TENANTS};
 use gpuslice_state::config::policy::{Kubernetes, Layout, Policy};
@@ -364,6 +364,8 @@ pub struct DeviceReading {
     /// What may keep processes out of its arbitration (squatted slots, a wrong size); an
     /// unreadable ledger counts as unhealthy too.
     pub unhealthy: bool,
+    /// The ledger's health as `gpuslice status --compute` prints it (`None`: unreadable).
+    pub health: Option<Health>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -420,6 +422,7 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
                 ledger: path.to_path_buf(),
                 compute: Err(e.to_string()),
                 unhealthy: true,
+                health: None,
             })
         }
     };
@@ -477,9 +480,11 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
         })
         .collect();
     let named = l.uuid();
+    let health = l.health();
     Some(DeviceReading {
         uuid: if named.is_empty() { uuid } else { named },
-        unhealthy: l.health().unhealthy(),
+        unhealthy: health.unhealthy(),
+        health: Some(health),
         ledger: path.to_path_buf(),
         compute: Ok(DeviceCompute {
             tenants,
