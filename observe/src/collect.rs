@@ -11,7 +11,7 @@
 //! being created is either not listed yet or complete; hidden files are never read.
 
 use gpuslice_state::compute::device::{tenant_name, DeviceLedger, Health, HISTORY_LEN};
-use gpuslice_state::compute::shm::SLOT_ACTIVE;
+use gpuslice_state::compute::shm::{SLOT_ACTIVE, TOTAL_SIZE};
 use gpuslice_state::compute::{Holder, MAX_TENANTS};
 use gpuslice_state::config::policy::{Kubernetes, Layout, Policy};
 use gpuslice_state::ledger::{Ledger, UNLIMITED};
@@ -366,6 +366,9 @@ pub struct DeviceReading {
     pub unhealthy: bool,
     /// The ledger's health as `gpuslice status --compute` prints it (`None`: unreadable).
     pub health: Option<Health>,
+    /// The file is not its layout's size (`None`: not a plain file, or its size unreadable); known
+    /// also when the ledger cannot be read (a grown or shrunk file is refused by readers).
+    pub size_wrong: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -423,6 +426,10 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
                 compute: Err(e.to_string()),
                 unhealthy: true,
                 health: None,
+                size_wrong: std::fs::symlink_metadata(path)
+                    .ok()
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len() != TOTAL_SIZE as u64),
             })
         }
     };
@@ -484,6 +491,7 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
     Some(DeviceReading {
         uuid: if named.is_empty() { uuid } else { named },
         unhealthy: health.unhealthy(),
+        size_wrong: health.size.map(|s| s != health.expected_size),
         health: Some(health),
         ledger: path.to_path_buf(),
         compute: Ok(DeviceCompute {

@@ -242,15 +242,17 @@ impl Families {
         self.unhealthy
             .with_label_values(&[&gpu, &d.uuid])
             .set(d.unhealthy as i64);
+        if let Some(wrong) = d.size_wrong {
+            self.size_wrong
+                .with_label_values(&[&gpu, &d.uuid])
+                .set(wrong as i64);
+        }
         if let Some(h) = &d.health {
             let l = [gpu.as_str(), &d.uuid];
             self.free_slots.with_label_values(&l).set(h.free_slots as i64);
             self.squatted
                 .with_label_values(&l)
                 .set(h.squatted_slots as i64);
-            self.size_wrong
-                .with_label_values(&l)
-                .set((h.size != Some(h.expected_size)) as i64);
             self.forged_owner.with_label_values(&l).inc_by(h.forged_owner);
             self.slot_denials.with_label_values(&l).inc_by(h.slot_denials);
             self.lock_takeovers
