@@ -195,6 +195,80 @@ fn a_squatter_keeps_nobody_with_a_tenant_lock_out() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A child forked without exec does not keep its dead parent's tenant lock: with every device-ledger
+/// slot byte squatted (so only the tenant lock says whether the slot lives), the tenant's next
+/// sweep frees the slot of a parent that died while its fork child still runs.
+#[test]
+fn a_fork_child_does_not_keep_its_parents_tenant_lock() {
+    let _serial = slotfile::serial_test();
+    let dir = scratch("tlfork");
+    let path = dir.join(format!("{UUID}.dev"));
+    let own = dir.join("t.ledger");
+    std::fs::write(&own, b"").unwrap();
+    let l = DeviceLedger::open(&path, UUID, true).unwrap();
+    let squatter = squat_every_slot_byte(&path, &l);
+    let mut ready = [0; 2];
+    // SAFETY: `ready` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+    // SAFETY: fork in a test holding the serial guard; the child uses the ledger, forks a
+    // grandchild that writes a byte and sleeps, then _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = (|| {
+            let mine = DeviceLedger::open(&path, UUID, false).ok()?;
+            mine.use_tenant_locks(&own).ok()?;
+            let slot = mine.claim_slot(0)?;
+            // SAFETY: the grandchild writes a byte, sleeps, then _exits.
+            if unsafe { libc::fork() } == 0 {
+                // SAFETY: writes one byte from a valid buffer to the pipe.
+                unsafe { libc::write(ready[1], [1u8].as_ptr().cast(), 1) };
+                std::thread::sleep(Duration::from_secs(5));
+                // SAFETY: ends the grandchild.
+                unsafe { libc::_exit(0) };
+            }
+            std::mem::forget(mine); // die holding it, as a killed process would
+            Some(slot)
+        })();
+        // SAFETY: ends the child with the slot number (+1; 0 = failed).
+        unsafe { libc::_exit(ok.map_or(0, |s| s as i32 + 1)) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let slot = libc::WEXITSTATUS(status) - 1;
+    assert!(slot >= 0, "the child could not claim a slot");
+    let slot = slot as usize;
+    let mut b = [0u8];
+    // SAFETY: reads one byte into a valid buffer, then closes the pipe we created.
+    unsafe {
+        assert_eq!(libc::read(ready[0], b.as_mut_ptr().cast(), 1), 1);
+        libc::close(ready[0]);
+        libc::close(ready[1]);
+    }
+    let next = DeviceLedger::open(&path, UUID, false).unwrap();
+    next.use_tenant_locks(&own).unwrap();
+    let mine = next.claim_slot(0).unwrap();
+    let tenant = {
+        let g = next.lock(mine);
+        next.find_or_add_tenant(&g, TenantId(11), "t", 30, 0, false)
+    }
+    .unwrap();
+    l.layout().slots[slot].tenant.store(tenant as u32, Release);
+    l.layout().slots[slot].beat_ns.store(0, Release);
+    next.sweep(Some(mine));
+    assert_eq!(
+        l.layout().slots[slot].state.load(Acquire),
+        SLOT_FREE,
+        "a fork child still holds its dead parent's tenant lock"
+    );
+    // SAFETY: our own child.
+    unsafe {
+        libc::kill(squatter, libc::SIGKILL);
+        libc::waitpid(squatter, std::ptr::null_mut(), 0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A ledger grown by a byte or shrunk while nobody uses it: the next process to open it repairs
 /// it in place (it used to be refused, leaving every later process unscheduled); one grown while
 /// in use is cut back by the user's sweep.
