@@ -249,16 +249,24 @@ impl Families {
         }
         if let Some(h) = &d.health {
             let l = [gpu.as_str(), &d.uuid];
-            self.free_slots.with_label_values(&l).set(h.free_slots as i64);
+            self.free_slots
+                .with_label_values(&l)
+                .set(h.free_slots as i64);
             self.squatted
                 .with_label_values(&l)
                 .set(h.squatted_slots as i64);
-            self.forged_owner.with_label_values(&l).inc_by(h.forged_owner);
-            self.slot_denials.with_label_values(&l).inc_by(h.slot_denials);
+            self.forged_owner
+                .with_label_values(&l)
+                .inc_by(h.forged_owner);
+            self.slot_denials
+                .with_label_values(&l)
+                .inc_by(h.slot_denials);
             self.lock_takeovers
                 .with_label_values(&l)
                 .inc_by(h.lock_takeovers);
-            self.size_repairs.with_label_values(&l).inc_by(h.size_repairs);
+            self.size_repairs
+                .with_label_values(&l)
+                .inc_by(h.size_repairs);
         }
         let Ok(c) = &d.compute else { return };
         self.handovers

@@ -62,8 +62,8 @@ impl DeviceLedger {
         if !self.writable() {
             return Err("opened read-only".into());
         }
-        let fd = sys::open(file, libc::O_RDWR, 0)
-            .map_err(|e| format!("{}: {e}", file.display()))?;
+        let fd =
+            sys::open(file, libc::O_RDWR, 0).map_err(|e| format!("{}: {e}", file.display()))?;
         match sys::fstat(&fd) {
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => {}
             Ok(_) => return Err(format!("{}: not a regular file", file.display())),
@@ -171,7 +171,12 @@ mod tests {
 
     #[test]
     fn gpu_keys_stay_in_their_range() {
-        for u in ["GPU-0", "GPU-1", "", "GPU-ffffffff-ffff-ffff-ffff-ffffffffffff"] {
+        for u in [
+            "GPU-0",
+            "GPU-1",
+            "",
+            "GPU-ffffffff-ffff-ffff-ffff-ffffffffffff",
+        ] {
             assert!(gpu_key(u) < super::GPU_KEYS);
         }
         assert_ne!(gpu_key("GPU-0"), gpu_key("GPU-1"));
