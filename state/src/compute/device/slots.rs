@@ -135,7 +135,7 @@ impl DeviceLedger {
     pub fn holds_shared_slot_lock(&self) -> bool {
         self.tenant_locks
             .get()
-            .is_none_or(|t| t.shared_held.load(Acquire))
+            .map_or(true, |t| t.shared_held.load(Acquire))
     }
 
     /// A slot of our own tenant (`tenant`) that looks alive to everyone (its ledger byte is held)
