@@ -338,6 +338,44 @@ fn status(scene: &Scene) -> Run {
     r
 }
 
+/// One scrape of `gpuslice exporter` (root's, on the node's state directory): the value of
+/// `name` for the node's one GPU.
+fn exported(scene: &Scene, name: &str) -> f64 {
+    use std::io::{BufRead, Read, Write};
+    let mut child = scene
+        .command(gpuslice_bin())
+        .args(["exporter", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(&scene.state)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("exporter printed {line:?}"))
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let _ = child.kill();
+    let _ = child.wait();
+    out.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the scrape:\n{out}"))
+}
+
 /// Finding: `lockf` on the 256 slot-lock bytes made every process started afterwards run
 /// unscheduled (cap 10% gave 99.8%, shares 10/90 gave 50/50), and no tenant could be created.
 /// Now a process of a tenant with a memory ledger claims its slot with a lock in that file, which
@@ -384,6 +422,11 @@ fn a_tenant_locking_every_slot_byte_keeps_nobody_out() {
         "status does not report the squatted slots:\n{}",
         st.report()
     );
+    assert_eq!(
+        exported(&scene, "gpuslice_device_ledger_squatted_slots"),
+        MAX_SLOTS as f64
+    );
+    assert_eq!(exported(&scene, "gpuslice_device_ledger_unhealthy"), 1.0);
     let took = create(&scene, "t3", "10");
     assert!(took < Duration::from_secs(2), "tenant create took {took:?}");
     let run_phase = |what: &str| {
@@ -409,6 +452,11 @@ fn a_tenant_locking_every_slot_byte_keeps_nobody_out() {
     run_phase("squat: after");
     let st = status(&scene);
     assert!(!st.stdout.contains("UNHEALTHY"), "{}", st.report());
+    assert_eq!(
+        exported(&scene, "gpuslice_device_ledger_squatted_slots"),
+        0.0
+    );
+    assert_eq!(exported(&scene, "gpuslice_device_ledger_unhealthy"), 0.0);
 }
 
 /// Finding: `truncate -s +1` made joiners refuse the device ledger (running processes accepted
