@@ -10,8 +10,8 @@
 //! Ledgers are published whole (created under a hidden temporary name, then linked), so a ledger
 //! being created is either not listed yet or complete; hidden files are never read.
 
-use gpuslice_state::compute::device::{tenant_name, DeviceLedger, HISTORY_LEN};
-use gpuslice_state::compute::shm::SLOT_ACTIVE;
+use gpuslice_state::compute::device::{tenant_name, DeviceLedger, Health, HISTORY_LEN};
+use gpuslice_state::compute::shm::{SLOT_ACTIVE, TOTAL_SIZE};
 use gpuslice_state::compute::{Holder, MAX_TENANTS};
 use gpuslice_state::config::policy::{Kubernetes, Layout, Policy};
 use gpuslice_state::ledger::{Ledger, UNLIMITED};
@@ -364,6 +364,11 @@ pub struct DeviceReading {
     /// What may keep processes out of its arbitration (squatted slots, a wrong size); an
     /// unreadable ledger counts as unhealthy too.
     pub unhealthy: bool,
+    /// The ledger's health as `gpuslice status --compute` prints it (`None`: unreadable).
+    pub health: Option<Health>,
+    /// The file is not its layout's size (`None`: not a plain file, or its size unreadable); known
+    /// also when the ledger cannot be read (a grown or shrunk file is refused by readers).
+    pub size_wrong: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -420,6 +425,11 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
                 ledger: path.to_path_buf(),
                 compute: Err(e.to_string()),
                 unhealthy: true,
+                health: None,
+                size_wrong: std::fs::symlink_metadata(path)
+                    .ok()
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len() != TOTAL_SIZE as u64),
             })
         }
     };
@@ -477,9 +487,12 @@ fn read_device(path: &Path) -> Option<DeviceReading> {
         })
         .collect();
     let named = l.uuid();
+    let health = l.health();
     Some(DeviceReading {
         uuid: if named.is_empty() { uuid } else { named },
-        unhealthy: l.health().unhealthy(),
+        unhealthy: health.unhealthy(),
+        size_wrong: health.size.map(|s| s != health.expected_size),
+        health: Some(health),
         ledger: path.to_path_buf(),
         compute: Ok(DeviceCompute {
             tenants,

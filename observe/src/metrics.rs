@@ -69,6 +69,13 @@ struct Families {
     valid: IntGaugeVec,
     also: IntGaugeVec,
     unhealthy: IntGaugeVec,
+    free_slots: IntGaugeVec,
+    squatted: IntGaugeVec,
+    size_wrong: IntGaugeVec,
+    forged_owner: IntCounterVec,
+    slot_denials: IntCounterVec,
+    lock_takeovers: IntCounterVec,
+    size_repairs: IntCounterVec,
     build: IntGaugeVec,
 }
 
@@ -157,7 +164,42 @@ impl Families {
             ),
             unhealthy: int_gauge(
                 "gpuslice_device_ledger_unhealthy",
-                "1: processes starting on this GPU may find no process slot (free slots locked by someone not in them, none free) or a device ledger of the wrong size or unreadable; they then run throttled to their share. 0: healthy.",
+                "1: the GPU's device ledger has free process slots locked by someone not in them (gpuslice_device_ledger_squatted_slots), none free, the wrong size, or cannot be read: gpuslice status --compute says which. 0: healthy.",
+                GPU,
+            ),
+            free_slots: int_gauge(
+                "gpuslice_device_ledger_free_slots",
+                "Process slots of the GPU's device ledger free to claim (its lock held by nobody); at 0 a process starting on the GPU whose tenant has no memory ledger runs throttled to its share.",
+                GPU,
+            ),
+            squatted: int_gauge(
+                "gpuslice_device_ledger_squatted_slots",
+                "Free process slots of the GPU's device ledger whose lock is held by someone not in them (kernel evidence: an fcntl lock), a tenant squatting them. Processes whose tenant has a memory ledger still claim them; others cannot.",
+                GPU,
+            ),
+            size_wrong: int_gauge(
+                "gpuslice_device_ledger_size_wrong",
+                "1: the GPU's device ledger is not its layout's size now (grown or shrunk; the next process that joins, or tenant create, repairs it). 0: the right size.",
+                GPU,
+            ),
+            forged_owner: counter(
+                "gpuslice_compute_forged_owner_total",
+                "Times a process on the GPU found itself kept from its due by an owner whose ledger words lie (forged ownership) and launched paced to its share. Counted in the device ledger, which every tenant of the GPU can write: a report, not evidence.",
+                GPU,
+            ),
+            slot_denials: counter(
+                "gpuslice_compute_slot_denials_total",
+                "Processes that found no process slot in the GPU's device ledger and ran throttled to their share. Counted in the device ledger (tenant-writable: a report).",
+                GPU,
+            ),
+            lock_takeovers: counter(
+                "gpuslice_compute_lock_takeovers_total",
+                "Times a process took the GPU's arbitration lock over from a holder that kept it past its bound. Counted in the device ledger (tenant-writable: a report).",
+                GPU,
+            ),
+            size_repairs: counter(
+                "gpuslice_device_ledger_size_repairs_total",
+                "Times the GPU's device ledger was found grown, shrunk or damaged and repaired in place. Counted in the device ledger (tenant-writable: a report).",
                 GPU,
             ),
             build: int_gauge(
@@ -200,6 +242,32 @@ impl Families {
         self.unhealthy
             .with_label_values(&[&gpu, &d.uuid])
             .set(d.unhealthy as i64);
+        if let Some(wrong) = d.size_wrong {
+            self.size_wrong
+                .with_label_values(&[&gpu, &d.uuid])
+                .set(wrong as i64);
+        }
+        if let Some(h) = &d.health {
+            let l = [gpu.as_str(), &d.uuid];
+            self.free_slots
+                .with_label_values(&l)
+                .set(h.free_slots as i64);
+            self.squatted
+                .with_label_values(&l)
+                .set(h.squatted_slots as i64);
+            self.forged_owner
+                .with_label_values(&l)
+                .inc_by(h.forged_owner);
+            self.slot_denials
+                .with_label_values(&l)
+                .inc_by(h.slot_denials);
+            self.lock_takeovers
+                .with_label_values(&l)
+                .inc_by(h.lock_takeovers);
+            self.size_repairs
+                .with_label_values(&l)
+                .inc_by(h.size_repairs);
+        }
         let Ok(c) = &d.compute else { return };
         self.handovers
             .with_label_values(&[&gpu, &d.uuid])
@@ -232,7 +300,7 @@ impl Families {
 
     fn registry(self) -> Registry {
         let registry = Registry::new();
-        let all: [Box<dyn Collector>; 18] = [
+        let all: [Box<dyn Collector>; 25] = [
             Box::new(self.limit),
             Box::new(self.used),
             Box::new(self.peak),
@@ -250,6 +318,13 @@ impl Families {
             Box::new(self.valid),
             Box::new(self.also),
             Box::new(self.unhealthy),
+            Box::new(self.free_slots),
+            Box::new(self.squatted),
+            Box::new(self.size_wrong),
+            Box::new(self.forged_owner),
+            Box::new(self.slot_denials),
+            Box::new(self.lock_takeovers),
+            Box::new(self.size_repairs),
             Box::new(self.build),
         ];
         for c in all {

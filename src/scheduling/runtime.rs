@@ -199,6 +199,12 @@ fn try_join(rt: &Runtime, ordinal: u32) -> Option<&'static Sched> {
             return None;
         }
     };
+    // Slots claimed with a lock in the tenant's own memory ledger: no other tenant can keep us out.
+    if let Some(Err(e)) = tenant_ledger().map(|m| ledger.use_tenant_locks(m.path())) {
+        log::info(format_args!(
+            "compute: slot claimed in the device ledger only: {e}"
+        ));
+    }
     ledger.sweep(None);
     let (id, label) = rt.identity();
     // A slot first (the lock needs a holder id), then the tenant under the lock.

@@ -115,47 +115,7 @@ fn squatted_slot_locks_are_seen_and_do_not_stop_tools() {
     let path = dir.join(format!("{UUID}.dev"));
     let l = DeviceLedger::open(&path, UUID, true).unwrap();
     assert!(!l.health().unhealthy(), "{}", l.health().describe());
-    // A child process takes POSIX locks over every slot byte (OFD and POSIX locks conflict), as
-    // `lockf` by a tenant does, and keeps them until killed.
-    let start = Layout::lock_offset(0);
-    // The child opens the file itself: a descriptor inherited across fork may be one the fork
-    // guard swaps for /dev/null in the child (its number and file match a slot descriptor some
-    // ledger of this test process registered), and the child would then lock nothing.
-    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: fork in a test that holds the serial guard; the child only calls prctl, open, fcntl,
-    // usleep and pause (async-signal-safe).
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        // SAFETY: prctl with constant arguments; an all-zero flock is valid; open of a
-        // NUL-terminated path; F_SETLK on its fd.
-        unsafe {
-            // Dies with the test process even when the test fails before killing it: a leaked
-            // child would hold the test's output pipe open and hang whoever reads it.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            let fd = libc::open(cpath.as_ptr(), libc::O_RDWR);
-            let mut fl: libc::flock = std::mem::zeroed();
-            fl.l_type = libc::F_WRLCK as libc::c_short;
-            fl.l_whence = libc::SEEK_SET as libc::c_short;
-            fl.l_start = start as libc::off_t;
-            fl.l_len = MAX_SLOTS as libc::off_t;
-            // Retried until it holds: a lock of the parent's met in passing fails one attempt
-            // with EAGAIN; the parent waits for the lock, bounded.
-            while fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &fl) != 0 {
-                libc::usleep(1000);
-            }
-            loop {
-                libc::pause();
-            }
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !matches!(
-        sys::is_locked(l.lock_fd_for_tests(), start + MAX_SLOTS as u64 - 1),
-        Ok(true)
-    ) {
-        assert!(Instant::now() < deadline, "the child never locked");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let pid = squat_every_slot_byte(&path, &l);
     assert_eq!(l.claim_slot(0), None);
     let h = l.health();
     assert_eq!(h.squatted_slots, MAX_SLOTS);
@@ -173,6 +133,139 @@ fn squatted_slot_locks_are_seen_and_do_not_stop_tools() {
         libc::waitpid(pid, std::ptr::null_mut(), 0);
     }
     assert!(l.claim_slot(0).is_some());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Slots claimed with a lock in the tenant's own file (its memory ledger, which no other tenant
+/// can open): every slot byte of the device ledger locked by a squatter keeps nobody with such a
+/// file out; a process of the tenant that died meanwhile (its byte still held by the squatter, so
+/// alive to everyone else) is freed by the tenant's next sweep; once the squatter lets go, the
+/// live process takes its byte back, and other tenants judge it alive by it again.
+#[test]
+fn a_squatter_keeps_nobody_with_a_tenant_lock_out() {
+    let _serial = slotfile::serial_test();
+    let dir = scratch("tenantlock");
+    let path = dir.join(format!("{UUID}.dev"));
+    let own = dir.join("t.ledger");
+    std::fs::write(&own, b"").unwrap();
+    let l = DeviceLedger::open(&path, UUID, true).unwrap();
+    let pid = squat_every_slot_byte(&path, &l);
+    assert_eq!(l.claim_slot(0), None, "the old claim is kept out");
+    // Two processes of one tenant (two handles: two open file descriptions).
+    let first = DeviceLedger::open(&path, UUID, false).unwrap();
+    let second = DeviceLedger::open(&path, UUID, false).unwrap();
+    first.use_tenant_locks(&own).unwrap();
+    second.use_tenant_locks(&own).unwrap();
+    let a = first.claim_slot(0).expect("kept out by the squatter");
+    let b = second.claim_slot(0).expect("kept out by the squatter");
+    assert_ne!(a, b);
+    assert!(!second.holds_shared_slot_lock());
+    let tenant = {
+        let g = second.lock(b);
+        second.find_or_add_tenant(&g, TenantId(9), "t", 30, 0, false)
+    }
+    .unwrap();
+    for s in [a, b] {
+        l.layout().slots[s].tenant.store(tenant as u32, Release);
+    }
+    assert!(l.health().unhealthy(), "the squat is still reported");
+    // The first process dies: its byte in the device ledger is the squatter's, so it looks alive
+    // to everyone else; its heartbeat stops.
+    drop(first);
+    l.layout().slots[a].beat_ns.store(0, Release);
+    l.sweep(None);
+    assert_eq!(l.layout().slots[a].state.load(Acquire), SLOT_ACTIVE);
+    second.sweep(Some(b));
+    assert_eq!(
+        l.layout().slots[a].state.load(Acquire),
+        SLOT_FREE,
+        "the tenant's own sweep frees its dead process's slot"
+    );
+    assert_eq!(l.layout().slots[b].state.load(Acquire), SLOT_ACTIVE);
+    // SAFETY: our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    second.sweep(Some(b));
+    assert!(second.holds_shared_slot_lock());
+    assert!(l.slot_alive(b, None), "other tenants see the live slot");
+    l.sweep(None);
+    assert_eq!(l.layout().slots[b].state.load(Acquire), SLOT_ACTIVE);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child forked without exec does not keep its dead parent's tenant lock: with every device-ledger
+/// slot byte squatted (so only the tenant lock says whether the slot lives), the tenant's next
+/// sweep frees the slot of a parent that died while its fork child still runs.
+#[test]
+fn a_fork_child_does_not_keep_its_parents_tenant_lock() {
+    let _serial = slotfile::serial_test();
+    let dir = scratch("tlfork");
+    let path = dir.join(format!("{UUID}.dev"));
+    let own = dir.join("t.ledger");
+    std::fs::write(&own, b"").unwrap();
+    let l = DeviceLedger::open(&path, UUID, true).unwrap();
+    let squatter = squat_every_slot_byte(&path, &l);
+    let mut ready = [0; 2];
+    // SAFETY: `ready` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+    // SAFETY: fork in a test holding the serial guard; the child uses the ledger, forks a
+    // grandchild that writes a byte and sleeps, then _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = (|| {
+            let mine = DeviceLedger::open(&path, UUID, false).ok()?;
+            mine.use_tenant_locks(&own).ok()?;
+            let slot = mine.claim_slot(0)?;
+            // SAFETY: the grandchild writes a byte, sleeps, then _exits.
+            if unsafe { libc::fork() } == 0 {
+                // SAFETY: writes one byte from a valid buffer to the pipe.
+                unsafe { libc::write(ready[1], [1u8].as_ptr().cast(), 1) };
+                std::thread::sleep(Duration::from_secs(5));
+                // SAFETY: ends the grandchild.
+                unsafe { libc::_exit(0) };
+            }
+            std::mem::forget(mine); // die holding it, as a killed process would
+            Some(slot)
+        })();
+        // SAFETY: ends the child with the slot number (+1; 0 = failed).
+        unsafe { libc::_exit(ok.map_or(0, |s| s as i32 + 1)) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let slot = libc::WEXITSTATUS(status) - 1;
+    assert!(slot >= 0, "the child could not claim a slot");
+    let slot = slot as usize;
+    let mut b = [0u8];
+    // SAFETY: reads one byte into a valid buffer, then closes the pipe we created.
+    unsafe {
+        assert_eq!(libc::read(ready[0], b.as_mut_ptr().cast(), 1), 1);
+        libc::close(ready[0]);
+        libc::close(ready[1]);
+    }
+    let next = DeviceLedger::open(&path, UUID, false).unwrap();
+    next.use_tenant_locks(&own).unwrap();
+    let mine = next.claim_slot(0).unwrap();
+    let tenant = {
+        let g = next.lock(mine);
+        next.find_or_add_tenant(&g, TenantId(11), "t", 30, 0, false)
+    }
+    .unwrap();
+    l.layout().slots[slot].tenant.store(tenant as u32, Release);
+    l.layout().slots[slot].beat_ns.store(0, Release);
+    next.sweep(Some(mine));
+    assert_eq!(
+        l.layout().slots[slot].state.load(Acquire),
+        SLOT_FREE,
+        "a fork child still holds its dead parent's tenant lock"
+    );
+    // SAFETY: our own child.
+    unsafe {
+        libc::kill(squatter, libc::SIGKILL);
+        libc::waitpid(squatter, std::ptr::null_mut(), 0);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -319,4 +412,50 @@ fn per_tenant_counts_follow_their_tenant_and_saturate() {
     assert_eq!(l.tenant_counts(b), None);
     assert_eq!(seen(b), None);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A child process that takes POSIX locks over every slot byte of the ledger at `path` (OFD and
+/// POSIX locks conflict), as `lockf` by a tenant does, and keeps them until killed; returns once
+/// they are held (seen through `l`).
+fn squat_every_slot_byte(path: &std::path::Path, l: &DeviceLedger) -> libc::pid_t {
+    let start = Layout::lock_offset(0);
+    // The child opens the file itself: a descriptor inherited across fork may be one the fork
+    // guard swaps for /dev/null in the child (its number and file match a slot descriptor some
+    // ledger of this test process registered), and the child would then lock nothing.
+    let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: fork in a test that holds the serial guard; the child only calls prctl, open, fcntl,
+    // usleep and pause (async-signal-safe).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: prctl with constant arguments; an all-zero flock is valid; open of a
+        // NUL-terminated path; F_SETLK on its fd.
+        unsafe {
+            // Dies with the test process even when the test fails before killing it: a leaked
+            // child would hold the test's output pipe open and hang whoever reads it.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            let fd = libc::open(cpath.as_ptr(), libc::O_RDWR);
+            let mut fl: libc::flock = std::mem::zeroed();
+            fl.l_type = libc::F_WRLCK as libc::c_short;
+            fl.l_whence = libc::SEEK_SET as libc::c_short;
+            fl.l_start = start as libc::off_t;
+            fl.l_len = MAX_SLOTS as libc::off_t;
+            // Retried until it holds: a lock of the parent's met in passing fails one attempt
+            // with EAGAIN; the parent waits for the lock, bounded.
+            while fd >= 0 && libc::fcntl(fd, libc::F_SETLK, &fl) != 0 {
+                libc::usleep(1000);
+            }
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(
+        sys::is_locked(l.lock_fd_for_tests(), start + MAX_SLOTS as u64 - 1),
+        Ok(true)
+    ) {
+        assert!(Instant::now() < deadline, "the child never locked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    pid
 }

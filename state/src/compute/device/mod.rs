@@ -4,6 +4,7 @@
 //! [`repair`] the sweep, the repair of a truncated file and the health report.
 
 mod repair;
+mod slots;
 mod tenants;
 
 pub use repair::Health;
@@ -151,6 +152,9 @@ pub struct DeviceLedger {
     policy: Overlay,
     /// The per-tenant counters, when their file could be opened (`None`: not counted).
     tally: Option<TallyMap>,
+    /// Slots claimed with a lock in the tenant's own memory ledger, which no other tenant can
+    /// take ([`slots`]); unset: with the ledger's own slot bytes.
+    tenant_locks: std::sync::OnceLock<slots::TenantLocks>,
 }
 
 impl Drop for DeviceLedger {
@@ -159,6 +163,9 @@ impl Drop for DeviceLedger {
     /// that reuses its inode.
     fn drop(&mut self) {
         sys::unguard_slot_fd(self.raw_fd());
+        if let Some(fd) = self.tenant_lock_fd() {
+            sys::unguard_slot_fd(fd);
+        }
     }
 }
 
@@ -261,6 +268,7 @@ impl DeviceLedger {
             repairs: AtomicUsize::new(0),
             policy,
             tally: None,
+            tenant_locks: std::sync::OnceLock::new(),
         }
     }
 
@@ -343,31 +351,38 @@ impl DeviceLedger {
     }
 
     /// Claims a free process slot for `tenant` (its lock first, so nobody mistakes it for dead).
+    /// With a tenant lock ([`use_tenant_locks`](Self::use_tenant_locks)) the lock is taken in the
+    /// tenant's own file, which no other tenant can hold: a tenant locking the ledger's slot bytes
+    /// keeps nobody else out.
     pub fn claim_slot(&self, tenant: usize) -> Option<usize> {
         if !self.writable() || self.forked() {
             return None;
         }
         let l = self.layout();
-        let got = slotfile::claim_slot::<Layout>(
-            self.raw_fd(),
-            MAX_SLOTS,
-            |i| l.slots[i].state.load(Acquire) == SLOT_FREE,
-            |i| {
-                let s = &l.slots[i];
-                if s.state
-                    .compare_exchange(SLOT_FREE, SLOT_ACTIVE, AcqRel, Acquire)
-                    .is_err()
-                {
-                    return false;
-                }
-                s.tenant.store(tenant as u32, Release);
-                s.pid.store(sys::getpid(), Release);
-                s.wants.store(0, Release);
-                s.wait_since.store(0, Release);
-                s.beat_ns.store(now_ns(), Release);
-                true
-            },
-        );
+        let take = |i: usize| {
+            let s = &l.slots[i];
+            if s.state
+                .compare_exchange(SLOT_FREE, SLOT_ACTIVE, AcqRel, Acquire)
+                .is_err()
+            {
+                return false;
+            }
+            s.tenant.store(tenant as u32, Release);
+            s.pid.store(sys::getpid(), Release);
+            s.wants.store(0, Release);
+            s.wait_since.store(0, Release);
+            s.beat_ns.store(now_ns(), Release);
+            true
+        };
+        let got = match self.claim_with_tenant_lock(take) {
+            Some(got) => got,
+            None => slotfile::claim_slot::<Layout>(
+                self.raw_fd(),
+                MAX_SLOTS,
+                |i| l.slots[i].state.load(Acquire) == SLOT_FREE,
+                take,
+            ),
+        };
         self.own.lock().slot = got;
         got
     }

@@ -54,18 +54,29 @@ impl DeviceLedger {
         if let Some(TallyMap::Shared(t)) = &self.tally {
             t.trim_excess();
         }
+        if let Some(me) = me {
+            self.retake_shared_lock(me);
+        }
+        let ours = self.own.lock().tenant.as_ref().map(|t| t.0);
+        let now = now_ns();
         let l = self.layout();
         for i in 0..MAX_SLOTS {
             // Any state but FREE counts: a scribbled state word must not keep a slot forever.
             if Some(i) == me || l.slots[i].state.load(Acquire) == SLOT_FREE {
                 continue;
             }
-            slotfile::take_dead_slot::<Layout, _>(self.raw_fd(), i, || {
+            let freed = slotfile::take_dead_slot::<Layout, _>(self.raw_fd(), i, || {
                 let s = &l.slots[i];
                 s.wants.store(0, Release);
                 s.wait_since.store(0, Release);
                 s.state.store(SLOT_FREE, Release);
             });
+            // Looks alive (its byte is held): one of our tenant's, dead, under a squatter's lock?
+            if freed.is_none() {
+                if let Some(t) = ours {
+                    self.free_own_dead_slot(i, t, now);
+                }
+            }
         }
     }
 
@@ -169,7 +180,7 @@ impl Health {
         let mut parts = Vec::new();
         if self.squatted_slots > 0 {
             parts.push(format!(
-                "{} free process slot(s) locked by someone not in them",
+                "{} free process slot(s) locked by someone not in them (claimed all the same by processes whose tenant has a memory ledger)",
                 self.squatted_slots
             ));
         }

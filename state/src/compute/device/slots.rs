@@ -1,0 +1,184 @@
+//! Process slots no other tenant can keep a process out of.
+//!
+//! Every tenant of a GPU can open its device ledger, so every tenant can lock the ledger's slot
+//! bytes (`lockf`, `F_SETLK`, read or write locks alike): a claim that needs one of those locks can
+//! be refused by anybody. A process whose tenant has a memory ledger (every node tenant, and every
+//! tenant configured with a quota) therefore claims its slot with a lock in *that* file instead, at
+//! a byte reserved for this GPU and slot ([`TenantLocks::offset`]): the memory ledger is the
+//! tenant's own (root:<its group> 0660 on a node, the user's 0600 otherwise), so no other tenant
+//! can open it, let alone lock it. Exclusive use of the slot comes from the state word's
+//! compare-and-swap (FREE to ACTIVE), as it always did; the tenant lock keeps the tenant's other
+//! processes from judging it dead.
+//!
+//! The ledger's own slot byte is still taken when it is free (at the claim, and at every sweep
+//! while it is not held): it is what the other tenants' processes judge the slot's liveness by,
+//! since they cannot open the tenant's file. Held by a squatter, it makes the slot look alive to
+//! them, also after its process died; the tenant's own processes see through it (their sweep frees
+//! a slot of their tenant whose tenant lock nobody holds and whose heartbeat stopped).
+
+use super::*;
+use std::sync::atomic::AtomicBool;
+
+/// First byte of the range of a memory ledger where device-ledger slots are locked: far past the
+/// memory ledger's own data and slot locks (locks may lie past the end of a file).
+const TENANT_LOCK_BASE: u64 = 1 << 40;
+/// GPUs are told apart in that range by a 24-bit hash of their UUID. Two GPUs of one tenant that
+/// hash alike only make a claim try another slot, or a sweep keep a dead slot longer.
+const GPU_KEYS: u64 = 1 << 24;
+/// A slot of our tenant whose tenant lock nobody holds is freed by our sweep only once its
+/// heartbeat is older than this: a live process of an older library (which holds no tenant lock)
+/// beats every few milliseconds.
+const OWN_DEAD_BEAT_NS: u64 = 1_000_000_000;
+
+/// The descriptor of our tenant's memory ledger on which our slot is locked.
+pub(super) struct TenantLocks {
+    fd: OwnedFd,
+    base: u64,
+    /// We hold our slot's byte in the device ledger too (false while somebody else holds it).
+    pub(super) shared_held: AtomicBool,
+}
+
+impl TenantLocks {
+    fn offset(&self, slot: usize) -> u64 {
+        self.base + slot as u64
+    }
+}
+
+/// FNV-1a of the UUID, folded to [`GPU_KEYS`].
+fn gpu_key(uuid: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in uuid.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h % GPU_KEYS
+}
+
+impl DeviceLedger {
+    /// Claims slots from now on with a lock in `file`, the tenant's memory ledger (opened again:
+    /// a description of our own, never mapped, which fork children give up). Only a regular file
+    /// we can write is used; otherwise claims stay as they were (the ledger's own slot bytes) and
+    /// the reason is returned.
+    pub fn use_tenant_locks(&self, file: &Path) -> Result<(), String> {
+        if !self.writable() {
+            return Err("opened read-only".into());
+        }
+        let fd =
+            sys::open(file, libc::O_RDWR, 0).map_err(|e| format!("{}: {e}", file.display()))?;
+        match sys::fstat(&fd) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => {}
+            Ok(_) => return Err(format!("{}: not a regular file", file.display())),
+            Err(e) => return Err(format!("{}: {e}", file.display())),
+        }
+        let base = TENANT_LOCK_BASE + gpu_key(&self.uuid()) * MAX_SLOTS as u64;
+        self.tenant_locks
+            .set(TenantLocks {
+                fd,
+                base,
+                shared_held: AtomicBool::new(false),
+            })
+            .map_err(|_| "already set".to_string())
+    }
+
+    /// The claim with a tenant lock ([`use_tenant_locks`](Self::use_tenant_locks)): a free slot
+    /// whose tenant lock we get, its ledger byte too when nobody holds it, then the state word.
+    /// `None` when this ledger claims the old way.
+    pub(super) fn claim_with_tenant_lock(
+        &self,
+        take: impl Fn(usize) -> bool,
+    ) -> Option<Option<usize>> {
+        let t = self.tenant_locks.get()?;
+        let l = self.layout();
+        let (shared, own) = (self.raw_fd(), t.fd.as_raw_fd());
+        for i in 0..MAX_SLOTS {
+            if l.slots[i].state.load(Acquire) != SLOT_FREE
+                || !matches!(sys::try_lock(own, t.offset(i)), Ok(true))
+            {
+                continue;
+            }
+            let at = <Layout as slotfile::SlotLayout>::lock_offset(i);
+            let held = matches!(sys::try_lock(shared, at), Ok(true));
+            if take(i) {
+                sys::guard_slot_fd(own);
+                sys::guard_slot_fd(shared);
+                t.shared_held.store(held, Release);
+                return Some(Some(i));
+            }
+            if held {
+                sys::unlock(shared, at);
+            }
+            sys::unlock(own, t.offset(i));
+        }
+        Some(None)
+    }
+
+    /// Our slot `me`'s byte in the device ledger, taken when whoever held it at the claim let it
+    /// go: from then on the other tenants judge our liveness right again.
+    pub(super) fn retake_shared_lock(&self, me: usize) {
+        let Some(t) = self.tenant_locks.get() else {
+            return;
+        };
+        if !t.shared_held.load(Acquire)
+            && matches!(
+                sys::try_lock(
+                    self.raw_fd(),
+                    <Layout as slotfile::SlotLayout>::lock_offset(me)
+                ),
+                Ok(true)
+            )
+        {
+            t.shared_held.store(true, Release);
+        }
+    }
+
+    /// Whether we hold our slot's byte in the device ledger (always, for a ledger claiming the
+    /// old way).
+    pub fn holds_shared_slot_lock(&self) -> bool {
+        self.tenant_locks
+            .get()
+            .map_or(true, |t| t.shared_held.load(Acquire))
+    }
+
+    /// A slot of our own tenant (`tenant`) that looks alive to everyone (its ledger byte is held)
+    /// but whose tenant lock nobody holds and whose heartbeat stopped: its process died while a
+    /// squatter held the byte. Freed here, holding its tenant lock meanwhile.
+    pub(super) fn free_own_dead_slot(&self, i: usize, tenant: usize, now: u64) -> bool {
+        let Some(t) = self.tenant_locks.get() else {
+            return false;
+        };
+        let s = &self.layout().slots[i];
+        if s.tenant.load(Acquire) as usize != tenant
+            || now.saturating_sub(s.beat_ns.load(Acquire)) < OWN_DEAD_BEAT_NS
+            || !matches!(sys::try_lock(t.fd.as_raw_fd(), t.offset(i)), Ok(true))
+        {
+            return false;
+        }
+        s.wants.store(0, Release);
+        s.wait_since.store(0, Release);
+        s.state.store(SLOT_FREE, Release);
+        sys::unlock(t.fd.as_raw_fd(), t.offset(i));
+        true
+    }
+
+    /// The tenant-lock descriptor, for the fork guard's bookkeeping.
+    pub(super) fn tenant_lock_fd(&self) -> Option<RawFd> {
+        self.tenant_locks.get().map(|t| t.fd.as_raw_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_key;
+
+    #[test]
+    fn gpu_keys_stay_in_their_range() {
+        for u in [
+            "GPU-0",
+            "GPU-1",
+            "",
+            "GPU-ffffffff-ffff-ffff-ffff-ffffffffffff",
+        ] {
+            assert!(gpu_key(u) < super::GPU_KEYS);
+        }
+        assert_ne!(gpu_key("GPU-0"), gpu_key("GPU-1"));
+    }
+}
