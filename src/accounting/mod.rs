@@ -22,6 +22,7 @@ pub mod contexts;
 pub mod first_launch;
 pub mod graphs;
 pub mod limits;
+pub mod measure_lock;
 pub mod measurement;
 pub mod modules;
 pub mod nvml_view;
