@@ -1,0 +1,145 @@
+//! What a process keeps by its own clock: its private bucket of device time, the window of every
+//! frame its tenant launches paced in, and the starvation watch (pure values; [`super::Evidence`]
+//! holds them).
+
+use super::*;
+
+/// A private bucket of device time (ns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    pub tokens: i64,
+}
+
+impl Default for Bucket {
+    fn default() -> Bucket {
+        Bucket {
+            tokens: BUCKET_MAX_NS,
+        }
+    }
+}
+
+impl Bucket {
+    /// `dt` ns went by at fair fraction `f_ppm`; the process held the device (or launched paced)
+    /// during them when `held`.
+    pub fn tick(&mut self, dt: u64, f_ppm: u64, held: bool) {
+        let dt = dt.min(MAX_STEP_NS);
+        let earn = (u128::from(dt) * u128::from(f_ppm.min(PPM)) * u128::from(100 + SLACK_PCT)
+            / u128::from(100 * PPM)) as i64;
+        let spend = if held { dt as i64 } else { 0 };
+        self.tokens = self
+            .tokens
+            .saturating_add(earn)
+            .saturating_sub(spend)
+            .clamp(-BUCKET_MAX_NS, BUCKET_MAX_NS);
+    }
+
+    pub fn full(&mut self) {
+        self.tokens = BUCKET_MAX_NS;
+    }
+}
+
+/// A tenant's window of every [`FRAME_NS`] frame (ppm of the frame): the tenants that want the
+/// device, ordered by id, each get a window in proportion to its share (the node's policy), so
+/// paced processes of different tenants take turns by the clock alone rather than overlap at
+/// random.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub start_ppm: u64,
+    pub len_ppm: u64,
+}
+
+impl Window {
+    /// Our window among `tenants` (id, share), ours among them; each id counted once.
+    pub fn of(mine: TenantId, tenants: &[(TenantId, u64)]) -> Window {
+        let mut sorted: Vec<(TenantId, u64)> = Vec::with_capacity(tenants.len());
+        for &(id, share) in tenants {
+            if !sorted.iter().any(|(i, _)| *i == id) {
+                sorted.push((id, share.max(1)));
+            }
+        }
+        sorted.sort_by_key(|(id, _)| id.0);
+        let total: u64 = sorted.iter().map(|(_, s)| *s).sum::<u64>().max(1);
+        let before: u64 = sorted
+            .iter()
+            .take_while(|(id, _)| *id != mine)
+            .map(|(_, s)| *s)
+            .sum();
+        let me = sorted
+            .iter()
+            .find(|(id, _)| *id == mine)
+            .map_or(0, |(_, s)| *s);
+        Window {
+            start_ppm: fraction(before, total),
+            len_ppm: fraction(me, total),
+        }
+    }
+
+    /// Whether `now` (monotonic ns, the node's common clock) falls in the window. (What a
+    /// process has queued at its window's end runs into the next one, time-sliced with it: the
+    /// frame is long enough for that to cost little.)
+    pub fn holds(&self, now: u64) -> bool {
+        let ns = |ppm: u64| (u128::from(ppm) * u128::from(FRAME_NS) / u128::from(PPM)) as u64;
+        let (start, len) = (ns(self.start_ppm), ns(self.len_ppm));
+        (start..start.saturating_add(len)).contains(&(now % FRAME_NS))
+    }
+}
+
+/// How much of the time the process wanted the device it owned it, by its own clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Watch {
+    pub wanted_ns: u64,
+    pub owned_ns: u64,
+}
+
+impl Watch {
+    /// `dt` ns went by, wanting the device when `wanted`, owning it when `owned`.
+    pub fn tick(&mut self, dt: u64, wanted: bool, owned: bool) {
+        let dt = dt.min(MAX_STEP_NS);
+        if wanted || owned {
+            self.wanted_ns = self.wanted_ns.saturating_add(dt);
+        }
+        if owned {
+            self.owned_ns = self.owned_ns.saturating_add(dt);
+        }
+        if self.wanted_ns > WINDOW_NS {
+            self.wanted_ns /= 2;
+            self.owned_ns /= 2;
+        }
+    }
+
+    /// Owned less than half of `floor_ppm` of a judged span.
+    pub fn starved(&self, floor_ppm: u64) -> bool {
+        self.wanted_ns >= JUDGE_NS
+            && u128::from(self.owned_ns) * u128::from(2 * PPM)
+                < u128::from(self.wanted_ns) * u128::from(floor_ppm)
+    }
+
+    /// Owned at least three quarters of `floor_ppm` of a judged span.
+    pub fn recovered(&self, floor_ppm: u64) -> bool {
+        self.wanted_ns >= JUDGE_NS
+            && u128::from(self.owned_ns) * u128::from(4 * PPM)
+                >= u128::from(self.wanted_ns) * u128::from(3 * floor_ppm)
+    }
+
+    /// The owned fraction observed (ppm).
+    pub fn owned_ppm(&self) -> u64 {
+        (u128::from(self.owned_ns) * u128::from(PPM) / u128::from(self.wanted_ns.max(1))) as u64
+    }
+}
+
+/// `share` over `total` in ppm (at most one whole; a total below the share counts as the share).
+pub fn fraction(share: u64, total: u64) -> u64 {
+    (u128::from(share) * u128::from(PPM) / u128::from(total.max(share).max(1))) as u64
+}
+
+/// The least fraction honest arbitration gives a tenant of `share` among tenants whose shares sum
+/// to `listed_total` (every tenant of the GPU wanting it at once), lowered to its cap when it has
+/// one (percent, 0 = none), divided among its own `processes` that want the device (at most 8
+/// counted: past that, a process may go paced when it need not, which still keeps its share).
+pub fn fraction_floor(share: u64, listed_total: u64, cap: u32, processes: u32) -> u64 {
+    let mut f = fraction(share, listed_total);
+    if cap != 0 {
+        f = f.min(u64::from(cap.min(100)) * PPM / 100);
+    }
+    f / u64::from(processes.clamp(1, 8))
+}
