@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 
 pub mod contexts;
 pub mod first_launch;
+pub mod graph_plan;
 pub mod graphs;
 pub mod limits;
 pub mod measure_lock;
