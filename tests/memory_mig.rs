@@ -308,7 +308,6 @@ except nv.NVMLError_NotFound:
 /// shows the instance by its UUID.
 #[test]
 fn the_exporter_and_status_show_the_instance() {
-    use std::io::{BufRead, Read};
     let sim = sim("mig-exporter");
     let limit = format!("{INSTANCE1}=2GiB");
     // The tenant's ledger in the machine's ledger directory (the Sim's private one).
@@ -338,22 +337,8 @@ fn the_exporter_and_status_show_the_instance() {
         .stderr(std::process::Stdio::inherit())
         .spawn()
         .expect("start gpuslice exporter");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("exporter printed {line:?}"))
-        .to_string();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-        .unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let addr = exporter_address(&mut child);
+    let body = scrape_metrics(&addr);
     let _ = child.kill();
     let _ = child.wait();
     let found = body.lines().find(|l| {

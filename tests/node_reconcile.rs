@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -312,17 +312,6 @@ fn gpuslice_observe_report(state: &Path) -> (u64, Vec<(u64, u64)>) {
     (when, list)
 }
 
-/// GET /metrics from `addr` (HTTP/1.0).
-fn scrape(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    raw.split_once("\r\n\r\n")
-        .map_or(String::new(), |(_, b)| b.to_string())
-}
-
 /// A process using simgpu without gpuslice, beside a tenant's, is shown by `gpuslice status` and
 /// exported as unmanaged memory; the tenant's is not.
 #[test]
@@ -397,20 +386,9 @@ fn a_process_using_the_gpu_without_gpuslice_is_reported_unmanaged() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start gpuslice exporter");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(exporter.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let addr = exporter_address(&mut exporter);
     let exporter = Killed(exporter);
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("exporter printed {line:?}"))
-        .to_string();
-    let text = scrape(&addr);
+    let text = scrape_metrics(&addr);
     let series = text
         .lines()
         .find(|l| l.starts_with("gpuslice_unmanaged_memory_bytes{"))

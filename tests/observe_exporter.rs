@@ -59,16 +59,7 @@ fn start_exporter(sim: &Sim, state_dir: &Path) -> (Killed, String) {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start gpuslice exporter");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("exporter printed {line:?}"))
-        .to_string();
+    let addr = exporter_address(&mut child);
     (Killed(child), addr)
 }
 

@@ -341,7 +341,6 @@ fn status(scene: &Scene) -> Run {
 /// One scrape of `gpuslice exporter` (root's, on the node's state directory): the value of
 /// `name` for the node's one GPU.
 fn exported(scene: &Scene, name: &str) -> f64 {
-    use std::io::{BufRead, Read, Write};
     let mut child = scene
         .command(gpuslice_bin())
         .args(["exporter", "--listen", "127.0.0.1:0", "--state-dir"])
@@ -351,22 +350,7 @@ fn exported(scene: &Scene, name: &str) -> f64 {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("exporter printed {line:?}"))
-        .to_string();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
+    let out = scrape_metrics(&exporter_address(&mut child));
     let _ = child.kill();
     let _ = child.wait();
     out.lines()

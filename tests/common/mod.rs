@@ -861,6 +861,40 @@ pub fn s(x: impl ToString) -> String {
     x.to_string()
 }
 
+/// The `host:port` that a `gpuslice exporter` started with `--listen 127.0.0.1:0` and a piped
+/// stdout prints on its first line (`... http://HOST:PORT/metrics`).
+pub fn exporter_address(exporter: &mut Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(
+        exporter
+            .stdout
+            .as_mut()
+            .expect("the exporter's stdout is piped"),
+    )
+    .read_line(&mut line)
+    .unwrap();
+    line.split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("exporter printed {line:?}"))
+        .to_string()
+}
+
+/// The body of one `GET /metrics` from `addr` (HTTP/1.0: read until the exporter closes).
+pub fn scrape_metrics(addr: &str) -> String {
+    use std::io::Read;
+    let mut s =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    raw.split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string())
+}
+
 #[cfg(test)]
 mod json_tests {
     use super::Json;

@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 mod common;
 #[allow(unused_imports)] // each test file uses a different part
 pub use common::{
-    finish, gpuslice_bin, reachable_copy, reachable_simgpu, require, root, run_command as run,
-    simgpu_lib_dir, start_in, target_dir, venv_python, wait_for_key, Run, GIB, MIB,
+    exporter_address, finish, gpuslice_bin, reachable_copy, reachable_simgpu, require, root,
+    run_command as run, scrape_metrics, simgpu_lib_dir, start_in, target_dir, venv_python,
+    wait_for_key, Run, GIB, MIB,
 };
 
 pub fn workload_bin() -> PathBuf {
