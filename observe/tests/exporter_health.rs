@@ -3,16 +3,17 @@
 //! ownership and the other counters) is exported, the exposition passes `promtool check metrics`,
 //! and an unreadable ledger is unhealthy without figures.
 
+mod support;
+
 use gpuslice_observe::exporter::Exporter;
 use gpuslice_observe::Sources;
 use gpuslice_state::compute::device::DeviceLedger;
 use gpuslice_state::compute::shm::{Layout, MAX_SLOTS};
-use std::io::{BufRead, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Release;
-use std::time::Duration;
+use support::scrape_timed;
 
 const UUID: &str = "GPU-00000000-0000-4000-8000-0000000000a1";
 const BROKEN: &str = "GPU-00000000-0000-4000-8000-0000000000b2";
@@ -26,14 +27,9 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
+/// The body of one scrape.
 fn scrape(addr: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    let (_, out) = scrape_timed(addr);
     out.split_once("\r\n\r\n").unwrap().1.to_string()
 }
 

@@ -3,12 +3,14 @@
 //! descriptors, hard links of a ledger. In every case another client's scrape is answered within
 //! 1 s, and a ledger counts once.
 
+mod support;
+
 use gpuslice_observe::exporter::{Exporter, MAX_CONNECTIONS};
 use gpuslice_observe::Sources;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn scratch(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("gpuslice-exp-{tag}-{}", std::process::id()));
@@ -35,18 +37,7 @@ fn start(d: &Path) -> String {
     addr
 }
 
-/// One scrape by a well-behaved client: the time it took and the body.
-fn scrape(addr: &str) -> (Duration, String) {
-    let started = Instant::now();
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-    (started.elapsed(), out)
-}
+use support::scrape_timed as scrape;
 
 fn assert_prompt(addr: &str, during: &str) {
     let (took, _) = scrape(addr);
