@@ -103,6 +103,18 @@ pub unsafe trait SlotLayout: Sync + Send + Sized + 'static {
     }
 }
 
+/// Gives the file at `fd` its `size` bytes on disk now, so that a full filesystem is an error here
+/// (naming `path`) and never a SIGBUS in a process that touches the mapping later.
+fn allocate(path: &Path, fd: &OwnedFd, size: u64) -> Result<(), Error> {
+    sys::fallocate(fd, size).map_err(|err| match err.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::NoSpace {
+            path: path.to_path_buf(),
+            needed: size,
+        },
+        _ => io_err(path, "allocating its space")(err),
+    })
+}
+
 fn prefix<L: SlotLayout>(l: &L) -> &Prefix {
     // SAFETY: `SlotLayout` guarantees the layout starts with a `Prefix`.
     unsafe { &*(l as *const L).cast::<Prefix>() }
@@ -591,26 +603,12 @@ impl<L: SlotLayout> Writable<L> {
                 sys::fchown_group(f, g).map_err(io_err(path, "chown to GPUSLICE_LEDGER_GROUP"))?;
             }
             let size = size_of::<L>() as u64;
-            sys::fallocate(f, size).map_err(|err| match err.raw_os_error() {
-                Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::NoSpace {
-                    path: path.to_path_buf(),
-                    needed: size,
-                },
-                _ => io_err(path, "allocating its space")(err),
-            })?;
+            allocate(path, f, size)?;
             let fd = fd
                 .take()
                 .ok_or_else(|| io_err(path, "open")(io::ErrorKind::Other.into()))?;
             let w = Self::map(path, fd, true)?;
-            let pre = prefix(w.layout());
-            pre.magic
-                .store(u64::from_ne_bytes(L::MAGIC), Ordering::Relaxed);
-            pre.version.store(L::VERSION, Ordering::Relaxed);
-            pre.total_size.store(size, Ordering::Relaxed);
-            pre.state.store(STATE_INITIALISING, Ordering::Relaxed);
-            init(w.layout());
-            // Release: a joiner that sees READY sees everything written before.
-            pre.state.store(STATE_READY, Ordering::Release);
+            w.stamp(size, init);
             match sys::publish(&tmp, path) {
                 Ok(()) => Ok(Some(w)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
@@ -634,22 +632,23 @@ impl<L: SlotLayout> Writable<L> {
         let fd = sys::memfd(c"gpuslice-private").map_err(io_err(path, "memfd_create"))?;
         let size = size_of::<L>() as u64;
         sys::ftruncate(&fd, size).map_err(io_err(path, "sizing"))?;
-        sys::fallocate(&fd, size).map_err(|err| match err.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::NoSpace {
-                path: path.to_path_buf(),
-                needed: size,
-            },
-            _ => io_err(path, "allocating its space")(err),
-        })?;
+        allocate(path, &fd, size)?;
         let w = Self::map(path, fd, true)?;
-        let pre = prefix(w.layout());
+        w.stamp(size, init);
+        Ok(w)
+    }
+
+    /// Writes a new file's prefix and contents: INITIALISING while `init` runs, READY after.
+    fn stamp(&self, size: u64, init: impl FnOnce(&L)) {
+        let pre = prefix(self.layout());
         pre.magic
             .store(u64::from_ne_bytes(L::MAGIC), Ordering::Relaxed);
         pre.version.store(L::VERSION, Ordering::Relaxed);
         pre.total_size.store(size, Ordering::Relaxed);
-        init(w.layout());
+        pre.state.store(STATE_INITIALISING, Ordering::Relaxed);
+        init(self.layout());
+        // Release: a joiner that sees READY sees everything written before.
         pre.state.store(STATE_READY, Ordering::Release);
-        Ok(w)
     }
 
     /// What was found wrong with the file and repaired in place when this handle joined it
