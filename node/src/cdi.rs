@@ -13,8 +13,8 @@
 //! memory ledger, and the device ledger of each of its GPUs (docs/SECURITY.md).
 
 use crate::files::write_atomically;
+use crate::host::{Node, DEVICE_GID};
 use crate::policy::Policy;
-use crate::tenant::{Node, DEVICE_GID};
 use gpuslice_state::config::policy::{CONTAINER_DEVICE_DIR, POLICY_DIR, POLICY_FILE};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -367,7 +367,7 @@ pub fn find_nvidia(dirs: &[PathBuf]) -> Option<NvidiaSpec> {
             if !matches!(ext, "json" | "yaml" | "yml") {
                 continue;
             }
-            let Ok(text) = crate::plugin::read_untrusted(&path, MAX_SPEC_FILE) else {
+            let Ok(text) = crate::files::read_untrusted(&path, MAX_SPEC_FILE) else {
                 continue;
             };
             let Some(names) = nvidia_device_names(&text, ext == "json") else {

@@ -4,6 +4,7 @@
 
 pub mod cdi;
 pub mod files;
+pub mod host;
 pub mod nvml;
 pub mod plugin;
 pub mod policy;

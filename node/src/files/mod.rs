@@ -23,10 +23,12 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 mod sys;
+mod untrusted;
 use sys::{
     cstr, errno, fix_fd, fstat, fstatat_nofollow, geteuid, list, openat, random_u64, readlinkat,
     remove_tree_at,
 };
+pub use untrusted::read_untrusted;
 
 /// Temporary names start with this (and end with `.tmp`): `sweep_temporaries` knows them.
 const TMP_PREFIX: &str = ".gs-";
