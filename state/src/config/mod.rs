@@ -28,6 +28,7 @@
 //! attributed to a device (a syntax error in the quota file, a bad key, a bad ledger path or tenant,
 //! a bad context reserve) makes every device's memory limit invalid.
 
+mod builder;
 mod file;
 mod load;
 pub mod paths;
@@ -37,6 +38,7 @@ mod policy_apply;
 mod quota_file;
 mod readers;
 pub mod size;
+mod source;
 pub mod table;
 
 use std::collections::BTreeMap;

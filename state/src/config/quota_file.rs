@@ -1,20 +1,8 @@
 //! Reading the quota file (`GPUSLICE_QUOTA_FILE`, default `/etc/gpuslice/quota.toml`).
 
-use super::load::{quoted, Builder};
-use super::{file, parse_size, per_device, table, PerDevice, Units, MAX_QUOTA_FILE};
-use std::collections::BTreeMap;
+use super::builder::{quoted, Builder, FileSettings};
+use super::{file, parse_size, per_device, table, Units, MAX_QUOTA_FILE};
 use std::path::{Path, PathBuf};
-
-#[derive(Default)]
-pub(super) struct FileSettings {
-    pub(super) path: Option<PathBuf>,
-    /// Top-level keys: value text and its `file:line` source label.
-    pub(super) top: BTreeMap<String, (String, String)>,
-    /// `memory_limit` and the `[devices]` table together (the table wins per device).
-    pub(super) memory: PerDevice<u64>,
-    /// The file has a `[devices]` table with at least one entry.
-    pub(super) has_devices_table: bool,
-}
 
 impl Builder {
     pub(super) fn read_quota_file(

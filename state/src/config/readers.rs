@@ -4,9 +4,9 @@
 //! value and its source (`Found::label`). An alias that is read leaves an info note saying how.
 //! Returning `false` declines the tier: the loader hands the next one.
 
-use super::load::{Builder, Found, Tier};
+use super::builder::{quoted, Builder, Found, Tier};
 use super::per_device::{describe, per_device};
-use super::table::Source;
+use super::source::Source;
 use super::{effect, format_bytes, parse_percent, parse_size, LogLevel, PerDevice, Priority};
 use super::{Setting, Units};
 use std::path::PathBuf;
@@ -147,7 +147,7 @@ fn hami_core_policy_applies(b: &mut Builder, env: &dyn Fn(&str) -> Option<String
     let Some(v) = env("GPU_CORE_UTILIZATION_POLICY") else {
         return true;
     };
-    let src = super::load::quoted("GPU_CORE_UTILIZATION_POLICY", &v);
+    let src = quoted("GPU_CORE_UTILIZATION_POLICY", &v);
     let (applies, how) = match v.trim().to_ascii_lowercase().as_str() {
         "disable" => (false, ": CUDA_DEVICE_SM_LIMIT* ignored (HAMi's switch; GPUSLICE_COMPUTE_LIMIT still applies)"),
         "force" | "default" | "" => (true, " read as: CUDA_DEVICE_SM_LIMIT* is a compute cap enforced whenever the tenant runs (HAMi's force)"),

@@ -11,38 +11,7 @@
 //! docs/CONFIGURATION.md.
 
 use super::readers::{self, Read};
-
-/// Where a value can come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// A `GPUSLICE_*` variable.
-    Env(&'static str),
-    /// A HAMi variable (`_<i>` suffixes: one per device index).
-    Hami(&'static str),
-    /// An MPS variable.
-    Mps(&'static str),
-    /// A key of the quota file (`[devices]` for the per-device table).
-    File(&'static str),
-}
-
-impl Source {
-    /// The variable's name, when the source is one.
-    pub fn variable(self) -> Option<&'static str> {
-        match self {
-            Source::Env(v) | Source::Hami(v) | Source::Mps(v) => Some(v),
-            Source::File(_) => None,
-        }
-    }
-
-    fn describe(self) -> String {
-        match self {
-            Source::Env(v) => format!("`{v}`"),
-            Source::Hami(v) => format!("`{v}` (HAMi)"),
-            Source::Mps(v) => format!("`{v}` (MPS)"),
-            Source::File(k) => format!("quota file `{k}`"),
-        }
-    }
-}
+pub use super::source::Source;
 
 /// How far a setting reaches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
