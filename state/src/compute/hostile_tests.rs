@@ -2,8 +2,8 @@
 //! device ledger: the lock's take-over (a live holder included, after its bound), slot entry when
 //! every free slot's lock is held by someone not in it, and the repair of a ledger grown or shrunk.
 
+use super::device::lock::{take_over, TakeOver};
 use super::device::{now_ns, DeviceLedger};
-use super::lock::{take_over, TakeOver};
 use super::shm::*;
 use crate::slotfile::{self, sys, SlotLayout};
 use std::os::fd::AsRawFd;

@@ -12,7 +12,6 @@ pub mod arbiter;
 pub mod device;
 #[cfg(test)]
 mod hostile_tests;
-mod lock;
 pub mod policy;
 pub mod shm;
 

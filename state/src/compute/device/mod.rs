@@ -3,6 +3,7 @@
 //! This file opens and maps it and holds the process slots; [`tenants`] holds the tenant entries,
 //! [`repair`] the sweep, the repair of a truncated file and the health report.
 
+pub(super) mod lock;
 mod repair;
 mod slots;
 mod tenants;
@@ -12,10 +13,10 @@ pub use repair::Health;
 use super::arbiter::{self, TenantView, Waiter};
 use super::policy::{Lookup, Overlay};
 
-pub use super::lock::LockGuard;
 use super::shm::*;
 use crate::slotfile::atomic::AtomicU32;
 use crate::slotfile::{self, sys, CreateOptions, ReadOnly, Writable};
+pub use lock::LockGuard;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering::*};

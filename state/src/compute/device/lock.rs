@@ -2,10 +2,10 @@
 //! history samples. The lock word and its time stamp are read from the file like everything else:
 //! a holder that is dead, stopped, held too long, or named by a word that cannot be genuine loses it.
 
-use super::arbiter::{self, Choice, Waiter};
-use super::device::{now_ns, DeviceLedger};
-use super::shm::*;
-use super::Incident;
+use super::{now_ns, DeviceLedger};
+use crate::compute::arbiter::{self, Choice, Waiter};
+use crate::compute::shm::*;
+use crate::compute::Incident;
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
@@ -102,7 +102,7 @@ impl DeviceLedger {
                         if why == TakeOver::Overstayed {
                             h.lock_takeovers.fetch_add(1, Relaxed);
                         }
-                        super::incident(
+                        crate::compute::incident(
                             Incident::Lock,
                             format_args!(
                                 "device ledger {}: arbitration lock word {cur:#x} stamped {stamp} (now {now}) taken over ({why:?}, after waiting {} µs)",
