@@ -24,14 +24,28 @@ use crate::cdi;
 use crate::files::Dir;
 pub use crate::host::{Node, DEVICE_GID, TENANT_GIDS};
 use crate::nvml::Gpu;
-use crate::policy::{self, Layout, Policy, Priority};
-use gpuslice_state::compute::device::DeviceLedger;
+use crate::policy::{self, Layout, Policy};
 use gpuslice_state::compute::TenantId;
 use gpuslice_state::ledger::{Ledger, LedgerOptions};
 use serde::Serialize;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+mod devices;
+mod recovery;
+mod state_dir;
+
+use devices::add_to_device;
+use devices::device_uuids;
+pub use devices::publish_compute_policies;
+use devices::publish_with;
+use devices::remove_from_device;
+use recovery::temporary_dir_name;
+use recovery::DEL_PREFIX;
+use recovery::NEW_PREFIX;
+pub use recovery::{reclaim_space, recover};
+use state_dir::free_gid;
+use state_dir::io;
+pub use state_dir::{ensure_state, lock_node, state_dirs, tenant_gid, NodeLock, StateDirs};
 
 /// What `tenant create` asks for: the tenant's policy, except that `gpus` may name GPUs by NVML
 /// index too (the created policy lists their UUIDs).
@@ -100,251 +114,6 @@ pub fn resolve_gpus<'a>(wanted: &[String], gpus: &'a [Gpu]) -> Result<Vec<&'a Gp
     Ok(out)
 }
 
-fn io(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> String {
-    let msg = format!("{what} {}", path.display());
-    move |e| format!("{msg}: {e}")
-}
-
-/// The state directory's skeleton, opened: `<state>` and `tenants/` root 0755, `devices/`
-/// root:DEVICE_GID 0750; each reached without following anything another user could plant.
-pub struct StateDirs {
-    pub state: Dir,
-    pub tenants: Dir,
-    pub devices: Dir,
-}
-
-/// Opens (creating what is missing) the state directory's skeleton.
-pub fn state_dirs(layout: &Layout) -> Result<StateDirs, String> {
-    let state = Dir::open_or_create(&layout.state)?;
-    state.fix(Some(0), Some(0), Some(0o755))?;
-    let tenants = state.subdir("tenants", 0, 0o755, false)?;
-    let devices = state.subdir("devices", DEVICE_GID, 0o750, false)?;
-    Ok(StateDirs {
-        state,
-        tenants,
-        devices,
-    })
-}
-
-/// The state directory's skeleton: `<state>` and `tenants/` 0755 root, `devices/` root:DEVICE_GID 0750.
-pub fn ensure_state(layout: &Layout) -> Result<(), String> {
-    state_dirs(layout).map(|_| ())
-}
-
-/// The device ledger of `gpu` and its per-tenant counters, created (root:DEVICE_GID 0660) if missing.
-fn device_ledger(layout: &Layout, devices: &Dir, uuid: &str) -> Result<DeviceLedger, String> {
-    let path = layout.device_ledger(uuid);
-    let l = DeviceLedger::open(&path, uuid, true).map_err(|e| e.to_string())?;
-    devices.fix_file(&format!("{uuid}.dev"), 0, DEVICE_GID, 0o660)?;
-    // Its per-tenant counters, created with it (none where the file could not be made: arbitration
-    // works without them).
-    if gpuslice_state::compute::device::tally_path_for(&path).is_file() {
-        devices.fix_file(&format!("{uuid}.tally"), 0, DEVICE_GID, 0o660)?;
-    }
-    Ok(l)
-}
-
-/// The GPU's measurement lock (`<devices>/<GPU-UUID>.measure`, root:DEVICE_GID 0640), created if
-/// missing. Every tenant's processes `flock` it around an operation whose driver memory they
-/// measure (docs/MEMORY.md), so that the tenants of the GPU measure one at a time; they cannot
-/// create files in the device directory, and need only read it.
-fn measure_lock(devices: &Dir, uuid: &str) -> Result<(), String> {
-    let name = gpuslice_state::config::paths::measure_lock(Path::new(""), uuid);
-    let name = name.to_string_lossy();
-    devices.create_file(&name, 0, DEVICE_GID, 0o640).map(drop)
-}
-
-/// Adds (or resets) the tenant's entry in a device ledger, and makes sure the GPU has its
-/// measurement lock. `id` is the tenant's identity (its memory ledger's): device ledgers know
-/// tenants by it. The ledger is created if missing, and repaired in place when it was grown,
-/// shrunk or marked damaged (as it is opened). Root never waits on what a tenant can hold: the
-/// arbitration lock for at most its bound, and without a process slot when every free one is
-/// locked (`DeviceLedger::with_admin_lock`); an unhealthy ledger is reported.
-fn add_to_device(
-    layout: &Layout,
-    devices: &Dir,
-    uuid: &str,
-    p: &Policy,
-    id: TenantId,
-) -> Result<(), String> {
-    let l = device_ledger(layout, devices, uuid)?;
-    measure_lock(devices, uuid)?;
-    l.sweep(None);
-    let health = l.health();
-    if health.unhealthy() {
-        eprintln!(
-            "warning: device ledger {}: {}",
-            l.path().display(),
-            health.describe()
-        );
-    }
-    let high = p.priority == Priority::High;
-    let cap = u32::from(p.limit) % 100;
-    let t = l.with_admin_lock(|g| {
-        let t = l.find_or_add_tenant(g, id, &p.name, u32::from(p.share), cap, high)?;
-        let e = &l.layout().tenants[t];
-        e.share
-            .store(u32::from(p.share), std::sync::atomic::Ordering::Release);
-        e.cap.store(cap, std::sync::atomic::Ordering::Release);
-        e.priority
-            .store(high as u32, std::sync::atomic::Ordering::Release);
-        Some(t)
-    });
-    t.map(|_| ()).ok_or_else(|| {
-        format!(
-            "device ledger {}: no room for another tenant",
-            l.path().display()
-        )
-    })
-}
-
-/// Removes the tenant's entry (by identity where known, else by label) from a device ledger. The
-/// caller has made sure no process of the tenant is alive (or was told to go on regardless).
-fn remove_from_device(layout: &Layout, uuid: &str, name: &str, id: Option<TenantId>) {
-    let Ok(l) = DeviceLedger::open(&layout.device_ledger(uuid), uuid, false) else {
-        return;
-    };
-    l.sweep(None);
-    l.with_admin_lock(|_| {
-        let found = match id {
-            Some(id) => l.find_tenant_by_id(id),
-            None => l.find_tenant(name),
-        };
-        if let Some(t) = found {
-            l.layout().tenants[t]
-                .state
-                .store(0, std::sync::atomic::Ordering::Release);
-        }
-    });
-}
-
-/// The GPUs with a device ledger (`<devices>/<GPU-UUID>.dev`, regular files only).
-fn device_uuids(devices: &Dir) -> Vec<String> {
-    let mut out: Vec<String> = devices
-        .names()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|n| {
-            devices
-                .stat(n)
-                .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
-        })
-        .filter_map(|n| n.strip_suffix(".dev").map(str::to_string))
-        .filter(|u| gpuslice_state::config::canonical_uuid(u).as_deref() == Some(u.as_str()))
-        .collect();
-    out.sort();
-    out
-}
-
-/// Writes every GPU's compute policy (`<devices>/<GPU-UUID>.policy`, root 0644, atomically) from
-/// the tenants' policies: for each node tenant of the GPU, its identity (its memory ledger's id),
-/// share, cap and class. The preloaded library obeys it over the device ledger's words, which every
-/// tenant of the GPU can write (docs/SECURITY.md). A tenant whose policy or ledger cannot be read
-/// is left out (it is then scheduled with share 1).
-pub fn publish_compute_policies(layout: &Layout) -> Result<(), String> {
-    let dirs = state_dirs(layout)?;
-    let _lock = lock_node(&dirs.state)?;
-    publish_with(layout, &dirs.devices, None)
-}
-
-/// [`publish_compute_policies`], with a tenant not yet published (`pending`) counted in.
-fn publish_with(
-    layout: &Layout,
-    devices: &Dir,
-    pending: Option<(&Policy, TenantId)>,
-) -> Result<(), String> {
-    use gpuslice_state::compute::policy::{self as compute, Record};
-    let mut tenants = Vec::new();
-    for name in layout.tenant_names().unwrap_or_default() {
-        let Ok(p) = Policy::read(&layout.policy_path(&name)) else {
-            continue;
-        };
-        let Some(id) = Ledger::open_readonly(&layout.ledger_path(&name))
-            .ok()
-            .and_then(|l| l.id())
-        else {
-            continue;
-        };
-        tenants.push((p, TenantId(id)));
-    }
-    if let Some((p, id)) = pending {
-        tenants.push((p.clone(), id));
-    }
-    for uuid in device_uuids(devices) {
-        let records: Vec<Record> = tenants
-            .iter()
-            .filter(|(p, _)| p.gpus.is_empty() || p.gpus.contains(&uuid))
-            .map(|(p, id)| Record {
-                id: *id,
-                share: u32::from(p.share),
-                cap: u32::from(p.limit) % 100,
-                high: p.priority == Priority::High,
-                label: p.name.clone(),
-            })
-            .collect();
-        let path = compute::path_for_ledger(&layout.device_ledger(&uuid));
-        let (_, name) = crate::files::split(&path)?;
-        devices.write_file(
-            name,
-            compute::render(&records).as_bytes(),
-            0o644,
-            crate::files::root_owned(),
-        )?;
-        // A GPU set up before the node made measurement locks gets its own at the next change.
-        measure_lock(devices, &uuid)?;
-    }
-    Ok(())
-}
-
-/// The tenant's group: the group of its directory.
-pub fn tenant_gid(layout: &Layout, name: &str) -> Option<u32> {
-    std::fs::symlink_metadata(layout.tenant_dir(name))
-        .ok()
-        .filter(|m| m.is_dir())
-        .map(|m| m.gid())
-}
-
-/// A group no directory in `tenants/` has (published tenants and creates under way alike).
-fn free_gid(tenants: &Dir) -> Result<u32, String> {
-    let used: Vec<u32> = tenants
-        .names()?
-        .iter()
-        .filter_map(|n| tenants.stat(n))
-        .map(|st| st.st_gid)
-        .collect();
-    TENANT_GIDS
-        .clone()
-        .find(|g| !used.contains(g))
-        .ok_or_else(|| "no free tenant group left (61001..=61999)".into())
-}
-
-/// The node's lock (`<state>/.node.lock`, root 0600): creates, deletes and policy changes of one
-/// node run one at a time. Only root can open the file, so no tenant or user can hold it. Released
-/// when dropped (or when the process dies).
-pub struct NodeLock(#[allow(dead_code)] std::fs::File);
-
-/// How long a create or delete waits for another one to finish.
-const NODE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Takes the node's lock (waiting up to [`NODE_LOCK_WAIT`]).
-pub fn lock_node(state: &Dir) -> Result<NodeLock, String> {
-    let f = state.create_file(".node.lock", 0, 0, 0o600)?;
-    let start = std::time::Instant::now();
-    loop {
-        // SAFETY: a valid descriptor.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(NodeLock(f));
-        }
-        if start.elapsed() >= NODE_LOCK_WAIT {
-            return Err(format!(
-                "{}: another tenant create or delete has held the node's lock for {NODE_LOCK_WAIT:?}",
-                state.path().join(".node.lock").display()
-            ));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 /// Changes the policy of the node's tenant whose ledger is `ledger` (`gpuslice set` as root), then
 /// the GPUs' compute policies, under the node's lock. Refused unless `ledger` is
 /// `<state>/tenants/<NAME>/<NAME>.ledger` in a directory tree no one but root can change, with a
@@ -388,137 +157,6 @@ pub fn change_policy(ledger: &Path, change: impl FnOnce(&mut Policy)) -> Result<
     policy::write_in(&tenant_dir, &p)?;
     // The GPUs' compute policies follow (the library re-reads them within a sweep, 100 ms).
     publish_with(&layout, &dirs.devices, None)
-}
-
-/// Prefixes of the temporary names of a create under way and of a delete under way in `tenants/`.
-const NEW_PREFIX: &str = ".new-";
-const DEL_PREFIX: &str = ".del-";
-
-/// The tenant a create or delete temporary belongs to: `.new-<NAME>.<hex>` / `.del-<NAME>.<hex>`.
-fn temporary_tenant(entry: &str) -> Option<&str> {
-    let rest = entry
-        .strip_prefix(NEW_PREFIX)
-        .or_else(|| entry.strip_prefix(DEL_PREFIX))?;
-    let (name, hex) = rest.rsplit_once('.')?;
-    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()) && check_name(name).is_ok())
-        .then_some(name)
-}
-
-fn temporary_dir_name(prefix: &str, name: &str) -> String {
-    let t = crate::files::temporary_name(name);
-    // `.gs-<name>.<hex>.tmp` → `<prefix><name>.<hex>`
-    let hex = &t[t.len() - 20..t.len() - 4];
-    format!("{prefix}{name}.{hex}")
-}
-
-/// Takes back what a killed `tenant create` or `tenant delete` left (the caller holds the node's
-/// lock, so none is under way): each temporary tenant directory is removed with the device-ledger
-/// entries and the CDI spec of its tenant, unless that tenant is published; stale temporary files
-/// are removed from the state directories; grown ledgers are cut back ([`reclaim_space`]).
-/// Returns what it did, one line each.
-pub fn recover(node: &Node, dirs: &StateDirs) -> Vec<String> {
-    let layout = &node.layout;
-    let mut done = Vec::new();
-    let entries = dirs.tenants.names().unwrap_or_default();
-    for entry in &entries {
-        let Some(name) = temporary_tenant(entry) else {
-            continue;
-        };
-        let tmp = dirs.tenants.path().join(entry);
-        let id = Ledger::open_readonly(&tmp.join(format!("{name}.ledger")))
-            .ok()
-            .and_then(|l| l.id())
-            .map(TenantId);
-        let published = layout.policy_path(name).exists();
-        if !published {
-            for uuid in device_uuids(&dirs.devices) {
-                remove_from_device(layout, &uuid, name, id);
-            }
-            if let Some(cdi_dir) = &node.cdi_dir {
-                if let Ok(d) = Dir::open(cdi_dir) {
-                    let _ = d.remove_file(&cdi::tenant_spec_name(name));
-                }
-            }
-        }
-        match dirs.tenants.remove_tree(entry) {
-            Ok(()) => done.push(format!(
-                "removed {} (an interrupted create or delete)",
-                tmp.display()
-            )),
-            Err(e) => done.push(e),
-        }
-    }
-    // Under the node's lock, temporaries of what only a create or delete writes are left over
-    // whatever their age; others' (the device plugin's files, `cdi generate`) after a minute.
-    let now = std::time::Duration::ZERO;
-    let minute = std::time::Duration::from_secs(60);
-    dirs.state.sweep_temporaries(now, Some("ld.so.preload"));
-    dirs.state.sweep_temporaries(minute, None);
-    dirs.tenants.sweep_temporaries(now, None);
-    dirs.devices.sweep_temporaries(now, None);
-    for name in layout.tenant_names().unwrap_or_default() {
-        if let Ok(d) = dirs.tenants.open_subdir(&name) {
-            d.sweep_temporaries(now, Some("policy.toml"));
-            d.sweep_temporaries(minute, None);
-        }
-    }
-    if let Some(d) = node.cdi_dir.as_ref().and_then(|c| Dir::open(c).ok()) {
-        d.sweep_temporaries(now, Some("gpuslice.io-tenant-"));
-        d.sweep_temporaries(minute, None);
-    }
-    done.extend(reclaim_space(layout, dirs));
-    if !done.is_empty() {
-        let _ = publish_with(layout, &dirs.devices, None);
-    }
-    done
-}
-
-/// Cuts every tenant ledger and device ledger back to its layout's size: a tenant can write these
-/// files (and so grow them, `truncate -s` or writes past the end), and the state directory is
-/// usually a small tmpfs shared by the whole node. The library maps only the layout's size, so the
-/// cut never takes anything a process uses. Returns what was cut, one line each.
-pub fn reclaim_space(layout: &Layout, dirs: &StateDirs) -> Vec<String> {
-    let mut done = Vec::new();
-    let mut cut = |dir: &Dir, name: &str, size: usize| {
-        let Some(st) = dir.stat(name) else { return };
-        let used = (st.st_blocks as u64).saturating_mul(512);
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG
-            || (st.st_size as u64 <= size as u64 && used <= (size as u64).saturating_add(1 << 20))
-        {
-            return;
-        }
-        match dir.open_file(name, true) {
-            Ok(f) => {
-                // Past the layout, then back: punches out what was written beyond it.
-                if f.set_len(size as u64).is_ok() {
-                    done.push(format!(
-                        "{}: {} bytes ({} in use) cut back to {size}",
-                        dir.path().join(name).display(),
-                        st.st_size,
-                        used
-                    ));
-                }
-            }
-            Err(e) => done.push(e),
-        }
-    };
-    for name in layout.tenant_names().unwrap_or_default() {
-        if let Ok(d) = dirs.tenants.open_subdir(&name) {
-            cut(
-                &d,
-                &format!("{name}.ledger"),
-                size_of::<gpuslice_state::ledger::Layout>(),
-            );
-        }
-    }
-    for uuid in device_uuids(&dirs.devices) {
-        cut(
-            &dirs.devices,
-            &format!("{uuid}.dev"),
-            gpuslice_state::compute::shm::TOTAL_SIZE,
-        );
-    }
-    done
 }
 
 /// What each GPU already has: tenants, memory promised and shares promised (every tenant that
