@@ -21,9 +21,11 @@
 //! the table's, is not tracked (logged once): its code is then charged by reconciliation, as any
 //! driver memory no operation showed.
 
+use super::limits::{limit_default, LimitChange, LIMIT_STACK_SIZE};
 use super::overhead::Overhead;
 use super::records::Records;
 use super::Tenant;
+use gpuslice_api::CUresult;
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -35,11 +37,14 @@ const PROBES: usize = 8;
 const GONE: usize = usize::MAX;
 /// Contexts a kernel's loaded set can name.
 pub const CONTEXT_BITS: usize = 63;
-/// In an entry's set: pending in every context (a local frame not launched yet).
+/// In a set of contexts: a live context without a bit (pending there, whatever the entry says).
 const EVERYWHERE: u64 = 1 << 63;
+/// Every context a bit can name.
+const ALL: u64 = !EVERYWHERE;
 
 static TABLE: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
-/// Per slot: the bits of the contexts its kernel is loaded in, or [`EVERYWHERE`].
+/// Per slot: the bits of the contexts its kernel's launch spends nothing in (its code loaded, and
+/// its local frame held by the context's local memory).
 static LOADED: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Context handle by bit (0: free).
@@ -124,7 +129,7 @@ pub fn pending(f: usize, current: impl FnOnce() -> usize) -> bool {
         return false;
     };
     let loaded = LOADED[s].load(Relaxed);
-    if loaded == 0 || loaded & EVERYWHERE != 0 {
+    if loaded == 0 {
         return true;
     }
     !context_bit(current()).is_some_and(|bit| loaded & bit != 0)
@@ -168,6 +173,12 @@ fn remove(kernel: usize) {
     }
 }
 
+/// A function's local frame (bytes per thread) and the contexts whose local memory holds it.
+pub struct LocalFrame {
+    bytes: u64,
+    held_in: u64,
+}
+
 /// The bits of the process's live contexts (created, and primary ones while they exist); a live
 /// context without a bit (none of its kernels loaded yet) sets [`EVERYWHERE`].
 fn live_contexts(records: &Records) -> u64 {
@@ -185,46 +196,60 @@ fn live_contexts(records: &Records) -> u64 {
 }
 
 /// Puts `kernel` in the table as its records say, or takes it out when nothing is pending for it
-/// (loaded in every live context, and no local frame waiting for its first launch).
+/// (its code loaded in every live context, and its local frame held by every live context's local
+/// memory).
 fn refresh(records: &Records, kernel: usize) {
-    let local = records.local_frames.contains_key(&kernel);
     let loaded = records.lazy_kernels.get(&kernel).map(|k| k.loaded_in);
-    let pending_here = loaded.is_some_and(|l| {
-        let live = live_contexts(records);
-        live & !l != 0 || live == 0 && l == 0
-    });
-    match (local, loaded) {
-        (true, _) => {
-            put(kernel, EVERYWHERE);
-        }
-        (false, Some(l)) if pending_here => {
-            put(kernel, l);
-        }
-        _ => remove(kernel),
+    let held = records.local_frames.get(&kernel).map(|l| l.held_in);
+    if loaded.is_none() && held.is_none() {
+        remove(kernel);
+        return;
+    }
+    let done = loaded.unwrap_or(ALL) & held.unwrap_or(ALL);
+    let live = live_contexts(records);
+    if live & !done != 0 || live == 0 && done == 0 {
+        put(kernel, done);
+    } else {
+        remove(kernel);
     }
 }
 
+/// Every kernel the records track (lazily loaded, or with a local frame).
+fn tracked(records: &Records) -> Vec<usize> {
+    let mut kernels: Vec<usize> = records.lazy_kernels.keys().copied().collect();
+    kernels.extend(
+        records
+            .local_frames
+            .keys()
+            .filter(|k| !records.lazy_kernels.contains_key(k)),
+    );
+    kernels
+}
+
 /// A context appeared (created, or a primary context made live): kernels loaded in the other
-/// contexts are pending in it.
+/// contexts, and local frames its local memory does not hold yet, are pending in it.
 pub(super) fn context_appeared(records: &Records) {
-    let kernels: Vec<usize> = records.lazy_kernels.keys().copied().collect();
-    for k in kernels {
+    for k in tracked(records) {
         refresh(records, k);
     }
 }
 
-/// Context `ctx` was destroyed: the code loaded in it went with it, and its bit is free.
+/// Context `ctx` was destroyed: the code loaded in it and its local memory went with it, and its
+/// bit is free.
 pub(super) fn context_gone(records: &mut Records, ctx: usize) {
+    records.local_memory.remove(&ctx);
     let Some(bit) = context_bit(ctx) else {
         return;
     };
     if let Some(c) = CONTEXTS.get(bit.trailing_zeros() as usize) {
         c.store(0, Relaxed);
     }
-    let kernels: Vec<usize> = records.lazy_kernels.keys().copied().collect();
-    for k in kernels {
+    for k in tracked(records) {
         if let Some(lazy) = records.lazy_kernels.get_mut(&k) {
             lazy.loaded_in &= !bit;
+        }
+        if let Some(local) = records.local_frames.get_mut(&k) {
+            local.held_in &= !bit;
         }
         if slot(k).is_some() {
             refresh(records, k);
@@ -236,9 +261,10 @@ impl Tenant {
     /// `cuLibraryGetKernel` answered `kernel` for `name` in `library`: when the library is loaded
     /// lazily and the kernel's code is not loaded yet, the kernel is pending until its first load
     /// in each context.
-    pub fn lazy_kernel_got(&self, library: usize, kernel: usize, name: &[u8]) {
+    /// `false`: its code is loaded in the current context (an eagerly loaded library's).
+    pub fn lazy_kernel_got(&self, library: usize, kernel: usize, name: &[u8]) -> bool {
         if !self.lazy_code_pending(Overhead::Library, library, name) {
-            return;
+            return false;
         }
         let mut records = self.records.lock();
         if !records.lazy_kernels.contains_key(&kernel) && put(kernel, 0) {
@@ -251,6 +277,7 @@ impl Tenant {
                 },
             );
         }
+        true
     }
 
     /// The library and name of a kernel whose code is not loaded in the current context yet
@@ -259,9 +286,7 @@ impl Tenant {
         let ctx = self.lazy_context(Overhead::Library);
         let records = self.records.lock();
         let Some(lazy) = records.lazy_kernels.get(&kernel) else {
-            if !records.local_frames.contains_key(&kernel) {
-                remove(kernel);
-            }
+            refresh(&records, kernel);
             return None;
         };
         if context_bit(ctx).is_some_and(|bit| lazy.loaded_in & bit != 0) {
@@ -296,25 +321,119 @@ impl Tenant {
 
 impl Tenant {
     /// `f` (a function or kernel) has a local frame of `local` bytes per thread: beyond
-    /// `default_stack`, its first launch may make the driver grow the context's local memory.
+    /// `default_stack`, its launch in a context whose local memory holds less grows it. A handle
+    /// noted again (given to another function since) takes its new frame.
     pub fn local_frame_seen(&self, f: usize, local: u64, default_stack: u64) {
+        let mut records = self.records.lock();
         if local <= default_stack {
+            if records.local_frames.remove(&f).is_some() {
+                refresh(&records, f);
+            }
+            return;
+        }
+        let held_in = records
+            .local_memory
+            .iter()
+            .filter(|(_, &held)| held >= local)
+            .filter_map(|(&ctx, _)| context_bit(ctx))
+            .fold(0, |bits, bit| bits | bit);
+        records.local_frames.insert(
+            f,
+            LocalFrame {
+                bytes: local,
+                held_in,
+            },
+        );
+        refresh(&records, f);
+    }
+
+    /// What launching `f` in context `ctx` may grow: `f`'s frame and what the context's local
+    /// memory holds per thread as far as this process saw (the largest frame launched in it, or
+    /// the stack size set; 0: nothing seen). `None`: `f` has no large frame, or the context
+    /// holds it already (then its launches there take the fast path).
+    pub fn local_growth(&self, f: usize, ctx: usize) -> Option<(u64, u64)> {
+        let mut records = self.records.lock();
+        let frame = records.local_frames.get(&f)?.bytes;
+        let held = records.local_memory.get(&ctx).copied().unwrap_or(0);
+        if frame > held {
+            return Some((frame, held));
+        }
+        if let (Some(bit), Some(local)) = (assign_context(ctx), records.local_frames.get_mut(&f)) {
+            local.held_in |= bit;
+        }
+        refresh(&records, f);
+        None
+    }
+
+    /// Context `ctx`'s local memory holds `bytes` per thread: grown to it by a launch (`set`
+    /// false: it never shrinks), or set to it by `cuCtxSetLimit` of the stack (`set`). The frames
+    /// it holds launch there on the fast path; the others grow it.
+    pub fn local_memory_holds(&self, ctx: usize, bytes: u64, set: bool) {
+        if ctx == 0 {
             return;
         }
         let mut records = self.records.lock();
-        if put(f, EVERYWHERE) {
-            records.local_frames.insert(f, local);
+        let held = match records.local_memory.get(&ctx) {
+            Some(&old) if !set => old.max(bytes),
+            _ => bytes,
+        };
+        records.local_memory.insert(ctx, held);
+        let Some(bit) = assign_context(ctx) else {
+            return;
+        };
+        let frames: Vec<usize> = records.local_frames.keys().copied().collect();
+        for f in frames {
+            if let Some(local) = records.local_frames.get_mut(&f) {
+                if local.bytes <= held {
+                    local.held_in |= bit;
+                } else {
+                    local.held_in &= !bit;
+                }
+            }
+            refresh(&records, f);
         }
     }
 
-    /// The local frame of a function not launched yet (then no longer pending for it).
-    pub fn local_frame_launched(&self, f: usize) -> Option<u64> {
-        let mut records = self.records.lock();
-        let local = records.local_frames.remove(&f);
-        if local.is_some() {
-            refresh(&records, f);
+    /// Launches function `f` (by `launch`) in the current context, charging the local memory the
+    /// launch grows. The driver keeps one local memory per context, sized by the largest frame
+    /// launched in it and kept after the launch (cuda.h: `CU_CTX_LMEM_RESIZE_TO_MAX`, "Keep local
+    /// memory allocation after launch", the default from CUDA 12.9; `cuCtxSetLimit`:
+    /// `CU_LIMIT_STACK_SIZE` "The driver automatically increases the per-thread stack size for
+    /// each kernel launch as needed. This size isn't reset back to the original value after each
+    /// launch"), freed with the context. A launch whose frame is larger than what the context
+    /// holds (the larger of its stack limit, as the driver answers it, and the largest frame
+    /// launched in it) is charged the growth, as raising the stack limit from that to the frame
+    /// is ([`Tenant::change_limit`]: what NVIDIA documents, reserved before the launch, then
+    /// measured; recorded with the context's limits, returned with the context): a launch the
+    /// quota has no room for fails with `CUDA_ERROR_OUT_OF_MEMORY` and runs nothing (the next
+    /// one tries again). A launch that grows nothing is not charged.
+    pub fn launch_growing_local(&self, f: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
+        let ctx = self.current_context();
+        let Some((frame, held)) = self.local_growth(f, ctx) else {
+            return launch();
+        };
+        let Some(device) = self.overhead_device(true) else {
+            return launch();
+        };
+        let default = limit_default(LIMIT_STACK_SIZE) as u64;
+        let stack = self
+            .driver()
+            .context_limit(LIMIT_STACK_SIZE)
+            .map_or(default, |v| v as u64);
+        let old = stack.max(held);
+        if frame <= old {
+            self.local_memory_holds(ctx, old, false);
+            return launch();
         }
-        local
+        let change = LimitChange {
+            what: "local memory growth",
+            limit: LIMIT_STACK_SIZE,
+            old: usize::try_from(old).unwrap_or(usize::MAX),
+            value: usize::try_from(frame).unwrap_or(usize::MAX),
+        };
+        self.change_limit(device, change, launch, None::<fn(())>)?;
+        self.local_memory_holds(ctx, frame, false);
+        Ok(())
     }
 }
 

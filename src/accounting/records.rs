@@ -185,8 +185,12 @@ pub(super) struct Records {
     /// (`first_launch`).
     pub lazy_kernels: KeyMap<usize, super::first_launch::LazyKernel>,
     /// Function or kernel whose local frame (bytes per thread) is larger than the default stack,
-    /// not launched yet: its first launch may grow the context's local memory (`first_launch`).
-    pub local_frames: KeyMap<usize, u64>,
+    /// and the contexts whose local memory holds it: its first launch in any other context may grow
+    /// that context's local memory (`first_launch`).
+    pub local_frames: KeyMap<usize, super::first_launch::LocalFrame>,
+    /// Context -> the bytes per thread its local memory holds: the largest frame launched in it,
+    /// or the stack size the program set (absent: the default stack). Goes with the context.
+    pub local_memory: KeyMap<usize, u64>,
     /// Green context -> the device ordinal whose primary context it retains.
     pub green: KeyMap<usize, CUdevice>,
 }
