@@ -335,7 +335,10 @@ fn a_pods_driver_memory_agrees_with_simgpu_after_each_step() {
             .snapshot();
         assert_eq!(s.processes.len(), 1, "{s:?}");
         let p = &s.processes[0];
-        (p.used.iter().map(|(_, b)| b).sum::<u64>(), p.node.map(|(_, ms)| ms))
+        (
+            p.used.iter().map(|(_, b)| b).sum::<u64>(),
+            p.node.map(|(_, ms)| ms),
+        )
     };
     // After a step: a node pass after it, then the charge and simgpu's figure within a granule.
     let agree = |step: &str| -> u64 {

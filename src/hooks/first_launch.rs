@@ -170,4 +170,3 @@ fn kernel_function(
     }
     Ok(())
 }
-

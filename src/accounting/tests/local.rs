@@ -62,9 +62,17 @@ fn each_context_is_charged_the_growth_of_its_own_local_memory() {
     let (one, two) = (0x7f10_0001_1000usize, 0x7f10_0001_2000usize);
     enter(&k, one);
     launch(&k, small, &ran).unwrap();
-    assert_eq!(k.used(0), KIB_PER_THREAD, "the first context grew by 1 KiB a thread");
+    assert_eq!(
+        k.used(0),
+        KIB_PER_THREAD,
+        "the first context grew by 1 KiB a thread"
+    );
     launch(&k, small, &ran).unwrap();
-    assert_eq!(k.used(0), KIB_PER_THREAD, "a second launch there grows nothing");
+    assert_eq!(
+        k.used(0),
+        KIB_PER_THREAD,
+        "a second launch there grows nothing"
+    );
     enter(&k, two);
     launch(&k, small, &ran).unwrap();
     assert_eq!(
@@ -79,7 +87,11 @@ fn each_context_is_charged_the_growth_of_its_own_local_memory() {
         "a larger frame is charged what it adds to the second context (2 KiB a thread)"
     );
     launch(&k, small, &ran).unwrap();
-    assert_eq!(k.used(0), 4 * KIB_PER_THREAD, "a smaller frame grows nothing");
+    assert_eq!(
+        k.used(0),
+        4 * KIB_PER_THREAD,
+        "a smaller frame grows nothing"
+    );
     assert_eq!(k.t.overhead_of(Overhead::Limits, two), 3 * KIB_PER_THREAD);
     assert_eq!(ran.get(), 5, "every launch ran");
     // Destroyed: its local memory goes with it, the first context's stays.
@@ -124,7 +136,11 @@ fn a_primary_context_gives_its_local_memory_back_at_its_reset_and_last_release()
     );
     k.t.primary_release(0, false);
     k.t.primary_release(0, false);
-    assert_eq!(k.used(0), 0, "its last release destroys it with its local memory");
+    assert_eq!(
+        k.used(0),
+        0,
+        "its last release destroys it with its local memory"
+    );
 }
 
 #[test]
