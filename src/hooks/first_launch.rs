@@ -72,7 +72,7 @@ fn get_kernel(
             let name = unsafe { CStr::from_ptr(name) }.to_bytes();
             if !t.lazy_kernel_got(library, k as usize, name) {
                 // Loaded already (an eagerly loaded library): its frame can be read now.
-                note_local_frame(t, k as CUfunction);
+                note_kernel_frame(t, k);
             }
         }
     }
@@ -139,6 +139,29 @@ fn note_local_frame(t: &Tenant, f: CUfunction) {
     {
         let default = limit_default(LIMIT_STACK_SIZE) as u64;
         t.local_frame_seen(f as usize, u64::try_from(local).unwrap_or(0), default);
+    }
+}
+
+/// Notes library kernel `k`'s local frame on the current context's device
+/// (`cuKernelGetAttribute`, which NVIDIA documents for a `CUkernel`), for its first launch in
+/// each context.
+fn note_kernel_frame(t: &Tenant, k: CUkernel) {
+    let Ok(device) = t.current_device() else {
+        return;
+    };
+    let mut local: c_int = 0;
+    // SAFETY: `local` is a valid out-parameter; `k` is a kernel the driver just handed out.
+    let asked = unsafe {
+        driver::real::cuKernelGetAttribute(
+            &mut local,
+            FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            k,
+            device.ordinal,
+        )
+    };
+    if asked.is_ok() {
+        let default = limit_default(LIMIT_STACK_SIZE) as u64;
+        t.local_frame_seen(k as usize, u64::try_from(local).unwrap_or(0), default);
     }
 }
 
