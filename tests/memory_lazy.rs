@@ -258,7 +258,8 @@ fn a_launch_without_room_for_its_local_memory_is_refused() {
 
 /// Each context keeps its own local memory, sized by the largest frame launched in it, and frees
 /// it with the context (cuda.h `CU_CTX_LMEM_RESIZE_TO_MAX`): one library kernel with a 1.5 KiB
-/// frame launched in a created context, then in the primary context, then a 2.5 KiB one there,
+/// frame launched in a created context, then in the primary context (its function there asked
+/// first, with `cuKernelGetFunction`, as a framework does), then a 2.5 KiB one there,
 /// then the first again in the created context; the primary context released at last. After each
 /// step the process's charge is simgpu's figure for it to within one page, and the release gives
 /// the primary context's local memory back. `loading`: the driver's module loading mode (a lazily
@@ -306,7 +307,7 @@ fn local_memory_per_context(loading: &str) {
         one >= got + beyond(SMALL),
         "simgpu grew the first context's local memory: {got} -> {one}"
     );
-    step(&mut child, "two", &["launch2_rc", "launch3_rc"]);
+    step(&mut child, "two", &["getfn_rc", "launch2_rc", "launch3_rc"]);
     let two = agree("after the primary context's launches of the same kernel");
     assert!(
         two >= one + beyond(SMALL),

@@ -28,8 +28,9 @@
  *                                  and `large` have local frames of SMALL and LARGE bytes per
  *                                  thread, their kernels got: got=1, wait for a line; `small`
  *                                  launched in the context (launch1_rc): one=1, wait for a line;
- *                                  the device's primary context retained and made current, `small`
- *                                  launched there twice (launch2_rc, launch3_rc): two=1, wait for
+ *                                  the device's primary context retained and made current, the
+ *                                  function of `small` there asked (cuKernelGetFunction, getfn_rc)
+ *                                  and the kernel launched twice (launch2_rc, launch3_rc): two=1, wait for
  *                                  a line; `large` launched there (launch4_rc), then `small`
  *                                  (launch5_rc): large=1, wait for a line; back in the first
  *                                  context, `small` launched again (launch6_rc): again=1, wait for
@@ -197,6 +198,8 @@ int main(int argc, char **argv) {
         CUcontext primary;
         CHECK(cuDevicePrimaryCtxRetain(&primary, dev));
         CHECK(cuCtxSetCurrent(primary));
+        CUfunction small_fn;
+        printf("getfn_rc=%d\n", (int)cuKernelGetFunction(&small_fn, small));
         launched("launch2_rc", (CUfunction)small, params);
         launched("launch3_rc", (CUfunction)small, params);
         CHECK(cuCtxSynchronize());
