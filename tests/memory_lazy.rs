@@ -255,3 +255,92 @@ fn a_launch_without_room_for_its_local_memory_is_refused() {
         run.report()
     );
 }
+
+/// Each context keeps its own local memory, sized by the largest frame launched in it, and frees
+/// it with the context (cuda.h `CU_CTX_LMEM_RESIZE_TO_MAX`): one library kernel with a 1.5 KiB
+/// frame launched in a created context, then in the primary context (its function there asked
+/// first, with `cuKernelGetFunction`, as a framework does), then a 2.5 KiB one there,
+/// then the first again in the created context; the primary context released at last. After each
+/// step the process's charge is simgpu's figure for it to within one page, and the release gives
+/// the primary context's local memory back. `loading`: the driver's module loading mode (a lazily
+/// loaded library's kernel is loaded per context at its first launch; an eagerly loaded one is
+/// loaded once, at the library's load, and its frame read at `cuLibraryGetKernel`).
+fn local_memory_per_context(loading: &str) {
+    const SMALL: u64 = 1536;
+    const LARGE: u64 = 2560;
+    let tag = format!("lmem-contexts-{}", loading.to_lowercase());
+    let dir = scratch(&tag);
+    let sim = sim(&tag).env("CUDA_MODULE_LOADING", loading);
+    let mut cmd = client(
+        &sim,
+        &dir,
+        "lctx",
+        &["lmemctx", &SMALL.to_string(), &LARGE.to_string()],
+    );
+    cmd.env("CUDA_MODULE_LOADING", loading)
+        .env("GPUSLICE_MEMORY_LIMIT", "3GiB");
+    let mut child = sim.spawn(&mut cmd);
+    let kv = wait_for_key(&mut child, "got");
+    let pid = kv["pid"].clone();
+    let agree = |step: &str| {
+        let used = process_used_on(&sim.stat(), &pid, 0);
+        let charge = charged(&dir, "lctx", &pid);
+        assert!(
+            used.abs_diff(charge) <= GRANULE,
+            "{loading}, {step}: charged {charge}, simgpu holds {used}"
+        );
+        used
+    };
+    let step = |child: &mut Child, key: &str, launches: &[&str]| {
+        go(child);
+        let kv = wait_for_key(child, key);
+        for l in launches {
+            assert_eq!(kv.get(*l).map(String::as_str), Some("0"), "{l}: {kv:?}");
+        }
+    };
+    // What a frame of `bytes` per thread takes beyond the default stack (1 KiB).
+    let beyond = |bytes: u64| (bytes - 1024) * THREADS;
+    let got = agree("after cuLibraryGetKernel");
+    step(&mut child, "one", &["launch1_rc"]);
+    let one = agree("after the first context's launch");
+    assert!(
+        one >= got + beyond(SMALL),
+        "simgpu grew the first context's local memory: {got} -> {one}"
+    );
+    step(&mut child, "two", &["getfn_rc", "launch2_rc", "launch3_rc"]);
+    let two = agree("after the primary context's launches of the same kernel");
+    assert!(
+        two >= one + beyond(SMALL),
+        "simgpu grew the primary context's local memory too: {one} -> {two}"
+    );
+    step(&mut child, "large", &["launch4_rc", "launch5_rc"]);
+    let large = agree("after the larger frame's launch in the primary context");
+    assert!(
+        large >= two + beyond(LARGE) - beyond(SMALL),
+        "simgpu grew the primary context's local memory by the difference: {two} -> {large}"
+    );
+    step(&mut child, "again", &["launch6_rc"]);
+    let again = agree("after the first context's launch again");
+    assert!(
+        again <= large + GRANULE,
+        "the first context's local memory held the frame already: {large} -> {again}"
+    );
+    step(&mut child, "released", &[]);
+    let released = agree("after the primary context's release");
+    assert!(
+        released + beyond(LARGE) <= again,
+        "simgpu freed the primary context's local memory: {again} -> {released}"
+    );
+    go(&mut child);
+    finish(child, "lmemctx").assert_success();
+}
+
+#[test]
+fn local_memory_is_charged_per_context_and_given_back_with_it() {
+    local_memory_per_context("LAZY");
+}
+
+#[test]
+fn local_memory_of_an_eagerly_loaded_library_kernel_is_charged_per_context() {
+    local_memory_per_context("EAGER");
+}

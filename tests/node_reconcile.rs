@@ -50,10 +50,16 @@ impl Drop for Killed {
 /// `/proc` (`unshare --pid --fork --mount-proc`). The host's `/proc` is bind-mounted first where
 /// simgpu alone reads it (`SIMGPU_HOST_PROC`): a driver lists it under its host PID, which the
 /// process cannot read.
-fn client_in_container(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
+fn client_in_container(
+    sim: &Sim,
+    dir: &Path,
+    tenant: &str,
+    client: &CBuild,
+    args: &[&str],
+) -> Command {
     let host_proc = dir.join(format!("hostproc-{tenant}"));
     std::fs::create_dir_all(&host_proc).unwrap();
-    let program = compile(&CLIENT);
+    let program = compile(client);
     let mut cmd = sim.command("unshare");
     cmd.args([
         "--pid",
@@ -161,7 +167,7 @@ fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
         .env("SIMGPU_MODULE_SCALE", &MODULE_SCALE.to_string());
     let _node = with_node.then(|| node(&sim, dir));
     let module = MODULE_MIB.to_string();
-    let mut pod = client_in_container(&sim, dir, "pod", &["hold", &module, "8", "1024"]);
+    let mut pod = client_in_container(&sim, dir, "pod", &CLIENT, &["hold", &module, "8", "1024"]);
     let mut pod = sim.spawn(pod.env("SIMGPU_CONTEXT_CREATE_US", "5000000"));
     // Its context is being created (under the device's measurement lock): another process appears.
     let devices = dir.join("devices");
@@ -292,6 +298,107 @@ fn driver_memory_of_a_process_in_a_container_is_reconciled_through_the_node() {
         run.outsider
     );
     assert!(!list.iter().any(|(pid, _)| *pid == run.pod_pid), "{list:?}");
+}
+
+const POD_CLIENT: CBuild = CBuild {
+    name: "pod-memory",
+    source: "pod_memory.c",
+    include: "cu13",
+    link_cuda: true,
+};
+
+/// A pod's process spends driver memory step by step with the node reconciling: code a lazily
+/// loaded library's kernel loads at its first launch, the local memory a kernel with a 2 KiB frame
+/// grows (1 KiB a thread beyond the default stack), graph launches whose allocation stays in the
+/// graph memory pool's cache, the quota filled with allocations beside all of it, and the pool's
+/// trim that returns its cache (the fills freed). After each step, the tenant's charge
+/// and simgpu's per-process used memory agree within one granule (once the node's pass after the
+/// step is in the ledger: the charge must not lag), and simgpu never saw the tenant above its
+/// quota (driver memory left uncharged would let the fill pass it). An IPC importer keeping a mapping the exporter freed is not part of it: simgpu does not
+/// model IPC memory handles (tests/simgpu/README.md).
+#[test]
+fn a_pods_driver_memory_agrees_with_simgpu_after_each_step() {
+    const LIB_MIB: u64 = 24;
+    const GRAPH_MIB: u64 = 64;
+    let dir = scratch("steps");
+    let sim = Sim::new("reconcile-steps")
+        .env("SIMGPU_MEMORY", "4GiB")
+        .env("CUDA_MODULE_LOADING", "LAZY");
+    let _node = node(&sim, &dir);
+    let (lib, graph) = (LIB_MIB.to_string(), GRAPH_MIB.to_string());
+    let mut cmd = client_in_container(&sim, &dir, "steps", &POD_CLIENT, &[&lib, "2048", &graph]);
+    let mut pod = sim.spawn(cmd.env("CUDA_MODULE_LOADING", "LAZY"));
+    let ledger = dir.join("steps.ledger");
+    let charge = || {
+        let s = gpuslice::ledger::Ledger::open_readonly(&ledger)
+            .expect("the pod's ledger")
+            .snapshot();
+        assert_eq!(s.processes.len(), 1, "{s:?}");
+        let p = &s.processes[0];
+        (
+            p.used.iter().map(|(_, b)| b).sum::<u64>(),
+            p.node.map(|(_, ms)| ms),
+        )
+    };
+    // After a step: a node pass after it, then the charge and simgpu's figure within a granule.
+    let agree = |step: &str| -> u64 {
+        let done = unix_ms();
+        wait_until(&format!("{step}: the node's pass"), || {
+            charge().1.is_some_and(|ms| ms > done)
+        });
+        let (charged, _) = charge();
+        let stat = sim.stat();
+        let (_, real) = group_process(&stat, "steps");
+        let peak = group(&stat, "steps").u64("peak.0");
+        assert!(
+            charged.abs_diff(real) <= GRANULE,
+            "{step}: charged {charged}, simgpu holds {real}"
+        );
+        assert!(peak <= QUOTA, "{step}: simgpu's peak {peak} for the tenant");
+        real
+    };
+    wait_for_key(&mut pod, "ready");
+    let mut step = |key: &str, results: &[&str]| {
+        pod.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        let kv = wait_for_key(&mut pod, key);
+        for r in results {
+            assert_eq!(kv.get(*r).map(String::as_str), Some("0"), "{r}: {kv:?}");
+        }
+    };
+    let ready = agree("the primary context");
+    assert!(ready >= SIM_CONTEXT, "simgpu's context: {ready}");
+    step("lazy", &["lazy_rc"]);
+    let lazy = agree("a lazily loaded library's first launch");
+    assert!(
+        lazy >= ready + LIB_MIB * MIB,
+        "simgpu loaded the code at the first launch: {ready} -> {lazy}"
+    );
+    step("local", &["local_rc", "local2_rc"]);
+    let local = agree("a local-memory-heavy kernel");
+    assert!(
+        local >= lazy + 1024 * 132 * 2048,
+        "simgpu grew the local memory: {lazy} -> {local}"
+    );
+    step("graph", &["graph_rc", "graph2_rc"]);
+    let graph = agree("graph launches");
+    assert!(
+        graph >= local + GRAPH_MIB * MIB,
+        "the graph memory pool caches the graph's allocation: {local} -> {graph}"
+    );
+    step("filled", &[]);
+    let filled = agree("the quota filled");
+    assert!(
+        filled + GRANULE >= QUOTA,
+        "the tenant filled its quota by simgpu's counters: {filled}"
+    );
+    step("trimmed", &["trim_rc"]);
+    let trimmed = agree("the graph memory pool trimmed");
+    assert!(
+        trimmed + GRAPH_MIB * MIB <= graph,
+        "the trim gave the cache back: {graph} -> {trimmed}"
+    );
+    pod.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    finish(pod, "pod steps").assert_success();
 }
 
 /// The node's report (`<state>/reconcile/unmanaged`): when, and (pid, bytes) lines.

@@ -3,6 +3,7 @@
 //! it is destroyed. A primary context is charged on its first retain and returned on its last
 //! release or reset. A context's modules and limits go with it.
 
+use super::first_launch;
 use super::measurement::{Expected, Measurement};
 use super::overhead::Sample;
 use super::tenant::{context_destroyed, Device};
@@ -29,7 +30,7 @@ impl Tenant {
         let (ctx, charge, after) = self.charge_context(device, call, destroy)?;
         let mut records = self.records.lock();
         records.contexts.insert(ctx as usize, charge);
-        super::first_launch::context_appeared(&records);
+        first_launch::context_appeared(&records);
         drop(records);
         self.reconcile_with(device, after);
         Ok(())
@@ -92,6 +93,7 @@ impl Tenant {
         }
         context_destroyed();
         self.forget_owned_by(ctx);
+        first_launch::context_gone(&mut self.records.lock(), ctx);
         self.graph_memory_context_gone(ctx);
         self.release_freed_allocations(ctx);
         self.reconcile_all();
@@ -127,7 +129,7 @@ impl Tenant {
             self.release(charge);
         } else {
             primary.live = Some((charge, ctx as usize));
-            super::first_launch::context_appeared(&r);
+            first_launch::context_appeared(&r);
             drop(r);
             self.reconcile_with(device, after);
         }
@@ -167,6 +169,7 @@ impl Tenant {
             context_destroyed();
             self.release(charge);
             self.forget_owned_by(ctx);
+            first_launch::context_gone(&mut self.records.lock(), ctx);
             self.graph_memory_context_gone(ctx);
             self.release_freed_allocations(ctx);
             self.reconcile_all();

@@ -7,6 +7,7 @@ use gpuslice_api::types::{
     CUdevice, CUgraph, CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS, CU_GRAPH_NODE_TYPE_GRAPH,
     CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_GRAPH_NODE_TYPE_MEM_FREE, CU_MEM_LOCATION_TYPE_DEVICE,
 };
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// One allocation node of a graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,4 +111,14 @@ fn read_nodes(
         }
     }
     Some(())
+}
+
+/// Some executable graph has memory nodes: graph launches look their plan up.
+pub(super) static ANY: AtomicBool = AtomicBool::new(false);
+
+/// Whether any executable graph of this process allocates memory (one load; graph launches of a
+/// process without graph memory skip everything here).
+#[inline]
+pub fn any() -> bool {
+    ANY.load(Relaxed)
 }

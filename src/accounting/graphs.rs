@@ -31,7 +31,8 @@
 //!   the cache. While a launch's work may still be running the charge only falls (the driver may
 //!   have freed into the cache what is still charged to the launch).
 
-use super::graph_plan::{read_plan, Alloc, Plan};
+pub use super::graph_plan::any;
+use super::graph_plan::{read_plan, Alloc, Plan, ANY};
 use super::{tenant, Charge, Reservation, Tenant};
 use crate::driver::calls::{self as driver, real};
 use crate::ledger::Ledger;
@@ -45,8 +46,6 @@ use std::sync::Arc;
 
 /// Executable graph -> its plan, for graphs with memory nodes only.
 static PLANS: Mutex<BTreeMap<usize, Arc<Plan>>> = Mutex::new(BTreeMap::new());
-/// Some executable graph has memory nodes: graph launches look their plan up.
-static ANY: AtomicBool = AtomicBool::new(false);
 
 /// Graph memory a launched graph frees itself (or frees for another graph), held until the launch's
 /// work has completed: `event` was recorded on the launch's stream, in context `ctx`, right after it.
@@ -74,13 +73,6 @@ static CACHED: Mutex<BTreeMap<CUdevice, (usize, u64)>> = Mutex::new(BTreeMap::ne
 /// Graph allocations a launch left live (not freed by their graph) -> their device ordinal: freed
 /// outside a graph (`cuMemFree`, `cuMemFreeAsync`), their memory goes to the pool's cache.
 static LIVE: Mutex<BTreeMap<u64, CUdevice>> = Mutex::new(BTreeMap::new());
-
-/// Whether any executable graph of this process allocates memory (one load; graph launches of a
-/// process without graph memory skip everything here).
-#[inline]
-pub fn any() -> bool {
-    ANY.load(Relaxed)
-}
 
 /// After a successful instantiation of `graph` as `exec`: records what its launches allocate. A
 /// handle the driver reuses gets its new graph's plan (or none). The instantiation flags change

@@ -3,6 +3,7 @@
 //! no room for is refused before the driver spends the memory. A driver that loads lazily loads
 //! nothing yet: the code is reserved and charged at its lookups ([`Tenant::load_lazy_code`]).
 
+use super::first_launch;
 use super::measurement::{Expected, Measurement};
 use super::overhead::{driver_pages as pages, Overhead};
 use super::{Device, Tenant};
@@ -10,6 +11,21 @@ use gpuslice_api::image::Code;
 use gpuslice_api::{CUerror, CUresult};
 
 impl Tenant {
+    /// Returns an object's driver memory (unloaded); a library's kernels are no longer pending at
+    /// any first launch.
+    pub fn forget_overhead(&self, kind: Overhead, handle: usize) {
+        let mut records = self.records.lock();
+        records.lazy_code.remove(&(kind as u8, handle));
+        if kind == Overhead::Library {
+            first_launch::forget_library(&mut records, handle);
+        }
+        let old = records.overhead.remove(&(kind as u8, handle));
+        drop(records);
+        if let Some(old) = old {
+            self.release(old.charge);
+        }
+    }
+
     /// The device driver overhead is charged on: the current context's, or, for a library loaded
     /// without one (`need_context` false), the first device.
     pub fn overhead_device(&self, need_context: bool) -> Option<&Device> {

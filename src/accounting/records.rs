@@ -1,7 +1,7 @@
 //! The records of what this process charged, and the allocation paths that use them: device
 //! pointers (`cuMemAlloc*`, pitch, managed, stream-ordered without a pool) and arrays.
 
-use super::overhead::OverheadRecord;
+use super::lazy_code::LazyCode;
 use super::pools::{FreedOn, PoolCharge};
 use super::vmm::Physical;
 use super::{Charge, Device, Tenant};
@@ -179,14 +179,18 @@ pub(super) struct Records {
     /// Module, library and context limits -> the driver memory they took.
     pub overhead: KeyMap<(u8, usize), OverheadRecord>,
     /// Module and library loaded lazily -> what of its code is on the device.
-    pub lazy_code: KeyMap<(u8, usize), super::overhead::LazyCode>,
+    pub lazy_code: KeyMap<(u8, usize), LazyCode>,
     /// Kernel of a library loaded lazily -> its library, name, and the contexts it is loaded in:
     /// its code is loaded and charged at its `cuKernelGetFunction` or first launch in each context
     /// (`first_launch`).
-    pub lazy_kernels: KeyMap<usize, super::first_launch::LazyKernel>,
+    pub lazy_kernels: KeyMap<usize, LazyKernel>,
     /// Function or kernel whose local frame (bytes per thread) is larger than the default stack,
-    /// not launched yet: its first launch may grow the context's local memory (`first_launch`).
-    pub local_frames: KeyMap<usize, u64>,
+    /// and the contexts whose local memory holds it: its first launch in any other context may grow
+    /// that context's local memory (`first_launch`).
+    pub local_frames: KeyMap<usize, LocalFrame>,
+    /// Context -> the bytes per thread its local memory holds: the largest frame launched in it,
+    /// or the stack size the program set (absent: the default stack). Goes with the context.
+    pub local_memory: KeyMap<usize, u64>,
     /// Green context -> the device ordinal whose primary context it retains.
     pub green: KeyMap<usize, CUdevice>,
 }
@@ -314,7 +318,7 @@ impl Tenant {
         }
         if let Some(charge) = charge {
             // A graph allocation's memory goes to the graph memory pool's cache, still charged.
-            if !(super::graphs::any() && self.graph_allocation_freed(key, charge)) {
+            if !(super::graph_plan::any() && self.graph_allocation_freed(key, charge)) {
                 self.release(charge);
             }
         }
@@ -412,4 +416,35 @@ mod tests {
         }
         assert_eq!(table.get(0), None);
     }
+}
+
+/// A kernel of a library loaded lazily: its library, its name, the contexts it is loaded in.
+pub struct LazyKernel {
+    pub(super) library: usize,
+    pub(super) name: Vec<u8>,
+    pub(super) loaded_in: u64,
+}
+
+/// A function's local frame (bytes per thread) and the contexts whose local memory holds it.
+pub struct LocalFrame {
+    pub(super) bytes: u64,
+    pub(super) held_in: u64,
+}
+
+/// What an overhead record is for (with its handle, the key of the record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Overhead {
+    Module = 1,
+    Library = 2,
+    /// A context's limits (`cuCtxSetLimit`), keyed by the context.
+    Limits = 3,
+}
+
+/// Driver memory charged for one object, and the context that owns it (0: none), whose
+/// destruction frees it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OverheadRecord {
+    pub charge: Charge,
+    pub ctx: usize,
 }

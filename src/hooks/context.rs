@@ -5,7 +5,7 @@
 //! destroyed, a limit when changed back or its context destroyed.
 
 use super::{hooks, Out};
-use crate::accounting::limits::LimitChange;
+use crate::accounting::limits::{LimitChange, LIMIT_STACK_SIZE};
 use crate::accounting::overhead::Overhead;
 use crate::accounting::{tenant, Device, Tenant};
 use crate::driver::calls as driver;
@@ -272,5 +272,12 @@ fn set_limit(limit: c_int, value: usize, call: impl FnOnce() -> CUresult) -> CUr
             // SAFETY: puts back the value this call replaced.
             let _ = unsafe { driver::real::cuCtxSetLimit(limit, old) };
         }),
-    )
+    )?;
+    if limit == LIMIT_STACK_SIZE {
+        // The context's local memory is now sized by this stack (as the driver rounded it): a
+        // larger frame's launch grows it again.
+        let set = t.driver().context_limit(limit).unwrap_or(value);
+        t.local_memory_holds(t.current_context(), set as u64, true);
+    }
+    Ok(())
 }

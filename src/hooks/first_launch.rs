@@ -1,10 +1,10 @@
 //! Functions whose first launch makes the driver spend memory (`accounting::first_launch`): a
 //! lazily loaded module's or library's kernel, whose code the driver loads at its lookup
 //! (`cuModuleGetFunction`, `cuKernelGetFunction`) or first launch, and a function whose local frame
-//! is larger than the context's stack, whose first launch grows the context's local memory.
+//! is larger than what a context's local memory holds, whose first launch there grows it.
 
 use super::{hooks, Out};
-use crate::accounting::limits::{limit_default, LimitChange, LIMIT_STACK_SIZE};
+use crate::accounting::limits::{limit_default, LIMIT_STACK_SIZE};
 use crate::accounting::overhead::Overhead;
 use crate::accounting::{tenant, Tenant};
 use crate::driver::calls as driver;
@@ -70,7 +70,10 @@ fn get_kernel(
         if !name.is_null() {
             // SAFETY: the driver API requires a NUL-terminated name (and the driver accepted it).
             let name = unsafe { CStr::from_ptr(name) }.to_bytes();
-            t.lazy_kernel_got(library, k as usize, name);
+            if !t.lazy_kernel_got(library, k as usize, name) {
+                // Loaded already (an eagerly loaded library): its frame can be read now.
+                note_kernel_frame(t, k);
+            }
         }
     }
     Ok(())
@@ -98,8 +101,8 @@ fn load_kernel(kernel: usize, call: impl FnOnce() -> CUresult) -> CUresult {
 /// cannot load the code does) and nothing runs. Other errors of that call are left to the launch to
 /// report. Later launches in the same context take the fast path (`first_launch::pending` is
 /// false there); a launch in another context loads (and is charged) the code again.
-/// A function whose local frame is larger than the context's stack then grows the context's local
-/// memory at this launch ([`grow_local`]).
+/// A function whose local frame is larger than what the context's local memory holds then grows
+/// it at this launch (`Tenant::launch_growing_local`), in each context it is launched in.
 pub fn first_launch(f: CUfunction, launch: impl FnOnce() -> CUresult) -> CUresult {
     let Some(t) = tenant() else {
         return launch();
@@ -118,17 +121,7 @@ pub fn first_launch(f: CUfunction, launch: impl FnOnce() -> CUresult) -> CUresul
             note_local_frame(t, f);
         }
     }
-    match t.local_frame_launched(f as usize) {
-        Some(local) => {
-            let launched = grow_local(t, local, launch);
-            if launched == Err(CUerror::OUT_OF_MEMORY) {
-                // Refused (or the driver had no room): the next launch tries again.
-                t.local_frame_seen(f as usize, local, 0);
-            }
-            launched
-        }
-        None => launch(),
-    }
+    t.launch_growing_local(f as usize, launch)
 }
 
 /// `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES` (cuda.h).
@@ -146,6 +139,29 @@ fn note_local_frame(t: &Tenant, f: CUfunction) {
     {
         let default = limit_default(LIMIT_STACK_SIZE) as u64;
         t.local_frame_seen(f as usize, u64::try_from(local).unwrap_or(0), default);
+    }
+}
+
+/// Notes library kernel `k`'s local frame on the current context's device
+/// (`cuKernelGetAttribute`, which NVIDIA documents for a `CUkernel`), for its first launch in
+/// each context.
+fn note_kernel_frame(t: &Tenant, k: CUkernel) {
+    let Ok(device) = t.current_device() else {
+        return;
+    };
+    let mut local: c_int = 0;
+    // SAFETY: `local` is a valid out-parameter; `k` is a kernel the driver just handed out.
+    let asked = unsafe {
+        driver::real::cuKernelGetAttribute(
+            &mut local,
+            FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            k,
+            device.ordinal,
+        )
+    };
+    if asked.is_ok() {
+        let default = limit_default(LIMIT_STACK_SIZE) as u64;
+        t.local_frame_seen(k as usize, u64::try_from(local).unwrap_or(0), default);
     }
 }
 
@@ -176,33 +192,4 @@ fn kernel_function(
         note_local_frame(t, f);
     }
     Ok(())
-}
-
-/// The first launch of a function whose local frame is `local` bytes per thread. A context whose
-/// local memory holds less per thread grows it at the launch for every thread the device can hold
-/// resident, and keeps it (cuda.h: `CU_CTX_LMEM_RESIZE_TO_MAX`, "Keep local memory allocation
-/// after launch", the default from CUDA 12.9; the per-thread size is the stack size,
-/// `CU_LIMIT_STACK_SIZE`). Charged as raising the stack limit to `local` is ([`set_limit`]): what
-/// NVIDIA documents it to take (bytes x multiprocessors x resident threads per multiprocessor,
-/// beyond the default) is reserved before the launch; a launch the quota has no room for fails
-/// with `CUDA_ERROR_OUT_OF_MEMORY` and nothing runs. The launch cannot be undone: what the driver
-/// spends beyond the reservation is left to reconciliation.
-fn grow_local(t: &'static Tenant, local: u64, launch: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(device) = t.overhead_device(true) else {
-        return launch();
-    };
-    let Some(old) = t.driver().context_limit(LIMIT_STACK_SIZE) else {
-        return launch();
-    };
-    let value = usize::try_from(local).unwrap_or(usize::MAX);
-    if value <= old {
-        return launch();
-    }
-    let change = LimitChange {
-        what: "local memory growth",
-        limit: LIMIT_STACK_SIZE,
-        old,
-        value,
-    };
-    t.change_limit(device, change, launch, None::<fn(())>)
 }

@@ -24,6 +24,18 @@
  *                                  frame of LOCAL_BYTES per thread: loaded=1, wait for a line; the
  *                                  kernel launched twice (launch1_rc, launch2_rc), synchronised,
  *                                  the stack limit read (stack=): done=1, wait for a line
+ *   lmemctx SMALL LARGE            a context; a library (cuLibraryLoadData) whose kernels `small`
+ *                                  and `large` have local frames of SMALL and LARGE bytes per
+ *                                  thread, their kernels got: got=1, wait for a line; `small`
+ *                                  launched in the context (launch1_rc): one=1, wait for a line;
+ *                                  the device's primary context retained and made current, the
+ *                                  function of `small` there asked (cuKernelGetFunction, getfn_rc)
+ *                                  and the kernel launched twice (launch2_rc, launch3_rc): two=1, wait for
+ *                                  a line; `large` launched there (launch4_rc), then `small`
+ *                                  (launch5_rc): large=1, wait for a line; back in the first
+ *                                  context, `small` launched again (launch6_rc): again=1, wait for
+ *                                  a line; the primary context released (its last reference:
+ *                                  destroyed): released=1, wait for a line. Each step synchronised.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -68,6 +80,21 @@ static char *ptx_of(unsigned long long mib, unsigned long long local) {
     s[n - 1] = '\n';
     s[n] = 0;
     return s;
+}
+
+/* A PTX image whose kernels `small` and `large` have local frames of `small` and `large` bytes. */
+static char *ptx_two(unsigned long long small, unsigned long long large) {
+    char *s = malloc(1024);
+    snprintf(s, 1024,
+             ".version 7.0\n.target sm_80\n.address_size 64\n"
+             ".visible .entry small(.param .u64 p)\n{\n.local .align 8 .b8 __local_depot0[%llu];\nret;\n}\n"
+             ".visible .entry large(.param .u64 p)\n{\n.local .align 8 .b8 __local_depot1[%llu];\nret;\n}\n",
+             small, large);
+    return s;
+}
+
+static void launched(const char *key, CUfunction f, void **params) {
+    printf("%s=%d\n", key, (int)cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, params, 0));
 }
 
 int main(int argc, char **argv) {
@@ -154,6 +181,45 @@ int main(int argc, char **argv) {
         wait_line();
         return 0;
     }
-    fprintf(stderr, "usage: memory_lazy firstlaunch ROOM_MIB LIB_MIB | contexts LIB_MIB | lmem ROOM_MIB LOCAL_BYTES\n");
+    if (strcmp(mode, "lmemctx") == 0 && argc == 4) {
+        char *ptx = ptx_two(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10));
+        CUlibrary lib;
+        CUkernel small, large;
+        CHECK(cuLibraryLoadData(&lib, ptx, 0, 0, 0, 0, 0, 0));
+        free(ptx);
+        CHECK(cuLibraryGetKernel(&small, lib, "small"));
+        CHECK(cuLibraryGetKernel(&large, lib, "large"));
+        printf("got=1\n");
+        wait_line();
+        launched("launch1_rc", (CUfunction)small, params);
+        CHECK(cuCtxSynchronize());
+        printf("one=1\n");
+        wait_line();
+        CUcontext primary;
+        CHECK(cuDevicePrimaryCtxRetain(&primary, dev));
+        CHECK(cuCtxSetCurrent(primary));
+        CUfunction small_fn;
+        printf("getfn_rc=%d\n", (int)cuKernelGetFunction(&small_fn, small));
+        launched("launch2_rc", (CUfunction)small, params);
+        launched("launch3_rc", (CUfunction)small, params);
+        CHECK(cuCtxSynchronize());
+        printf("two=1\n");
+        wait_line();
+        launched("launch4_rc", (CUfunction)large, params);
+        launched("launch5_rc", (CUfunction)small, params);
+        CHECK(cuCtxSynchronize());
+        printf("large=1\n");
+        wait_line();
+        CHECK(cuCtxSetCurrent(ctx));
+        launched("launch6_rc", (CUfunction)small, params);
+        CHECK(cuCtxSynchronize());
+        printf("again=1\n");
+        wait_line();
+        CHECK(cuDevicePrimaryCtxRelease(dev));
+        printf("released=1\n");
+        wait_line();
+        return 0;
+    }
+    fprintf(stderr, "usage: memory_lazy firstlaunch ROOM_MIB LIB_MIB | contexts LIB_MIB | lmem ROOM_MIB LOCAL_BYTES | lmemctx SMALL LARGE\n");
     return 2;
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 mod allocations;
+mod local;
 mod measure;
 mod nvml;
 mod pools;

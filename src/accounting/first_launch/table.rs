@@ -1,14 +1,4 @@
-//! Functions whose first launch makes the driver spend memory: a library's kernels whose code the
-//! driver has not loaded yet, and functions whose local frame is larger than the context's stack
-//! (their launch grows the context's local memory, see `hooks::first_launch::grow_local`).
-//!
-//! Kernels whose code is not loaded: a library's kernels under lazy loading
-//! (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA 12.2). `cuLibraryLoadData`'s documentation:
-//! a lazily loaded library "will only be loaded when a function is needed for that context, such as
-//! a kernel launch"; so `cuLibraryGetKernel` loads nothing, and the kernel's code goes to the device
-//! at `cuKernelGetFunction` or at the first launch of the `CUkernel`, in each context that needs it
-//! ("for that context": a second context launching the same kernel loads its code again). Those
-//! are where it is charged (`hooks::first_launch`).
+//! The table of kernels whose launch the driver may spend memory at, by context.
 //!
 //! The launch hooks ask [`pending`] on their fast path: one load of a counter while no kernel is
 //! pending, else a few loads of a lock-free open-addressed table of kernel handles. Each entry
@@ -21,9 +11,7 @@
 //! the table's, is not tracked (logged once): its code is then charged by reconciliation, as any
 //! driver memory no operation showed.
 
-use super::overhead::Overhead;
-use super::records::Records;
-use super::Tenant;
+use super::super::records::Records;
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -35,24 +23,20 @@ const PROBES: usize = 8;
 const GONE: usize = usize::MAX;
 /// Contexts a kernel's loaded set can name.
 pub const CONTEXT_BITS: usize = 63;
-/// In an entry's set: pending in every context (a local frame not launched yet).
+/// In a set of contexts: a live context without a bit (pending there, whatever the entry says).
 const EVERYWHERE: u64 = 1 << 63;
+/// Every context a bit can name.
+const ALL: u64 = !EVERYWHERE;
 
 static TABLE: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
-/// Per slot: the bits of the contexts its kernel is loaded in, or [`EVERYWHERE`].
+/// Per slot: the bits of the contexts its kernel's launch spends nothing in (its code loaded, and
+/// its local frame held by the context's local memory).
 static LOADED: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Context handle by bit (0: free).
 static CONTEXTS: [AtomicUsize; CONTEXT_BITS] = [const { AtomicUsize::new(0) }; CONTEXT_BITS];
 static WARNED_FULL: AtomicBool = AtomicBool::new(false);
 static WARNED_CONTEXTS: AtomicBool = AtomicBool::new(false);
-
-/// A kernel of a library loaded lazily: its library, its name, the contexts it is loaded in.
-pub struct LazyKernel {
-    library: usize,
-    name: Vec<u8>,
-    loaded_in: u64,
-}
 
 #[inline(always)]
 fn home(kernel: usize) -> usize {
@@ -79,7 +63,7 @@ fn slot(kernel: usize) -> Option<usize> {
 
 /// The bit of context `ctx` (`None`: not in the table).
 #[inline(always)]
-fn context_bit(ctx: usize) -> Option<u64> {
+pub(super) fn context_bit(ctx: usize) -> Option<u64> {
     if ctx == 0 {
         return None;
     }
@@ -90,7 +74,7 @@ fn context_bit(ctx: usize) -> Option<u64> {
 }
 
 /// The bit of context `ctx`, given one if it has none (under the records lock).
-fn assign_context(ctx: usize) -> Option<u64> {
+pub(super) fn assign_context(ctx: usize) -> Option<u64> {
     if let Some(bit) = context_bit(ctx) {
         return Some(bit);
     }
@@ -124,7 +108,7 @@ pub fn pending(f: usize, current: impl FnOnce() -> usize) -> bool {
         return false;
     };
     let loaded = LOADED[s].load(Relaxed);
-    if loaded == 0 || loaded & EVERYWHERE != 0 {
+    if loaded == 0 {
         return true;
     }
     !context_bit(current()).is_some_and(|bit| loaded & bit != 0)
@@ -132,7 +116,7 @@ pub fn pending(f: usize, current: impl FnOnce() -> usize) -> bool {
 
 /// Puts `kernel` in the table with set `loaded` (under the records lock). `false` when it cannot
 /// be tracked (logged once).
-fn put(kernel: usize, loaded: u64) -> bool {
+pub(super) fn put(kernel: usize, loaded: u64) -> bool {
     if kernel == 0 || kernel == GONE {
         return false;
     }
@@ -161,7 +145,7 @@ fn put(kernel: usize, loaded: u64) -> bool {
 }
 
 /// Removes `kernel` (under the records lock).
-fn remove(kernel: usize) {
+pub(super) fn remove(kernel: usize) {
     if let Some(s) = slot(kernel) {
         TABLE[s].store(GONE, Relaxed);
         COUNT.fetch_sub(1, Relaxed);
@@ -185,46 +169,60 @@ fn live_contexts(records: &Records) -> u64 {
 }
 
 /// Puts `kernel` in the table as its records say, or takes it out when nothing is pending for it
-/// (loaded in every live context, and no local frame waiting for its first launch).
-fn refresh(records: &Records, kernel: usize) {
-    let local = records.local_frames.contains_key(&kernel);
+/// (its code loaded in every live context, and its local frame held by every live context's local
+/// memory).
+pub(super) fn refresh(records: &Records, kernel: usize) {
     let loaded = records.lazy_kernels.get(&kernel).map(|k| k.loaded_in);
-    let pending_here = loaded.is_some_and(|l| {
-        let live = live_contexts(records);
-        live & !l != 0 || live == 0 && l == 0
-    });
-    match (local, loaded) {
-        (true, _) => {
-            put(kernel, EVERYWHERE);
-        }
-        (false, Some(l)) if pending_here => {
-            put(kernel, l);
-        }
-        _ => remove(kernel),
+    let held = records.local_frames.get(&kernel).map(|l| l.held_in);
+    if loaded.is_none() && held.is_none() {
+        remove(kernel);
+        return;
+    }
+    let done = loaded.unwrap_or(ALL) & held.unwrap_or(ALL);
+    let live = live_contexts(records);
+    if live & !done != 0 || live == 0 && done == 0 {
+        put(kernel, done);
+    } else {
+        remove(kernel);
     }
 }
 
+/// Every kernel the records track (lazily loaded, or with a local frame).
+fn tracked(records: &Records) -> Vec<usize> {
+    let mut kernels: Vec<usize> = records.lazy_kernels.keys().copied().collect();
+    kernels.extend(
+        records
+            .local_frames
+            .keys()
+            .filter(|k| !records.lazy_kernels.contains_key(k)),
+    );
+    kernels
+}
+
 /// A context appeared (created, or a primary context made live): kernels loaded in the other
-/// contexts are pending in it.
-pub(super) fn context_appeared(records: &Records) {
-    let kernels: Vec<usize> = records.lazy_kernels.keys().copied().collect();
-    for k in kernels {
+/// contexts, and local frames its local memory does not hold yet, are pending in it.
+pub(in crate::accounting) fn context_appeared(records: &Records) {
+    for k in tracked(records) {
         refresh(records, k);
     }
 }
 
-/// Context `ctx` was destroyed: the code loaded in it went with it, and its bit is free.
-pub(super) fn context_gone(records: &mut Records, ctx: usize) {
+/// Context `ctx` was destroyed: the code loaded in it and its local memory went with it, and its
+/// bit is free.
+pub(in crate::accounting) fn context_gone(records: &mut Records, ctx: usize) {
+    records.local_memory.remove(&ctx);
     let Some(bit) = context_bit(ctx) else {
         return;
     };
     if let Some(c) = CONTEXTS.get(bit.trailing_zeros() as usize) {
         c.store(0, Relaxed);
     }
-    let kernels: Vec<usize> = records.lazy_kernels.keys().copied().collect();
-    for k in kernels {
+    for k in tracked(records) {
         if let Some(lazy) = records.lazy_kernels.get_mut(&k) {
             lazy.loaded_in &= !bit;
+        }
+        if let Some(local) = records.local_frames.get_mut(&k) {
+            local.held_in &= !bit;
         }
         if slot(k).is_some() {
             refresh(records, k);
@@ -232,94 +230,8 @@ pub(super) fn context_gone(records: &mut Records, ctx: usize) {
     }
 }
 
-impl Tenant {
-    /// `cuLibraryGetKernel` answered `kernel` for `name` in `library`: when the library is loaded
-    /// lazily and the kernel's code is not loaded yet, the kernel is pending until its first load
-    /// in each context.
-    pub fn lazy_kernel_got(&self, library: usize, kernel: usize, name: &[u8]) {
-        if !self.lazy_code_pending(Overhead::Library, library, name) {
-            return;
-        }
-        let mut records = self.records.lock();
-        if !records.lazy_kernels.contains_key(&kernel) && put(kernel, 0) {
-            records.lazy_kernels.insert(
-                kernel,
-                LazyKernel {
-                    library,
-                    name: name.to_vec(),
-                    loaded_in: 0,
-                },
-            );
-        }
-    }
-
-    /// The library and name of a kernel whose code is not loaded in the current context yet
-    /// (`None`: loaded there, or not a lazily loaded library's).
-    pub fn lazy_kernel(&self, kernel: usize) -> Option<(usize, Vec<u8>)> {
-        let ctx = self.lazy_context(Overhead::Library);
-        let records = self.records.lock();
-        let Some(lazy) = records.lazy_kernels.get(&kernel) else {
-            if !records.local_frames.contains_key(&kernel) {
-                remove(kernel);
-            }
-            return None;
-        };
-        if context_bit(ctx).is_some_and(|bit| lazy.loaded_in & bit != 0) {
-            return None;
-        }
-        Some((lazy.library, lazy.name.clone()))
-    }
-
-    /// A kernel's code was loaded in the current context: its launches there take the fast path
-    /// from now on.
-    pub fn lazy_kernel_loaded(&self, kernel: usize) {
-        let ctx = self.lazy_context(Overhead::Library);
-        let mut records = self.records.lock();
-        let bit = assign_context(ctx);
-        let Some(lazy) = records.lazy_kernels.get_mut(&kernel) else {
-            return;
-        };
-        match bit {
-            Some(bit) => {
-                lazy.loaded_in |= bit;
-                refresh(&records, kernel);
-            }
-            // Untracked context: its loads are left to reconciliation.
-            None => {
-                if !records.local_frames.contains_key(&kernel) {
-                    remove(kernel);
-                }
-            }
-        }
-    }
-}
-
-impl Tenant {
-    /// `f` (a function or kernel) has a local frame of `local` bytes per thread: beyond
-    /// `default_stack`, its first launch may make the driver grow the context's local memory.
-    pub fn local_frame_seen(&self, f: usize, local: u64, default_stack: u64) {
-        if local <= default_stack {
-            return;
-        }
-        let mut records = self.records.lock();
-        if put(f, EVERYWHERE) {
-            records.local_frames.insert(f, local);
-        }
-    }
-
-    /// The local frame of a function not launched yet (then no longer pending for it).
-    pub fn local_frame_launched(&self, f: usize) -> Option<u64> {
-        let mut records = self.records.lock();
-        let local = records.local_frames.remove(&f);
-        if local.is_some() {
-            refresh(&records, f);
-        }
-        local
-    }
-}
-
 /// A library was unloaded: its kernels go.
-pub(super) fn forget_library(records: &mut Records, library: usize) {
+pub(in crate::accounting) fn forget_library(records: &mut Records, library: usize) {
     let gone: Vec<usize> = records
         .lazy_kernels
         .iter()
@@ -335,6 +247,7 @@ pub(super) fn forget_library(records: &mut Records, library: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::accounting::records::LazyKernel;
 
     #[test]
     fn kernels_are_pending_until_removed_and_slots_are_reused() {
@@ -375,7 +288,7 @@ mod tests {
                 loaded_in: 0,
             },
         );
-        let charge = super::super::Charge {
+        let charge = crate::accounting::Charge {
             device: 0,
             bytes: 0,
         };
