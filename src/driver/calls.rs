@@ -114,20 +114,6 @@ pub fn device_uuid(ordinal: CUdevice) -> Result<String, CUerror> {
     Ok(super::mig::device_key(&uuid.bytes))
 }
 
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(40);
-    out.push_str("GPU-");
-    for (i, byte) in b.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out.push('-');
-        }
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 15)]));
-    }
-    out
-}
-
 /// Whether `stream` is being captured into a graph (work on it is recorded, not run).
 // The stream handle is opaque to us, only passed to the driver, which validates it.
 #[allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -283,18 +269,4 @@ pub fn in_context<R>(ctx: CUcontext, f: impl FnOnce() -> R) -> R {
         let _ = unsafe { real::cuCtxPopCurrent_v2(&mut popped) };
     }
     r
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn uuid_text() {
-        let b = [
-            0x53, 0x49, 0x4d, 0x47, 0x50, 0x55, 0x40, 0x00, 0x80, 0, 0, 0, 0, 0, 0, 0x1f,
-        ];
-        assert_eq!(
-            super::format_uuid(&b),
-            "GPU-53494d47-5055-4000-8000-00000000001f"
-        );
-    }
 }

@@ -3,7 +3,7 @@
 //! running compute processes, when this process can find itself in it). These are the only ways a
 //! driver reports the memory it spends on a program's behalf (contexts, module code, limits).
 
-use super::calls::{nvml::real as nvml, real as cuda};
+use super::{real as cuda, real as nvml};
 use gpuslice_api::nvml::{nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t};
 use gpuslice_api::NvmlError;
 use std::ffi::CString;

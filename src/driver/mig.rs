@@ -9,6 +9,21 @@
 
 use std::sync::Mutex;
 
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`: the form NVML and `nvidia-smi -L` give a GPU's UUID.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(40);
+    out.push_str("GPU-");
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 15)]));
+    }
+    out
+}
+
 /// The key of the device whose UUID is `bytes`: `MIG-…` when NVML knows it as a MIG instance, else
 /// `GPU-…` (also when NVML is not there to ask: a MIG instance is then keyed `GPU-<its UUID>`).
 /// Asked once per device and process while NVML answers (a cold path: device resolution, ledger
@@ -16,7 +31,7 @@ use std::sync::Mutex;
 pub fn device_key(bytes: &[u8; 16]) -> String {
     // (UUID, is a MIG instance); a few devices per process at most.
     static KNOWN: Mutex<Vec<([u8; 16], bool)>> = Mutex::new(Vec::new());
-    let gpu = super::calls::format_uuid(bytes);
+    let gpu = format_uuid(bytes);
     let known = KNOWN
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -50,6 +65,17 @@ pub fn mig_form(gpu: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn uuid_text() {
+        let b = [
+            0x53, 0x49, 0x4d, 0x47, 0x50, 0x55, 0x40, 0x00, 0x80, 0, 0, 0, 0, 0, 0, 0x1f,
+        ];
+        assert_eq!(
+            super::format_uuid(&b),
+            "GPU-53494d47-5055-4000-8000-00000000001f"
+        );
+    }
+
     #[test]
     fn mig_form_keeps_the_uuid() {
         assert_eq!(
