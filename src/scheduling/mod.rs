@@ -19,21 +19,15 @@
 //!   becomes of measured batches: flow-control waits, accounting, the charge, the drain; its
 //!   pauses in `drain`, unit-tested). `cu`: the driver calls, through the driver layer.
 
-mod completions;
 mod cu;
 pub mod demand;
 mod drain;
-mod events;
-pub mod evidence;
 mod flow;
-mod gate;
-mod liveness;
 pub mod meter;
-mod owner;
-mod peers;
-mod refresh;
-pub mod runtime;
+mod participation;
 pub mod turn;
+
+pub use participation::{evidence, runtime};
 
 // The device ledger, its layout, arbitration lock and policy overlay live in the shared-state crate
 // (the tools use them too); they are named here as before.

@@ -3,13 +3,14 @@
 //! the device over; it re-reads the ledger (contention, priorities, caps), repairs our own entries when
 //! the file was damaged, and stops at exit after handing the device back.
 
-use super::arbiter::{IDLE_NS, SLICE_NS};
-use super::cu::RelaxedCapture;
-use super::device::{futex_wait, futex_wake, now_ns};
-use super::gate::Sched;
-use super::shm;
-use super::{runtime, turn, Holder};
+use super::runtime;
+use super::Sched;
 use crate::log;
+use crate::scheduling::arbiter::{IDLE_NS, SLICE_NS};
+use crate::scheduling::cu::RelaxedCapture;
+use crate::scheduling::device::{futex_wait, futex_wake, now_ns};
+use crate::scheduling::shm;
+use crate::scheduling::{turn, Holder};
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ enum Why {
 }
 
 impl Sched {
-    pub(super) fn start_thread(&'static self) {
+    pub(in crate::scheduling) fn start_thread(&'static self) {
         let spawned = std::thread::Builder::new()
             .name(format!("gpuslice-sched{}", self.ordinal))
             .spawn(move || self.run());
@@ -44,14 +45,14 @@ impl Sched {
     }
 
     /// Exit: hand over and stop.
-    pub(super) fn stop(&self) {
+    pub(in crate::scheduling) fn stop(&self) {
         self.stop.store(true, Release);
         let h = &self.ledger.layout().header;
         futex_wake(&h.epoch);
         futex_wake(&h.preempt);
     }
 
-    pub(super) fn thread_done(&self) -> bool {
+    pub(in crate::scheduling) fn thread_done(&self) -> bool {
         self.done.load(Acquire)
     }
 

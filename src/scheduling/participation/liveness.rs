@@ -2,17 +2,17 @@
 //! or forged owner and takes the device from it (docs/COMPUTE.md, "Ownership, slices, draining").
 //! Every word read from the ledger is untrusted.
 
-use super::arbiter::{self, GRACE_NS, SLICE_NS};
-use super::device::{futex_wake, now_ns};
-use super::gate::{Sched, BEAT_STALE_NS};
-use super::{incident, Holder, Incident};
+use super::{Sched, BEAT_STALE_NS};
+use crate::scheduling::arbiter::{self, GRACE_NS, SLICE_NS};
+use crate::scheduling::device::{futex_wake, now_ns};
+use crate::scheduling::{incident, Holder, Incident};
 use std::sync::atomic::Ordering::*;
 
 impl Sched {
     /// Writes our slot's `wants` and `wait_since` from this process's own count. Two threads
     /// publishing at once may leave a stale value; a waiter's next pass and the scheduler thread's
     /// refresh write it again.
-    pub(super) fn publish_waiting(&self) {
+    pub(in crate::scheduling) fn publish_waiting(&self) {
         let slot = &self.ledger.layout().slots[self.slot];
         let n = self.published_wants();
         let since = if n == 0 {
@@ -34,7 +34,10 @@ impl Sched {
     }
 
     /// Whether our slot's `wants` and `wait_since` words say what this process's count says.
-    pub(super) fn waiting_published(&self, slot: &super::shm::SlotEntry) -> bool {
+    pub(in crate::scheduling) fn waiting_published(
+        &self,
+        slot: &crate::scheduling::shm::SlotEntry,
+    ) -> bool {
         let n = self.published_wants();
         let since = slot.wait_since.load(Acquire);
         slot.wants.load(Acquire) == n && (n == 0) == (since == 0) && since <= now_ns()
@@ -42,7 +45,7 @@ impl Sched {
 
     /// Whether the owner is stopped or hung: past its slice plus the grace, and silent (a draining
     /// owner beats); or past its slice, the longest drain and the grace, beating or not. A grant, slice or heartbeat that cannot be genuine is repaired first.
-    pub(super) fn overdue(&self, h: &super::shm::Header) -> bool {
+    pub(in crate::scheduling) fn overdue(&self, h: &crate::scheduling::shm::Header) -> bool {
         // Read before the clock: a genuine stamp is then never ahead of `now`.
         let (grant, slice, beat) = (
             h.grant_ns.load(Acquire),
@@ -76,7 +79,7 @@ impl Sched {
     }
 
     /// Takes the device from a dead, stopped or invalid owner (still `owner` under `epoch`).
-    pub(super) fn revoke(&self, owner: Holder, epoch: u32) {
+    pub(in crate::scheduling) fn revoke(&self, owner: Holder, epoch: u32) {
         let l = self.ledger.layout();
         let h = &l.header;
         let g = self.ledger.lock(self.slot);

@@ -28,10 +28,10 @@
 //! Not a defence against a tenant that bypasses the library (calls the driver itself): then only
 //! the victims' pacing stands, and the device's time-slicing decides the rest.
 
-use super::arbiter::{DRAIN_LIMIT_NS, SLICE_NS};
-use super::gate::Sched;
-use super::shm::{SLOT_ACTIVE, TENANT_READY};
-use super::{TenantId, MAX_TENANTS};
+use super::Sched;
+use crate::scheduling::arbiter::{DRAIN_LIMIT_NS, SLICE_NS};
+use crate::scheduling::shm::{SLOT_ACTIVE, TENANT_READY};
+use crate::scheduling::{TenantId, MAX_TENANTS};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
@@ -267,7 +267,7 @@ impl Sched {
     /// it; the tenant it names is a word, but every process rewrites its own at each refresh),
     /// their shares by the node's policy, and the shares of every tenant the ledger lists, each id
     /// counted once (a tenant the policy does not list counts 1: planted entries barely move it).
-    pub(super) fn weigh(&self) {
+    pub(in crate::scheduling) fn weigh(&self) {
         let l = self.ledger.layout();
         let mine = self.tenant();
         let mut wanting = [false; MAX_TENANTS];
@@ -324,7 +324,7 @@ impl Sched {
 
     /// The scheduler thread's step: the evidence as seen now; a process that finds itself starved
     /// (or its due again) says so.
-    pub(super) fn weigh_step(&self, now: u64) {
+    pub(in crate::scheduling) fn weigh_step(&self, now: u64) {
         let e = &self.evidence;
         let mine = self.tenant();
         if self
@@ -357,7 +357,7 @@ impl Sched {
             Turn::Same => {}
             Turn::Starved { owned_ppm, forged } => {
                 l.header.forged_owner.fetch_add(1, Relaxed);
-                let named = super::Holder::from_word(l.header.owner.load(Acquire))
+                let named = crate::scheduling::Holder::from_word(l.header.owner.load(Acquire))
                     .slot()
                     .map(|s| {
                         let slot = &l.slots[s];
@@ -365,7 +365,7 @@ impl Sched {
                         let label = l
                             .tenants
                             .get(t)
-                            .map(|e| super::shm::unpack(&e.name))
+                            .map(|e| crate::scheduling::shm::unpack(&e.name))
                             .unwrap_or_default();
                         format!(
                             "slot {s} (pid {}, tenant entry {t} {:?}, by its words)",

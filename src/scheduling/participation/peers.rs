@@ -2,10 +2,10 @@
 //! "Collectives"): while our tenant's work on another device waits without completing, a launch
 //! here may be its peer rank's part; one round of launches passes per such wait.
 
-use super::cu::RelaxedCapture;
-use super::device::now_ns;
-use super::gate::{Sched, WAITER_POLL_NS};
 use super::runtime;
+use super::{Sched, WAITER_POLL_NS};
+use crate::scheduling::cu::RelaxedCapture;
+use crate::scheduling::device::now_ns;
 use std::sync::atomic::Ordering::*;
 
 /// A published wait of the tenant on another device counts while it was seen within this.
@@ -20,7 +20,7 @@ const MAX_PASSES: u32 = 8;
 impl Sched {
     /// A waiter looks again at least this often: more often while the tenant's work waits on
     /// another device (a pass may be due).
-    pub(super) fn waiter_poll_ns(&self) -> u64 {
+    pub(in crate::scheduling) fn waiter_poll_ns(&self) -> u64 {
         if self.peer_recent(now_ns()) {
             PEER_POLL_NS
         } else {
@@ -30,7 +30,7 @@ impl Sched {
 
     /// Whether a wait of our tenant's work on another device was seen within `PEER_RECENT_NS`:
     /// the tenant's programs span devices and wait for each other (collectives).
-    pub(super) fn peer_recent(&self, now: u64) -> bool {
+    pub(in crate::scheduling) fn peer_recent(&self, now: u64) -> bool {
         let seen = self.peer_seen_ns.load(Relaxed);
         seen != 0 && now.saturating_sub(seen) < PEER_RECENT_NS
     }
@@ -48,7 +48,7 @@ impl Sched {
 
     /// Whether a launch of ours would pass the gate now (see [`Sched::peer_pass`]), without
     /// counting it.
-    pub(super) fn peer_pass_due(&self) -> bool {
+    pub(in crate::scheduling) fn peer_pass_due(&self) -> bool {
         let now = now_ns();
         let Some(episode) = self.peer_stall(now) else {
             return false;
@@ -78,7 +78,7 @@ impl Sched {
     /// high-priority tenant (its latency) or for a capped tenant (its cap). What passes runs in
     /// another tenant's ownership and is charged to ours when it completes, like work left
     /// running at a hand-over.
-    pub(super) fn peer_pass(&self) -> bool {
+    pub(in crate::scheduling) fn peer_pass(&self) -> bool {
         if !self.peer_pass_due() {
             return false;
         }

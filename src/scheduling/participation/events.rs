@@ -9,10 +9,10 @@
 //! What an ownership is charged is that time, never more than the wall time the device was held (so
 //! kernels of several streams that overlap are charged once).
 
-use super::cu;
-use super::device::now_ns;
-use super::flow::{self, StreamKey};
-use super::gate::Sched;
+use super::Sched;
+use crate::scheduling::cu;
+use crate::scheduling::device::now_ns;
+use crate::scheduling::flow::{self, StreamKey};
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::VecDeque;
@@ -22,9 +22,9 @@ use std::sync::atomic::Ordering::*;
 const CALIBRATION_NS: u64 = 250_000_000;
 
 /// One of our events, and the context it belongs to.
-pub(super) struct Pending {
-    pub(super) event: usize,
-    pub(super) ctx: usize,
+pub(in crate::scheduling) struct Pending {
+    pub(in crate::scheduling) event: usize,
+    pub(in crate::scheduling) ctx: usize,
 }
 
 /// Recorded events: around one launch, or back to back to calibrate what an empty pair measures. A
@@ -35,29 +35,29 @@ pub(super) struct Pending {
 /// one ends: its `start` is the previous launch's `end` (one event recorded per launch instead of
 /// two, the common case under contention, where the queue is rarely empty). The event then belongs
 /// to the later launch (`end_shared` on the earlier one): it is recycled once, when the later one is.
-pub(super) struct Tracked {
-    pub(super) start: Option<Pending>,
-    pub(super) end: Pending,
+pub(in crate::scheduling) struct Tracked {
+    pub(in crate::scheduling) start: Option<Pending>,
+    pub(in crate::scheduling) end: Pending,
     /// The stream the events were recorded on (a chained start is found by it; flow control counts
     /// launches per stream by it): the per-thread default stream is the launching thread's.
-    pub(super) key: StreamKey,
-    pub(super) calibration: bool,
+    pub(in crate::scheduling) key: StreamKey,
+    pub(in crate::scheduling) calibration: bool,
     /// `end` is also the next launch's `start`: not recycled with this one.
-    pub(super) end_shared: bool,
+    pub(in crate::scheduling) end_shared: bool,
     /// Host time from recording a start event of our own to the launch (0 when chained). On an idle
     /// stream the device stamps that event at once and the kernel only when it is launched: a
     /// thread preempted in between would be charged its wait as device time.
-    pub(super) start_gap_ns: u64,
+    pub(in crate::scheduling) start_gap_ns: u64,
     /// Launches the interval spans (0: a calibration pair).
-    pub(super) launches: u32,
+    pub(in crate::scheduling) launches: u32,
     /// When `end` was recorded (host, monotonic): a batch that begins soon after may start there.
-    pub(super) closed_ns: u64,
+    pub(in crate::scheduling) closed_ns: u64,
 }
 
 /// A batch of launches on one stream whose end event is not recorded yet.
-pub(super) struct Open {
+pub(in crate::scheduling) struct Open {
     key: StreamKey,
-    pub(super) ctx: usize,
+    pub(in crate::scheduling) ctx: usize,
     /// The stream handle as the launches named it, and whether through a `_ptsz` entry point.
     stream: usize,
     per_thread: bool,
@@ -78,25 +78,25 @@ struct Begun {
 
 impl Tracked {
     /// Flow control's key: the stream, and the context (the default streams are one per context).
-    pub(super) fn flow_key(&self) -> (StreamKey, usize) {
+    pub(in crate::scheduling) fn flow_key(&self) -> (StreamKey, usize) {
         (self.key, self.end.ctx)
     }
 
     /// Flow control's key and the launches the batch spans.
-    pub(super) fn flow_entry(&self) -> ((StreamKey, usize), u32) {
+    pub(in crate::scheduling) fn flow_entry(&self) -> ((StreamKey, usize), u32) {
         (self.flow_key(), self.launches)
     }
 }
 
 /// What a query of one of our events says.
-pub(super) enum State {
+pub(in crate::scheduling) enum State {
     Done,
     Running,
     /// The event is gone (its context was destroyed): nothing to measure, never to be used again.
     Gone,
 }
 
-pub(super) fn query(p: &Pending) -> State {
+pub(in crate::scheduling) fn query(p: &Pending) -> State {
     // SAFETY: an event we created and recorded.
     match unsafe { cu::cuEventQuery(p.event as CUevent) } {
         Ok(()) => State::Done,
@@ -110,7 +110,7 @@ impl Sched {
     /// that begins a batch records the batch's start (or starts where the stream's previous batch
     /// ended), one that fills it records its end ([`Sched::close`]); the launches between cost no
     /// driver call. A high-priority tenant records only ends (it is charged by wall time).
-    pub(super) fn launch_tracked(
+    pub(in crate::scheduling) fn launch_tracked(
         &self,
         streams: &[CUstream],
         ctx: CUcontext,
@@ -219,7 +219,7 @@ impl Sched {
     /// Whether the newest batch of stream `key` (of `ctx`) in `inflight` is still running (one
     /// query, none when it was closed recently enough to be chained anyway, `flow::chains`; the
     /// caller has relaxed the thread's capture mode).
-    pub(super) fn newest_runs(
+    pub(in crate::scheduling) fn newest_runs(
         inflight: &VecDeque<Tracked>,
         key: StreamKey,
         ctx: usize,
@@ -237,7 +237,7 @@ impl Sched {
     }
 
     /// Whether a launch on `key` (of `ctx`) would begin a batch (nothing open on its stream).
-    pub(super) fn begins_batch(&self, key: StreamKey, ctx: usize) -> bool {
+    pub(in crate::scheduling) fn begins_batch(&self, key: StreamKey, ctx: usize) -> bool {
         !self
             .open
             .lock()
@@ -248,7 +248,7 @@ impl Sched {
     /// How many launches on stream `key` one event measures (`flow::batch_len`); one for a
     /// high-priority tenant (an end event after each launch, as its flow control had: it is
     /// charged by wall time, and its latency is what it keeps short).
-    pub(super) fn batch_len(&self, key: StreamKey) -> u32 {
+    pub(in crate::scheduling) fn batch_len(&self, key: StreamKey) -> u32 {
         if self.high.load(Relaxed) {
             return 1;
         }
@@ -260,11 +260,11 @@ impl Sched {
     }
 
     /// The launches kept in flight (`Q`, `arbiter::queue_depth`): one beside a high-priority tenant.
-    pub(super) fn queue_depth(&self) -> usize {
+    pub(in crate::scheduling) fn queue_depth(&self) -> usize {
         if self.beside_high.load(Relaxed) && !self.high.load(Relaxed) {
-            super::arbiter::QUEUE_DEPTH_BESIDE_HIGH
+            crate::scheduling::arbiter::QUEUE_DEPTH_BESIDE_HIGH
         } else {
-            super::arbiter::queue_depth(self.launch_ns.load(Relaxed))
+            crate::scheduling::arbiter::queue_depth(self.launch_ns.load(Relaxed))
         }
     }
 
@@ -307,7 +307,7 @@ impl Sched {
     /// Closes every open batch (the scheduler thread: the program stopped launching, or our
     /// ownership ends): their launches are then measured when they complete. A per-thread default
     /// stream's batch (one launch, closed at once) is never left open.
-    pub(super) fn close_open(&self) {
+    pub(in crate::scheduling) fn close_open(&self) {
         let open = std::mem::take(&mut *self.open.lock());
         for o in open {
             if matches!(o.key, StreamKey::Thread(_)) {

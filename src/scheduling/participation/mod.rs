@@ -2,17 +2,30 @@
 //! the owner's launches reach the driver (at most `Q` in flight); the others wait for a grant, and a
 //! waiter takes the device from an owner that is dead, stopped, or named by a damaged ledger word.
 
-use super::arbiter::Choice;
-use super::completions::Waited;
-use super::cu::{self, RelaxedCapture};
-use super::demand::DemandState;
-use super::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
-use super::events::{Open, Pending, Tracked};
-use super::evidence::Evidence;
-use super::flow::{self, Pick, StreamKey, WaitBound};
+//!
+//! This folder is a process's participation on one device ([`Sched`], defined here): the files
+//! below each add one concern's methods to it, and only this file names what they share.
 
-use super::meter::Meter;
-use super::{incident, runtime, turn, Holder, Incident, TenantId};
+pub(in crate::scheduling) mod completions;
+pub(in crate::scheduling) mod events;
+pub mod evidence;
+mod liveness;
+mod owner;
+mod peers;
+mod refresh;
+pub mod runtime;
+
+use crate::scheduling::arbiter::Choice;
+use crate::scheduling::cu::{self, RelaxedCapture};
+use crate::scheduling::demand::DemandState;
+use crate::scheduling::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
+use crate::scheduling::flow::{self, Pick, StreamKey, WaitBound};
+use completions::Waited;
+use events::{Open, Pending, Tracked};
+use evidence::Evidence;
+
+use crate::scheduling::meter::Meter;
+use crate::scheduling::{incident, turn, Holder, Incident, TenantId};
 use gpuslice_api::types::{CUcontext, CUstream};
 use gpuslice_api::CUresult;
 use parking_lot::Mutex;
@@ -20,7 +33,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 /// Longest a waiter sleeps before checking the owner's liveness again.
-pub(super) const WAITER_POLL_NS: u64 = 2_000_000;
+pub(in crate::scheduling) const WAITER_POLL_NS: u64 = 2_000_000;
 /// How often a waiter looks again while another process of its tenant owns the device past its
 /// slice (`turn::in_slice`): a renewal does not wake waiters.
 const TURN_POLL_NS: u64 = 100_000;
@@ -28,109 +41,109 @@ const TURN_POLL_NS: u64 = 100_000;
 const YIELD_POLL_NS: u64 = 200_000;
 
 /// A 64-bit FNV-1a hash (device keys: the same in every process), never 0 (0: no device).
-pub(super) fn key_of(bytes: &[u8]) -> u64 {
+pub(in crate::scheduling) fn key_of(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     }) | 1
 }
 
 /// An owner whose heartbeat is older than this (and past its slice plus grace) is revoked.
-pub(super) const BEAT_STALE_NS: u64 = 20_000_000;
+pub(in crate::scheduling) const BEAT_STALE_NS: u64 = 20_000_000;
 
 /// The process's participation in one device's scheduling.
 pub struct Sched {
-    pub(super) ledger: DeviceLedger,
-    pub(super) ordinal: u32,
-    pub(super) slot: usize,
+    pub(in crate::scheduling) ledger: DeviceLedger,
+    pub(in crate::scheduling) ordinal: u32,
+    pub(in crate::scheduling) slot: usize,
     /// Our tenant's entry in the ledger (re-found if the entry is damaged).
-    pub(super) tenant: std::sync::atomic::AtomicUsize,
-    pub(super) id: TenantId,
+    pub(in crate::scheduling) tenant: std::sync::atomic::AtomicUsize,
+    pub(in crate::scheduling) id: TenantId,
     /// Another tenant wants the device (or did within `demand::CONTENTION_HOLD_NS`), or our tenant
     /// is capped: launches take the slow path.
-    pub(super) contended: AtomicBool,
+    pub(in crate::scheduling) contended: AtomicBool,
     /// Where this process was active (`demand`), when it last looked, whether it says it wants.
-    pub(super) demand: Mutex<DemandState>,
+    pub(in crate::scheduling) demand: Mutex<DemandState>,
     /// Contended until then (monotonic ns): when another tenant was last seen wanting the device,
     /// plus the hold.
-    pub(super) contended_until: AtomicU64,
-    pub(super) high: AtomicBool,
+    pub(in crate::scheduling) contended_until: AtomicU64,
+    pub(in crate::scheduling) high: AtomicBool,
     /// Another tenant of high priority is active: keep one launch in flight.
-    pub(super) beside_high: AtomicBool,
+    pub(in crate::scheduling) beside_high: AtomicBool,
     /// The epoch under which we own the device (0 = we do not).
-    pub(super) owned: AtomicU32,
+    pub(in crate::scheduling) owned: AtomicU32,
     /// Our slice is ending: launches wait.
-    pub(super) stopping: AtomicBool,
+    pub(in crate::scheduling) stopping: AtomicBool,
     /// Launch hooks between their ownership check and the end of their launch.
-    pub(super) launching: AtomicU32,
+    pub(in crate::scheduling) launching: AtomicU32,
     /// Launch hooks waiting in flow control for our oldest launch (we still have work to submit).
-    pub(super) flow_waiting: AtomicU32,
+    pub(in crate::scheduling) flow_waiting: AtomicU32,
     /// Threads of this process waiting for a grant, and since when the oldest of them waits: the
     /// truth our slot's `wants` / `wait_since` words publish. The words live in a file others can
     /// zero or scribble (a truncation repaired with zeros): they are written again from these
     /// values, never counted up and down in place, so a waiter stays visible to arbitration.
-    pub(super) waiting: AtomicU32,
-    pub(super) waiting_since: AtomicU64,
-    pub(super) last_submit_ns: AtomicU64,
+    pub(in crate::scheduling) waiting: AtomicU32,
+    pub(in crate::scheduling) waiting_since: AtomicU64,
+    pub(in crate::scheduling) last_submit_ns: AtomicU64,
     /// Estimated device time of one launch (EWMA), for `Q`.
-    pub(super) launch_ns: AtomicU64,
+    pub(in crate::scheduling) launch_ns: AtomicU64,
     /// A low estimate of one launch's device time (`drain::low_estimate`): what a drain sleeps for.
-    pub(super) launch_low_ns: AtomicU64,
-    pub(super) last_completion_ns: AtomicU64,
+    pub(in crate::scheduling) launch_low_ns: AtomicU64,
+    pub(in crate::scheduling) last_completion_ns: AtomicU64,
     /// When one of our tracked launches last completed (any path): our work makes progress.
-    pub(super) progress_ns: AtomicU64,
+    pub(in crate::scheduling) progress_ns: AtomicU64,
     /// Measured batches in flight: between two events of ours on a stream (`events`), or an empty
     /// pair (`Tracked::calibration`), oldest first, of every stream (flow control counts their
     /// launches per stream, `flow`).
-    pub(super) inflight: Mutex<VecDeque<Tracked>>,
+    pub(in crate::scheduling) inflight: Mutex<VecDeque<Tracked>>,
     /// Batches whose end event is not recorded yet, one per stream at most. Locked before
     /// `inflight` when both are.
-    pub(super) open: Mutex<Vec<Open>>,
+    pub(in crate::scheduling) open: Mutex<Vec<Open>>,
     /// How long a flow-control wait may last (`flow::WaitBound`).
-    pub(super) wait_bound: Mutex<WaitBound>,
+    pub(in crate::scheduling) wait_bound: Mutex<WaitBound>,
     /// Device time of our launches completed during the current ownership (ns), not charged yet.
-    pub(super) measured_ns: AtomicU64,
+    pub(in crate::scheduling) measured_ns: AtomicU64,
     /// Device time of launches that completed after we handed the device over (ns), not charged yet.
-    pub(super) carried_ns: AtomicU64,
+    pub(in crate::scheduling) carried_ns: AtomicU64,
     /// What was charged for our work while it ran, not yet matched by its measured completion.
-    pub(super) meter: Mutex<Meter>,
+    pub(in crate::scheduling) meter: Mutex<Meter>,
     /// When a launch was submitted with nothing of ours in flight: our work runs since then at most.
-    pub(super) pending_since_ns: AtomicU64,
+    pub(in crate::scheduling) pending_since_ns: AtomicU64,
     /// What this process owes and is owed by its own clock (`evidence`): ownership it may use,
     /// whether it launches paced because a forged owner keeps it out.
-    pub(super) evidence: Evidence,
+    pub(in crate::scheduling) evidence: Evidence,
     /// What an empty event pair measures (the driver's own step from one stream operation to the
     /// next, not device time): taken off each launch's two steps. Running low estimate.
-    pub(super) event_overhead_ns: AtomicU64,
-    pub(super) last_calibration_ns: AtomicU64,
-    pub(super) free_events: Mutex<Vec<Pending>>,
+    pub(in crate::scheduling) event_overhead_ns: AtomicU64,
+    pub(in crate::scheduling) last_calibration_ns: AtomicU64,
+    pub(in crate::scheduling) free_events: Mutex<Vec<Pending>>,
     /// Contexts whose events were let go of (`forget_context`), counted under the `inflight` lock:
     /// a tracked launch taken off the queue before one of them does not recycle its events.
-    pub(super) teardowns: AtomicU64,
+    pub(in crate::scheduling) teardowns: AtomicU64,
     /// A key for this device common to every process of the machine, whatever path its device
     /// directory has in the process's mount namespace (a hash of the GPU's UUID).
-    pub(super) device_key: u64,
+    pub(in crate::scheduling) device_key: u64,
     /// When our work here began to wait without completing (0: it does not), published in the
     /// tenant's memory ledger while it lasts (`watch_stall`).
-    pub(super) stall_since: AtomicU64,
+    pub(in crate::scheduling) stall_since: AtomicU64,
     /// The tenant's wait on another device that our launches passed the gate for, when the first
     /// of them passed, and how many did (`peer_pass`).
-    pub(super) pass_episode: AtomicU64,
-    pub(super) pass_from: AtomicU64,
-    pub(super) passes: AtomicU32,
+    pub(in crate::scheduling) pass_episode: AtomicU64,
+    pub(in crate::scheduling) pass_from: AtomicU64,
+    pub(in crate::scheduling) passes: AtomicU32,
     /// When a wait of the tenant on another device was last seen: waiters then look more often.
-    pub(super) peer_seen_ns: AtomicU64,
+    pub(in crate::scheduling) peer_seen_ns: AtomicU64,
     /// A launch of ours went through in our tenant's turn held by another process: our completions
     /// outside our own ownership are taken as that turn's, which its lead's charge covered (`turn`).
-    pub(super) member: AtomicBool,
+    pub(in crate::scheduling) member: AtomicBool,
     /// The longest launch seen to complete recently (`turn::longest_after`), for the stall time.
-    pub(super) longest_ns: AtomicU64,
+    pub(in crate::scheduling) longest_ns: AtomicU64,
     /// Exit: the scheduler thread hands over and stops; it sets `done` when it has.
-    pub(super) stop: AtomicBool,
-    pub(super) done: AtomicBool,
+    pub(in crate::scheduling) stop: AtomicBool,
+    pub(in crate::scheduling) done: AtomicBool,
 }
 
 impl Sched {
-    pub(super) fn new(
+    pub(in crate::scheduling) fn new(
         ledger: DeviceLedger,
         ordinal: u32,
         slot: usize,
@@ -186,19 +199,19 @@ impl Sched {
         }
     }
 
-    pub(super) fn me(&self) -> Holder {
+    pub(in crate::scheduling) fn me(&self) -> Holder {
         Holder::of(self.slot)
     }
 
-    pub(super) fn tenant(&self) -> usize {
+    pub(in crate::scheduling) fn tenant(&self) -> usize {
         self.tenant.load(Relaxed)
     }
 
-    pub(super) fn contended(&self) -> bool {
+    pub(in crate::scheduling) fn contended(&self) -> bool {
         self.contended.load(Relaxed)
     }
 
-    pub(super) fn owns_now(&self) -> bool {
+    pub(in crate::scheduling) fn owns_now(&self) -> bool {
         let h = &self.ledger.layout().header;
         let e = self.owned.load(SeqCst);
         e != 0
@@ -211,7 +224,7 @@ impl Sched {
     /// Whether our tenant's turn is held by another process of the tenant: we may launch in it
     /// (`turn::shares_turn`). The owner's tenant word is untrusted: a slot that claims our tenant
     /// only lets our launches through in its own ownership.
-    pub(super) fn tenant_turn(&self) -> bool {
+    pub(in crate::scheduling) fn tenant_turn(&self) -> bool {
         let l = self.ledger.layout();
         let owner = Holder::from_word(l.header.owner.load(Acquire)).slot();
         let Some(entry) = owner.and_then(|o| l.slots.get(o)) else {
@@ -220,7 +233,7 @@ impl Sched {
         let h = &l.header;
         turn::shares_turn(
             owner,
-            entry.state.load(Acquire) == super::shm::SLOT_ACTIVE,
+            entry.state.load(Acquire) == crate::scheduling::shm::SLOT_ACTIVE,
             entry.tenant.load(Acquire) as usize,
             self.slot,
             self.tenant(),
@@ -228,14 +241,14 @@ impl Sched {
             now_ns(),
             h.grant_ns.load(Acquire),
             h.slice_ns.load(Acquire),
-            super::arbiter::SLICE_NS,
+            crate::scheduling::arbiter::SLICE_NS,
         )
     }
 
     /// Whether we hold back our launches for a high-priority tenant: we are normal, a high-priority
     /// tenant is active (`beside_high`, from the ledger at refresh: a `preempt` word alone, which
     /// anyone can write, does not hold us back), and one of its processes asks for the device.
-    pub(super) fn yields_to_high(&self) -> bool {
+    pub(in crate::scheduling) fn yields_to_high(&self) -> bool {
         turn::holds_back(
             self.high.load(Relaxed),
             self.beside_high.load(Relaxed),
@@ -245,11 +258,11 @@ impl Sched {
 
     /// Whether a launch of ours may reach the driver now: we own the device, or our tenant does
     /// through another of its processes.
-    pub(super) fn may_launch(&self) -> bool {
+    pub(in crate::scheduling) fn may_launch(&self) -> bool {
         self.owns_now() || self.tenant_turn()
     }
 
-    pub(super) fn gate(
+    pub(in crate::scheduling) fn gate(
         &self,
         streams: &[CUstream],
         ctx: CUcontext,

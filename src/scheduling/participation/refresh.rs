@@ -3,11 +3,12 @@
 //! wants the device (`demand`), our own entries repaired when the file was damaged; and whether our
 //! work waits without completing (a stall, published for the tenant's other devices).
 
-use super::demand;
-use super::device::now_ns;
-use super::gate::Sched;
-use super::shm::{self, TENANT_READY};
-use super::{incident, runtime, turn, Holder, Incident, TenantId, MAX_TENANTS};
+use super::runtime;
+use super::Sched;
+use crate::scheduling::demand;
+use crate::scheduling::device::now_ns;
+use crate::scheduling::shm::{self, TENANT_READY};
+use crate::scheduling::{incident, turn, Holder, Incident, TenantId, MAX_TENANTS};
 use std::sync::atomic::Ordering::*;
 
 /// A high-priority tenant that wanted the device within this interval is active: normal tenants
@@ -16,7 +17,7 @@ const HIGH_ACTIVE_NS: u64 = 200_000_000;
 
 impl Sched {
     /// Re-reads the ledger: contention, priorities, caps; repairs our own slot and tenant entry.
-    pub(super) fn refresh(&self, now: u64) {
+    pub(in crate::scheduling) fn refresh(&self, now: u64) {
         self.repair_own();
         let l = self.ledger.layout();
         let mine = self.tenant();
@@ -129,7 +130,7 @@ impl Sched {
     /// While the tenant's work on another device waits (a collective), the longest launch is not
     /// counted: a collective's kernel is long because it waits, and its peer ranks need the
     /// device to move on quickly (docs/COMPUTE.md, "Ownership, slices, draining").
-    pub(super) fn stall_ns(&self) -> u64 {
+    pub(in crate::scheduling) fn stall_ns(&self) -> u64 {
         let longest = if self.peer_recent(now_ns()) {
             0
         } else {
@@ -143,13 +144,13 @@ impl Sched {
     /// tenant's memory ledger, where the tenant's processes on other devices find it: their
     /// launches then pass their gates for one round (`Sched::peer_pass`), since what ours waits
     /// for may be their part of a collective.
-    pub(super) fn watch_stall(&self, now: u64) -> bool {
+    pub(in crate::scheduling) fn watch_stall(&self, now: u64) -> bool {
         let done = self.completed();
         self.watch_stall_after(now, done)
     }
 
     /// [`Sched::watch_stall`] after a look that found our work `done` (or not).
-    pub(super) fn watch_stall_after(&self, now: u64, done: bool) -> bool {
+    pub(in crate::scheduling) fn watch_stall_after(&self, now: u64, done: bool) -> bool {
         let last = self
             .progress_ns
             .load(Acquire)

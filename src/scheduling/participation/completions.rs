@@ -4,16 +4,16 @@
 //! events let go of, the charge of an ownership, and the drain at a hand-over (its pauses:
 //! `drain.rs`).
 
-use super::arbiter::DRAIN_LIMIT_NS;
-use super::cu;
-use super::device::now_ns;
-use super::drain;
 use super::events::{query, State, Tracked};
-use super::flow::{self, Next, OwnedClock, StreamKey};
-use super::gate::Sched;
-use super::meter::{self, Reading};
 use super::runtime;
-use super::turn::{self, Completion};
+use super::Sched;
+use crate::scheduling::arbiter::DRAIN_LIMIT_NS;
+use crate::scheduling::cu;
+use crate::scheduling::device::now_ns;
+use crate::scheduling::drain;
+use crate::scheduling::flow::{self, Next, OwnedClock, StreamKey};
+use crate::scheduling::meter::{self, Reading};
+use crate::scheduling::turn::{self, Completion};
 use gpuslice_api::types::CUevent;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
@@ -25,7 +25,7 @@ use std::time::Duration;
 const FLOW_POLL_MAX_NS: u64 = 200_000;
 
 /// How a flow-control wait ended.
-pub(super) enum Waited {
+pub(in crate::scheduling) enum Waited {
     /// The launch waited for completed (accounted).
     Completed,
     /// It completed nothing for the bound while we owned the device: the new launch goes through.
@@ -39,7 +39,7 @@ impl Sched {
     /// read `teardowns`), and accounts it when it completes. Bounded (`flow`): past
     /// [`flow::WaitBound::limit_ns`] of owned time without `t` completing, or as long without
     /// owning the device, `t` goes back to the queue's front and the wait ends without it.
-    pub(super) fn wait_bounded(&self, t: Tracked, teardowns: u64) -> Waited {
+    pub(in crate::scheduling) fn wait_bounded(&self, t: Tracked, teardowns: u64) -> Waited {
         let limit = self.wait_bound.lock().limit_ns();
         let mut clock = OwnedClock::start(now_ns());
         // Looked at once at once (the batch may have completed long ago: completions are only
@@ -180,7 +180,7 @@ impl Sched {
     /// event kept past its context may be a new one, perhaps the program's own. Tracked launches
     /// there that are known to have completed are accounted; no event of `ctx` is recorded, waited
     /// for, measured or recycled after this.
-    pub(super) fn forget_context(&self, ctx: usize, alive: bool) {
+    pub(in crate::scheduling) fn forget_context(&self, ctx: usize, alive: bool) {
         let theirs = {
             let mut f = self.inflight.lock();
             self.teardowns.fetch_add(1, AcqRel);
@@ -211,7 +211,7 @@ impl Sched {
     /// it ran, at most the wall time (overlapping streams count once), plus what our unfinished
     /// work ran since `since`, plus what completed after an earlier ownership; for a high-priority
     /// tenant the wall time since `since`.
-    pub(super) fn take_charge(&self, now: u64, since: u64) -> u64 {
+    pub(in crate::scheduling) fn take_charge(&self, now: u64, since: u64) -> u64 {
         let wall = now.saturating_sub(since.min(now));
         if self.high.load(Relaxed) {
             self.measured_ns.swap(0, AcqRel);
@@ -238,7 +238,7 @@ impl Sched {
     /// Whether every tracked launch has completed (completed ones are accounted and recycled), and
     /// none is in an open batch. One query per batch found complete, and one for the oldest still
     /// running.
-    pub(super) fn completed(&self) -> bool {
+    pub(in crate::scheduling) fn completed(&self) -> bool {
         self.reap().0
     }
 
@@ -274,7 +274,7 @@ impl Sched {
     /// outside this process (a collective whose peer waits at another device's gate) must not keep the
     /// device; what is still running then is accounted when it completes. Between two looks it
     /// sleeps for what is known to be left (`drain::pause_ns`): a look is a driver call.
-    pub(super) fn drain(&self) {
+    pub(in crate::scheduling) fn drain(&self) {
         let h = &self.ledger.layout().header;
         let deadline = now_ns().saturating_add(DRAIN_LIMIT_NS);
         // Launching has stopped: what is still open is measured too.

@@ -5,12 +5,12 @@
 //! and exit steps. Nothing runs in a process that takes part nowhere. A forked child starts afresh;
 //! at exit the scheduler threads hand their devices back and stop before the driver is torn down.
 
-use super::cu;
-use super::device::{self, now_ns, DeviceLedger};
-use super::gate::Sched;
-use super::{arbiter, TenantId};
+use super::Sched;
 use crate::config::{self, Priority, Setting};
 use crate::log;
+use crate::scheduling::cu;
+use crate::scheduling::device::{self, now_ns, DeviceLedger};
+use crate::scheduling::{arbiter, TenantId};
 use gpuslice_api::types::{CUcontext, CUdevice, CUstream};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
@@ -21,25 +21,26 @@ pub const MAX_DEVICES: usize = 16;
 
 /// True when no launch of this process needs the gate: every device it can see is decided, and none
 /// it takes part on is contended (or it takes part nowhere). The launch hooks' one load.
-pub(super) static PASS: AtomicBool = AtomicBool::new(false);
+pub(in crate::scheduling) static PASS: AtomicBool = AtomicBool::new(false);
 
 /// Set by every launch hook (fast path included) when clear; the scheduler threads clear it at each
 /// refresh: this process launched since (`demand`). Process-wide, so a process launching on one
 /// device counts as wanting every device it takes part on (the fast path does not know the
 /// device). On a line of its own: launching threads only read it between two refreshes.
-pub(super) static LAUNCHED: Launched = Launched(AtomicBool::new(false));
+pub(in crate::scheduling) static LAUNCHED: Launched = Launched(AtomicBool::new(false));
 /// When a scheduler thread last took [`LAUNCHED`]'s note (monotonic ns): every device's thread
 /// compares it with its own previous refresh, so that the note counts on each device once.
-pub(super) static LAUNCH_NOTED_NS: std::sync::atomic::AtomicU64 =
+pub(in crate::scheduling) static LAUNCH_NOTED_NS: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0);
 
 /// Threads of this process now in a host wait for its own queued work (stream or context
-/// synchronisation, [`super::host_wait`]): the scheduler threads count the process as active while
+/// synchronisation, [`crate::scheduling::host_wait`]): the scheduler threads count the process as active while
 /// one is (`demand`).
-pub(super) static HOST_WAITS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+pub(in crate::scheduling) static HOST_WAITS: std::sync::atomic::AtomicU32 =
+    std::sync::atomic::AtomicU32::new(0);
 
 #[repr(align(64))]
-pub(super) struct Launched(pub(super) AtomicBool);
+pub(in crate::scheduling) struct Launched(pub(in crate::scheduling) AtomicBool);
 
 /// Per device ordinal: [`UNDECIDED`], [`NOT_PARTICIPATING`], or a leaked `&'static Sched`.
 static DEVICES: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(UNDECIDED) }; MAX_DEVICES];
@@ -122,7 +123,7 @@ impl Runtime {
 
 /// The tenant's memory ledger, when the process has one (compute scheduling publishes there what
 /// the tenant's processes on other devices must know: `Sched::watch_stall`).
-pub(super) fn tenant_ledger() -> Option<&'static crate::ledger::Ledger> {
+pub(in crate::scheduling) fn tenant_ledger() -> Option<&'static crate::ledger::Ledger> {
     let process = crate::process::get();
     if !process.quotas_apply() {
         return None;
@@ -132,7 +133,9 @@ pub(super) fn tenant_ledger() -> Option<&'static crate::ledger::Ledger> {
 
 /// A participating device's scheduler and the launch's context, for a launch on `stream`; `None` when
 /// the launch passes straight through.
-pub(super) fn participation(stream: CUstream) -> Option<(&'static Sched, CUcontext)> {
+pub(in crate::scheduling) fn participation(
+    stream: CUstream,
+) -> Option<(&'static Sched, CUcontext)> {
     if STOPPED.load(Acquire) {
         return None;
     }
@@ -155,7 +158,7 @@ pub(super) fn participation(stream: CUstream) -> Option<(&'static Sched, CUconte
 }
 
 /// Whether the process is exiting (scheduling is over).
-pub(super) fn stopped() -> bool {
+pub(in crate::scheduling) fn stopped() -> bool {
     STOPPED.load(Acquire)
 }
 
@@ -236,7 +239,7 @@ fn try_join(rt: &Runtime, ordinal: u32) -> Option<&'static Sched> {
 
 /// The share a process without a slot holds itself to, as a cap: its share (the node's policy's,
 /// or the configuration's), under its own cap if lower; `None` for a share of the whole device.
-pub(super) fn throttle_cap(share: u32, cap: u32) -> Option<u32> {
+pub(in crate::scheduling) fn throttle_cap(share: u32, cap: u32) -> Option<u32> {
     let share = share.clamp(1, 100);
     let c = if cap == 0 { share } else { cap.min(share) };
     (c < 100).then_some(c)
@@ -296,7 +299,7 @@ fn join_throttled(
 }
 
 /// Recomputes [`PASS`].
-pub(super) fn update_pass() {
+pub(in crate::scheduling) fn update_pass() {
     let _g = PASS_LOCK.lock();
     let pass = STOPPED.load(Acquire)
         || match RUNTIME.get() {
@@ -316,27 +319,27 @@ pub(super) fn update_pass() {
 /// gave it (0: never seen).
 static PRIMARY: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
 
-pub(super) fn primary_retained(dev: CUdevice, ctx: CUcontext) {
+pub(in crate::scheduling) fn primary_retained(dev: CUdevice, ctx: CUcontext) {
     if let Some(p) = usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d)) {
         p.store(ctx as usize, Release);
     }
 }
 
 /// Device `dev`'s primary context, if it was retained through us.
-pub(super) fn primary_of(dev: CUdevice) -> Option<usize> {
+pub(in crate::scheduling) fn primary_of(dev: CUdevice) -> Option<usize> {
     let p = PRIMARY.get(usize::try_from(dev).ok()?)?.load(Acquire);
     (p != 0).then_some(p)
 }
 
 /// Whether the process takes part on any device.
-pub(super) fn participating() -> bool {
+pub(in crate::scheduling) fn participating() -> bool {
     let mut any = false;
     each_sched(|_| any = true);
     any
 }
 
 /// Every participation of this process.
-pub(super) fn each_sched(mut f: impl FnMut(&'static Sched)) {
+pub(in crate::scheduling) fn each_sched(mut f: impl FnMut(&'static Sched)) {
     for d in &DEVICES {
         match d.load(Acquire) {
             UNDECIDED | NOT_PARTICIPATING => {}
@@ -374,7 +377,7 @@ extern "C" fn in_forked_child() {
 }
 
 /// What the configuration says for one device.
-pub(super) struct Settings {
+pub(in crate::scheduling) struct Settings {
     pub share: u32,
     pub cap: u32,
     pub high: bool,
@@ -382,7 +385,7 @@ pub(super) struct Settings {
     pub configured: bool,
 }
 
-pub(super) fn settings(cfg: &config::Config, ordinal: u32, uuid: &str) -> Settings {
+pub(in crate::scheduling) fn settings(cfg: &config::Config, ordinal: u32, uuid: &str) -> Settings {
     let mut configured = false;
     let share = match cfg.compute_share_for(ordinal, uuid) {
         Setting::Value(v) => {
