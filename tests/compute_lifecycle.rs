@@ -734,9 +734,83 @@ fn contended_calls_scenario(failures: &mut Vec<String>) {
     }
 }
 
+/// A capture begun late by a process on a contended device (docs/COMPUTE.md, "Capture"): until
+/// the process begins a capture, the shim makes no capture check (no `cuStreamIsCapturing`, no
+/// capture-mode exchange: they cost each contended launch driver calls); its begin, resolved
+/// through `cuGetProcAddress` as the CUDA runtime resolves it, reaches the shim's hook, and from
+/// then on the shim checks: 40 launches of 200 us captured on the stream it measured batches of
+/// (more than two batches) give a graph of exactly those 40 kernels, the capture ends without
+/// error, and no event is recorded while it goes on (the client records none itself then;
+/// simgpu's trace of the process, between the begin and the end). The graph then runs.
+fn capture_late_scenario(failures: &mut Vec<String>) {
+    const MS: u64 = 1_500;
+    const N: u64 = 40;
+    let scene = Scene::new("lifecycle", "capture-late");
+    let start = start_in(500);
+    let t0 = Instant::now() + Duration::from_millis(500);
+    let other = scene.client(
+        "other",
+        true,
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("spin"), s(start), s(MS + 1_000), s(200)],
+    );
+    let trace = scene.dir.join("capturing.trace");
+    let trace_s = trace.to_string_lossy().into_owned();
+    let capturing = scene.client(
+        "capturing",
+        true,
+        &[("GPUSLICE_COMPUTE_SHARE", "50"), ("SIMGPU_TRACE", &trace_s)],
+        &[s("capturelate"), s(start), s(MS), s(200), s(N)],
+    );
+    let deadline = t0 + Duration::from_millis(MS + 15_000);
+    let run = expect_success(capturing, "capturing tenant", deadline, failures);
+    let _ = expect_success(other, "other tenant", deadline, failures);
+    let Some(run) = run else { return };
+    let text = std::fs::read_to_string(&trace).unwrap_or_default();
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    let begin = names.iter().position(|n| n.starts_with("cuStreamBeginCapture"));
+    let end = names.iter().position(|n| n.starts_with("cuStreamEndCapture"));
+    let (Some(begin), Some(end)) = (begin, end) else {
+        failures.push(format!("capture-late: no begin or end of capture in the trace\n{}", run.report()));
+        return;
+    };
+    let count = |part: &[&str], name: &str| part.iter().filter(|n| n.starts_with(name)).count();
+    let before = &names[..begin];
+    let during = &names[begin..end];
+    let line = format!(
+        "capture-late: before the capture {} launches, {} cuStreamIsCapturing, {} capture-mode \
+         exchanges (both 0 expected); during it {} launches, {} cuStreamIsCapturing (> 0), {} \
+         event records (0); capture_end={} graph_nodes={} ({N}) graph_launch={}",
+        count(before, "cuLaunchKernel"),
+        count(before, "cuStreamIsCapturing"),
+        count(before, "cuThreadExchangeStreamCaptureMode"),
+        count(during, "cuLaunchKernel"),
+        count(during, "cuStreamIsCapturing"),
+        count(during, "cuEventRecord"),
+        run.get_u64("capture_end"),
+        run.get_u64("graph_nodes"),
+        run.get_u64("graph_launch"),
+    );
+    println!("lifecycle: {line}");
+    if count(before, "cuLaunchKernel") < 100
+        || count(before, "cuStreamIsCapturing") != 0
+        || count(before, "cuThreadExchangeStreamCaptureMode") != 0
+        || count(during, "cuStreamIsCapturing") == 0
+        || count(during, "cuEventRecord") != 0
+        || run.get_u64("capture_end") != 0
+        || run.get_u64("graph_nodes") != N
+        || run.get_u64("graph_launch") != 0
+    {
+        failures.push(line);
+    }
+}
+
 #[test]
 fn compute_lifecycle_on_simgpu() {
-    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn,calls (a comma list) runs
+    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn,calls,capture (a comma list) runs
     // only those, for development.
     let only = std::env::var("COMPUTE_SCENARIOS").ok();
     let wanted = |name: &str| {
@@ -772,6 +846,9 @@ fn compute_lifecycle_on_simgpu() {
     }
     if wanted("calls") {
         contended_calls_scenario(&mut failures);
+    }
+    if wanted("capture") {
+        capture_late_scenario(&mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

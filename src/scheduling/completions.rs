@@ -39,7 +39,12 @@ impl Sched {
     /// read `teardowns`), and accounts it when it completes. Bounded (`flow`): past
     /// [`flow::WaitBound::limit_ns`] of owned time without `t` completing, or as long without
     /// owning the device, `t` goes back to the queue's front and the wait ends without it.
-    pub(super) fn wait_bounded(&self, t: Tracked, teardowns: u64) -> Waited {
+    pub(super) fn wait_bounded(
+        &self,
+        t: Tracked,
+        teardowns: u64,
+        mut relaxed: Option<&mut cu::RelaxedCapture>,
+    ) -> Waited {
         let limit = self.wait_bound.lock().limit_ns();
         let mut clock = OwnedClock::start(now_ns());
         // Looked at once at once (the batch may have completed long ago: completions are only
@@ -79,7 +84,12 @@ impl Sched {
                     Waited::Regrant
                 };
             }
-            std::thread::sleep(Duration::from_nanos(pause));
+            let sleep = || std::thread::sleep(Duration::from_nanos(pause));
+            // A capture beginning meanwhile does not wait for our sleep.
+            match relaxed.as_deref_mut() {
+                Some(r) => r.pause(sleep),
+                None => sleep(),
+            }
             pause = (pause * 2).min(FLOW_POLL_MAX_NS);
         }
     }
@@ -196,7 +206,7 @@ impl Sched {
         self.open.lock().retain(|o| o.ctx != ctx);
         if alive && !theirs.is_empty() {
             // Called from the program's thread: our queries must not disturb a capture.
-            let _relaxed = cu::RelaxedCapture::enter();
+            let _relaxed = cu::RelaxedCapture::when_needed();
             for t in theirs
                 .iter()
                 .filter(|t| matches!(query(&t.end), State::Done))

@@ -453,7 +453,7 @@ impl Sched {
                 };
                 if relaxed.is_none() {
                     drop(f);
-                    relaxed = Some(RelaxedCapture::enter());
+                    relaxed = Some(RelaxedCapture::when_needed());
                     continue;
                 }
                 let Some(t) = f.remove(i) else {
@@ -462,7 +462,7 @@ impl Sched {
                 (t, self.teardowns.load(Acquire))
             };
             self.flow_waiting.fetch_add(1, SeqCst);
-            let waited = self.wait_bounded(t, teardowns);
+            let waited = self.wait_bounded(t, teardowns, relaxed.as_mut());
             self.flow_waiting.fetch_sub(1, SeqCst);
             match waited {
                 Waited::Completed => {}
