@@ -735,8 +735,9 @@ fn contended_calls_scenario(failures: &mut Vec<String>) {
 }
 
 /// A capture begun late by a process on a contended device (docs/COMPUTE.md, "Capture"): until
-/// the process begins a capture, the shim makes no capture check (no `cuStreamIsCapturing`, no
-/// capture-mode exchange: they cost each contended launch driver calls); its begin, resolved
+/// the process begins a capture, the shim makes no capture check on the launch path (no
+/// `cuStreamIsCapturing`, no capture-mode exchange: they cost each contended launch driver calls;
+/// its scheduler thread relaxes its own mode once, when it starts); its begin, resolved
 /// through `cuGetProcAddress` as the CUDA runtime resolves it, reaches the shim's hook, and from
 /// then on the shim checks: 40 launches of 200 us captured on the stream it measured batches of
 /// (more than two batches) give a graph of exactly those 40 kernels, the capture ends without
@@ -781,8 +782,8 @@ fn capture_late_scenario(failures: &mut Vec<String>) {
     let before = &names[..begin];
     let during = &names[begin..end];
     let line = format!(
-        "capture-late: before the capture {} launches, {} cuStreamIsCapturing, {} capture-mode \
-         exchanges (both 0 expected); during it {} launches, {} cuStreamIsCapturing (> 0), {} \
+        "capture-late: before the capture {} launches, {} cuStreamIsCapturing (0 expected), {} \
+         capture-mode exchanges (at most 1: the scheduler thread's, once); during it {} launches, {} cuStreamIsCapturing (> 0), {} \
          event records (0); capture_end={} graph_nodes={} ({N}) graph_launch={}",
         count(before, "cuLaunchKernel"),
         count(before, "cuStreamIsCapturing"),
@@ -797,7 +798,7 @@ fn capture_late_scenario(failures: &mut Vec<String>) {
     println!("lifecycle: {line}");
     if count(before, "cuLaunchKernel") < 100
         || count(before, "cuStreamIsCapturing") != 0
-        || count(before, "cuThreadExchangeStreamCaptureMode") != 0
+        || count(before, "cuThreadExchangeStreamCaptureMode") > 1
         || count(during, "cuStreamIsCapturing") == 0
         || count(during, "cuEventRecord") != 0
         || run.get_u64("capture_end") != 0

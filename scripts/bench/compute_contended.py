@@ -12,6 +12,9 @@ ledger each), alternating, ROUNDS times. Reported (medians over the rounds):
   the CPU, so kernel time is client CPU time too; what remains is the host's own work per launch);
 - the device's busy fraction (simgpu's counter): the difference is the device time lost to
   hand-overs (and to the shim's events on the stream);
+- the launching thread's CPU time over its whole loop per launch (its own waits for its kernels
+  included: with gpuslice, part of the program's waiting moves from its `cuEventSynchronize` into
+  the launch, where flow control waits in sleeps);
 - host time per launch: the launching thread's CPU time inside each `cuLaunchKernel` (the client
   reads its thread's CPU clock around each call, `COMPUTE_CLIENT_LAUNCH_CPU`, and takes off what
   the two reads cost): without gpuslice, a launch's own host cost (simgpu's call costs, a real
@@ -97,7 +100,7 @@ def run(mode, r, a, work, lib, client, rel, stat_bin, us):
         p = subprocess.Popen([client, "spin", str(start), str(ms), str(us), "8"], env=env,
                              stdout=subprocess.PIPE, text=True)
         procs.append(p)
-    cpu, launches, wall, in_launch = 0.0, 0, 0, 0.0
+    cpu, launches, wall, in_launch, in_loop = 0.0, 0, 0, 0.0, 0.0
     for p in procs:
         _, status, ru = os.wait4(p.pid, 0)
         out = dict(line.split("=", 1) for line in p.stdout.read().split() if "=" in line)
@@ -107,6 +110,7 @@ def run(mode, r, a, work, lib, client, rel, stat_bin, us):
         cpu += ru.ru_utime + ru.ru_stime
         launches += int(out["launches"])
         in_launch += int(out["launch_cpu_ns"]) * int(out["launches"])
+        in_loop += int(out["loop_cpu_ns"]) * int(out["launches"])
         wall = max(wall, int(out["end_ns"]) - int(out["start_ns"]))
     stat = json.loads(subprocess.run([stat_bin], env={"SIMGPU_STATE": state}, check=True,
                                      capture_output=True, text=True).stdout)
@@ -120,7 +124,8 @@ def run(mode, r, a, work, lib, client, rel, stat_bin, us):
     host = max(cpu * 1e9 - busy, 0.0)
     return {"cpu_per_launch_ns": cpu * 1e9 / max(launches, 1), "busy": busy / wall,
             "host_cpu_per_launch_ns": host / max(launches, 1), "launches": launches,
-            "launch_cpu_ns": in_launch / max(launches, 1)}
+            "launch_cpu_ns": in_launch / max(launches, 1),
+            "loop_cpu_ns": in_loop / max(launches, 1)}
 
 
 def report(rows, a, us):
@@ -132,6 +137,9 @@ def report(rows, a, us):
     print(f"compute_contended: host time per launch (launching thread's CPU in cuLaunchKernel): "
           f"without {ln:.0f} ns, with gpuslice {ls:.0f} ns, added {ls - ln:.0f} ns "
           f"({(ls - ln) / max(ln, 1) * 100:.1f}% of the launch's own)")
+    pn, ps = med("none", "loop_cpu_ns"), med("shim", "loop_cpu_ns")
+    print(f"compute_contended: launching thread's CPU per launch over the whole loop (its own "
+          f"waits included): without {pn:.0f} ns, with gpuslice {ps:.0f} ns, added {ps - pn:.0f} ns")
     print(f"compute_contended: CPU per launch: without {cn:.0f} ns, with gpuslice {cs:.0f} ns, "
           f"added {cs - cn:.0f} ns")
     hn, hs = med("none", "host_cpu_per_launch_ns"), med("shim", "host_cpu_per_launch_ns")
