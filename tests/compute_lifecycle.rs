@@ -772,10 +772,17 @@ fn capture_late_scenario(failures: &mut Vec<String>) {
         .lines()
         .filter_map(|l| l.split_whitespace().nth(1))
         .collect();
-    let begin = names.iter().position(|n| n.starts_with("cuStreamBeginCapture"));
-    let end = names.iter().position(|n| n.starts_with("cuStreamEndCapture"));
+    let begin = names
+        .iter()
+        .position(|n| n.starts_with("cuStreamBeginCapture"));
+    let end = names
+        .iter()
+        .position(|n| n.starts_with("cuStreamEndCapture"));
     let (Some(begin), Some(end)) = (begin, end) else {
-        failures.push(format!("capture-late: no begin or end of capture in the trace\n{}", run.report()));
+        failures.push(format!(
+            "capture-late: no begin or end of capture in the trace\n{}",
+            run.report()
+        ));
         return;
     };
     let count = |part: &[&str], name: &str| part.iter().filter(|n| n.starts_with(name)).count();

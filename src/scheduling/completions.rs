@@ -19,11 +19,6 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
-/// The longest pause between two queries of the batch a flow-control wait waits for (the first:
-/// `flow::first_poll_ns`, doubling; the queue holds a batch besides when a launch waits: a late look
-/// leaves the device busy with it).
-const FLOW_POLL_MAX_NS: u64 = 200_000;
-
 /// How a flow-control wait ended.
 pub(super) enum Waited {
     /// The launch waited for completed (accounted).
@@ -43,13 +38,17 @@ impl Sched {
         &self,
         t: Tracked,
         teardowns: u64,
+        behind: u32,
         mut relaxed: Option<&mut cu::RelaxedCapture>,
     ) -> Waited {
         let limit = self.wait_bound.lock().limit_ns();
         let mut clock = OwnedClock::start(now_ns());
         // Looked at once at once (the batch may have completed long ago: completions are only
-        // looked at when needed), then after a part of its estimated work, doubling.
-        let mut pause = flow::first_poll_ns(t.launches, self.launch_ns.load(Relaxed));
+        // looked at when needed), then after a part of its estimated work, doubling up to half
+        // the work queued behind it (`behind` launches: a late look leaves the device busy).
+        let launch_ns = self.launch_ns.load(Relaxed);
+        let most = flow::poll_max_ns(behind, launch_ns);
+        let mut pause = flow::first_poll_ns(t.launches, launch_ns).min(most);
         loop {
             let state = query(&t.end);
             if !matches!(state, State::Running) {
@@ -90,7 +89,7 @@ impl Sched {
                 Some(r) => r.pause(sleep),
                 None => sleep(),
             }
-            pause = (pause * 2).min(FLOW_POLL_MAX_NS);
+            pause = (pause * 2).min(most);
         }
     }
 
