@@ -682,10 +682,12 @@ fn turn_scenario(failures: &mut Vec<String>) {
 /// stream's launches are measured in batches (one event after about 2 ms of work, chained to the
 /// previous one while the stream is busy), completions looked at only when flow control or the
 /// scheduler thread needs them, and a drain sleeps for what is known to be left of its work
-/// (`drain`) instead of looking every 20 us: 0.92-0.99 calls a launch on a loaded 2-core machine
-/// (1.43-1.45 with the 20 us looks; about 13 with an event pair, queries, capture-mode exchanges
-/// and stream look-ups around every launch). Bounded at 1.25, a margin for a loaded host, whose
-/// late threads lengthen waits and so add looks. The sparser events must keep the shares: the
+/// (`drain`) instead of looking every 20 us, and capture checks are made only once the process
+/// has begun a capture: 0.58-0.68 calls a launch on a loaded 2-core machine (0.92-1.00 with a
+/// capture check and two capture-mode exchanges at every batch and wait; 1.43-1.45 with the 20 us
+/// looks; about 13 with an event pair, queries, capture-mode exchanges and stream look-ups around
+/// every launch). Bounded at 0.85, a margin for a loaded host, whose late threads lengthen waits
+/// and so add looks; the code before the capture flag fails it. The sparser events must keep the shares: the
 /// share-30 tenant's part of the busy device over a window after the start is 30 ± 5 points.
 fn contended_calls_scenario(failures: &mut Vec<String>) {
     const MS: u64 = 3_000;
@@ -724,12 +726,12 @@ fn contended_calls_scenario(failures: &mut Vec<String>) {
     top.sort_by_key(|e| std::cmp::Reverse(e.1));
     top.truncate(10);
     let line = format!(
-        "contended: {launches} launches, driver calls per launch added {added:.2} (bound 1.25), \
+        "contended: {launches} launches, driver calls per launch added {added:.2} (bound 0.85), \
          share-30 tenant's part of the busy device {:.1}% (30 +- 5); calls: {top:?}",
         part * 100.0
     );
     println!("lifecycle: {line}");
-    if launches < 100 || added > 1.25 || (part - 0.30).abs() > 0.05 {
+    if launches < 100 || added > 0.85 || (part - 0.30).abs() > 0.05 {
         failures.push(line);
     }
 }
