@@ -77,6 +77,10 @@ fn rust_type(c: &str) -> &'static str {
         "CUDA_MEM_ALLOC_NODE_PARAMS" => "CUDA_MEM_ALLOC_NODE_PARAMS",
         // Read by the driver only; gpuslice passes them through untouched.
         "CUDA_GRAPH_INSTANTIATE_PARAMS" => "c_void",
+        // Read by the driver only (capture begins): passed through untouched.
+        "CUgraphEdgeData" | "CUstreamCigCaptureParams" => "c_void",
+        // A function pointer the driver calls; passed through untouched.
+        "CUgraphRecaptureCallback" => "*mut c_void",
         // `struct CUdevResourceDesc_st *`: a handle, passed through.
         "CUdevResourceDesc" => "*mut c_void",
         "CUstreamCaptureStatus" | "CUstreamCaptureMode" | "CUpointer_attribute"

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 include!(concat!(env!("OUT_DIR"), "/hook_table.rs"));
 
 pub mod calls;
+pub mod capture;
 #[cfg(test)]
 pub mod fake;
 pub mod image;

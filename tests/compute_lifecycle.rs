@@ -682,10 +682,12 @@ fn turn_scenario(failures: &mut Vec<String>) {
 /// stream's launches are measured in batches (one event after about 2 ms of work, chained to the
 /// previous one while the stream is busy), completions looked at only when flow control or the
 /// scheduler thread needs them, and a drain sleeps for what is known to be left of its work
-/// (`drain`) instead of looking every 20 us: 0.92-0.99 calls a launch on a loaded 2-core machine
-/// (1.43-1.45 with the 20 us looks; about 13 with an event pair, queries, capture-mode exchanges
-/// and stream look-ups around every launch). Bounded at 1.25, a margin for a loaded host, whose
-/// late threads lengthen waits and so add looks. The sparser events must keep the shares: the
+/// (`drain`) instead of looking every 20 us, and capture checks are made only once the process
+/// has begun a capture: 0.58-0.68 calls a launch on a loaded 2-core machine (0.92-1.00 with a
+/// capture check and two capture-mode exchanges at every batch and wait; 1.43-1.45 with the 20 us
+/// looks; about 13 with an event pair, queries, capture-mode exchanges and stream look-ups around
+/// every launch). Bounded at 0.85, a margin for a loaded host, whose late threads lengthen waits
+/// and so add looks; the code before the capture flag fails it. The sparser events must keep the shares: the
 /// share-30 tenant's part of the busy device over a window after the start is 30 ± 5 points.
 fn contended_calls_scenario(failures: &mut Vec<String>) {
     const MS: u64 = 3_000;
@@ -724,19 +726,101 @@ fn contended_calls_scenario(failures: &mut Vec<String>) {
     top.sort_by_key(|e| std::cmp::Reverse(e.1));
     top.truncate(10);
     let line = format!(
-        "contended: {launches} launches, driver calls per launch added {added:.2} (bound 1.25), \
+        "contended: {launches} launches, driver calls per launch added {added:.2} (bound 0.85), \
          share-30 tenant's part of the busy device {:.1}% (30 +- 5); calls: {top:?}",
         part * 100.0
     );
     println!("lifecycle: {line}");
-    if launches < 100 || added > 1.25 || (part - 0.30).abs() > 0.05 {
+    if launches < 100 || added > 0.85 || (part - 0.30).abs() > 0.05 {
+        failures.push(line);
+    }
+}
+
+/// A capture begun late by a process on a contended device (docs/COMPUTE.md, "Capture"): until
+/// the process begins a capture, the shim makes no capture check on the launch path (no
+/// `cuStreamIsCapturing`, no capture-mode exchange: they cost each contended launch driver calls;
+/// its scheduler thread relaxes its own mode once, when it starts); its begin, resolved
+/// through `cuGetProcAddress` as the CUDA runtime resolves it, reaches the shim's hook, and from
+/// then on the shim checks: 40 launches of 200 us captured on the stream it measured batches of
+/// (more than two batches) give a graph of exactly those 40 kernels, the capture ends without
+/// error, and no event is recorded while it goes on (the client records none itself then;
+/// simgpu's trace of the process, between the begin and the end). The graph then runs.
+fn capture_late_scenario(failures: &mut Vec<String>) {
+    const MS: u64 = 1_500;
+    const N: u64 = 40;
+    let scene = Scene::new("lifecycle", "capture-late");
+    let start = start_in(500);
+    let t0 = Instant::now() + Duration::from_millis(500);
+    let other = scene.client(
+        "other",
+        true,
+        &[("GPUSLICE_COMPUTE_SHARE", "50")],
+        &[s("spin"), s(start), s(MS + 1_000), s(200)],
+    );
+    let trace = scene.dir.join("capturing.trace");
+    let trace_s = trace.to_string_lossy().into_owned();
+    let capturing = scene.client(
+        "capturing",
+        true,
+        &[("GPUSLICE_COMPUTE_SHARE", "50"), ("SIMGPU_TRACE", &trace_s)],
+        &[s("capturelate"), s(start), s(MS), s(200), s(N)],
+    );
+    let deadline = t0 + Duration::from_millis(MS + 15_000);
+    let run = expect_success(capturing, "capturing tenant", deadline, failures);
+    let _ = expect_success(other, "other tenant", deadline, failures);
+    let Some(run) = run else { return };
+    let text = std::fs::read_to_string(&trace).unwrap_or_default();
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    let begin = names
+        .iter()
+        .position(|n| n.starts_with("cuStreamBeginCapture"));
+    let end = names
+        .iter()
+        .position(|n| n.starts_with("cuStreamEndCapture"));
+    let (Some(begin), Some(end)) = (begin, end) else {
+        failures.push(format!(
+            "capture-late: no begin or end of capture in the trace\n{}",
+            run.report()
+        ));
+        return;
+    };
+    let count = |part: &[&str], name: &str| part.iter().filter(|n| n.starts_with(name)).count();
+    let before = &names[..begin];
+    let during = &names[begin..end];
+    let line = format!(
+        "capture-late: before the capture {} launches, {} cuStreamIsCapturing (0 expected), {} \
+         capture-mode exchanges (at most 1: the scheduler thread's, once); during it {} launches, {} cuStreamIsCapturing (> 0), {} \
+         event records (0); capture_end={} graph_nodes={} ({N}) graph_launch={}",
+        count(before, "cuLaunchKernel"),
+        count(before, "cuStreamIsCapturing"),
+        count(before, "cuThreadExchangeStreamCaptureMode"),
+        count(during, "cuLaunchKernel"),
+        count(during, "cuStreamIsCapturing"),
+        count(during, "cuEventRecord"),
+        run.get_u64("capture_end"),
+        run.get_u64("graph_nodes"),
+        run.get_u64("graph_launch"),
+    );
+    println!("lifecycle: {line}");
+    if count(before, "cuLaunchKernel") < 100
+        || count(before, "cuStreamIsCapturing") != 0
+        || count(before, "cuThreadExchangeStreamCaptureMode") > 1
+        || count(during, "cuStreamIsCapturing") == 0
+        || count(during, "cuEventRecord") != 0
+        || run.get_u64("capture_end") != 0
+        || run.get_u64("graph_nodes") != N
+        || run.get_u64("graph_launch") != 0
+    {
         failures.push(line);
     }
 }
 
 #[test]
 fn compute_lifecycle_on_simgpu() {
-    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn,calls (a comma list) runs
+    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn,calls,capture (a comma list) runs
     // only those, for development.
     let only = std::env::var("COMPUTE_SCENARIOS").ok();
     let wanted = |name: &str| {
@@ -772,6 +856,9 @@ fn compute_lifecycle_on_simgpu() {
     }
     if wanted("calls") {
         contended_calls_scenario(&mut failures);
+    }
+    if wanted("capture") {
+        capture_late_scenario(&mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

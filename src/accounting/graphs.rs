@@ -129,7 +129,7 @@ fn mark(stream: CUstream, per_thread: bool) -> Option<(usize, usize)> {
         return None;
     }
     // Not an unsafe call for another thread's global-mode capture.
-    let _relaxed = driver::RelaxedCapture::enter();
+    let _relaxed = driver::RelaxedCapture::when_needed();
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: a valid out-parameter.
     unsafe { real::cuCtxGetCurrent(&mut ctx) }.ok()?;
@@ -307,7 +307,7 @@ impl Tenant {
             return false;
         }
         let done: Vec<Running> = {
-            let _relaxed = driver::RelaxedCapture::enter();
+            let _relaxed = driver::RelaxedCapture::when_needed();
             let mut running = RUNNING.lock();
             let mut done = Vec::new();
             let mut i = 0;

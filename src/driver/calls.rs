@@ -11,32 +11,7 @@ use std::ffi::{c_char, c_int, c_uint};
 /// Typed calls to the real functions (generated from the table).
 pub use super::real;
 
-/// `CU_STREAM_CAPTURE_MODE_RELAXED` (cuda.h).
-const CAPTURE_MODE_RELAXED: c_uint = 2;
-
-/// While alive, the calling thread's stream-capture interaction mode is RELAXED: event queries and
-/// synchronisation we make from an application thread are not "potentially unsafe API calls" that
-/// would invalidate another thread's `CU_STREAM_CAPTURE_MODE_GLOBAL` capture (cuda.h, documentation of
-/// `cuThreadExchangeStreamCaptureMode`). The thread's own mode is restored on drop.
-pub struct RelaxedCapture(Option<c_uint>);
-
-impl RelaxedCapture {
-    pub fn enter() -> RelaxedCapture {
-        let mut mode = CAPTURE_MODE_RELAXED;
-        // SAFETY: valid in/out parameter; only the calling thread's mode changes.
-        let ok = unsafe { real::cuThreadExchangeStreamCaptureMode(&mut mode) }.is_ok();
-        RelaxedCapture(ok.then_some(mode))
-    }
-}
-
-impl Drop for RelaxedCapture {
-    fn drop(&mut self) {
-        if let Some(mut mode) = self.0 {
-            // SAFETY: as above; puts back the mode we replaced.
-            let _ = unsafe { real::cuThreadExchangeStreamCaptureMode(&mut mode) };
-        }
-    }
-}
+pub use super::capture::{capturing, RelaxedCapture};
 
 /// Whether device `dev`'s primary context exists now (`None`: the driver did not say). A release
 /// destroys it only when it drops the last reference, and a reset destroys it while keeping the
@@ -112,22 +87,6 @@ pub fn device_uuid(ordinal: CUdevice) -> Result<String, CUerror> {
     // SAFETY: as above; the legacy entry point for drivers that predate _v2.
     r.or_else(|_| unsafe { real::cuDeviceGetUuid(&mut uuid, ordinal) })?;
     Ok(super::mig::device_key(&uuid.bytes))
-}
-
-/// Whether `stream` is being captured into a graph (work on it is recorded, not run).
-// The stream handle is opaque to us, only passed to the driver, which validates it.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub fn capturing(stream: CUstream, per_thread: bool) -> bool {
-    let mut status: c_uint = 0;
-    // SAFETY: `status` is a valid out-parameter; the stream is the caller's.
-    let r = unsafe {
-        if per_thread {
-            real::cuStreamIsCapturing_ptsz(stream, &mut status)
-        } else {
-            real::cuStreamIsCapturing(stream, &mut status)
-        }
-    };
-    r.is_ok() && status != 0
 }
 
 /// What a memory pool holds (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).

@@ -1,6 +1,6 @@
 //! The hooks: thin `extern "C"` exports, expanded by [`hooks!`] from one declaration per entry point,
 //! that call ordinary safe Rust functions in the group modules (memory, context, first_launch, info,
-//! nvml, nvml_stats, entry, launch, graph, vmm).
+//! nvml, nvml_stats, entry, launch, graph, vmm, capture).
 //!
 //! Every export runs inside [`enter`]: a per-thread re-entrancy token (a nested call passes straight
 //! through to the real function) and `catch_unwind` (a panic never crosses the C ABI; the call answers
@@ -9,6 +9,7 @@
 
 use std::cell::Cell;
 
+pub mod capture;
 pub mod context;
 pub mod entry;
 pub mod first_launch;

@@ -189,6 +189,15 @@ pub fn first_poll_ns(launches: u32, launch_ns: u64) -> u64 {
     (u64::from(launches.max(1)).saturating_mul(launch_ns) / 4).clamp(2_000, 200_000)
 }
 
+/// The longest pause between two looks of a flow-control wait whose stream has `behind` launches
+/// of `launch_ns` each queued after the batch it waits for: half their estimated work (the device
+/// runs them while the waiting thread sleeps, so a look that late leaves it busy), within 200 us and
+/// 2 ms. Each look and each wake-up costs the launching thread host time: with 200 us kernels,
+/// looks every 200 us made about ten of them per batch.
+pub fn poll_max_ns(behind: u32, launch_ns: u64) -> u64 {
+    (u64::from(behind).saturating_mul(launch_ns) / 2).clamp(200_000, 2_000_000)
+}
+
 /// How long a flow-control wait may last, from what earlier waits took: at least
 /// [`WAIT_LIMIT_MIN_NS`], twice the longest recent wait that ended in a completion (a program with
 /// long kernels waits long for each), at most [`WAIT_LIMIT_MAX_NS`].
@@ -429,6 +438,12 @@ mod tests {
         assert_eq!(first_poll_ns(10, 200_000), 200_000);
         assert_eq!(first_poll_ns(16, 5_000), 20_000);
         assert_eq!(first_poll_ns(1, 0), 2_000);
+        // Looks no further apart than half the work queued behind, from 200 us to 2 ms.
+        assert_eq!(poll_max_ns(9, 200_000), 900_000);
+        assert_eq!(poll_max_ns(15, 5_000), 200_000);
+        assert_eq!(poll_max_ns(0, 200_000), 200_000);
+        assert_eq!(poll_max_ns(31, 5_000_000), 2_000_000);
+        assert_eq!(poll_max_ns(u32::MAX, u64::MAX), 2_000_000);
     }
 
     #[test]

@@ -20,6 +20,10 @@
  *                                      launches spin kernels of US on another stream every US / 2
  *                                      (no synchronisation of its own); prints captures=
  *                                      capture_failures=
+ *   capturelate START_NS MS US N       as `spin` for MS ms, then (after 20 ms) N spin launches of US
+ *                                      captured on the same stream (cuStreamBeginCapture resolved by
+ *                                      cuGetProcAddress, global mode), the graph launched once;
+ *                                      prints capture_end= graph_nodes= graph_launch=
  *   multi START_NS MS US NDEV          one thread per device 0..NDEV-1, each as `spin` on its own
  *                                      device's primary context (prints launches_<dev>=...)
  *
@@ -121,6 +125,9 @@ static void wait_start(uint64_t start_ns) {
 
 enum { MAX_RING = 64 };
 
+static uint64_t clock_pair_ns(void);
+static int cmp_u64(const void *a, const void *b);
+
 static int mode_spin(uint64_t start_ns, uint64_t ms, uint64_t us, int depth) {
     setup();
     CUevent ring[MAX_RING];
@@ -129,18 +136,82 @@ static int mode_spin(uint64_t start_ns, uint64_t ms, uint64_t us, int depth) {
     for (int i = 0; i < depth; i++)
         CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
     wait_start(start_ns);
+    /* COMPUTE_CLIENT_LAUNCH_CPU=1: the launching thread's CPU time inside each cuLaunchKernel
+     * (less what the two clock reads around it cost) is summed: launch_cpu_ns= per launch. */
+    int timed = getenv("COMPUTE_CLIENT_LAUNCH_CPU") != NULL;
+    uint64_t clock_pair = timed ? clock_pair_ns() : 0, in_launch = 0;
+    uint64_t cpu0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
     long n = 0;
     while (now_ns(CLOCK_REALTIME) < end) {
         if (n >= depth)
             CHECK(cuEventSynchronize(ring[n % depth]));
-        CHECK(launch(us));
+        if (timed) {
+            uint64_t a = now_ns(CLOCK_THREAD_CPUTIME_ID);
+            CHECK(launch(us));
+            in_launch += now_ns(CLOCK_THREAD_CPUTIME_ID) - a;
+        } else {
+            CHECK(launch(us));
+        }
         CHECK(cuEventRecord(ring[n % depth], stream));
         n++;
     }
+    uint64_t loop_cpu = now_ns(CLOCK_THREAD_CPUTIME_ID) - cpu0;
     CHECK(cuStreamSynchronize(stream));
     printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
            (unsigned long long)now_ns(CLOCK_REALTIME), n);
+    if (timed && n > 0) {
+        /* In the launches, and in the whole loop (its waits for its own kernels included). */
+        uint64_t per = in_launch / (uint64_t)n;
+        printf("launch_cpu_ns=%llu\nloop_cpu_ns=%llu\nclock_pair_ns=%llu\n",
+               (unsigned long long)(per > clock_pair ? per - clock_pair : 0),
+               (unsigned long long)(loop_cpu / (uint64_t)n), (unsigned long long)clock_pair);
+    }
+    return 0;
+}
+
+/* What two reads of the thread's CPU clock cost (the median of 21 rounds of 1000 pairs). */
+static uint64_t clock_pair_ns(void) {
+    uint64_t per[21];
+    for (int r = 0; r < 21; r++) {
+        uint64_t sum = 0;
+        for (int i = 0; i < 1000; i++) {
+            uint64_t a = now_ns(CLOCK_THREAD_CPUTIME_ID);
+            sum += now_ns(CLOCK_THREAD_CPUTIME_ID) - a;
+        }
+        per[r] = sum / 1000;
+    }
+    qsort(per, 21, sizeof *per, cmp_u64);
+    return per[10];
+}
+
+/* A capture begun late, on a stream with work of ours already measured (a contended device):
+ * MS ms as `spin` (depth 8), then a quiet 20 ms, then cuStreamBeginCapture (resolved through
+ * cuGetProcAddress, as the CUDA runtime resolves it) in global mode, N spin launches of US into
+ * it, cuStreamEndCapture, and the graph launched once. Prints capture_end= graph_nodes=
+ * graph_launch= (the begin and end are the trace's markers of the capture). */
+static int mode_capture_late(uint64_t start_ns, uint64_t ms, uint64_t us, int n) {
+    CUresult (*begin)(CUstream, CUstreamCaptureMode) = NULL;
+    CUdriverProcAddressQueryResult found;
+    mode_spin(start_ns, ms, us, 8);
+    CHECK(cuGetProcAddress("cuStreamBeginCapture", (void **)&begin, 12000,
+                           CU_GET_PROC_ADDRESS_DEFAULT, &found));
+    usleep(20000);
+    CHECK(begin(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (int i = 0; i < n; i++)
+        CHECK(launch(us));
+    CUgraph g = NULL;
+    CUresult e = cuStreamEndCapture(stream, &g);
+    size_t nodes = 0;
+    CUresult gl = CUDA_ERROR_UNKNOWN;
+    if (e == CUDA_SUCCESS && g) {
+        CHECK(cuGraphGetNodes(g, NULL, &nodes));
+        CUgraphExec x;
+        CHECK(cuGraphInstantiate(&x, g, 0));
+        gl = cuGraphLaunch(x, stream);
+        CHECK(cuStreamSynchronize(stream));
+    }
+    printf("capture_end=%d\ngraph_nodes=%zu\ngraph_launch=%d\n", (int)e, nodes, (int)gl);
     return 0;
 }
 
@@ -707,6 +778,9 @@ int main(int argc, char **argv) {
     if (strcmp(m, "capture") == 0 && argc == 5)
         return mode_capture(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                             strtoull(argv[4], NULL, 10));
+    if (strcmp(m, "capturelate") == 0 && argc == 6)
+        return mode_capture_late(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                                 strtoull(argv[4], NULL, 10), atoi(argv[5]));
     if (strcmp(m, "multi") == 0 && argc == 6)
         return mode_multi(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                           strtoull(argv[4], NULL, 10), atoi(argv[5]));

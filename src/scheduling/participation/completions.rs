@@ -19,11 +19,6 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
-/// The longest pause between two queries of the batch a flow-control wait waits for (the first:
-/// `flow::first_poll_ns`, doubling; the queue holds a batch besides when a launch waits: a late look
-/// leaves the device busy with it).
-const FLOW_POLL_MAX_NS: u64 = 200_000;
-
 /// How a flow-control wait ended.
 pub(in crate::scheduling) enum Waited {
     /// The launch waited for completed (accounted).
@@ -39,12 +34,21 @@ impl Sched {
     /// read `teardowns`), and accounts it when it completes. Bounded (`flow`): past
     /// [`flow::WaitBound::limit_ns`] of owned time without `t` completing, or as long without
     /// owning the device, `t` goes back to the queue's front and the wait ends without it.
-    pub(in crate::scheduling) fn wait_bounded(&self, t: Tracked, teardowns: u64) -> Waited {
+    pub(in crate::scheduling) fn wait_bounded(
+        &self,
+        t: Tracked,
+        teardowns: u64,
+        behind: u32,
+        mut relaxed: Option<&mut cu::RelaxedCapture>,
+    ) -> Waited {
         let limit = self.wait_bound.lock().limit_ns();
         let mut clock = OwnedClock::start(now_ns());
         // Looked at once at once (the batch may have completed long ago: completions are only
-        // looked at when needed), then after a part of its estimated work, doubling.
-        let mut pause = flow::first_poll_ns(t.launches, self.launch_ns.load(Relaxed));
+        // looked at when needed), then after a part of its estimated work, doubling up to half
+        // the work queued behind it (`behind` launches: a late look leaves the device busy).
+        let launch_ns = self.launch_ns.load(Relaxed);
+        let most = flow::poll_max_ns(behind, launch_ns);
+        let mut pause = flow::first_poll_ns(t.launches, launch_ns).min(most);
         loop {
             let state = query(&t.end);
             if !matches!(state, State::Running) {
@@ -79,8 +83,13 @@ impl Sched {
                     Waited::Regrant
                 };
             }
-            std::thread::sleep(Duration::from_nanos(pause));
-            pause = (pause * 2).min(FLOW_POLL_MAX_NS);
+            let sleep = || std::thread::sleep(Duration::from_nanos(pause));
+            // A capture beginning meanwhile does not wait for our sleep.
+            match relaxed.as_deref_mut() {
+                Some(r) => r.pause(sleep),
+                None => sleep(),
+            }
+            pause = (pause * 2).min(most);
         }
     }
 
@@ -196,7 +205,7 @@ impl Sched {
         self.open.lock().retain(|o| o.ctx != ctx);
         if alive && !theirs.is_empty() {
             // Called from the program's thread: our queries must not disturb a capture.
-            let _relaxed = cu::RelaxedCapture::enter();
+            let _relaxed = cu::RelaxedCapture::when_needed();
             for t in theirs
                 .iter()
                 .filter(|t| matches!(query(&t.end), State::Done))

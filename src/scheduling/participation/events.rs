@@ -416,6 +416,10 @@ impl Sched {
         {
             return;
         }
+        // Never into a capturing stream (the pair would be captured, not run).
+        if cu::capturing(stream, per_thread) {
+            return;
+        }
         let Some(start) = self.record(stream, ctx, per_thread) else {
             return;
         };

@@ -466,7 +466,7 @@ impl Sched {
                 };
                 if relaxed.is_none() {
                     drop(f);
-                    relaxed = Some(RelaxedCapture::enter());
+                    relaxed = Some(RelaxedCapture::when_needed());
                     continue;
                 }
                 let Some(t) = f.remove(i) else {
@@ -475,7 +475,14 @@ impl Sched {
                 (t, self.teardowns.load(Acquire))
             };
             self.flow_waiting.fetch_add(1, SeqCst);
-            let waited = self.wait_bounded(t, teardowns);
+            // Launches of the stream queued behind the batch waited for: at least what exceeds
+            // the limit less that batch (none known when it is another stream's).
+            let behind = if t.flow_key() == (key, ctx) {
+                limit.saturating_sub(t.launches as usize) as u32
+            } else {
+                0
+            };
+            let waited = self.wait_bounded(t, teardowns, behind, relaxed.as_mut());
             self.flow_waiting.fetch_sub(1, SeqCst);
             match waited {
                 Waited::Completed => {}

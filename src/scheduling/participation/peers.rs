@@ -61,7 +61,7 @@ impl Sched {
         }
         {
             // Our event queries must not break another thread's global-mode capture.
-            let _relaxed = RelaxedCapture::enter();
+            let _relaxed = RelaxedCapture::when_needed();
             self.completed();
         }
         self.passes.load(Acquire) < MAX_PASSES

@@ -374,6 +374,7 @@ extern "C" fn in_forked_child() {
         }
     }
     PASS.store(false, Relaxed);
+    crate::driver::capture::fork_child();
 }
 
 /// What the configuration says for one device.
