@@ -19,7 +19,7 @@
 //! waits for driver calls, never for a sleep. A fork child starts with no section (the fork step
 //! [`fork_child`]); the flag it keeps only costs it the checks.
 
-use super::calls::real;
+use super::real;
 use gpuslice_api::types::CUstream;
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
