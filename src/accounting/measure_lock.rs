@@ -313,10 +313,8 @@ mod tests {
         }
         let mut byte = [0u8];
         // SAFETY: a valid one-byte buffer and pipe end.
-        assert_eq!(
-            unsafe { libc::read(ready[0], byte.as_mut_ptr().cast(), 1) },
-            1
-        );
+        let got = unsafe { libc::read(ready[0], byte.as_mut_ptr().cast(), 1) };
+        assert_eq!(got, 1);
         assert_eq!(byte[0], 1, "the child holds the lock");
         // Through the descriptor the child inherited, a lock would be the child's too (one open
         // file description): this process's shared lock must wait for the child's exclusive one.

@@ -134,7 +134,16 @@ fn copy_own_memory(p: *const u8, n: usize) -> Option<Vec<u8>> {
         iov_len: n,
     };
     // SAFETY: `local` is `n` bytes of `out`'s reserved capacity; the kernel checks `remote`.
-    let copied = unsafe { libc::process_vm_readv(crate::slotfile::sys::own_pid() as libc::pid_t, &local, 1, &remote, 1, 0) };
+    let copied = unsafe {
+        libc::process_vm_readv(
+            crate::slotfile::sys::own_pid() as libc::pid_t,
+            &local,
+            1,
+            &remote,
+            1,
+            0,
+        )
+    };
     if copied < 0 {
         let errno = std::io::Error::last_os_error().raw_os_error();
         if errno == Some(libc::EPERM) || errno == Some(libc::ENOSYS) {
