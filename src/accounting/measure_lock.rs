@@ -196,6 +196,10 @@ fn lock_byte(fd: RawFd, kind: libc::c_int) -> bool {
 mod tests {
     use super::*;
 
+    /// The process's measurements share [`FILES`]: these tests take turns, so that one's 2 s wait
+    /// for a lock does not run out another's.
+    static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::const_mutex(());
+
     fn private_dir(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!(
             "gpuslice-measure-lock-{name}-{}",
@@ -213,6 +217,7 @@ mod tests {
 
     #[test]
     fn shared_measurements_run_together_and_an_exclusive_one_waits_for_them() {
+        let _turn = ONE_AT_A_TIME.lock();
         let dir = private_dir("kinds");
         let uuid = "GPU-00000000-0000-4000-8000-0000000000bb";
         let mine = MeasureLock::acquire_as(&dir, uuid, libc::LOCK_SH);
@@ -249,6 +254,7 @@ mod tests {
 
     #[test]
     fn the_lock_file_stays_open_and_threads_measure_one_at_a_time() {
+        let _turn = ONE_AT_A_TIME.lock();
         let dir = private_dir("threads");
         let uuid = "GPU-00000000-0000-4000-8000-0000000000bc";
         let fd_of = |l: &MeasureLock| match &l.0 {
@@ -283,6 +289,7 @@ mod tests {
 
     #[test]
     fn a_forked_child_locks_through_its_own_open_file() {
+        let _turn = ONE_AT_A_TIME.lock();
         let dir = private_dir("fork");
         let uuid = "GPU-00000000-0000-4000-8000-0000000000bd";
         drop(MeasureLock::acquire(&dir, uuid));
