@@ -308,6 +308,12 @@ mod tests {
         let child = unsafe { libc::fork() };
         assert!(child >= 0);
         if child == 0 {
+            // SAFETY: the child's copies of the ends it does not use: the parent's exit (a failed
+            // assertion) then ends the child's wait.
+            unsafe {
+                libc::close(done[1]);
+                libc::close(ready[0]);
+            }
             let held = MeasureLock::acquire(&dir, uuid);
             let byte = [u8::from(matches!(held.0, Some(Held { fd: Some(_), .. })))];
             let mut wait = [0u8];
