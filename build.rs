@@ -217,9 +217,13 @@ fn main() {
     for object in names {
         println!("cargo:rustc-cdylib-link-arg={}", object.display());
     }
-    // Not linked with `-Bsymbolic-functions` (60 k fewer start-up instructions, docs/BENCHMARKS.md):
-    // the glibc 2.28 release build's linker (`zig cc`, scripts/build-release) refuses the option,
-    // and the library shipped must be the one measured.
+    // The library's references to the functions it defines itself (its hooks, whose addresses
+    // `cuGetProcAddress` and the NVML views hand out; the interposed libc names) are bound at link
+    // time, as a preloaded library's are found first anyway: no symbol lookup each at load (start-up
+    // time, docs/BENCHMARKS.md). `-Bsymbolic`, not `-Bsymbolic-functions`, which the glibc 2.28
+    // release build's linker (`zig cc`, scripts/build-release) refuses: the library exports no
+    // data, so the two bind the same references.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
     let exports = Path::new(&out_dir).join("c-exports.map");
     std::fs::write(&exports, "{ global: dlsym; dlvsym; dlopen; };\n").unwrap();
     println!(

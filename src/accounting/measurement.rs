@@ -3,7 +3,7 @@
 //! [`Tenant::charge_measured`] reserves, runs it under the device's measurement lock, reads the
 //! driver's figures around it (through the driver seam) and settles the charge.
 
-use super::measure_lock::{MeasureLock, OWN};
+use super::measure_lock::MeasureLock;
 use super::overhead::{warn_once, Sample, WARNED_DISTURBED, WARNED_NEIGHBOUR, WARNED_UNDOABLE};
 use super::{Charge, Device, Tenant};
 use crate::driver::measure::ProcessFigure;
@@ -139,7 +139,6 @@ impl Tenant {
         // found by the first sample under it; otherwise the exclusive lock, sampled under it.
         let mut shared = None;
         if let Expected::Known(_) = expected {
-            let own = OWN.lock();
             let lock =
                 MeasureLock::acquire_as(&self.config.device_dir, &device.uuid, libc::LOCK_SH);
             let reserved = upfront
@@ -151,13 +150,12 @@ impl Tenant {
                 .flatten();
             let sample = settled.unwrap_or_else(|| self.sample(device));
             if sample.is_own() {
-                shared = Some((own, lock, sample));
+                shared = Some((lock, sample));
             }
         }
-        let (own, lock, before) = match shared {
-            Some((own, lock, sample)) => (Some(own), lock, Some(sample)),
+        let (lock, before) = match shared {
+            Some((lock, sample)) => (lock, Some(sample)),
             None => (
-                None,
                 MeasureLock::acquire(&self.config.device_dir, &device.uuid),
                 None,
             ),
@@ -276,7 +274,6 @@ impl Tenant {
             ledger.set_overhead_by_me(slot, overhead.saturating_add(cost));
         }
         drop(lock);
-        drop(own);
         Ok((
             value,
             Charge {

@@ -9,6 +9,7 @@ use super::overhead::{warn_once, Sample};
 use super::{Device, Tenant};
 use crate::driver::measure::ProcessFigure;
 use crate::ledger::QuotaExceeded;
+use crate::slotfile::sys::own_pid;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Per-process reconciliation state.
@@ -26,7 +27,7 @@ impl Tenant {
     /// Whether this process's last reconciliation on ledger device `slot` left the ledger agreeing
     /// with the driver's figure for it.
     pub(super) fn agreed(&self, slot: usize) -> bool {
-        self.overhead.lock().agreed.get(&slot).copied() == Some(std::process::id())
+        self.overhead.lock().agreed.get(&slot).copied() == Some(own_pid())
     }
 
     /// Marks ledger device `slot` as not agreeing (no PID to read for that).
@@ -166,7 +167,7 @@ impl Tenant {
                     *entry = wanted;
                     state
                         .agreed
-                        .insert(slot, if agrees { std::process::id() } else { 0 });
+                        .insert(slot, if agrees { own_pid() } else { 0 });
                 }
                 Err(QuotaExceeded { used, limit, .. }) => warn_once(
                     &WARNED_UNCHARGED,
@@ -186,7 +187,7 @@ impl Tenant {
             }
             state
                 .agreed
-                .insert(slot, if agrees { std::process::id() } else { 0 });
+                .insert(slot, if agrees { own_pid() } else { 0 });
         }
     }
 

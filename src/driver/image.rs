@@ -83,7 +83,10 @@ fn read_image(p: *const u8, follow: bool) -> Option<Read> {
     if p.is_null() {
         return None;
     }
-    let head = copy_own_memory(p, 64).or_else(|| copy_own_memory(p, 16))?;
+    let head = match leading_text(p) {
+        Some(text) => text,
+        None => copy_own_memory(p, 64).or_else(|| copy_own_memory(p, 16))?,
+    };
     let word = u32::from_le_bytes(head.get(..4)?.try_into().ok()?);
     if word == gpuslice_api::image::FATBIN_WRAPPER_MAGIC {
         if !follow {
@@ -102,6 +105,20 @@ fn read_image(p: *const u8, follow: bool) -> Option<Read> {
     }
 }
 
+/// The first 64 bytes at `p` when none of them is NUL (PTX text), read where they lie: no system
+/// call for the common PTX load. `strnlen` stops at the first NUL, which a PTX image has at its end
+/// (the driver API requires it NUL-terminated) and every binary image within its first 10 bytes
+/// (an ELF's `e_ident` padding, a fatbinary's or the compiler's wrapper's 16- or 32-bit version),
+/// and, reading aligned words, never crosses into a page before a NUL it has not passed: it reads
+/// only what is mapped. `None` (a NUL among them: a binary image, or PTX under 64 bytes): the
+/// header is copied with `process_vm_readv`.
+fn leading_text(p: *const u8) -> Option<Vec<u8>> {
+    // SAFETY: `p` is not null; see above for why `strnlen` reads only mapped bytes of an image.
+    let n = unsafe { libc::strnlen(p.cast(), 64) };
+    // SAFETY: `strnlen` read all 64 bytes (none was NUL).
+    (n == 64).then(|| unsafe { std::slice::from_raw_parts(p, 64) }.to_vec())
+}
+
 /// `n` bytes at `p` in this process's memory, or `None` where they are not all mapped (or memory
 /// for the copy is short). Where a seccomp profile forbids `process_vm_readv`, the bytes are read
 /// directly, as the driver itself will: the driver API requires `p` to be a valid image.
@@ -117,7 +134,16 @@ fn copy_own_memory(p: *const u8, n: usize) -> Option<Vec<u8>> {
         iov_len: n,
     };
     // SAFETY: `local` is `n` bytes of `out`'s reserved capacity; the kernel checks `remote`.
-    let copied = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    let copied = unsafe {
+        libc::process_vm_readv(
+            crate::slotfile::sys::own_pid() as libc::pid_t,
+            &local,
+            1,
+            &remote,
+            1,
+            0,
+        )
+    };
     if copied < 0 {
         let errno = std::io::Error::last_os_error().raw_os_error();
         if errno == Some(libc::EPERM) || errno == Some(libc::ENOSYS) {
@@ -205,5 +231,23 @@ mod tests {
             read_image(b"ptx text\0more".as_ptr(), true),
             Some(Read::Text(8))
         );
+        let long = [b"// a PTX text longer than its header's 64 bytes: ".as_slice(); 4].concat();
+        let ptx = [long.as_slice(), b"\0"].concat();
+        assert_eq!(
+            read_image(ptx.as_ptr(), true),
+            Some(Read::Text(long.len() as u64))
+        );
+        // Text up to the end of the mapping, NUL-terminated there: read no further.
+        let page = page_before_a_hole();
+        // SAFETY: the page is 4096 writable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(page, 4096) };
+        bytes[..4095].fill(b'x');
+        assert_eq!(read_image(page, true), Some(Read::Text(4095)));
+        // SAFETY: 100 bytes before the end, within the page.
+        let near_end = unsafe { page.add(4096 - 100) };
+        assert_eq!(read_image(near_end, true), Some(Read::Text(99)));
+        // SAFETY: 20 bytes before the end, within the page.
+        let at_end = unsafe { page.add(4096 - 20) };
+        assert_eq!(read_image(at_end, true), Some(Read::Text(19)));
     }
 }

@@ -115,7 +115,7 @@ const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
 fn pid_is_the_drivers() -> bool {
     // getpid << 1 | answer; 0: not read yet.
     static KNOWN: AtomicU64 = AtomicU64::new(0);
-    let me = std::process::id();
+    let me = crate::slotfile::sys::own_pid();
     let known = KNOWN.load(Ordering::Relaxed);
     if known != 0 && known >> 1 == u64::from(me) {
         return known & 1 == 1;
@@ -140,7 +140,7 @@ static DRIVER_PID: AtomicU64 = AtomicU64::new(0);
 /// The PID NVML lists this process under: `getpid()` in the initial PID namespace, else the one
 /// found by [`identify_driver_pid`] (for this process, not a parent it was forked from).
 pub fn driver_pid() -> Option<u32> {
-    let me = std::process::id();
+    let me = crate::slotfile::sys::own_pid();
     if pid_is_the_drivers() {
         return Some(me);
     }
@@ -158,7 +158,7 @@ pub fn driver_pid_unknown() -> bool {
 /// that appeared in NVML's list while this process created its first context there under the
 /// device's measurement lock (see `accounting::overhead`).
 pub fn identify_driver_pid(pid: u32) {
-    let me = std::process::id();
+    let me = crate::slotfile::sys::own_pid();
     if pid == 0 || pid_is_the_drivers() {
         return;
     }

@@ -245,6 +245,27 @@ pub fn getpid() -> u32 {
     std::process::id()
 }
 
+/// This process's PID without a system call once known: `getpid()` (a system call each time:
+/// glibc keeps no cache) read once per process image and per fork ([`forks_seen`]), for paths
+/// that ask it several times per operation (a measured module load).
+pub fn own_pid() -> u32 {
+    // forks_seen << 32 | pid; 0: not read yet.
+    #[allow(clippy::disallowed_types)]
+    static KNOWN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    count_forks();
+    let forks = forks_seen();
+    let known = KNOWN.load(std::sync::atomic::Ordering::Relaxed);
+    if known != 0 && (known >> 32) as u32 == forks {
+        return known as u32;
+    }
+    let pid = std::process::id();
+    KNOWN.store(
+        u64::from(forks) << 32 | u64::from(pid),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    pid
+}
+
 /// Milliseconds of the coarse monotonic clock (the kernel's last tick: a few ms of resolution, read
 /// from the vDSO without the timestamp counter), for intervals of tens of milliseconds on hot paths.
 /// Counted from boot; a kernel without the coarse clock gets the precise one.
