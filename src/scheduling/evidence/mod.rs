@@ -177,8 +177,7 @@ impl Evidence {
 
     /// [`paced`](Self::paced) at `now`.
     pub fn paced_at(&self, now: u64) -> bool {
-        self.fallback.load(Relaxed)
-            && (self.others_gone.load(Relaxed) || self.window().holds(now))
+        self.fallback.load(Relaxed) && (self.others_gone.load(Relaxed) || self.window().holds(now))
     }
 
     /// How long until our tenant's window starts (0 inside it; `u64::MAX` when not paced): a

@@ -226,8 +226,10 @@ fn a_squatter_filling_every_slot_keeps_no_tenant_below_its_limit_out() {
     let l = DeviceLedger::open(&path, UUID, true).unwrap();
     let (squatter, victim) = l.with_admin_lock(|g| {
         (
-            l.find_or_add_tenant(g, TenantId(1), "t1", 10, 0, false).unwrap(),
-            l.find_or_add_tenant(g, TenantId(2), "t2", 10, 0, false).unwrap(),
+            l.find_or_add_tenant(g, TenantId(1), "t1", 10, 0, false)
+                .unwrap(),
+            l.find_or_add_tenant(g, TenantId(2), "t2", 10, 0, false)
+                .unwrap(),
         )
     });
     let pid = squat_every_slot_byte(&path, &l);

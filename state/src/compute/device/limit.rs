@@ -34,7 +34,9 @@ use crate::compute::shm::TenantId;
 pub enum Seen {
     Free,
     /// Labelled with the claimer's tenant; `live`: a process of it holds its tenant lock.
-    Ours { live: bool },
+    Ours {
+        live: bool,
+    },
     /// Labelled with another tenant the policy lists, or (`None`) with anybody else: a tenant the
     /// policy does not list, an entry not in use, a label naming no entry.
     Theirs(Option<TenantId>),

@@ -151,7 +151,12 @@ impl DeviceLedger {
 
     /// The end of a claim of slot `i`, whose tenant lock we hold: the ledger byte when free, then
     /// the state word (`take`). The slot, or `None` with the locks let go.
-    fn take_locked(&self, t: &TenantLocks, i: usize, take: &impl Fn(usize) -> bool) -> Option<usize> {
+    fn take_locked(
+        &self,
+        t: &TenantLocks,
+        i: usize,
+        take: &impl Fn(usize) -> bool,
+    ) -> Option<usize> {
         let (shared, own) = (self.raw_fd(), t.fd.as_raw_fd());
         let at = <Layout as slotfile::SlotLayout>::lock_offset(i);
         let held = matches!(sys::try_lock(shared, at), Ok(true));
