@@ -437,14 +437,14 @@ impl Sched {
                 log(format_args!(
                     "compute: device {}: {why} (the owner word names {named}); this process \
                      launches paced, in its tenant's window of every {} ms by its share, until \
-                     the epoch word stays put for {} ms",
+                     three epochs in a row stay {} ms",
                     self.ordinal,
                     FRAME_NS / 1_000_000,
                     CLEAN_NS / 1_000_000,
                 ));
             }
             Turn::Recovered => crate::log::warn(format_args!(
-                "compute: device {}: the epoch word stayed {} ms: the paced episode is over; this process \
+                "compute: device {}: epochs stayed {} ms again: the paced episode is over; this process \
                  waits for its turns again",
                 self.ordinal,
                 CLEAN_NS / 1_000_000
