@@ -194,6 +194,8 @@ pub(crate) struct HealthRow {
     /// Times a process was kept from its due by an owner whose ledger words lie and launched
     /// paced (counted by the victims; anybody can write it: a report).
     pub forged_owner: u64,
+    /// Slots taken back from a tenant over its slot limit (a report, like the others).
+    pub slot_reclaims: u64,
     pub detail: String,
 }
 
@@ -216,6 +218,7 @@ pub(crate) fn health(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Hea
                     lock_takeovers: h.lock_takeovers,
                     size_repairs: h.size_repairs,
                     forged_owner: h.forged_owner,
+                    slot_reclaims: h.slot_reclaims,
                     detail: h.describe(),
                 }
             }
@@ -230,6 +233,7 @@ pub(crate) fn health(dir: Option<&Path>, device: Option<&str>) -> Result<Vec<Hea
                 lock_takeovers: 0,
                 size_repairs: 0,
                 forged_owner: 0,
+                slot_reclaims: 0,
                 detail: format!("{e} (the next process that joins repairs a wrong size)"),
             },
         };

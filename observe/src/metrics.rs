@@ -74,6 +74,7 @@ struct Families {
     size_wrong: IntGaugeVec,
     forged_owner: IntCounterVec,
     slot_denials: IntCounterVec,
+    slot_reclaims: IntCounterVec,
     lock_takeovers: IntCounterVec,
     size_repairs: IntCounterVec,
     build: IntGaugeVec,
@@ -192,6 +193,11 @@ impl Families {
                 "Processes that found no process slot in the GPU's device ledger and ran throttled to their share. Counted in the device ledger (tenant-writable: a report).",
                 GPU,
             ),
+            slot_reclaims: counter(
+                "gpuslice_compute_slot_reclaims_total",
+                "Process slots taken back from a tenant holding more than its limit (its part of the slots by the node's policy) by a process that found every slot of the GPU's device ledger in use. Counted in the device ledger (tenant-writable: a report).",
+                GPU,
+            ),
             lock_takeovers: counter(
                 "gpuslice_compute_lock_takeovers_total",
                 "Times a process took the GPU's arbitration lock over from a holder that kept it past its bound. Counted in the device ledger (tenant-writable: a report).",
@@ -261,6 +267,9 @@ impl Families {
             self.slot_denials
                 .with_label_values(&l)
                 .inc_by(h.slot_denials);
+            self.slot_reclaims
+                .with_label_values(&l)
+                .inc_by(h.slot_reclaims);
             self.lock_takeovers
                 .with_label_values(&l)
                 .inc_by(h.lock_takeovers);
@@ -300,7 +309,7 @@ impl Families {
 
     fn registry(self) -> Registry {
         let registry = Registry::new();
-        let all: [Box<dyn Collector>; 25] = [
+        let all: [Box<dyn Collector>; 26] = [
             Box::new(self.limit),
             Box::new(self.used),
             Box::new(self.peak),
@@ -323,6 +332,7 @@ impl Families {
             Box::new(self.size_wrong),
             Box::new(self.forged_owner),
             Box::new(self.slot_denials),
+            Box::new(self.slot_reclaims),
             Box::new(self.lock_takeovers),
             Box::new(self.size_repairs),
             Box::new(self.build),

@@ -382,7 +382,7 @@ impl Sched {
                     break;
                 }
                 // Our own slice is ending: wait for the hand-over.
-                futex_wait(&h.epoch, e, WAITER_POLL_NS);
+                futex_wait(&h.epoch, e, self.waiter_poll_ns());
                 continue;
             }
             if o.is_none() {

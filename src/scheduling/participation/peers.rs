@@ -21,11 +21,14 @@ impl Sched {
     /// A waiter looks again at least this often: more often while the tenant's work waits on
     /// another device (a pass may be due).
     pub(in crate::scheduling) fn waiter_poll_ns(&self) -> u64 {
-        if self.peer_recent(now_ns()) {
+        let now = now_ns();
+        let poll = if self.peer_recent(now) {
             PEER_POLL_NS
         } else {
             WAITER_POLL_NS
-        }
+        };
+        // Paced: awake when our tenant's window starts (`evidence`).
+        poll.min(self.evidence.until_window(now).max(1))
     }
 
     /// Whether a wait of our tenant's work on another device was seen within `PEER_RECENT_NS`:

@@ -202,14 +202,14 @@ fn try_join(rt: &Runtime, ordinal: u32) -> Option<&'static Sched> {
             return None;
         }
     };
+    let (id, label) = rt.identity();
     // Slots claimed with a lock in the tenant's own memory ledger: no other tenant can keep us out.
-    if let Some(Err(e)) = tenant_ledger().map(|m| ledger.use_tenant_locks(m.path())) {
+    if let Some(Err(e)) = tenant_ledger().map(|m| ledger.use_tenant_locks(m.path(), *id)) {
         log::info(format_args!(
             "compute: slot claimed in the device ledger only: {e}"
         ));
     }
     ledger.sweep(None);
-    let (id, label) = rt.identity();
     // A slot first (the lock needs a holder id), then the tenant under the lock.
     let Some(slot) = ledger.claim_slot(usize::MAX >> 1) else {
         return join_throttled(&ledger, &uuid, ordinal, &set, *id, label);

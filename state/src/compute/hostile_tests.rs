@@ -154,8 +154,8 @@ fn a_squatter_keeps_nobody_with_a_tenant_lock_out() {
     // Two processes of one tenant (two handles: two open file descriptions).
     let first = DeviceLedger::open(&path, UUID, false).unwrap();
     let second = DeviceLedger::open(&path, UUID, false).unwrap();
-    first.use_tenant_locks(&own).unwrap();
-    second.use_tenant_locks(&own).unwrap();
+    first.use_tenant_locks(&own, TenantId(9)).unwrap();
+    second.use_tenant_locks(&own, TenantId(9)).unwrap();
     let a = first.claim_slot(0).expect("kept out by the squatter");
     let b = second.claim_slot(0).expect("kept out by the squatter");
     assert_ne!(a, b);
@@ -195,6 +195,98 @@ fn a_squatter_keeps_nobody_with_a_tenant_lock_out() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every slot marked in use by a squatter (state words ACTIVE, every byte locked) keeps no node
+/// tenant below its limit out: a process takes back a slot of the group over its limit, then one
+/// labelled with its own tenant that none of its processes holds; a tenant at its limit (the
+/// policy listing many tenants) is refused.
+#[test]
+fn a_squatter_filling_every_slot_keeps_no_tenant_below_its_limit_out() {
+    use super::device::limit::slot_limit;
+    use super::policy::{path_for_ledger, render, Record};
+    let _serial = slotfile::serial_test();
+    let dir = scratch("slotlimit");
+    let path = dir.join(format!("{UUID}.dev"));
+    let own = dir.join("t.ledger");
+    std::fs::write(&own, b"").unwrap();
+    let policy = |n: u128| {
+        let records: Vec<Record> = (1..=n)
+            .map(|i| Record {
+                id: TenantId(i),
+                share: 10,
+                cap: 0,
+                high: false,
+                label: format!("t{i}"),
+            })
+            .collect();
+        let tmp = dir.join("policy.tmp");
+        std::fs::write(&tmp, render(&records)).unwrap();
+        std::fs::rename(&tmp, path_for_ledger(&path)).unwrap();
+    };
+    policy(3);
+    let l = DeviceLedger::open(&path, UUID, true).unwrap();
+    let (squatter, victim) = l.with_admin_lock(|g| {
+        (
+            l.find_or_add_tenant(g, TenantId(1), "t1", 10, 0, false)
+                .unwrap(),
+            l.find_or_add_tenant(g, TenantId(2), "t2", 10, 0, false)
+                .unwrap(),
+        )
+    });
+    let pid = squat_every_slot_byte(&path, &l);
+    let label_all = |t: usize| {
+        for s in &l.layout().slots {
+            if s.state.load(Acquire) != SLOT_ACTIVE || s.tenant.load(Acquire) as usize != victim {
+                s.tenant.store(t as u32, Release);
+                s.state.store(SLOT_ACTIVE, Release);
+            }
+        }
+    };
+    label_all(squatter);
+    let join = || {
+        let h = DeviceLedger::open(&path, UUID, false).unwrap();
+        h.use_tenant_locks(&own, TenantId(2)).unwrap();
+        h
+    };
+    let first = join();
+    let a = first
+        .claim_slot(victim)
+        .expect("a full ledger kept the victim out");
+    assert_eq!(a, MAX_SLOTS - 1, "the squatting group's highest slot");
+    assert_eq!(l.health().slot_reclaims, 1);
+    // Every other slot labelled with the victim's own tenant: none holds its tenant lock.
+    label_all(victim);
+    let second = join();
+    let b = second
+        .claim_slot(victim)
+        .expect("slots under the victim's label kept it out");
+    assert_eq!(b, MAX_SLOTS - 2);
+    assert_eq!(l.health().slot_reclaims, 2);
+    // The policy lists 63 tenants: 4 slots each. The victim's four live processes are its
+    // limit, whatever the other slots say.
+    policy(63);
+    assert_eq!(slot_limit(63), 4);
+    let more: Vec<DeviceLedger> = (0..2).map(|_| join()).collect();
+    for (h, want) in more.iter().zip([MAX_SLOTS - 3, MAX_SLOTS - 4]) {
+        assert_eq!(h.claim_slot(victim), Some(want));
+    }
+    let third = join();
+    assert_eq!(third.claim_slot(victim), None, "past the tenant's limit");
+    drop(second);
+    let fourth = join();
+    assert_eq!(
+        fourth.claim_slot(victim),
+        Some(MAX_SLOTS - 2),
+        "the slot of the victim's dead process, under its label"
+    );
+    // SAFETY: our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    drop((first, more, third, fourth));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A child forked without exec does not keep its dead parent's tenant lock: with every device-ledger
 /// slot byte squatted (so only the tenant lock says whether the slot lives), the tenant's next
 /// sweep frees the slot of a parent that died while its fork child still runs.
@@ -216,7 +308,7 @@ fn a_fork_child_does_not_keep_its_parents_tenant_lock() {
     if pid == 0 {
         let ok = (|| {
             let mine = DeviceLedger::open(&path, UUID, false).ok()?;
-            mine.use_tenant_locks(&own).ok()?;
+            mine.use_tenant_locks(&own, TenantId(11)).ok()?;
             let slot = mine.claim_slot(0)?;
             // SAFETY: the grandchild writes a byte, sleeps, then _exits.
             if unsafe { libc::fork() } == 0 {
@@ -246,7 +338,7 @@ fn a_fork_child_does_not_keep_its_parents_tenant_lock() {
         libc::close(ready[1]);
     }
     let next = DeviceLedger::open(&path, UUID, false).unwrap();
-    next.use_tenant_locks(&own).unwrap();
+    next.use_tenant_locks(&own, TenantId(11)).unwrap();
     let mine = next.claim_slot(0).unwrap();
     let tenant = {
         let g = next.lock(mine);

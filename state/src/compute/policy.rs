@@ -255,6 +255,14 @@ impl Overlay {
         self.seq.fetch_add(1, AcqRel);
     }
 
+    /// How many tenants the policy lists (`None`: no policy in effect).
+    pub fn listed(&self) -> Option<usize> {
+        self.len
+            .load(Acquire)
+            .checked_sub(1)
+            .map(|n| n.min(MAX_RECORDS))
+    }
+
     /// What the policy says about tenant `id`.
     pub fn lookup(&self, id: TenantId) -> Lookup {
         // A writer that never finishes (a fork child of a process forked mid-reload) must not

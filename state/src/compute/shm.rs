@@ -65,7 +65,10 @@ pub struct Header {
     /// Times a process found itself kept from its due by an owner whose words it cannot trust and
     /// launched paced instead (`evidence`): counted by the victims, a report only.
     pub forged_owner: AtomicU64,
-    pub _reserved: [AtomicU64; 3],
+    /// Slots taken back from a tenant holding more than its limit (`device::limit`) by a process
+    /// that found every slot in use: counted by the taker, a report only.
+    pub slot_reclaims: AtomicU64,
+    pub _reserved: [AtomicU64; 2],
 }
 
 #[repr(C)]

@@ -74,6 +74,20 @@ impl Window {
         }
     }
 
+    /// Nanoseconds from `now` until the window starts (0 inside it).
+    pub fn until(&self, now: u64) -> u64 {
+        if self.holds(now) {
+            return 0;
+        }
+        let start = (u128::from(self.start_ppm) * u128::from(FRAME_NS) / u128::from(PPM)) as u64;
+        let at = now % FRAME_NS;
+        if at < start {
+            start - at
+        } else {
+            FRAME_NS - at + start
+        }
+    }
+
     /// Whether `now` (monotonic ns, the node's common clock) falls in the window. (What a
     /// process has queued at its window's end runs into the next one, time-sliced with it: the
     /// frame is long enough for that to cost little.)

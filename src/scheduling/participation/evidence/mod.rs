@@ -115,6 +115,8 @@ struct State {
     /// The epoch we last owned and since when (for [`CLEAN_NS`]).
     epoch: u64,
     epoch_since: u64,
+    /// Epochs in a row, before the current one, that lasted [`CLEAN_NS`] or more.
+    long_epochs: u32,
     held_before: bool,
     bucket: Bucket,
     watch: Watch,
@@ -135,6 +137,8 @@ pub struct Evidence {
     floor_ppm: AtomicU64,
     window_start: AtomicU64,
     window_len: AtomicU64,
+    /// No live process of another tenant waited for half a frame (the last step's view).
+    others_gone: AtomicBool,
     forged: AtomicBool,
 }
 
@@ -151,6 +155,7 @@ impl Default for Evidence {
             floor_ppm: AtomicU64::new(0),
             window_start: AtomicU64::new(0),
             window_len: AtomicU64::new(PPM),
+            others_gone: AtomicBool::new(false),
             forged: AtomicBool::new(false),
         }
     }
@@ -163,9 +168,32 @@ impl Evidence {
         self.may_own.load(Relaxed)
     }
 
-    /// Whether launches go through without ownership now (starved, in a paced hold).
+    /// Whether launches go through without ownership now (starved, in our tenant's window): read
+    /// against the clock at each launch, not at the scheduler thread's last step, so that a
+    /// window starts and ends on time whenever that thread runs.
     pub fn paced(&self) -> bool {
-        self.paced.load(Relaxed)
+        self.paced_at(crate::scheduling::device::now_ns())
+    }
+
+    /// [`paced`](Self::paced) at `now`.
+    pub fn paced_at(&self, now: u64) -> bool {
+        self.fallback.load(Relaxed) && (self.others_gone.load(Relaxed) || self.window().holds(now))
+    }
+
+    /// How long until our tenant's window starts (0 inside it; `u64::MAX` when not paced): a
+    /// paced process's waiting threads wake for its start, not a poll later.
+    pub fn until_window(&self, now: u64) -> u64 {
+        if !self.fallback.load(Relaxed) {
+            return u64::MAX;
+        }
+        self.window().until(now)
+    }
+
+    fn window(&self) -> Window {
+        Window {
+            start_ppm: self.window_start.load(Relaxed),
+            len_ppm: self.window_len.load(Relaxed),
+        }
     }
 
     /// Whether this process found itself starved and paces itself.
@@ -215,11 +243,21 @@ impl Evidence {
         s.watch.tick(dt, seen.waiting, seen.owned);
         let mut turn = Turn::Same;
         if seen.epoch != s.epoch {
+            s.long_epochs = if seen.now.saturating_sub(s.epoch_since) >= CLEAN_NS {
+                s.long_epochs.saturating_add(1)
+            } else {
+                0
+            };
             s.epoch = seen.epoch;
             s.epoch_since = seen.now;
         }
         let fallback = if self.fallback.load(Relaxed) {
-            let clean = seen.now.saturating_sub(s.epoch_since) >= CLEAN_NS;
+            // Honest grants again: three epochs in a row that each stay `CLEAN_NS` (honest
+            // slices), or one that stays three times that (one owner, nobody waiting). One long
+            // epoch alone is not enough: a forger thread the host did not run for 15 ms leaves
+            // one behind.
+            let age = seen.now.saturating_sub(s.epoch_since);
+            let clean = age >= 3 * CLEAN_NS || (s.long_epochs >= 2 && age >= CLEAN_NS);
             if clean {
                 turn = Turn::Recovered;
                 s.watch = Watch::default();
@@ -228,6 +266,7 @@ impl Evidence {
         } else {
             let starved = seen.forged || s.watch.starved(seen.floor_ppm);
             if starved {
+                s.long_epochs = 0;
                 turn = Turn::Starved {
                     owned_ppm: s.watch.owned_ppm(),
                     forged: seen.forged,
@@ -248,6 +287,9 @@ impl Evidence {
         // words may name us at any time), unless no live process of another tenant waited for
         // half a frame: then the device is ours (a stopped neighbour owes us its windows).
         let window = fallback && (seen.window.holds(seen.now) || seen.others_gone);
+        self.others_gone.store(seen.others_gone, Relaxed);
+        self.window_start.store(seen.window.start_ppm, Relaxed);
+        self.window_len.store(seen.window.len_ppm, Relaxed);
         self.paced.store(window, Relaxed);
         self.may_own.store(
             if fallback {
@@ -395,14 +437,14 @@ impl Sched {
                 log(format_args!(
                     "compute: device {}: {why} (the owner word names {named}); this process \
                      launches paced, in its tenant's window of every {} ms by its share, until \
-                     the epoch word stays put for {} ms",
+                     three epochs in a row stay {} ms",
                     self.ordinal,
                     FRAME_NS / 1_000_000,
                     CLEAN_NS / 1_000_000,
                 ));
             }
             Turn::Recovered => crate::log::warn(format_args!(
-                "compute: device {}: the epoch word stayed {} ms: the paced episode is over; this process \
+                "compute: device {}: epochs stayed {} ms again: the paced episode is over; this process \
                  waits for its turns again",
                 self.ordinal,
                 CLEAN_NS / 1_000_000

@@ -3,6 +3,7 @@
 //! This file opens and maps it and holds the process slots; [`tenants`] holds the tenant entries,
 //! [`repair`] the sweep, the repair of a truncated file and the health report.
 
+pub mod limit;
 pub(super) mod lock;
 mod repair;
 mod slots;

@@ -37,6 +37,7 @@ impl DeviceLedger {
             slot_denials: h.slot_denials.load(Acquire),
             size_repairs: h.size_repairs.load(Acquire),
             forged_owner: h.forged_owner.load(Acquire),
+            slot_reclaims: h.slot_reclaims.load(Acquire),
         }
     }
 
@@ -167,6 +168,9 @@ pub struct Health {
     /// Times a process found itself kept from its due by an owner whose words lie and launched
     /// paced (`Header::forged_owner`).
     pub forged_owner: u64,
+    /// Slots taken back from a tenant holding more than its limit by a process that found every
+    /// slot in use (`Header::slot_reclaims`, `device::limit`).
+    pub slot_reclaims: u64,
 }
 
 impl Health {
@@ -185,7 +189,7 @@ impl Health {
             ));
         }
         if self.free_slots == 0 {
-            parts.push("no process slot free: new processes run throttled to their share".into());
+            parts.push("no process slot free: a new process takes one back from a tenant over its slot limit (node tenants with a memory ledger) or runs throttled to its share".into());
         }
         match self.size {
             Some(s) if s != self.expected_size => parts.push(format!(
@@ -199,13 +203,14 @@ impl Health {
             parts.push("healthy".into());
         }
         format!(
-            "{}; {} free slot(s), {} process(es) throttled without a slot, {} arbitration lock take-over(s), {} size repair(s), {} forged-owner episode(s) so far",
+            "{}; {} free slot(s), {} process(es) throttled without a slot, {} arbitration lock take-over(s), {} size repair(s), {} forged-owner episode(s), {} slot(s) taken back from a tenant over its limit so far",
             parts.join("; "),
             self.free_slots,
             self.slot_denials,
             self.lock_takeovers,
             self.size_repairs,
-            self.forged_owner
+            self.forged_owner,
+            self.slot_reclaims
         )
     }
 }

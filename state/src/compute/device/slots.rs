@@ -18,6 +18,7 @@
 
 use super::*;
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// First byte of the range of a memory ledger where device-ledger slots are locked: far past the
 /// memory ledger's own data and slot locks (locks may lie past the end of a file).
@@ -34,6 +35,8 @@ const OWN_DEAD_BEAT_NS: u64 = 1_000_000_000;
 pub(super) struct TenantLocks {
     fd: OwnedFd,
     base: u64,
+    /// Our tenant: the slots labelled with it are told live or not by these locks ([`limit`]).
+    id: TenantId,
     /// We hold our slot's byte in the device ledger too (false while somebody else holds it).
     pub(super) shared_held: AtomicBool,
 }
@@ -57,8 +60,9 @@ impl DeviceLedger {
     /// Claims slots from now on with a lock in `file`, the tenant's memory ledger (opened again:
     /// a description of our own, never mapped, which fork children give up). Only a regular file
     /// we can write is used; otherwise claims stay as they were (the ledger's own slot bytes) and
-    /// the reason is returned.
-    pub fn use_tenant_locks(&self, file: &Path) -> Result<(), String> {
+    /// the reason is returned. `id` is the tenant's identity: on a node, its slots are bounded
+    /// ([`limit`]).
+    pub fn use_tenant_locks(&self, file: &Path, id: TenantId) -> Result<(), String> {
         if !self.writable() {
             return Err("opened read-only".into());
         }
@@ -74,41 +78,141 @@ impl DeviceLedger {
             .set(TenantLocks {
                 fd,
                 base,
+                id,
                 shared_held: AtomicBool::new(false),
             })
             .map_err(|_| "already set".to_string())
     }
 
     /// The claim with a tenant lock ([`use_tenant_locks`](Self::use_tenant_locks)): a free slot
-    /// whose tenant lock we get, its ledger byte too when nobody holds it, then the state word.
+    /// whose tenant lock we get, its ledger byte too when nobody holds it, then the state word. On
+    /// a node (a policy in effect) our tenant holds at most its [`limit::slot_limit`] of slots,
+    /// and a full ledger gives back a slot of a tenant over its limit ([`limit::decide`]).
     /// `None` when this ledger claims the old way.
     pub(super) fn claim_with_tenant_lock(
         &self,
         take: impl Fn(usize) -> bool,
     ) -> Option<Option<usize>> {
         let t = self.tenant_locks.get()?;
+        let limit = self.policy.listed().map(limit::slot_limit);
+        if let Some(limit) = limit {
+            if limit::decide(&self.seen_slots(t), limit) == limit::Claim::AtLimit {
+                self.log_at_limit(limit);
+                return Some(None);
+            }
+        }
         let l = self.layout();
-        let (shared, own) = (self.raw_fd(), t.fd.as_raw_fd());
+        let own = t.fd.as_raw_fd();
         for i in 0..MAX_SLOTS {
             if l.slots[i].state.load(Acquire) != SLOT_FREE
                 || !matches!(sys::try_lock(own, t.offset(i)), Ok(true))
             {
                 continue;
             }
-            let at = <Layout as slotfile::SlotLayout>::lock_offset(i);
-            let held = matches!(sys::try_lock(shared, at), Ok(true));
-            if take(i) {
-                sys::guard_slot_fd(own);
-                sys::guard_slot_fd(shared);
-                t.shared_held.store(held, Release);
-                return Some(Some(i));
+            if let Some(got) = self.take_locked(t, i, &take) {
+                return Some(Some(got));
             }
-            if held {
-                sys::unlock(shared, at);
+        }
+        let Some(limit) = limit else {
+            return Some(None);
+        };
+        // Full: a slot of whoever holds more than its limit (a few tries: claims race).
+        for _ in 0..4 {
+            let seen = self.seen_slots(t);
+            let limit::Claim::Reclaim(i) = limit::decide(&seen, limit) else {
+                return Some(None);
+            };
+            let s = &l.slots[i];
+            let was = s.state.load(Acquire);
+            if was == SLOT_FREE || !matches!(sys::try_lock(own, t.offset(i)), Ok(true)) {
+                continue;
             }
-            sys::unlock(own, t.offset(i));
+            if s.state
+                .compare_exchange(was, SLOT_FREE, AcqRel, Acquire)
+                .is_err()
+            {
+                sys::unlock(own, t.offset(i));
+                continue;
+            }
+            let label = s.tenant.load(Acquire) as usize;
+            if let Some(got) = self.take_locked(t, i, &take) {
+                l.header.slot_reclaims.fetch_add(1, AcqRel);
+                crate::log::warn(format_args!(
+                    "device ledger {}: every process slot is in use; slot {i} (labelled tenant \
+                     entry {label}, whose group holds more than its limit of {limit} slots) \
+                     taken back for this process",
+                    self.path.display()
+                ));
+                return Some(Some(got));
+            }
         }
         Some(None)
+    }
+
+    /// The end of a claim of slot `i`, whose tenant lock we hold: the ledger byte when free, then
+    /// the state word (`take`). The slot, or `None` with the locks let go.
+    fn take_locked(
+        &self,
+        t: &TenantLocks,
+        i: usize,
+        take: &impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let (shared, own) = (self.raw_fd(), t.fd.as_raw_fd());
+        let at = <Layout as slotfile::SlotLayout>::lock_offset(i);
+        let held = matches!(sys::try_lock(shared, at), Ok(true));
+        if take(i) {
+            sys::guard_slot_fd(own);
+            sys::guard_slot_fd(shared);
+            t.shared_held.store(held, Release);
+            return Some(i);
+        }
+        if held {
+            sys::unlock(shared, at);
+        }
+        sys::unlock(own, t.offset(i));
+        None
+    }
+
+    /// What a claim sees of every slot ([`limit::Seen`]): free; labelled with our tenant, live
+    /// when a process of it holds its tenant lock (an error counts as live); or whoever else the
+    /// words name, grouped by the policy (a tenant it lists, or everybody else).
+    fn seen_slots(&self, t: &TenantLocks) -> Vec<limit::Seen> {
+        let l = self.layout();
+        (0..MAX_SLOTS)
+            .map(|i| {
+                let s = &l.slots[i];
+                if s.state.load(Acquire) == SLOT_FREE {
+                    return limit::Seen::Free;
+                }
+                let label = s.tenant.load(Acquire) as usize;
+                let id = l
+                    .tenants
+                    .get(label)
+                    .filter(|e| e.state.load(Acquire) == TENANT_READY)
+                    .map(|e| TenantId::load(&e.id));
+                match id {
+                    Some(id) if id == t.id => limit::Seen::Ours {
+                        live: sys::is_locked(t.fd.as_raw_fd(), t.offset(i)).unwrap_or(true),
+                    },
+                    Some(id) if matches!(self.policy.lookup(id), Lookup::Listed { .. }) => {
+                        limit::Seen::Theirs(Some(id))
+                    }
+                    _ => limit::Seen::Theirs(None),
+                }
+            })
+            .collect()
+    }
+
+    /// Says once per process that its tenant holds its limit of slots.
+    fn log_at_limit(&self, limit: usize) {
+        static LOGGED: AtomicBool = AtomicBool::new(false);
+        if !LOGGED.swap(true, Relaxed) {
+            crate::log::error(format_args!(
+                "device ledger {}: this process's tenant holds its limit of {limit} process slots \
+                 (the slots shared equally among the tenants the node's policy lists)",
+                self.path.display()
+            ));
+        }
     }
 
     /// Our slot `me`'s byte in the device ledger, taken when whoever held it at the claim let it
