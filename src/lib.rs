@@ -12,6 +12,9 @@ pub mod accounting;
 pub mod driver;
 pub mod hooks;
 
+#[cfg(test)]
+mod import_loops;
+
 /// The layers, bottom first: a module uses only modules of lower layers (docs/ARCHITECTURE.md).
 /// Below them all, the shared-state crate (`log`, `slotfile`, `config`, `ledger`, the device
 /// ledger), which has its own.
