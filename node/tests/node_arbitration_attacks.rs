@@ -126,6 +126,23 @@ fn attack_ran(tag: &str, attacker: &Run, min: u64) {
     println!("{tag}: the attacker wrote {stamped} times");
 }
 
+/// One run of t1 (share 10) and t2 (share 90) beside an attack: every process got a slot in the
+/// device ledger (none ran throttled without one), and the split is 10/90 within the tolerance.
+fn run_10_90(scene: &Scene, client: &Path, tenants: &[(&str, u32)], what: &str) {
+    let start = start_in(2500);
+    let children = spin(scene, client, tenants, start);
+    let (before, after) = middle_window(scene, tenants, start);
+    let runs = finish_all(children, what);
+    for r in &runs {
+        assert!(
+            !r.stderr.contains("no process slot") && !r.stderr.contains("throttled to"),
+            "{what}: a process was kept out of the device ledger:\n{}",
+            r.report()
+        );
+    }
+    assert_shares(what, &percents(&before, &after), &[10.0, 90.0]);
+}
+
 fn assert_shares(what: &str, got: &[f64], want: &[f64]) {
     assert_shares_within(what, got, want, TOLERANCE);
 }
@@ -416,20 +433,7 @@ fn a_tenant_locking_every_slot_byte_keeps_nobody_out() {
     assert_eq!(exported(&scene, "gpuslice_device_ledger_unhealthy"), 1.0);
     let took = create(&scene, "t3", "10");
     assert!(took < Duration::from_secs(2), "tenant create took {took:?}");
-    let run_phase = |what: &str| {
-        let start = start_in(2500);
-        let children = spin(&scene, &client, &tenants, start);
-        let (before, after) = middle_window(&scene, &tenants, start);
-        let runs = finish_all(children, what);
-        for r in &runs {
-            assert!(
-                !r.stderr.contains("no process slot") && !r.stderr.contains("throttled to"),
-                "{what}: a process was kept out of the device ledger:\n{}",
-                r.report()
-            );
-        }
-        assert_shares(what, &percents(&before, &after), &[10.0, 90.0]);
-    };
+    let run_phase = |what: &str| run_10_90(&scene, &client, &tenants, what);
     run_phase("squat: during");
     // Twice: the first run's processes died while the squatter held their ledger bytes (they look
     // alive to other tenants); the tenant's own next processes see through that.
@@ -518,20 +522,7 @@ fn a_tenant_filling_every_free_slot_keeps_nobody_out() {
     create(&scene, "t2", "90");
     let ledger = device_ledger(&scene);
     let client = compute_client(&scene.dir);
-    let run_phase = |what: &str| {
-        let start = start_in(2500);
-        let children = spin(&scene, &client, &tenants, start);
-        let (before, after) = middle_window(&scene, &tenants, start);
-        let runs = finish_all(children, what);
-        for r in &runs {
-            assert!(
-                !r.stderr.contains("no process slot") && !r.stderr.contains("throttled to"),
-                "{what}: a process was kept out of the device ledger:\n{}",
-                r.report()
-            );
-        }
-        assert_shares(what, &percents(&before, &after), &[10.0, 90.0]);
-    };
+    let run_phase = |what: &str| run_10_90(&scene, &client, &tenants, what);
     let (filler, n) = slot_filler(&scene, &ledger, -1);
     assert_eq!(n, MAX_SLOTS as u64, "the squatter did not fill every slot");
     let took = create(&scene, "t3", "10");
