@@ -46,6 +46,7 @@
 #define MIB (1024ull * 1024ull)
 
 #include "check.h"
+#include "ptx.h"
 
 static void wait_line(void) {
     char line[64];
@@ -59,27 +60,6 @@ static void leave_room(unsigned long long mib) {
     int n = 0;
     while (n < (int)(sizeof chunks / sizeof *chunks) && cuMemAlloc(&chunks[n], 2 * MIB) == CUDA_SUCCESS) n++;
     for (unsigned long long freed = 0; freed < mib && n > 0; freed += 2) CHECK(cuMemFree(chunks[--n]));
-}
-
-/* A PTX image of `mib` MiB whose kernel `touch` has a local frame of `local` bytes (none: 0). */
-static char *ptx_of(unsigned long long mib, unsigned long long local) {
-    char head[512];
-    if (local)
-        snprintf(head, sizeof head,
-                 ".version 7.0\n.target sm_80\n.address_size 64\n"
-                 ".visible .entry touch(.param .u64 p)\n{\n.local .align 8 .b8 __local_depot0[%llu];\nret;\n}\n//",
-                 local);
-    else
-        snprintf(head, sizeof head, ".version 7.0\n.target sm_80\n.address_size 64\n"
-                                    ".visible .entry touch(.param .u64 p)\n{ ret; }\n//");
-    size_t n = (size_t)(mib * MIB);
-    if (n < strlen(head) + 2) n = strlen(head) + 2;
-    char *s = malloc(n + 1);
-    memset(s, 'x', n);
-    memcpy(s, head, strlen(head));
-    s[n - 1] = '\n';
-    s[n] = 0;
-    return s;
 }
 
 /* A PTX image whose kernels `small` and `large` have local frames of `small` and `large` bytes. */
@@ -110,7 +90,7 @@ int main(int argc, char **argv) {
     void *params[] = {&p};
     if (strcmp(mode, "firstlaunch") == 0 && argc == 4) {
         if (strcmp(argv[2], "-") != 0) leave_room(strtoull(argv[2], 0, 10));
-        char *ptx = ptx_of(strtoull(argv[3], 0, 10), 0);
+        char *ptx = ptx_image(strtoull(argv[3], 0, 10) * MIB, 0);
         CUlibrary lib1, lib2;
         CUkernel k1, k2;
         CHECK(cuLibraryLoadData(&lib1, ptx, 0, 0, 0, 0, 0, 0));
@@ -133,7 +113,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(mode, "contexts") == 0 && argc == 3) {
-        char *ptx = ptx_of(strtoull(argv[2], 0, 10), 0);
+        char *ptx = ptx_image(strtoull(argv[2], 0, 10) * MIB, 0);
         CUlibrary lib;
         CUkernel k;
         CHECK(cuLibraryLoadData(&lib, ptx, 0, 0, 0, 0, 0, 0));
@@ -163,7 +143,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(mode, "lmem") == 0 && argc == 4) {
         if (strcmp(argv[2], "-") != 0) leave_room(strtoull(argv[2], 0, 10));
-        char *ptx = ptx_of(0, strtoull(argv[3], 0, 10));
+        char *ptx = ptx_image(0, strtoull(argv[3], 0, 10));
         CUmodule mod;
         CUfunction f;
         CHECK(cuModuleLoadData(&mod, ptx));

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ptx.h"
 
 #define MIB (1024ull * 1024ull)
 
@@ -26,27 +27,6 @@ static void wait_line(void) {
     char line[64];
     fflush(stdout);
     if (!fgets(line, sizeof line, stdin)) exit(0);
-}
-
-/* A PTX image of `bytes` (padded with a comment) whose kernel `touch` has a local frame of `local`
- * bytes per thread (none: 0). */
-static char *ptx_of(size_t bytes, unsigned long long local) {
-    char head[512];
-    if (local)
-        snprintf(head, sizeof head,
-                 ".version 7.0\n.target sm_80\n.address_size 64\n"
-                 ".visible .entry touch(.param .u64 p)\n{\n.local .align 8 .b8 __local_depot0[%llu];\nret;\n}\n//",
-                 local);
-    else
-        snprintf(head, sizeof head, ".version 7.0\n.target sm_80\n.address_size 64\n"
-                                    ".visible .entry touch(.param .u64 p)\n{ ret; }\n//");
-    size_t n = bytes < strlen(head) + 2 ? strlen(head) + 2 : bytes;
-    char *s = malloc(n + 1);
-    memset(s, 'x', n);
-    memcpy(s, head, strlen(head));
-    s[n - 1] = '\n';
-    s[n] = 0;
-    return s;
 }
 
 static CUresult launch(CUfunction f, CUstream s) {
@@ -75,7 +55,7 @@ int main(int argc, char **argv) {
     printf("ready=1\n");
     wait_line();
 
-    char *ptx = ptx_of(lib_bytes, 0);
+    char *ptx = ptx_image(lib_bytes, 0);
     CUlibrary lib;
     CUkernel k;
     CHECK(cuLibraryLoadData(&lib, ptx, 0, 0, 0, 0, 0, 0));
@@ -86,7 +66,7 @@ int main(int argc, char **argv) {
     printf("lazy=1\n");
     wait_line();
 
-    ptx = ptx_of(0, local);
+    ptx = ptx_image(0, local);
     CUmodule mod;
     CUfunction f;
     CHECK(cuModuleLoadData(&mod, ptx));

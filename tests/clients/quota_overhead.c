@@ -88,6 +88,7 @@
 #define MIB (1024ull * 1024ull)
 
 #include "check.h"
+#include "ptx.h"
 
 /* The NVML declarations this client needs (nvml.h's layouts). */
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
@@ -193,19 +194,6 @@ static void leave_room(unsigned long long mib) {
     for (unsigned long long freed = 0; freed < mib && n > 0; freed += 2) CHECK(cuMemFree(chunks[--n]));
     CUdeviceptr odd;
     if (mib % 2) CHECK(cuMemAlloc(&odd, MIB));
-}
-
-/* A PTX module of `mib` MiB: a kernel, padded with a comment. */
-static char *ptx_of(unsigned long long mib) {
-    const char *head = ".version 7.0\n.target sm_80\n.address_size 64\n"
-                       ".visible .entry touch(.param .u64 p)\n{ ret; }\n//";
-    size_t n = (size_t)(mib * MIB);
-    char *s = malloc(n + 1);
-    memset(s, 'x', n);
-    memcpy(s, head, strlen(head));
-    s[n - 1] = '\n';
-    s[n] = 0;
-    return s;
 }
 
 /* `torn`: 64 MiB from each allocation path, in the current context, never freed. */
@@ -418,7 +406,7 @@ int main(int argc, char **argv) {
                 CHECK(cuMemFree(held[k]));
                 held[k] = held[--n];
             } else if (op == 6 && loaded < 8) {
-                char *ptx = ptx_of(1 + (unsigned long long)(rand() % 20));
+                char *ptx = ptx_image((1 + (unsigned long long)(rand() % 20)) * MIB, 0);
                 rc = cuModuleLoadData(&mods[loaded], ptx);
                 free(ptx);
                 CUfunction touch;
@@ -496,7 +484,7 @@ int main(int argc, char **argv) {
         CUdeviceptr a;
         CHECK(cuMemAlloc(&a, 256 * MIB));
         views("s1");
-        char *ptx = ptx_of(module_mib);
+        char *ptx = ptx_image(module_mib * MIB, 0);
         CUmodule mod;
         CHECK(cuModuleLoadData(&mod, ptx));
         free(ptx);
@@ -642,7 +630,7 @@ int main(int argc, char **argv) {
     } else if (strcmp(mode, "hold") == 0) {
         char line[64];
         if (argc > 4) {
-            char *ptx = ptx_of(strtoull(argv[2], 0, 10));
+            char *ptx = ptx_image(strtoull(argv[2], 0, 10) * MIB, 0);
             CUmodule mod;
             CHECK(cuModuleLoadData(&mod, ptx));
             free(ptx);
