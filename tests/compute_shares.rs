@@ -90,9 +90,9 @@ fn control(tag: &str, clients: &[Vec<String>]) -> f64 {
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            // A leading "batch": that mode, its `US N` after the duration.
+            // A leading "batch" or "ptsz": that mode, its `US N` after the duration.
             let (mode, skip) = match a.first().map(String::as_str) {
-                Some("batch") => ("batch", 2),
+                Some(m @ ("batch" | "ptsz")) => (m, 2),
                 _ => ("spin", 1),
             };
             let mut args = vec![s(mode), s(start), s(2000)];
@@ -154,9 +154,11 @@ fn shares(tag: &str, tenants: &[T], env: &[(&str, &str)]) -> Vec<(String, f64, f
     let mut children = Vec::new();
     for t in tenants {
         for _ in 0..t.procs {
-            // `spin` arguments; three of them: a graph tenant; a leading "streams": two streams.
+            // `spin` arguments; three of them: a graph tenant; a leading "streams": two streams;
+            // a leading "ptsz": per-thread default streams of several threads.
             let (mode, rest) = match t.args.first().map(String::as_str) {
                 Some("streams") => ("streams", &t.args[1..]),
+                Some("ptsz") => ("ptsz", &t.args[1..]),
                 Some("batch") => ("batch", &t.args[1..]),
                 _ if t.args.len() == 3 => ("graph", &t.args[..]),
                 _ => ("spin", &t.args[..]),
@@ -428,6 +430,33 @@ fn compute_shares_on_simgpu() {
             let mut f = Vec::new();
             let got = shares("two streams vs one 50/50", &ts, &[]);
             assert_shares("streams", &got, &mut f);
+            f
+        });
+    }
+    // Per-thread default streams (`_ptsz` entry points with NULL, and CU_STREAM_PER_THREAD): one
+    // handle names a different stream in every thread, so each thread's launches are measured on
+    // their own stream (a launch chained to another thread's event would be charged short). Three
+    // threads of tenant a, 30, against two of tenant b, 70.
+    if wanted("ptsz") {
+        let ts = [
+            T {
+                name: "a",
+                share: 30,
+                procs: 1,
+                args: vec![s("ptsz"), s(MS), s(200), s(3)],
+            },
+            T {
+                name: "b",
+                share: 70,
+                procs: 1,
+                args: vec![s("ptsz"), s(MS), s(200), s(2)],
+            },
+        ];
+        let clients: Vec<Vec<String>> = ts.iter().map(|t| t.args.clone()).collect();
+        judged("ptsz", &clients, &mut failures, || {
+            let mut f = Vec::new();
+            let got = shares("per-thread streams 30/70", &ts, &[]);
+            assert_shares("ptsz", &got, &mut f);
             f
         });
     }

@@ -24,6 +24,12 @@
  *                                      captured on the same stream (cuStreamBeginCapture resolved by
  *                                      cuGetProcAddress, global mode), the graph launched once;
  *                                      prints capture_end= graph_nodes= graph_launch=
+ *   ptsz START_NS MS US THREADS        THREADS threads (at most 16), each as `spin` (depth 8) on its
+ *                                      own per-thread default stream: even threads through the
+ *                                      `_ptsz` entry points with a NULL stream (code compiled with
+ *                                      --default-stream per-thread), odd threads through the plain
+ *                                      entry points with CU_STREAM_PER_THREAD (prints launches=, the
+ *                                      sum, and launches_<thread>=)
  *   multi START_NS MS US NDEV          one thread per device 0..NDEV-1, each as `spin` on its own
  *                                      device's primary context (prints launches_<dev>=...)
  *
@@ -262,6 +268,81 @@ static int mode_streams(uint64_t start_ns, uint64_t ms, uint64_t us) {
     }
     CHECK(cuStreamSynchronize(s[0]));
     CHECK(cuStreamSynchronize(s[1]));
+    printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
+           (unsigned long long)now_ns(CLOCK_REALTIME), n);
+    return 0;
+}
+
+/* The per-thread default stream's entry points (cuda.h declares them under these names only when
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM renames the plain ones). */
+extern __typeof__(cuLaunchKernel) cuLaunchKernel_ptsz;
+extern __typeof__(cuEventRecord) cuEventRecord_ptsz;
+extern __typeof__(cuStreamSynchronize) cuStreamSynchronize_ptsz;
+
+enum { MAX_PTSZ_THREADS = 16, PTSZ_DEPTH = 8 };
+
+struct ptsz_thread {
+    pthread_t id;
+    CUcontext ctx;
+    uint64_t start_ns, ms, us;
+    int via_ptsz;
+    long launches;
+};
+
+static void *ptsz_loop(void *arg) {
+    struct ptsz_thread *t = arg;
+    CHECK(cuCtxSetCurrent(t->ctx));
+    CUevent ring[PTSZ_DEPTH];
+    for (int i = 0; i < PTSZ_DEPTH; i++)
+        CHECK(cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+    wait_start(t->start_ns);
+    uint64_t end = now_ns(CLOCK_REALTIME) + t->ms * 1000000ull, us = t->us;
+    long n = 0;
+    while (now_ns(CLOCK_REALTIME) < end) {
+        if (n >= PTSZ_DEPTH)
+            CHECK(cuEventSynchronize(ring[n % PTSZ_DEPTH]));
+        void *params[] = {&us};
+        if (t->via_ptsz) {
+            CHECK(cuLaunchKernel_ptsz(spin, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+            CHECK(cuEventRecord_ptsz(ring[n % PTSZ_DEPTH], NULL));
+        } else {
+            CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, CU_STREAM_PER_THREAD, params, NULL));
+            CHECK(cuEventRecord(ring[n % PTSZ_DEPTH], CU_STREAM_PER_THREAD));
+        }
+        n++;
+    }
+    if (t->via_ptsz)
+        CHECK(cuStreamSynchronize_ptsz(NULL));
+    else
+        CHECK(cuStreamSynchronize(CU_STREAM_PER_THREAD));
+    t->launches = n;
+    return NULL;
+}
+
+static int mode_ptsz(uint64_t start_ns, uint64_t ms, uint64_t us, int threads) {
+    setup();
+    if (threads < 1 || threads > MAX_PTSZ_THREADS) {
+        fprintf(stderr, "ptsz: THREADS must be 1..%d, not %d\n", MAX_PTSZ_THREADS, threads);
+        return 2;
+    }
+    CUcontext ctx;
+    CHECK(cuCtxGetCurrent(&ctx));
+    struct ptsz_thread t[MAX_PTSZ_THREADS];
+    uint64_t t0 = start_ns > now_ns(CLOCK_REALTIME) ? start_ns : now_ns(CLOCK_REALTIME);
+    for (int i = 0; i < threads; i++) {
+        t[i] = (struct ptsz_thread){
+            .ctx = ctx, .start_ns = start_ns, .ms = ms, .us = us, .via_ptsz = i % 2 == 0};
+        if (pthread_create(&t[i].id, NULL, ptsz_loop, &t[i]) != 0) {
+            fprintf(stderr, "ptsz: pthread_create failed\n");
+            return 1;
+        }
+    }
+    long n = 0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(t[i].id, NULL);
+        n += t[i].launches;
+        printf("launches_%d=%ld\n", i, t[i].launches);
+    }
     printf("start_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", (unsigned long long)t0,
            (unsigned long long)now_ns(CLOCK_REALTIME), n);
     return 0;
@@ -781,6 +862,9 @@ int main(int argc, char **argv) {
     if (strcmp(m, "capturelate") == 0 && argc == 6)
         return mode_capture_late(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                                  strtoull(argv[4], NULL, 10), atoi(argv[5]));
+    if (strcmp(m, "ptsz") == 0 && argc == 6)
+        return mode_ptsz(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
+                         strtoull(argv[4], NULL, 10), atoi(argv[5]));
     if (strcmp(m, "multi") == 0 && argc == 6)
         return mode_multi(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                           strtoull(argv[4], NULL, 10), atoi(argv[5]));
