@@ -10,7 +10,9 @@
       the shim's own cost; it is printed with the top TOP entries.
 
 Only the parts of the format callgrind writes with its defaults are handled: name compression
-("(id) name"), ob/fl/fi/fe/fn and cob/cfi/cfl/cfn, calls= followed by the call's inclusive cost line.
+("(id) name"), ob/fl/fi/fe/fn and cob/cfi/cfl/cfn, calls= followed by the call's inclusive cost line;
+and the extra position column of `--dump-instr=yes` ("positions: instr line"), whose jump lines are
+skipped, so that the files of a line-by-line attribution (docs/BENCHMARKS.md) read the same.
 """
 import collections
 import sys
@@ -25,6 +27,7 @@ def parse(path):
     ob = fn = None
     cob = cfn = None
     pending_call = False
+    npos = 1  # position columns before the cost ("positions: instr line" with --dump-instr=yes)
 
     def name(kind, value):
         table = names[kind]
@@ -58,13 +61,16 @@ def parse(path):
                     pending_call = True
                 # fl, fi, fe, cfi, cfl, jump, jcnd: files and jumps, not needed here.
                 continue
+            if line.startswith("positions:"):
+                npos = len(line.split()) - 1
+                continue
             if line.startswith("summary:"):
                 summary = int(line.split()[1])
                 continue
             if not (line[0].isdigit() or line[0] in "+-*"):
                 continue  # other headers (version, creator, events, ...)
             parts = line.split()
-            cost = int(parts[1]) if len(parts) > 1 else 0
+            cost = int(parts[npos]) if len(parts) > npos else 0
             if pending_call:
                 calls[((ob, fn), (cob if cob is not None else ob, cfn))] += cost
                 pending_call = False

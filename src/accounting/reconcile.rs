@@ -199,10 +199,18 @@ impl Tenant {
         match self.ledger.get() {
             Some(Ok(ledger)) => {
                 let stamp = ledger.node_stamp_for_me();
-                stamp != 0 && stamp != NODE_APPLIED.load(Ordering::Relaxed)
+                stamp != 0 && stamp != Self::node_word_applied()
             }
             _ => false,
         }
+    }
+
+    /// The stamp of the node's last word this process applied (0: none): the allocation path's
+    /// quick reservation is taken only while the node has written no other
+    /// (`Ledger::reserve_quickly_unless_node`).
+    #[inline(always)]
+    pub(super) fn node_word_applied() -> u64 {
+        NODE_APPLIED.load(Ordering::Relaxed)
     }
 
     /// Applies the node's new word ([`Tenant::node_word_due`]) on `device`, unless this process

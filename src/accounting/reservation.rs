@@ -49,9 +49,36 @@ impl Drop for Reservation<'_> {
 }
 
 impl Tenant {
-    /// Reserves `bytes` on `device` before the driver is asked for them.
-    #[inline]
+    /// Reserves `bytes` on `device` before the driver is asked for them. A new word of the node
+    /// for this process is applied first ([`Tenant::node_word_due`]).
+    ///
+    /// Inlined into the allocation hooks: the common case (a device with a ledger slot, no node
+    /// ceiling, no new word of the node, room left) reads the ledger's handle once and makes no
+    /// call; any other case takes [`Tenant::reserve_slowly`], whose steps are the same.
+    #[inline(always)]
     pub fn reserve(
+        &self,
+        device: &Device,
+        bytes: u64,
+        what: &str,
+    ) -> Result<Reservation<'_>, CUerror> {
+        if let (Ok(slot), None, Some(Ok(ledger))) =
+            (&device.slot, device.ceiling, self.ledger.get())
+        {
+            if ledger.reserve_quickly_unless_node(*slot, bytes, Self::node_word_applied()) {
+                return Ok(self.reserved(Charge {
+                    device: *slot,
+                    bytes,
+                }));
+            }
+        }
+        self.reserve_slowly(device, bytes, what)
+    }
+
+    /// [`Tenant::reserve`] off its common case: the node's new word applied, then the checked
+    /// reservation.
+    #[inline(never)]
+    fn reserve_slowly(
         &self,
         device: &Device,
         bytes: u64,
@@ -59,17 +86,6 @@ impl Tenant {
     ) -> Result<Reservation<'_>, CUerror> {
         if self.node_word_due() {
             self.apply_node_word(device);
-        }
-        // The common case inline: a device with a ledger slot, no node ceiling, room left.
-        if let (Ok(slot), None, Some(Ok(ledger))) =
-            (&device.slot, device.ceiling, self.ledger.get())
-        {
-            if ledger.reserve_quickly(*slot, bytes) {
-                return Ok(self.reserved(Charge {
-                    device: *slot,
-                    bytes,
-                }));
-            }
         }
         self.reserve_or_make_room(device, bytes, what, || false)
     }

@@ -10,10 +10,10 @@ use gpuslice_api::CUresult;
 use std::ffi::{c_uint, c_void};
 
 hooks! {
-    // Uncontended (or no compute sharing at all), and not a kernel whose code the driver loads at
-    // this launch: straight to the driver, before any other work.
+    // Uncontended (or no compute sharing at all), and not a kernel whose launch may spend memory
+    // (`first_launch::clear`: loads only): straight to the driver, before any other work.
     ret = CUresult,
-    fast = crate::scheduling::launch_passes() && !first_launch::pending(f as usize, current);
+    fast = crate::scheduling::launch_passes() && first_launch::clear(f as usize);
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
                       shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void)
         => launch(f, || gate(&[stream], false, || real::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)));

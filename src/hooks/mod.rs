@@ -141,15 +141,40 @@ impl<T: Copy> In<T> {
 /// table). A hook's parameters must be the table's (NVIDIA's prototype): one declared otherwise does
 /// not compile. An optional `fast = predicate;` is checked before anything else: when it holds, the
 /// export calls the real function directly (the launch fast path).
+///
+/// The export reaches its body by a direct jump, or, for hooks with a fast predicate, through the
+/// body's address read from a static (one load more off the fast path): LLVM makes no jump of a
+/// direct call whose arguments lie on the stack (`cuLaunchKernel`'s last 5), so the export would
+/// save 6 registers and copy those 5 arguments at every call, fast path included (+16
+/// instructions a launch, docs/BENCHMARKS.md); through a function pointer, as the real function is
+/// reached, both ways out of the export are jumps and it has no frame.
 macro_rules! hooks {
     (ret = $ret:ty;
      $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
         $crate::hooks::hooks! {
-            ret = $ret, fast = false;
+            @emit ret = $ret, fast = false, direct;
             $( fn $name ( $($arg : $ty),* ) => $body ; )*
         }
     };
     (ret = $ret:ty, fast = $fast:expr;
+     $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
+        $crate::hooks::hooks! {
+            @emit ret = $ret, fast = $fast, through_address;
+            $( fn $name ( $($arg : $ty),* ) => $body ; )*
+        }
+    };
+    (@body direct $name:ident ($($arg:ident),*)) => {
+        // SAFETY: the caller's arguments, as received.
+        unsafe { slow::$name($($arg),*) }
+    };
+    (@body through_address $name:ident ($($arg:ident),*)) => {{
+        // A volatile read: the compiler cannot turn it back into a direct call.
+        // SAFETY: a read of an initialised static.
+        let body = unsafe { std::ptr::read_volatile(&raw const slow_address::$name) };
+        // SAFETY: the caller's arguments, as received.
+        unsafe { body($($arg),*) }
+    }};
+    (@emit ret = $ret:ty, fast = $fast:expr, $via:ident;
      $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr ; )*) => {
         use $crate::driver::real;
         // Each export's signature is the table's: the generated declaration coerces to it only then.
@@ -181,6 +206,14 @@ macro_rules! hooks {
                 }
             )*
         }
+        /// The hook bodies' addresses, for the exports that reach their body through one.
+        #[allow(non_upper_case_globals, dead_code)]
+        mod slow_address {
+            use super::*;
+            $(
+                pub static $name: unsafe extern "C" fn($($ty),*) -> $ret = super::slow::$name;
+            )*
+        }
         $(
             #[doc = concat!("The `", stringify!($name), "` hook.")]
             ///
@@ -190,9 +223,8 @@ macro_rules! hooks {
             #[allow(non_snake_case)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                 // The real function when the fast predicate holds and it is resolved already, else
-                // the body (which resolves it, and does the rest): both are jumps for arguments
-                // passed in registers, so the fast path is a few instructions (`cuLaunchKernel`,
-                // with 5 arguments on the stack, still saves 3 registers: docs/BENCHMARKS.md).
+                // the body (which resolves it, and does the rest): both are jumps, so the fast
+                // path is a few instructions and the export has no frame (docs/BENCHMARKS.md).
                 if $fast {
                     if let Some(f) = $crate::driver::resolved($crate::driver::Real::$name) {
                         // SAFETY: the slot holds the address the real library exports under this
@@ -202,8 +234,7 @@ macro_rules! hooks {
                         return unsafe { f($($arg),*) };
                     }
                 }
-                // SAFETY: the caller's arguments, as received.
-                unsafe { slow::$name($($arg),*) }
+                $crate::hooks::hooks!(@body $via $name ($($arg),*))
             }
         )*
     };

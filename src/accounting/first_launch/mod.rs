@@ -19,8 +19,8 @@ use super::records::{LazyKernel, LocalFrame, Overhead};
 use super::Tenant;
 use gpuslice_api::CUresult;
 use table::{assign_context, context_bit, put, refresh, remove};
+pub use table::{clear, pending, CONTEXT_BITS};
 pub(super) use table::{context_appeared, context_gone, forget_library};
-pub use table::{pending, CONTEXT_BITS};
 
 impl Tenant {
     /// `cuLibraryGetKernel` answered `kernel` for `name` in `library`: when the library is loaded

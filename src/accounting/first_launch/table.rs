@@ -1,10 +1,12 @@
 //! The table of kernels whose launch the driver may spend memory at, by context.
 //!
-//! The launch hooks ask [`pending`] on their fast path: one load of a counter while no kernel is
-//! pending, else a few loads of a lock-free open-addressed table of kernel handles. Each entry
+//! The launch hooks ask [`clear`] on their fast path: one load of a counter while no kernel is
+//! pending, else a few loads of a lock-free open-addressed table of kernel handles; a kernel in
+//! the table takes the hook body, which asks [`pending`]. Each entry
 //! holds the contexts its kernel is loaded in, as bits of a fixed table of [`CONTEXT_BITS`]
 //! context handles: a kernel loaded in some contexts but not all the process's live ones costs
-//! its launches one `cuCtxGetCurrent` and a scan of that table, no lock and no allocation. A
+//! its launches the hook body, one `cuCtxGetCurrent` and a scan of that table, no lock and no
+//! allocation. A
 //! kernel loaded in every live context leaves the table; a new context puts the process's lazy
 //! kernels back. Entries are added and removed only under the tenant's records lock; readers take
 //! no lock. A kernel that finds no free slot within [`PROBES`] of its home, or a context beyond
@@ -97,8 +99,8 @@ pub(super) fn assign_context(ctx: usize) -> Option<u64> {
 }
 
 /// Whether launching `f` in the current context (`current`, asked only when it matters) makes
-/// the driver load its code first, or grow the context's local memory. The launch fast path: one
-/// load while nothing is pending.
+/// the driver load its code first, or grow the context's local memory. Asked by the launch hooks'
+/// body, for a kernel [`clear`] did not clear.
 #[inline(always)]
 pub fn pending(f: usize, current: impl FnOnce() -> usize) -> bool {
     if COUNT.load(Relaxed) == 0 {
@@ -112,6 +114,17 @@ pub fn pending(f: usize, current: impl FnOnce() -> usize) -> bool {
         return true;
     }
     !context_bit(current()).is_some_and(|bit| loaded & bit != 0)
+}
+
+/// Whether launching `f` surely makes the driver spend nothing: no kernel is pending anywhere
+/// (one load), or `f` is not in the table (a few more). Loads only, no call: the launch exports
+/// ask it on their fast path, which then stays a jump to the driver with no frame of its own
+/// (a call there, `current` of [`pending`], makes every export save the caller's arguments first:
+/// +28 instructions a launch, docs/BENCHMARKS.md). A kernel in the table takes the hook body,
+/// which asks [`pending`].
+#[inline(always)]
+pub fn clear(f: usize) -> bool {
+    COUNT.load(Relaxed) == 0 || slot(f).is_none()
 }
 
 /// Puts `kernel` in the table with set `loaded` (under the records lock). `false` when it cannot
@@ -273,6 +286,21 @@ mod tests {
         remove(base);
         assert!(!pending(base, none));
         assert!(!put(0, 0) && !pending(0, none));
+    }
+
+    /// The launch fast path's question: only a kernel in the table takes the hook body, whatever
+    /// its contexts (`pending` then asks the current one).
+    #[test]
+    fn only_kernels_in_the_table_are_not_clear() {
+        let base = 0x7f00_face_0000usize;
+        assert!(clear(base) && clear(0));
+        assert!(put(base, 0));
+        assert!(!clear(base), "pending everywhere");
+        assert!(clear(base + 64), "another kernel, not in the table");
+        assert!(put(base, 1));
+        assert!(!clear(base), "loaded in one context, not in every live one");
+        remove(base);
+        assert!(clear(base));
     }
 
     #[test]

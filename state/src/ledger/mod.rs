@@ -102,6 +102,7 @@ pub struct Ledger {
 
 /// A monotonic clock in ms for the per-process intervals (size checks, sweeps): the coarse clock,
 /// as it is read on every reservation (a few instructions, where `Instant` takes about a hundred).
+#[inline]
 fn now_ms() -> u64 {
     sys::coarse_ms()
 }
@@ -331,6 +332,7 @@ impl Ledger {
         self.layout().id()
     }
     /// Our process slot, if we hold one.
+    #[inline]
     pub fn slot(&self) -> Option<usize> {
         match self.slot.load(Ordering::Acquire) {
             NO_SLOT => None,

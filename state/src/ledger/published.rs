@@ -44,11 +44,10 @@ impl Ledger {
 
     /// When the node last wrote a word for this process (unix ms; 0: never): cheap enough for
     /// the allocation path to notice a new one.
+    #[inline]
     pub fn node_stamp_for_me(&self) -> u64 {
         match self.slot() {
-            Some(s) => self.layout().slots[s]
-                .node_ms
-                .load(std::sync::atomic::Ordering::Relaxed),
+            Some(s) => self.layout().slot_node_ms(s),
             None => 0,
         }
     }

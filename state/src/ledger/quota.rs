@@ -94,6 +94,19 @@ impl Ledger {
     /// decide.
     #[inline]
     pub fn reserve_quickly(&self, dev: usize, bytes: u64) -> bool {
+        self.reserve_quickly_within(dev, bytes, None)
+    }
+
+    /// [`Ledger::reserve_quickly`], also `false` when the node wrote a word for this process
+    /// ([`Ledger::node_stamp_for_me`]) other than the one stamped `node_seen`: the allocation
+    /// path's two questions with one read of this process's slot.
+    #[inline]
+    pub fn reserve_quickly_unless_node(&self, dev: usize, bytes: u64, node_seen: u64) -> bool {
+        self.reserve_quickly_within(dev, bytes, Some(node_seen))
+    }
+
+    #[inline(always)]
+    fn reserve_quickly_within(&self, dev: usize, bytes: u64, node_seen: Option<u64>) -> bool {
         let slot = self.slot.load(Ordering::Acquire);
         if !self.writable
             || dev >= MAX_DEVICES
@@ -106,6 +119,12 @@ impl Ledger {
             return false;
         }
         let l = self.layout();
+        if let Some(seen) = node_seen {
+            let stamp = l.slot_node_ms(slot);
+            if stamp != 0 && stamp != seen {
+                return false;
+            }
+        }
         if l.device_state(dev) != shm::DEV_READY || l.reserve(dev, bytes).is_err() {
             return false;
         }

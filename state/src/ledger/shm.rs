@@ -323,6 +323,7 @@ impl Layout {
 
     // ---- devices ----
 
+    #[inline]
     pub fn device_state(&self, dev: usize) -> u32 {
         self.devices[dev].state.load(Ordering::Acquire)
     }
@@ -426,6 +427,7 @@ impl Layout {
 
     /// The one compare-and-swap loop of the quota: `used += bytes` iff `used + bytes <= limit`.
     /// The limit is read on every call, so a changed limit applies to the next reservation.
+    #[inline]
     pub fn reserve(&self, dev: usize, bytes: u64) -> Result<u64, Refused> {
         let e = &self.devices[dev];
         let limit = e.limit.load(Ordering::Acquire);
@@ -440,6 +442,7 @@ impl Layout {
     }
 
     /// `used -= bytes`, saturating at 0. Returns the amount that could not be subtracted.
+    #[inline]
     pub fn release(&self, dev: usize, bytes: u64) -> u64 {
         saturating_sub(&self.devices[dev].used, bytes)
     }
@@ -540,6 +543,13 @@ impl Layout {
         self.slots[slot].overhead[dev].store(bytes, Ordering::Relaxed);
     }
 
+    /// When the node last wrote a word for slot `slot`'s process (unix ms; 0: never).
+    #[inline]
+    pub fn slot_node_ms(&self, slot: usize) -> u64 {
+        self.slots[slot].node_ms.load(Ordering::Relaxed)
+    }
+
+    #[inline]
     pub fn slot_add(&self, slot: usize, dev: usize, bytes: u64) {
         let u = &self.slots[slot].used[dev];
         // Saturating: a garbage counter must not wrap.
@@ -555,6 +565,7 @@ impl Layout {
     }
 
     /// Returns the amount that could not be subtracted (the slot recorded less).
+    #[inline]
     pub fn slot_sub(&self, slot: usize, dev: usize, bytes: u64) -> u64 {
         saturating_sub(&self.slots[slot].used[dev], bytes)
     }
@@ -614,6 +625,7 @@ impl Layout {
 }
 
 /// `a -= bytes` saturating at 0; returns the shortfall.
+#[inline]
 fn saturating_sub(a: &AtomicU64, bytes: u64) -> u64 {
     atomic::sub_saturating(a, bytes)
 }

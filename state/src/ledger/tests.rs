@@ -516,6 +516,47 @@ fn the_nodes_word_is_for_the_claim_it_was_read_for() {
     assert_eq!(slot_of_lock_offset(Layout::lock_offset(MAX_SLOTS)), None);
 }
 
+/// The allocation path's quick reservation stops at a word of the node this process has not
+/// applied, reserving nothing, and leaves it to the checked path (which applies it first).
+#[test]
+fn the_quick_reservation_stops_at_a_word_of_the_node_not_applied() {
+    let _serial = crate::slotfile::serial_test();
+    let path = ledger_path("node-quick");
+    let a = Ledger::open(&path, &limited(GIB)).unwrap();
+    let d = a.device_index(UUID_A).unwrap();
+    a.try_reserve(d, MIB).unwrap();
+    let slot = a.slot().unwrap();
+    // The quick path also steps aside when its periodic size check is due (every 50 ms): the
+    // checked path (a reservation of nothing) does it, then the quick one is asked again.
+    let quick = |seen: u64| {
+        (0..200).any(|_| {
+            a.try_reserve(d, 0).unwrap();
+            a.reserve_quickly_unless_node(d, MIB, seen)
+        })
+    };
+    assert!(quick(0), "no word of the node yet");
+    let node = Ledger::open_existing(&path).unwrap();
+    let (claim, used, _) = node.slot_charges(slot, d).unwrap();
+    assert_eq!(used, 2 * MIB);
+    let mut words = [NODE_NOT_LISTED; MAX_DEVICES];
+    words[d] = 7 * MIB;
+    node.publish_node_word(slot, &word(claim, 4242, words, 1234));
+    for seen in [0, 1233] {
+        a.try_reserve(d, 0).unwrap();
+        assert!(
+            !a.reserve_quickly_unless_node(d, MIB, seen),
+            "a word stamped 1234, the last applied {seen}"
+        );
+    }
+    assert_eq!(
+        node.slot_charges(slot, d).unwrap().1,
+        2 * MIB,
+        "nothing reserved when the word is not applied"
+    );
+    assert!(quick(1234), "the word applied");
+    assert_eq!(node.slot_charges(slot, d).unwrap().1, 3 * MIB);
+}
+
 #[test]
 fn a_published_wait_is_seen_by_every_process_of_the_tenant() {
     let _serial = crate::slotfile::serial_test();

@@ -86,6 +86,7 @@ pub fn register(
 
 impl Registration {
     /// Faults contained in this mapping so far.
+    #[inline]
     pub fn faults(&self) -> u32 {
         TABLE[self.0].faults.load(Ordering::Acquire)
     }

@@ -269,6 +269,7 @@ pub fn own_pid() -> u32 {
 /// Milliseconds of the coarse monotonic clock (the kernel's last tick: a few ms of resolution, read
 /// from the vDSO without the timestamp counter), for intervals of tens of milliseconds on hot paths.
 /// Counted from boot; a kernel without the coarse clock gets the precise one.
+#[inline(always)]
 pub fn coarse_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
