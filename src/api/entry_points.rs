@@ -43,10 +43,6 @@ pub struct DriverEntryPoint {
     pub kind: SymbolKind,
     /// Exported by NVIDIA's 535 driver (the oracle we can run).
     pub in_535: bool,
-    /// gpuslice's marker: `-` for pass-through, otherwise the hook group (`memory`, `launch`, ...).
-    pub hook: &'static str,
-    /// The C parameter list from NVIDIA's typedefs (`?` when unpublished).
-    pub signature: &'static str,
 }
 
 /// One exported NVML symbol.
@@ -55,8 +51,6 @@ pub struct NvmlEntryPoint {
     pub symbol: &'static str,
     pub kind: SymbolKind,
     pub in_535: bool,
-    pub hook: &'static str,
-    pub signature: &'static str,
 }
 
 include!(concat!(env!("OUT_DIR"), "/entry_points.rs"));
@@ -72,30 +66,20 @@ fn by_symbol() -> &'static HashMap<&'static str, usize> {
     })
 }
 
-fn by_base() -> &'static HashMap<&'static str, Vec<usize>> {
-    static MAP: OnceLock<HashMap<&'static str, Vec<usize>>> = OnceLock::new();
-    MAP.get_or_init(|| {
-        let mut m: HashMap<&'static str, Vec<usize>> = HashMap::new();
-        for (i, e) in DRIVER_ENTRY_POINTS.iter().enumerate() {
-            if e.version != 0 {
-                m.entry(e.base).or_default().push(i);
-            }
-        }
-        m
-    })
-}
-
 /// The driver entry point exported as `symbol`.
 pub fn driver_entry_point(symbol: &str) -> Option<&'static DriverEntryPoint> {
     by_symbol().get(symbol).map(|&i| &DRIVER_ENTRY_POINTS[i])
 }
 
-/// All variants `cuGetProcAddress` can return for `base`, oldest first.
+/// All variants `cuGetProcAddress` can return for `base`, oldest first: a run of the table, which is
+/// sorted by base, found by binary search. Nothing is built at the first lookup (a CUDA runtime makes
+/// hundreds of them at its start-up) and nothing is allocated.
 pub fn variants_of(base: &str) -> impl Iterator<Item = &'static DriverEntryPoint> {
-    by_base()
-        .get(base)
-        .into_iter()
-        .flat_map(|v| v.iter().map(|&i| &DRIVER_ENTRY_POINTS[i]))
+    let start = DRIVER_ENTRY_POINTS.partition_point(|e| e.base < base);
+    let len = DRIVER_ENTRY_POINTS[start..].partition_point(|e| e.base == base);
+    DRIVER_ENTRY_POINTS[start..start + len]
+        .iter()
+        .filter(|e| e.version != 0)
 }
 
 /// The NVML entry point exported as `symbol`.
@@ -124,6 +108,18 @@ mod tests {
             .windows(2)
             .all(|w| w[0].symbol < w[1].symbol));
         assert!(nvml_entry_point("nvmlDeviceGetMemoryInfo_v2").is_some());
+        // `variants_of` finds a base's run by binary search: the table is sorted by base, and the
+        // run holds what a walk of the whole table finds, in its order.
+        assert!(DRIVER_ENTRY_POINTS
+            .windows(2)
+            .all(|w| w[0].base <= w[1].base));
+        for e in DRIVER_ENTRY_POINTS {
+            let walked = DRIVER_ENTRY_POINTS
+                .iter()
+                .filter(|v| v.base == e.base && v.version != 0);
+            assert!(variants_of(e.base).eq(walked), "{}", e.base);
+        }
+        assert_eq!(variants_of("cuNoSuchCall").count(), 0);
         let mut seen = std::collections::HashSet::new();
         assert!(
             DRIVER_ENTRY_POINTS.iter().all(|e| seen.insert(e.symbol)),
