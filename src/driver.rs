@@ -2,8 +2,8 @@
 //!
 //! The real `libcuda.so.1` / `libnvidia-ml.so.1` are found by `GPUSLICE_REAL_LIBCUDA` /
 //! `GPUSLICE_REAL_NVML` when set (and nowhere else if that is refused), otherwise the copy the process
-//! already loaded (`RTLD_NOLOAD`), otherwise by the standard name, otherwise in the standard driver
-//! locations. This very library (same file, even bind-mounted over the driver's) is never its own
+//! already loaded (`RTLD_NOLOAD`, when a loaded object has the library's file-name stem), otherwise
+//! by the standard name, otherwise in the standard driver locations. This very library (same file, even bind-mounted over the driver's) is never its own
 //! driver. Another gpuslice library (one exporting `gpuslice_dlsym_hook`) is skipped by a drop-in
 //! library, and accepted by the preloaded one, which then defers to it (see [`deferring`]): every call
 //! flows preloaded hook -> drop-in hook -> real driver, counted once. Each hooked entry
