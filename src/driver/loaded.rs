@@ -58,3 +58,27 @@ pub(super) fn file_id(path: &str) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn loaded_objects_are_found_by_the_start_of_their_file_name() {
+        // Every test process has the C library loaded (`libc.so.6`), and nothing of this name.
+        assert!(super::loaded_object_named(b"libc.so"));
+        assert!(!super::loaded_object_named(b"libgpuslice-no-such-object"));
+    }
+
+    #[test]
+    fn own_file_is_the_object_holding_this_code() {
+        // In a unit test the code is the test executable's.
+        let own = super::own_file().expect("dladdr names this object");
+        assert_eq!(
+            own.id,
+            super::file_id("/proc/self/exe"),
+            "{} is not this executable",
+            own.path
+        );
+        assert_eq!(own.c_path.to_str().ok(), Some(own.path.as_str()));
+        assert!(std::ptr::eq(own, super::own_file().unwrap()), "found once");
+    }
+}
