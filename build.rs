@@ -224,8 +224,19 @@ fn main() {
     // release build's linker (`zig cc`, scripts/build-release) refuses: the library exports no
     // data, so the two bind the same references.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
+    // Everything the library exports, whole, and nothing else: `zig cc` (the glibc 2.28 release
+    // build's linker driver) keeps only the last `--version-script` of a command line, which drops
+    // rustc's (the Rust exports and `local: *`); the library then exported all its 2,500 internal
+    // functions, and kept every libc import they make (178 symbol lookups at load instead of 104).
+    // GNU ld merges the two scripts to the same set. The exports: the hooks (`cu*`, `nvml*`), the
+    // interposed loader functions, and gpuslice's own entry points (`gpuslice_dlsym_hook`,
+    // `gpuslice_rebind`).
     let exports = Path::new(&out_dir).join("c-exports.map");
-    std::fs::write(&exports, "{ global: dlsym; dlvsym; dlopen; };\n").unwrap();
+    std::fs::write(
+        &exports,
+        "{ global: dlsym; dlvsym; dlopen; cu*; nvml*; gpuslice_dlsym_hook; gpuslice_rebind; local: *; };\n",
+    )
+    .unwrap();
     println!(
         "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
         exports.display()

@@ -2,14 +2,15 @@
 //!
 //! The real `libcuda.so.1` / `libnvidia-ml.so.1` are found by `GPUSLICE_REAL_LIBCUDA` /
 //! `GPUSLICE_REAL_NVML` when set (and nowhere else if that is refused), otherwise the copy the process
-//! already loaded (`RTLD_NOLOAD`), otherwise by the standard name, otherwise in the standard driver
-//! locations. This very library (same file, even bind-mounted over the driver's) is never its own
+//! already loaded (`RTLD_NOLOAD`, when a loaded object has the library's file-name stem), otherwise
+//! by the standard name, otherwise in the standard driver locations. This very library (same file, even bind-mounted over the driver's) is never its own
 //! driver. Another gpuslice library (one exporting `gpuslice_dlsym_hook`) is skipped by a drop-in
 //! library, and accepted by the preloaded one, which then defers to it (see [`deferring`]): every call
 //! flows preloaded hook -> drop-in hook -> real driver, counted once. Each hooked entry
 //! point's real function is resolved once, lazily, with glibc's own `dlsym` (never our interposer), into
 //! a slot with three states: unresolved, missing, or the address.
 
+use loaded::{file_id, loaded_object_named, own_file};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
@@ -20,6 +21,7 @@ pub mod capture;
 #[cfg(test)]
 pub mod fake;
 pub mod image;
+mod loaded;
 pub mod measure;
 pub mod mig;
 pub mod seam;
@@ -32,6 +34,14 @@ pub enum Library {
 }
 
 impl Library {
+    /// The start of the real library's file names (`libcuda.so.1`, `libcuda.so.550.54.15`).
+    fn stem(self) -> &'static [u8] {
+        match self {
+            Library::Cuda => b"libcuda",
+            Library::Nvml => b"libnvidia-ml",
+        }
+    }
+
     /// The variable that names the real library, and its standard names.
     fn names(self) -> (&'static str, &'static [&'static CStr]) {
         match self {
@@ -251,10 +261,17 @@ fn open_library(library: Library) -> *mut c_void {
         }
         return h;
     }
-    for name in names {
-        let h = accept(library, dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD));
-        if !h.is_null() {
-            return h;
+    // The copy the process loaded, by any of the names (a later name's copy before loading the first
+    // name). Only asked when the process has loaded a file of that stem: a probe that misses searches
+    // the library path and opens the file it finds to compare it with the loaded objects (four system
+    // calls a name and more), and the `RTLD_LOCAL` open below finds a loaded copy by its name, soname
+    // or file all the same.
+    if loaded_object_named(library.stem()) {
+        for name in names {
+            let h = accept(library, dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD));
+            if !h.is_null() {
+                return h;
+            }
         }
     }
     for name in names {
@@ -322,21 +339,17 @@ fn is_gpuslice(handle: *mut c_void) -> bool {
 /// Whether `handle` is this library: the same loaded object, or the same file (device and inode; a
 /// bind mount of it over the driver's path is still the same file).
 fn is_this_library(handle: *mut c_void) -> bool {
-    let Some(own) = object_path(is_this_library as *const c_void) else {
+    let Some(own) = own_file() else {
         return false;
     };
     if with_this_library(|me| me == handle) == Some(true) {
         return true;
     }
-    match (handle_path(handle), file_id(&own)) {
+    match (handle_path(handle), own.id) {
+        (Some(path), _) if path == own.path => true,
         (Some(path), Some(own_id)) => file_id(&path) == Some(own_id),
         _ => false,
     }
-}
-
-fn file_id(path: &str) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The file a dlopen handle was loaded from.
@@ -377,10 +390,9 @@ pub fn own_export(name: &str) -> *mut c_void {
 
 /// `f` of this library's dlopen handle (`None` when the loader cannot name it).
 fn with_this_library<R>(f: impl FnOnce(*mut c_void) -> R) -> Option<R> {
-    let own = object_path(is_this_library as *const c_void)?;
-    let own = CString::new(own).ok()?;
-    // SAFETY: `own` is NUL-terminated; RTLD_NOLOAD only looks the object up (and takes a reference).
-    let me = unsafe { libc::dlopen(own.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    let own = own_file()?;
+    // SAFETY: the path is NUL-terminated; RTLD_NOLOAD only looks the object up (and takes a reference).
+    let me = unsafe { libc::dlopen(own.c_path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
     if me.is_null() {
         return None;
     }

@@ -68,7 +68,7 @@ mod tests {
 
     fn sym(name: &str, v: i32, flags: u64) -> Option<&'static str> {
         match resolve(name, v, flags, u32::MAX) {
-            Resolution::Found(e) => Some(e.symbol),
+            Resolution::Found(e) => Some(e.symbol()),
             _ => None,
         }
     }
@@ -103,7 +103,7 @@ mod tests {
         // A driver that predates a variant resolves the newest it has.
         assert_eq!(
             match resolve("cuCtxCreate", 12080, 0, 12020) {
-                Resolution::Found(e) => e.symbol,
+                Resolution::Found(e) => e.symbol(),
                 _ => "",
             },
             "cuCtxCreate_v3"

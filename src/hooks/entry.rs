@@ -71,7 +71,7 @@ fn without_driver(
         return Some(Err(CUerror::INVALID_VALUE));
     };
     let address = match resolution {
-        procaddress::Resolution::Found(entry) => driver::own_export(entry.symbol),
+        procaddress::Resolution::Found(entry) => driver::own_export(entry.symbol()),
         _ => std::ptr::null_mut(),
     };
     match status {
@@ -96,7 +96,7 @@ fn substitute(base: &CStr, resolved: *mut c_void) -> *mut c_void {
     };
     let mut hooked_base = false;
     for variant in variants_of(base) {
-        if let Some((real, hook)) = hooked_entry(variant.symbol.as_bytes()) {
+        if let Some((real, hook)) = hooked_entry(variant.symbol().as_bytes()) {
             hooked_base = true;
             if driver::real(real) == Some(resolved as *const ()) {
                 return hook as *mut c_void;

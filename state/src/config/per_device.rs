@@ -74,24 +74,28 @@ impl<T: Clone> PerDevice<T> {
 pub fn canonical_uuid(s: &str) -> Option<String> {
     let s = s.trim();
     let prefix = s.get(..4)?;
-    let prefix = match prefix.to_ascii_uppercase().as_str() {
-        "GPU-" => "GPU-",
-        "MIG-" => "MIG-",
-        _ => return None,
-    };
-    let hex: String = s[4..].chars().filter(|&c| c != '-').collect();
-    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+    let prefix = if prefix.eq_ignore_ascii_case("GPU-") {
+        "GPU-"
+    } else if prefix.eq_ignore_ascii_case("MIG-") {
+        "MIG-"
+    } else {
         return None;
+    };
+    // One pass, one allocation: devices are keyed by this at start-up (limits, ledgers).
+    let mut out = String::with_capacity(40);
+    out.push_str(prefix);
+    let mut digits = 0;
+    for c in s[4..].chars().filter(|&c| c != '-') {
+        if digits == 32 || !c.is_ascii_hexdigit() {
+            return None;
+        }
+        if matches!(digits, 8 | 12 | 16 | 20) {
+            out.push('-');
+        }
+        out.push(c.to_ascii_lowercase());
+        digits += 1;
     }
-    let h = hex.to_ascii_lowercase();
-    Some(format!(
-        "{prefix}{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    ))
+    (digits == 32).then_some(out)
 }
 
 /// Parses a UUID string into its 16 bytes (`None` if it is not a `GPU-`/`MIG-` UUID).

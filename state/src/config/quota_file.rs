@@ -2,6 +2,8 @@
 
 use super::builder::{quoted, Builder, FileSettings};
 use super::{file, parse_size, per_device, table, Units, MAX_QUOTA_FILE};
+use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 impl Builder {
@@ -21,7 +23,14 @@ impl Builder {
             Some(p) => (PathBuf::from(p), true),
             None => (default.to_path_buf(), false),
         };
-        let meta = match std::fs::metadata(&path) {
+        // Opened once, then checked and read through the descriptor: an absent default file costs
+        // one failed `open` at start-up. Non-blocking, so that a FIFO at the path is refused below
+        // instead of waiting for a writer.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path);
+        let file = match opened {
             Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {
                 return FileSettings::default()
             }
@@ -29,22 +38,23 @@ impl Builder {
                 self.fail_all(format!("quota file {}: {e}", path.display()));
                 return FileSettings::default();
             }
-            Ok(m) => m,
+            Ok(f) => f,
         };
-        if !meta.is_file() || meta.len() > MAX_QUOTA_FILE {
+        let regular = file
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.len() <= MAX_QUOTA_FILE);
+        if !regular {
             self.fail_all(format!(
                 "quota file {}: not a regular file of at most {MAX_QUOTA_FILE} bytes",
                 path.display()
             ));
             return FileSettings::default();
         }
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) => {
-                self.fail_all(format!("quota file {}: {e}", path.display()));
-                return FileSettings::default();
-            }
-        };
+        let mut text = String::new();
+        if let Err(e) = file.take(MAX_QUOTA_FILE).read_to_string(&mut text) {
+            self.fail_all(format!("quota file {}: {e}", path.display()));
+            return FileSettings::default();
+        }
         let (entries, syntax) = file::parse(&path, &text);
         for e in syntax {
             self.fail_all(e);

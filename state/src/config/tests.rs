@@ -250,6 +250,31 @@ fn quota_file() {
     assert_eq!(c.memory_limit_for(1, UUID_B), Limit::Bytes(2 * GIB));
 }
 
+/// A quota file that is not a small regular file (a directory, a FIFO, one over the size bound)
+/// fails closed, named; a FIFO is refused at once, without waiting for a writer.
+#[test]
+fn quota_file_not_regular() {
+    let dir = temp_file("placeholder", "").parent().unwrap().to_path_buf();
+    let fifo = dir.join("fifo.toml");
+    let _ = std::fs::remove_file(&fifo);
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let big = temp_file("big.toml", &"#".repeat(MAX_QUOTA_FILE as usize + 1));
+    for path in [dir.clone(), fifo.clone(), big] {
+        for c in [
+            cfg_with_file(&[], &path),
+            cfg(&[("GPUSLICE_QUOTA_FILE", path.to_str().unwrap())]),
+        ] {
+            let Limit::Invalid(m) = c.memory_limit_for(0, UUID_A) else {
+                panic!("{} did not fail closed", path.display());
+            };
+            assert!(m.contains("not a regular file"), "{m}");
+        }
+    }
+    std::fs::remove_file(&fifo).unwrap();
+}
+
 #[test]
 fn environment_over_file() {
     let f = temp_file("prec.toml", FILE);

@@ -110,7 +110,7 @@ fn lookup(symbol: &CStr, version: c_int, flags: u64) -> Option<(Option<*const ()
     let resolution = resolve(symbol, version, flags, max);
     let status = resolution.status()?;
     let address = match resolution {
-        Resolution::Found(entry) => crate::export_address(entry.symbol),
+        Resolution::Found(entry) => crate::export_address(entry.symbol()),
         _ => None,
     };
     Some((address, status))
