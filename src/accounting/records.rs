@@ -327,9 +327,9 @@ impl Tenant {
         if let Some(charge) = charge {
             // A graph allocation's memory goes to the graph memory pool's cache, still charged;
             // an exported one an importer of the tenant still maps, to that importer (`ipc`).
-            if !(super::graph_plan::any() && self.graph_allocation_freed(key, charge))
-                && !(super::ipc::any() && self.exported_freed(key, charge))
-            {
+            let kept = (super::graph_plan::any() && self.graph_allocation_freed(key, charge))
+                || (super::ipc::any() && self.exported_freed(key, charge));
+            if !kept {
                 self.release(charge);
             }
         }
