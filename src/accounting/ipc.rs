@@ -16,7 +16,8 @@
 //!
 //! Processes of other tenants (another ledger) find no file of each other: the exporter's free then
 //! returns its charge, and the importer's tenant is charged what the driver counts against it by
-//! reconciliation (docs/MEMORY.md). Nothing here runs on an allocation or a launch; a free asks
+//! reconciliation (docs/MEMORY.md). An exporter that exits with exports still mapped hands them over
+//! the same way (an exit step); one killed cannot. Nothing here runs on an allocation or a launch; a free asks
 //! [`any`] (one atomic load) before looking at its records.
 
 use super::{Charge, Tenant};
@@ -97,7 +98,10 @@ impl Tenant {
     /// remembers it when this process charged it (a free then looks for its importers).
     pub fn ipc_exported(&self, dptr: u64, handle: &[u8; 64]) {
         if self.allocations.lock().get(dptr).is_some() {
-            ANY_EXPORTED.store(true, Ordering::Relaxed);
+            // (Not in unit tests: their tenants are not the process's.)
+            if !ANY_EXPORTED.swap(true, Ordering::Relaxed) && !cfg!(test) {
+                crate::process::on_exit(hand_over_at_exit);
+            }
             self.records
                 .lock()
                 .ipc
@@ -224,6 +228,33 @@ impl Tenant {
             }
         }
         false
+    }
+}
+
+/// At exit: the exports this process never freed outlive it in their importers, as the driver keeps
+/// them alive there ([`Tenant::exports_at_exit`]).
+extern "C" fn hand_over_at_exit() {
+    // Nothing may unwind into the C runtime's exit.
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(t) = super::tenant() {
+            t.exports_at_exit();
+        }
+    });
+}
+
+impl Tenant {
+    /// The process ends: each allocation it exported and never freed is handed to a live importer
+    /// of the tenant that maps it, as a free would (its own slot's charges are returned as it ends).
+    pub(super) fn exports_at_exit(&self) {
+        let keys: Vec<u64> = self.records.lock().ipc.exported.keys().copied().collect();
+        for key in keys {
+            let Some(charge) = self.allocations.lock().get(key) else {
+                continue;
+            };
+            if self.exported_freed(key, charge) {
+                self.allocations.lock().remove(key);
+            }
+        }
     }
 }
 

@@ -113,3 +113,16 @@ fn a_failed_close_keeps_the_mapping_and_its_charge() {
     imp.ipc_closed(MAPPED, || Ok(())).unwrap();
     assert_eq!(mine(&imp), MIB);
 }
+
+#[test]
+fn an_export_never_freed_is_handed_to_its_importer_when_the_exporter_exits() {
+    let k = kit("ipc-exit", 64 * MIB);
+    let imp = importer(&k);
+    export(&k);
+    imp.ipc_opened(&HANDLE, || Ok(MAPPED)).unwrap();
+    k.t.exports_at_exit();
+    assert_eq!((mine(&k.t), mine(&imp), k.used(0)), (0, 9 * MIB, 9 * MIB));
+    // Its record went with it: a later free (none comes after exit) would return nothing.
+    k.t.uncharge(EXPORTED, || Ok(())).unwrap();
+    assert_eq!(k.used(0), 9 * MIB);
+}
