@@ -236,7 +236,7 @@ impl Tenant {
 extern "C" fn hand_over_at_exit() {
     // Nothing may unwind into the C runtime's exit.
     let _ = std::panic::catch_unwind(|| {
-        if let Some(t) = super::tenant() {
+        if let super::Mode::Enforcing(t) = super::mode() {
             t.exports_at_exit();
         }
     });
