@@ -64,6 +64,7 @@ fn rust_type(c: &str) -> &'static str {
         "CUmipmappedArray" => "CUmipmappedArray",
         "CUgreenCtx" => "CUgreenCtx",
         "CUuuid" => "CUuuid",
+        "CUipcMemHandle_v1" => "CUipcMemHandle",
         "CUexecAffinityParam" => "CUexecAffinityParam",
         "CUctxCreateParams" => "CUctxCreateParams",
         "CUlaunchConfig" => "CUlaunchConfig",

@@ -314,8 +314,8 @@ const POD_CLIENT: CBuild = CBuild {
 /// trim that returns its cache (the fills freed). After each step, the tenant's charge
 /// and simgpu's per-process used memory agree within one granule (once the node's pass after the
 /// step is in the ledger: the charge must not lag), and simgpu never saw the tenant above its
-/// quota (driver memory left uncharged would let the fill pass it). An IPC importer keeping a mapping the exporter freed is not part of it: simgpu does not
-/// model IPC memory handles (tests/simgpu/README.md).
+/// quota (driver memory left uncharged would let the fill pass it). The IPC importer keeping a
+/// mapping the exporter freed is `an_ipc_mapping_kept_after_the_exporters_free_stays_charged`.
 #[test]
 fn a_pods_driver_memory_agrees_with_simgpu_after_each_step() {
     const LIB_MIB: u64 = 24;
@@ -399,6 +399,130 @@ fn a_pods_driver_memory_agrees_with_simgpu_after_each_step() {
     );
     pod.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     finish(pod, "pod steps").assert_success();
+}
+
+const IPC_CLIENT: CBuild = CBuild {
+    name: "ipc-pod",
+    source: "ipc_pod.c",
+    include: "cu13",
+    link_cuda: true,
+};
+
+/// An IPC exporter and importer of one tenant in one pod (the processes of one job share buffers
+/// so: vLLM's custom all-reduce, UCX; processes of two pods cannot, without sharing a PID
+/// namespace), with the node reconciling: export, import, the exporter's free, the importer keeping
+/// its mapping (and the exporter filling the quota beside it), the importer's close. After each step
+/// each process's charge and simgpu's per-process used memory agree within one granule (once the
+/// node's pass after the step is in the ledger), and simgpu never saw the tenant above its quota:
+/// the memory the importer keeps after the exporter's free is simgpu's figure for the importer.
+#[test]
+fn an_ipc_mapping_kept_after_the_exporters_free_stays_charged() {
+    const SHARED_MIB: u64 = 128;
+    let dir = scratch("ipc");
+    let sim = Sim::new("reconcile-ipc").env("SIMGPU_MEMORY", "4GiB");
+    let _node = node(&sim, &dir);
+    let shared = SHARED_MIB.to_string();
+    let mut cmd = client_in_container(&sim, &dir, "ipc", &IPC_CLIENT, &[&shared]);
+    let mut pod = sim.spawn(&mut cmd);
+    let ledger = dir.join("ipc.ledger");
+    let ids = wait_for_key(&mut pod, "ready");
+    let id = |k: &str| -> u64 { ids[k].parse().unwrap_or_else(|_| panic!("{k}: {ids:?}")) };
+    // (namespace PID in the ledger, host PID in simgpu) of the exporter and the importer.
+    let procs = [
+        ("exporter", id("pid"), id("host_pid")),
+        ("importer", id("child_pid"), id("child_host_pid")),
+    ];
+    let charges = || {
+        let s = gpuslice::ledger::Ledger::open_readonly(&ledger)
+            .expect("the pod's ledger")
+            .snapshot();
+        let of = |pid: u64| -> u64 {
+            s.processes
+                .iter()
+                .filter(|p| u64::from(p.pid) == pid)
+                .flat_map(|p| p.used.iter().map(|(_, b)| b))
+                .sum()
+        };
+        let node_ms = s
+            .processes
+            .iter()
+            .filter_map(|p| p.node.map(|(_, ms)| ms))
+            .min();
+        (procs.map(|(_, pid, _)| of(pid)), node_ms)
+    };
+    let agree = |step: &str| -> [u64; 2] {
+        let done = unix_ms();
+        wait_until(&format!("{step}: the node's pass"), || {
+            charges().1.is_some_and(|ms| ms > done)
+        });
+        let (charged, _) = charges();
+        let stat = sim.stat();
+        let Json::Arr(list) = stat.at("processes") else {
+            panic!("simgpu-stat: no processes in {stat}")
+        };
+        let real = procs.map(|(_, _, host)| {
+            list.iter()
+                .find(|p| p.u64("pid") == host)
+                .map_or(0, |p| p.u64("used.0"))
+        });
+        for (i, (who, _, _)) in procs.iter().enumerate() {
+            assert!(
+                charged[i].abs_diff(real[i]) <= GRANULE,
+                "{step}: the {who} is charged {}, simgpu holds {} for it",
+                charged[i],
+                real[i]
+            );
+        }
+        let peak = group(&stat, "ipc").u64("peak.0");
+        assert!(peak <= QUOTA, "{step}: simgpu's peak {peak} for the tenant");
+        real
+    };
+    let mut step = |key: &str, results: &[(&str, &str)]| {
+        pod.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        let kv = wait_for_key(&mut pod, key);
+        for (r, want) in results {
+            assert_eq!(kv.get(*r).map(String::as_str), Some(*want), "{r}: {kv:?}");
+        }
+        kv
+    };
+    let shared = SHARED_MIB * MIB;
+    let [exporter, importer] = agree("two contexts");
+    assert!(
+        exporter >= SIM_CONTEXT && importer >= SIM_CONTEXT,
+        "{exporter} {importer}"
+    );
+    // A driver refuses an open in the exporting process and a flag it does not know.
+    step(
+        "exported",
+        &[("export_rc", "0"), ("self_rc", "201"), ("badflag_rc", "1")],
+    );
+    let exported = agree("exported");
+    assert!(exported[0] >= exporter + shared, "{exported:?}");
+    step("imported", &[("import_rc", "0")]);
+    let imported = agree("imported");
+    assert_eq!(
+        imported[1], importer,
+        "an import costs the importer nothing while exported"
+    );
+    step("freed", &[("free_rc", "0")]);
+    let freed = agree("the exporter's free");
+    assert_eq!(
+        (freed[0], freed[1]),
+        (exported[0] - shared, importer + shared),
+        "simgpu counts the memory the importer keeps against it"
+    );
+    let kv = step("kept", &[("kept_rc", "0")]);
+    let fill: u64 = kv["fill_mib"].parse().unwrap();
+    agree("the importer keeps it while the exporter fills the quota");
+    assert!(
+        (fill * MIB + freed[0] + freed[1]).abs_diff(QUOTA) <= 2 * GRANULE,
+        "the exporter filled what the quota left beside the kept mapping: {fill} MiB"
+    );
+    step("closed", &[("close_rc", "0")]);
+    let closed = agree("the importer's close");
+    assert_eq!(closed[1], importer, "the last mapping gone, the memory is");
+    pod.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    finish(pod, "ipc pod").assert_success();
 }
 
 /// The node's report (`<state>/reconcile/unmanaged`): when, and (pid, bytes) lines.

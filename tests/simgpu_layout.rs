@@ -47,6 +47,7 @@ macro_rules! layouts {
 fn cuda13() -> Vec<Layout> {
     layouts! {
         CUuuid { bytes }
+        CUipcMemHandle { reserved }
         CUDA_MEMCPY2D {
             srcXInBytes, srcY, srcMemoryType, srcHost, srcDevice, srcArray, srcPitch, dstXInBytes,
             dstY, dstMemoryType, dstHost, dstDevice, dstArray, dstPitch, WidthInBytes, Height,

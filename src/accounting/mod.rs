@@ -22,6 +22,7 @@ pub mod contexts;
 pub mod first_launch;
 pub mod graph_plan;
 pub mod graphs;
+pub mod ipc;
 mod lazy_code;
 pub mod limits;
 pub mod measure_lock;

@@ -193,6 +193,8 @@ pub(super) struct Records {
     pub local_memory: KeyMap<usize, u64>,
     /// Green context -> the device ordinal whose primary context it retains.
     pub green: KeyMap<usize, CUdevice>,
+    /// IPC exports and mappings (`ipc`).
+    pub ipc: super::ipc::IpcRecords,
 }
 
 /// A device's primary context, as this process retained it.
@@ -238,16 +240,22 @@ impl Tenant {
     /// driver makes meanwhile at a freed address is never taken for the freed one (the allocation
     /// hooks record only after the driver returned).
     pub(super) fn release_freed_allocations(&self, ctx: usize) {
-        let mut freed: Vec<Charge> = {
+        let freed: Vec<(u64, Charge)> = {
             let mut table = self.allocations.lock();
             let gone: Vec<u64> = table
                 .keys()
                 .filter(|&key| !self.driver.pointer_known(key))
                 .collect();
             gone.into_iter()
-                .filter_map(|key| table.remove(key))
+                .filter_map(|key| Some((key, table.remove(key)?)))
                 .collect()
         };
+        // An exported allocation an importer of the tenant still maps goes to that importer (`ipc`).
+        let mut freed: Vec<Charge> = freed
+            .into_iter()
+            .filter(|&(key, charge)| !(super::ipc::any() && self.exported_freed(key, charge)))
+            .map(|(_, charge)| charge)
+            .collect();
         let blocks: Vec<(u64, (usize, u64))> = {
             let mut r = self.records.lock();
             r.arrays.retain(|_, &mut (charge, owner)| {
@@ -317,8 +325,11 @@ impl Tenant {
             return Err(e);
         }
         if let Some(charge) = charge {
-            // A graph allocation's memory goes to the graph memory pool's cache, still charged.
-            if !(super::graph_plan::any() && self.graph_allocation_freed(key, charge)) {
+            // A graph allocation's memory goes to the graph memory pool's cache, still charged;
+            // an exported one an importer of the tenant still maps, to that importer (`ipc`).
+            let kept = (super::graph_plan::any() && self.graph_allocation_freed(key, charge))
+                || (super::ipc::any() && self.exported_freed(key, charge));
+            if !kept {
                 self.release(charge);
             }
         }

@@ -47,6 +47,16 @@ pub struct CUuuid {
     pub bytes: [u8; 16],
 }
 
+/// `CUipcMemHandle` (cuda.h: `CU_IPC_HANDLE_SIZE` 64 opaque bytes, passed by value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+
+/// cuda.h `CUipcMem_flags`: "Automatically enable peer access between remote devices as needed".
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 0x1;
+
 // ---- Driver structs and constants simgpu's memory/context/device entry points exchange. Layouts and
 // values from NVIDIA's cu13 `cuda.h` (x86_64). ----
 

@@ -15,6 +15,7 @@ pub mod entry;
 pub mod first_launch;
 pub mod graph;
 pub mod info;
+pub mod ipc;
 pub mod launch;
 pub mod memory;
 pub mod nvml;

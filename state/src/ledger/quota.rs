@@ -272,3 +272,36 @@ impl Ledger {
         }
     }
 }
+
+impl Ledger {
+    /// This process's slot and its claim number (what [`Ledger::hand_over`] is told of a
+    /// receiver), once it holds one.
+    pub fn my_claim(&self) -> Option<(usize, u64)> {
+        let s = self.slot()?;
+        Some((s, self.layout().slot_claims(s)))
+    }
+
+    /// Moves `bytes` on `dev` from this process's slot to `to`'s, when `to` is still the live
+    /// holder of claim `claim` (another process of the tenant: IPC memory it maps outlives this
+    /// process's free, `accounting::ipc`). The device's total is unchanged, so the tenant never
+    /// passes its limit by it. False (nothing moved) when `to` is not that process any more.
+    pub fn hand_over(&self, dev: usize, to: usize, claim: u64, bytes: u64) -> bool {
+        if !self.writable || dev >= MAX_DEVICES || to >= MAX_SLOTS {
+            return false;
+        }
+        let Some(me) = self.slot() else { return false };
+        let l = self.layout();
+        if to == me
+            || l.slot_state(to) != shm::SLOT_ACTIVE
+            || l.slot_claims(to) != claim
+            || !slotfile::slot_alive::<shm::Layout>(self.raw_fd(), to)
+        {
+            return false;
+        }
+        // Mine first: dying between the two leaves the device charged to nobody's slot until the
+        // receiver's own release, never twice.
+        let short = l.slot_sub(me, dev, bytes);
+        l.slot_add(to, dev, bytes - short);
+        true
+    }
+}

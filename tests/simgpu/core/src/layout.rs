@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 /// "SIMGPU" + layout generation; published last by the creator.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SIMGPUst");
 /// Bumped whenever this layout changes.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 pub const MAX_DEVICES: usize = crate::config::MAX_DEVICES as usize;
 pub const MAX_PROCESSES: usize = 256;
 pub const MAX_GROUPS: usize = 64;
@@ -224,6 +224,31 @@ pub struct State {
     pub slots: [Slot; MAX_PROCESSES],
     pub groups: [Group; MAX_GROUPS],
     pub topology: Topology,
+    pub ipc: [IpcEntry; MAX_IPC],
+}
+
+/// Exported IPC memory handles (`crate::ipc`).
+pub const MAX_IPC: usize = 256;
+pub const IPC_FREE: u32 = 0;
+/// The exporter holds the allocation (it counts against the exporter).
+pub const IPC_EXPORTED: u32 = 1;
+/// The exporter freed it (or ended) while importers map it: it counts against `holder`.
+pub const IPC_ORPHANED: u32 = 2;
+
+#[repr(C)]
+pub struct IpcEntry {
+    /// generation << 16 | index + 1 (0: free): what a handle names.
+    pub key: AtomicU64,
+    pub state: AtomicU32,
+    pub device: AtomicU32,
+    /// Bytes the allocation takes on the device (its charged span).
+    pub bytes: AtomicU64,
+    pub base: AtomicU64,
+    /// Slot of the exporting process, and of the process the bytes count against.
+    pub exporter: AtomicU32,
+    pub holder: AtomicU32,
+    /// Slots of the processes that map it (one bit each).
+    pub mappers: [AtomicU64; MAX_PROCESSES / 64],
 }
 
 /// Which GPU each device is, or is a MIG instance of (`crate::mig`). All zero in a file whose

@@ -6,6 +6,7 @@
 //! `simgpu-stat` tool) to judge what the product did.
 
 mod config;
+pub mod ipc;
 mod layout;
 pub mod mig;
 mod shared;

@@ -119,7 +119,7 @@ fn err(path: &Path, what: impl std::fmt::Display) -> String {
     format!("simgpu state {}: {what}", path.display())
 }
 
-fn sub_saturating(a: &AtomicU64, n: u64) {
+pub(crate) fn sub_saturating(a: &AtomicU64, n: u64) {
     let _ = a.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(n)));
 }
 
@@ -451,6 +451,7 @@ impl Shared {
             {
                 continue;
             }
+            self.ipc_slot_gone_locked(i);
             let group = self.group_of(i);
             for (d, u) in s.usage.iter().enumerate().take(self.devices as usize) {
                 let bytes = u.used.swap(0, AcqRel);
@@ -569,10 +570,29 @@ impl Shared {
         let Some(s) = self.slot() else {
             return;
         };
+        self.ipc_process_gone();
         for device in 0..self.devices {
             let held = self.st().slots[s].usage[device as usize].used.load(Acquire);
             self.release(device, held);
         }
+    }
+
+    /// This process's slot (registering on first use).
+    pub(crate) fn my_slot(&self) -> Option<usize> {
+        self.slot()
+    }
+
+    pub(crate) fn state(&self) -> &State {
+        self.st()
+    }
+
+    pub(crate) fn group_of_slot(&self, slot: usize) -> Option<&Group> {
+        self.group_of(slot)
+    }
+
+    /// Another open file description of the state file (for the registry lock).
+    pub(crate) fn reopen_file(&self) -> Result<File, String> {
+        reopen(&self.file, &self.path)
     }
 
     pub fn device_used(&self, device: u32) -> u64 {

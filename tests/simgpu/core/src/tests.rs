@@ -765,3 +765,112 @@ fn a_kernel_starts_when_it_was_ready_not_when_its_host_thread_arrives() {
     );
     assert_eq!(s.device_busy_ns(0), 17_000_000);
 }
+
+/// One end of a socket pair, as the two processes of a test talk.
+type End = std::os::unix::net::UnixStream;
+
+fn send(mut end: &End, v: u64) {
+    use std::io::Write;
+    end.write_all(&v.to_le_bytes()).unwrap();
+}
+
+/// The other side's next word, waited for at most 30 s (a side that failed may never send it, and
+/// a fork child holds both ends, so no end of file comes).
+fn recv(mut end: &End) -> u64 {
+    use std::io::Read;
+    end.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut b = [0u8; 8];
+    end.read_exact(&mut b).unwrap();
+    u64::from_le_bytes(b)
+}
+
+/// The memory of `pid` on device 0, as the snapshot shows it.
+fn used_by(path: &std::path::Path, pid: u32) -> u64 {
+    snapshot(path)
+        .unwrap()
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .map_or(0, |p| p.used[0])
+}
+
+#[test]
+fn ipc_memory_lives_until_its_last_mapping_and_counts_against_who_holds_it() {
+    const MIB: u64 = 1 << 20;
+    let t = TempState::new("ipc");
+    let s = t.open(&cfg(1 << 30));
+    s.register().unwrap();
+    assert!(s.try_reserve(0, 64 * MIB));
+    let key = s.ipc_export(0, 0x1000, 64 * MIB).unwrap();
+    assert_eq!(
+        s.ipc_export(0, 0x1000, 64 * MIB),
+        Ok(key),
+        "one handle per allocation"
+    );
+    assert_eq!(s.ipc_open(key), Err(ipc::IpcError::OwnProcess));
+    let (parent, child_end) = End::pair().unwrap();
+    let child = fork(|| {
+        if s.ipc_open(key) != Ok((0, 64 * MIB)) {
+            return 1;
+        }
+        send(&child_end, 1);
+        recv(&child_end); // the exporter freed it
+        s.ipc_close(key);
+        0
+    });
+    let me = std::process::id();
+    assert_eq!(recv(&parent), 1);
+    // Mapped: still the exporter's.
+    assert_eq!(
+        (used_by(&t.0, me), used_by(&t.0, child as u32)),
+        (64 * MIB, 0)
+    );
+    // Freed by the exporter: alive, the importer's.
+    assert!(s.ipc_free(key));
+    assert_eq!(
+        (used_by(&t.0, me), used_by(&t.0, child as u32)),
+        (0, 64 * MIB)
+    );
+    assert_eq!(s.device_used(0), 64 * MIB);
+    assert_eq!(
+        s.ipc_open(key),
+        Err(ipc::IpcError::Unknown),
+        "a freed export"
+    );
+    send(&parent, 1);
+    assert_eq!(wait(child), 0);
+    // The last mapping gone: so is the memory.
+    assert_eq!(s.device_used(0), 0);
+}
+
+#[test]
+fn ipc_memory_of_an_exporter_that_ended_lives_on_in_its_importer() {
+    const MIB: u64 = 1 << 20;
+    let t = TempState::new("ipc-exit");
+    let s = t.open(&cfg(1 << 30));
+    s.register().unwrap();
+    let (parent, child_end) = End::pair().unwrap();
+    let child = fork(|| {
+        if !s.try_reserve(0, 32 * MIB) {
+            return 1;
+        }
+        let Ok(key) = s.ipc_export(0, 0x2000, 32 * MIB) else {
+            return 2;
+        };
+        send(&child_end, key);
+        recv(&child_end); // mapped
+        0 // ends without freeing (`_exit`: found dead by the next sweep)
+    });
+    let key = recv(&parent);
+    assert_eq!(s.ipc_open(key), Ok((0, 32 * MIB)));
+    send(&parent, 1);
+    assert_eq!(wait(child), 0);
+    s.sweep().unwrap();
+    assert_eq!(used_by(&t.0, std::process::id()), 32 * MIB);
+    assert_eq!(s.device_used(0), 32 * MIB);
+    s.ipc_close(key);
+    assert_eq!(
+        (used_by(&t.0, std::process::id()), s.device_used(0)),
+        (0, 0)
+    );
+}

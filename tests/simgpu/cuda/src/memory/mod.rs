@@ -62,6 +62,9 @@ enum Kind {
     /// A CUDA array (its 3D descriptor); the handle is the base address.
     Array(CUDA_ARRAY3D_DESCRIPTOR),
     Mipmap(CUDA_ARRAY3D_DESCRIPTOR, u32),
+    /// Another process's allocation mapped by `cuIpcOpenMemHandle` (its export's key): it costs
+    /// this process nothing while the exporter holds it (`simgpu_core::ipc`).
+    Ipc(u64),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -193,6 +196,19 @@ impl Mem {
                 }
                 None => self.give_back(a.device, base, a.span),
             },
+            Kind::Ipc(key) => {
+                if let Some(s) = self.space.as_mut() {
+                    s.release(base, a.span);
+                }
+                ipc::unmapped(key);
+            }
+            // An exported allocation an importer still maps lives on there (`simgpu_core::ipc`):
+            // only the address range goes.
+            Kind::Device if ipc::exported_freed(base) => {
+                if let Some(s) = self.space.as_mut() {
+                    s.release(base, a.span);
+                }
+            }
             _ => self.give_back(a.device, base, a.span),
         }
     }
@@ -463,12 +479,13 @@ pub fn format_bytes(format: u32) -> Option<usize> {
 mod alloc;
 mod array;
 mod host;
+mod ipc;
 mod pointer;
 mod pool;
 mod space;
 mod vmm;
 
-pub use self::{alloc::*, array::*, host::*, pointer::*, pool::*, vmm::*};
+pub use self::{alloc::*, array::*, host::*, ipc::*, pointer::*, pool::*, vmm::*};
 use host::pinned;
 use pool::Pool;
 use space::Space;
