@@ -1,6 +1,6 @@
 //! Device time measured with events, a batch of launches at a time (docs/COMPUTE.md, "Measuring
 //! device time"): the shim records an event on a stream after every `flow::batch_len`-th launch
-//! there (about 2 ms of work, at most 16 launches), and one before the batch's first launch unless
+//! there (about 2 ms of work, at most 32 launches, `Q` above 16), and one before the batch's first launch unless
 //! the batch starts where the stream's previous one ends (`flow::chains`); the interval, less what
 //! an empty pair measures, is the batch's device time. Launches between the events cost no driver
 //! call of ours. Completions are looked at lazily: only the oldest batch a flow-control wait needs,
