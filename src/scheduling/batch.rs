@@ -1,11 +1,51 @@
-//! A launch joining its stream's open batch (docs/COMPUTE.md, "Measuring device time"): decided
+//! Batches of launches (docs/COMPUTE.md, "Measuring device time"): how many launches one event
+//! measures ([`batch_len`]), and a launch joining its stream's open batch: decided
 //! once, under one look at the process's open batches, before the launch. A launch that finds its
 //! stream's batch open is counted in it there and then, and one that fills it takes it out to
 //! record its end after the launch: a launch that continues a batch looks at the open batches once,
-//! not three times (whether it begins one, before, and to count itself, after). Pure, unit-tested;
-//! the batches themselves are `participation::events`.
+//! not three times (whether it begins one, before, and to count itself, after). A batch the
+//! scheduler thread closes between the count and the launch (its idle close) leaves that launch
+//! unmeasured: the window counting after the launch had too (the launch then began a batch without
+//! a start event). Pure, unit-tested; the batches themselves are `participation::events`.
 
-use crate::scheduling::flow::{self, StreamKey};
+use crate::scheduling::flow::StreamKey;
+
+/// Device time a batch of launches between two of our events spans at most (estimated): one event
+/// measures this much work, whatever the kernels' length, up to [`BATCH_MAX`] launches.
+pub const BATCH_SPAN_NS: u64 = 2_000_000;
+/// Launches one event measures at most: with short kernels (5-30 us: `Q` is 32) a batch of 32
+/// halves the event calls per launch of batches of 16 (a record, a query and an elapsed time a
+/// batch: at 5 us kernels 0.10-0.12 calls added a launch instead of 0.24, docs/BENCHMARKS.md), and
+/// the previous batch, closed one launch earlier (a few microseconds of host time), is within its
+/// chaining gap (`flow::chains`: a twentieth of the batch's work, 8 us at 5 us kernels, 4 us with
+/// 16) where it was not before.
+pub const BATCH_MAX: u32 = 32;
+/// Launches one event measures at most where fewer than [`BATCH_MAX`] are kept in flight: the
+/// larger of this and `Q`, so that a stream's queue (`stream_limit`: `max(Q, B) + B - 1`) stays
+/// within twice `Q`, about 2 ms of work, where `Q` is 16 or more.
+pub const BATCH_FLOOR: u32 = 16;
+
+/// How many launches on one stream one of our events measures, launches of `launch_ns` each
+/// (estimated) with `q` kept in flight: about [`BATCH_SPAN_NS`] of work, at most `q` within
+/// [`BATCH_FLOOR`] and [`BATCH_MAX`] launches; one where one launch at a time is kept in flight
+/// (`q` 1, beside a high-priority tenant) or the stream is a thread's per-thread default stream
+/// (`thread_stream`: only its own thread can record on it, and a batch left open must be closable
+/// by the scheduler thread).
+pub fn batch_len(launch_ns: u64, q: usize, thread_stream: bool) -> u32 {
+    if thread_stream || q <= 1 {
+        return 1;
+    }
+    let most = u32::try_from(q)
+        .unwrap_or(BATCH_MAX)
+        .clamp(BATCH_FLOOR, BATCH_MAX);
+    (BATCH_SPAN_NS / launch_ns.max(1)).clamp(1, u64::from(most)) as u32
+}
+
+/// Whether a launch closes its stream's open batch (records the event that measures it): the
+/// batch holds `open` launches with this one, of `batch` at most.
+pub fn closes(open: u32, batch: u32) -> bool {
+    open >= batch.max(1)
+}
 
 /// An open batch as this decision sees it: its stream (and context), and the launches counted in it.
 pub trait OpenBatch {
@@ -24,14 +64,14 @@ pub enum Joined<B> {
 }
 
 /// Counts a launch on `stream` in its open batch, if there is one in `open` (`batch`: the launches
-/// one batch spans now, `flow::batch_len`), and takes the batch out when the launch fills it.
+/// one batch spans now, [`batch_len`]), and takes the batch out when the launch fills it.
 pub fn join<B: OpenBatch>(open: &mut Vec<B>, stream: (StreamKey, usize), batch: u32) -> Joined<B> {
     let Some(i) = open.iter().position(|o| o.stream() == stream) else {
         return Joined::Begins;
     };
     let n = open[i].launches();
     *n = n.saturating_add(1);
-    if flow::closes(*n, batch) {
+    if closes(*n, batch) {
         Joined::Counted(Some(open.swap_remove(i)))
     } else {
         Joined::Counted(None)
@@ -71,6 +111,41 @@ pub fn unjoin<B: OpenBatch>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduling::flow::{stream_limit, TOTAL_DEPTH};
+
+    /// One event measures about 2 ms of work, at most 32 launches, and no more than `Q` when
+    /// that is above 16; one launch each where a single launch is kept in flight or only the
+    /// launching thread can record on the stream.
+    #[test]
+    fn batch_lengths_follow_the_work_per_launch() {
+        assert_eq!(batch_len(200_000, 5, false), 10);
+        assert_eq!(batch_len(5_000, 32, false), 32);
+        assert_eq!(batch_len(20_000, 32, false), 32);
+        assert_eq!(batch_len(50_000, 20, false), 20, "at most Q above 16");
+        assert_eq!(batch_len(100_000, 10, false), 16, "at most 16 below");
+        assert_eq!(batch_len(20_000_000, 2, false), 1);
+        // The stream's queue stays within twice Q where Q is 16 or more.
+        for (launch_ns, q) in [(5_000, 32), (20_000, 32), (40_000, 25), (60_000, 16)] {
+            let b = batch_len(launch_ns, q, false);
+            assert!(stream_limit(q, b) < 2 * q, "{launch_ns} ns: {b}");
+            assert!(
+                stream_limit(q, b) < TOTAL_DEPTH,
+                "one stream fits the process total"
+            );
+        }
+        assert_eq!(
+            batch_len(0, 32, false),
+            BATCH_MAX,
+            "no estimate yet: no division by 0"
+        );
+        assert_eq!(
+            batch_len(5_000, 1, false),
+            1,
+            "beside a high-priority tenant"
+        );
+        assert_eq!(batch_len(5_000, 32, true), 1, "a per-thread default stream");
+        assert!(closes(10, 10) && !closes(9, 10) && closes(1, 0));
+    }
 
     #[derive(Debug, PartialEq, Eq)]
     struct B(StreamKey, usize, u32);

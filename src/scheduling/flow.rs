@@ -135,36 +135,6 @@ pub fn steps(launches: u32) -> u64 {
     u64::from(launches.max(1)) + 1
 }
 
-/// Device time a batch of launches between two of our events spans at most (estimated): one event
-/// measures this much work, whatever the kernels' length, up to [`BATCH_MAX`] launches.
-pub const BATCH_SPAN_NS: u64 = 2_000_000;
-/// Launches one event measures at most: with short kernels (5-30 us: `Q` is 32) a batch of 32
-/// halves the event calls per launch of batches of 16 (a record, a query and an elapsed time a
-/// batch: at 5 us kernels 0.19 calls a launch instead of 0.38), and the previous batch closed one
-/// launch earlier (a few microseconds of host time) is within its chaining gap (`chains`: a
-/// twentieth of the batch's work, 8 us at 5 us kernels, 4 us with 16) where it was not before.
-pub const BATCH_MAX: u32 = 32;
-/// Launches one event measures at most where fewer than [`BATCH_MAX`] are kept in flight: the
-/// larger of this and `Q`, so that a stream's queue (`stream_limit`: `max(Q, B) + B - 1`) stays
-/// within twice `Q`, about 2 ms of work, where `Q` is 16 or more.
-pub const BATCH_FLOOR: u32 = 16;
-
-/// How many launches on one stream one of our events measures, launches of `launch_ns` each
-/// (estimated) with `q` kept in flight: about [`BATCH_SPAN_NS`] of work, at most `q` within
-/// [`BATCH_FLOOR`] and [`BATCH_MAX`] launches; one where one launch at a time is kept in flight
-/// (`q` 1, beside a high-priority tenant) or the stream is a thread's per-thread default stream
-/// (`thread_stream`: only its own thread can record on it, and a batch left open must be closable
-/// by the scheduler thread).
-pub fn batch_len(launch_ns: u64, q: usize, thread_stream: bool) -> u32 {
-    if thread_stream || q <= 1 {
-        return 1;
-    }
-    let most = u32::try_from(q)
-        .unwrap_or(BATCH_MAX)
-        .clamp(BATCH_FLOOR, BATCH_MAX);
-    (BATCH_SPAN_NS / launch_ns.max(1)).clamp(1, u64::from(most)) as u32
-}
-
 /// Launches of one stream in flight at which a launch that begins a batch waits for the stream's
 /// oldest batch: `q` (the work kept in flight), never less than one batch, plus the batch about to
 /// begin less one. With batches of one launch, `q`: the old bound of one event pair per launch.
@@ -187,12 +157,6 @@ pub fn chains(gap_ns: u64, launch_ns: u64, batch: u32) -> bool {
 
 /// The longest host gap between two batches that are chained.
 pub const CHAIN_GAP_MAX_NS: u64 = 20_000;
-
-/// Whether a launch closes its stream's open batch (records the event that measures it): the
-/// batch holds `open` launches with this one, of `batch` at most.
-pub fn closes(open: u32, batch: u32) -> bool {
-    open >= batch.max(1)
-}
 
 /// The first pause of a wait for a batch of `launches` of `launch_ns` each (after a first look at
 /// once): half its estimated work, within 2 us and 2 ms; the caller keeps it within
@@ -374,40 +338,6 @@ mod tests {
             pick([(1, 16), (2, 16), (3, 15)].into_iter(), &4, 64, 48),
             Pick::Go
         );
-    }
-
-    /// One event measures about 2 ms of work, at most 32 launches, and no more than `Q` when
-    /// that is above 16; one launch each where a single launch is kept in flight or only the
-    /// launching thread can record on the stream.
-    #[test]
-    fn batch_lengths_follow_the_work_per_launch() {
-        assert_eq!(batch_len(200_000, 5, false), 10);
-        assert_eq!(batch_len(5_000, 32, false), 32);
-        assert_eq!(batch_len(20_000, 32, false), 32);
-        assert_eq!(batch_len(50_000, 20, false), 20, "at most Q above 16");
-        assert_eq!(batch_len(100_000, 10, false), 16, "at most 16 below");
-        assert_eq!(batch_len(20_000_000, 2, false), 1);
-        // The stream's queue stays within twice Q where Q is 16 or more.
-        for (launch_ns, q) in [(5_000, 32), (20_000, 32), (40_000, 25), (60_000, 16)] {
-            let b = batch_len(launch_ns, q, false);
-            assert!(stream_limit(q, b) < 2 * q, "{launch_ns} ns: {b}");
-            assert!(
-                stream_limit(q, b) < TOTAL_DEPTH,
-                "one stream fits the process total"
-            );
-        }
-        assert_eq!(
-            batch_len(0, 32, false),
-            BATCH_MAX,
-            "no estimate yet: no division by 0"
-        );
-        assert_eq!(
-            batch_len(5_000, 1, false),
-            1,
-            "beside a high-priority tenant"
-        );
-        assert_eq!(batch_len(5_000, 32, true), 1, "a per-thread default stream");
-        assert!(closes(10, 10) && !closes(9, 10) && closes(1, 0));
     }
 
     /// With one launch a batch the bound is the old one (q launches); with batches, one full

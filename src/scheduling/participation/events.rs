@@ -1,5 +1,5 @@
 //! Device time measured with events, a batch of launches at a time (docs/COMPUTE.md, "Measuring
-//! device time"): the shim records an event on a stream after every `flow::batch_len`-th launch
+//! device time"): the shim records an event on a stream after every `batch::batch_len`-th launch
 //! there (about 2 ms of work, at most 32 launches, `Q` above 16), and one before the batch's first launch unless
 //! the batch starts where the stream's previous one ends (`flow::chains`); the interval, less what
 //! an empty pair measures, is the batch's device time. Launches between the events cost no driver
@@ -236,7 +236,7 @@ impl Sched {
                     }
                 };
                 open[i].launches = open[i].launches.saturating_add(1);
-                flow::closes(open[i].launches, batch(key)).then(|| open.swap_remove(i))
+                batch::closes(open[i].launches, batch(key)).then(|| open.swap_remove(i))
             };
             if let Some(o) = full {
                 self.close(o, true);
@@ -294,14 +294,14 @@ impl Sched {
             })
     }
 
-    /// How many launches on stream `key` one event measures (`flow::batch_len`); one for a
+    /// How many launches on stream `key` one event measures (`batch::batch_len`); one for a
     /// high-priority tenant (an end event after each launch, as its flow control had: it is
     /// charged by wall time, and its latency is what it keeps short).
     pub(in crate::scheduling) fn batch_len(&self, key: StreamKey) -> u32 {
         if self.high.load(Relaxed) {
             return 1;
         }
-        flow::batch_len(
+        batch::batch_len(
             self.launch_ns.load(Relaxed),
             self.queue_depth(),
             matches!(key, StreamKey::Thread(_)),

@@ -304,8 +304,7 @@ impl Sched {
                 // Only a launch that begins a batch on its stream waits (`flow::stream_limit`).
                 // (A launch into a capturing stream may wait here too: for our work already in
                 // flight, bounded; no event of ours is recorded into a capturing stream.)
-                // A launch that continues its stream's batch is counted in it now (one look at
-                // the open batches a launch, `batch::join`), and counted out if it goes back.
+                // Counted in its stream's open batch now, if one is open (`batch::join`).
                 let mut busy = false;
                 let joined = self.join_batch(key, ctx as usize);
                 if matches!(joined, Joined::Begins) {
