@@ -135,24 +135,6 @@ pub fn steps(launches: u32) -> u64 {
     u64::from(launches.max(1)) + 1
 }
 
-/// Device time a batch of launches between two of our events spans at most (estimated): one event
-/// measures this much work, whatever the kernels' length, up to [`BATCH_MAX`] launches.
-pub const BATCH_SPAN_NS: u64 = 2_000_000;
-/// Launches one event measures at most.
-pub const BATCH_MAX: u32 = 16;
-
-/// How many launches on one stream one of our events measures, launches of `launch_ns` each
-/// (estimated) with `q` kept in flight: about [`BATCH_SPAN_NS`] of work, at most [`BATCH_MAX`]
-/// launches; one where one launch at a time is kept in flight (`q` 1, beside a high-priority
-/// tenant) or the stream is a thread's per-thread default stream (`thread_stream`: only its own
-/// thread can record on it, and a batch left open must be closable by the scheduler thread).
-pub fn batch_len(launch_ns: u64, q: usize, thread_stream: bool) -> u32 {
-    if thread_stream || q <= 1 {
-        return 1;
-    }
-    (BATCH_SPAN_NS / launch_ns.max(1)).clamp(1, u64::from(BATCH_MAX)) as u32
-}
-
 /// Launches of one stream in flight at which a launch that begins a batch waits for the stream's
 /// oldest batch: `q` (the work kept in flight), never less than one batch, plus the batch about to
 /// begin less one. With batches of one launch, `q`: the old bound of one event pair per launch.
@@ -176,15 +158,10 @@ pub fn chains(gap_ns: u64, launch_ns: u64, batch: u32) -> bool {
 /// The longest host gap between two batches that are chained.
 pub const CHAIN_GAP_MAX_NS: u64 = 20_000;
 
-/// Whether a launch closes its stream's open batch (records the event that measures it): the
-/// batch holds `open` launches with this one, of `batch` at most.
-pub fn closes(open: u32, batch: u32) -> bool {
-    open >= batch.max(1)
-}
-
 /// The first pause of a wait for a batch of `launches` of `launch_ns` each: a quarter of its
 /// estimated work, within 2 us and 200 us (queries cost the host; a late look leaves the device
-/// with the rest of the queue).
+/// with the rest of the queue). (Half its work, within 2 ms, made no fewer queries a launch at 200
+/// us kernels and moved mixed 50 us / 5 ms kernels towards the 5 ms tenant: docs/BENCHMARKS.md.)
 pub fn first_poll_ns(launches: u32, launch_ns: u64) -> u64 {
     (u64::from(launches.max(1)).saturating_mul(launch_ns) / 4).clamp(2_000, 200_000)
 }
@@ -360,27 +337,6 @@ mod tests {
         );
     }
 
-    /// One event measures about 2 ms of work, at most 16 launches; one launch each where a
-    /// single launch is kept in flight or only the launching thread can record on the stream.
-    #[test]
-    fn batch_lengths_follow_the_work_per_launch() {
-        assert_eq!(batch_len(200_000, 5, false), 10);
-        assert_eq!(batch_len(5_000, 32, false), BATCH_MAX);
-        assert_eq!(batch_len(20_000_000, 2, false), 1);
-        assert_eq!(
-            batch_len(0, 32, false),
-            BATCH_MAX,
-            "no estimate yet: no division by 0"
-        );
-        assert_eq!(
-            batch_len(5_000, 1, false),
-            1,
-            "beside a high-priority tenant"
-        );
-        assert_eq!(batch_len(5_000, 32, true), 1, "a per-thread default stream");
-        assert!(closes(10, 10) && !closes(9, 10) && closes(1, 0));
-    }
-
     /// With one launch a batch the bound is the old one (q launches); with batches, one full
     /// batch stays queued while the next one is submitted.
     #[test]
@@ -436,7 +392,7 @@ mod tests {
     #[test]
     fn polls_follow_the_estimated_work() {
         assert_eq!(first_poll_ns(10, 200_000), 200_000);
-        assert_eq!(first_poll_ns(16, 5_000), 20_000);
+        assert_eq!(first_poll_ns(32, 5_000), 40_000);
         assert_eq!(first_poll_ns(1, 0), 2_000);
         // Looks no further apart than half the work queued behind, from 200 us to 2 ms.
         assert_eq!(poll_max_ns(9, 200_000), 900_000);

@@ -19,6 +19,7 @@
 //!   becomes of measured batches: flow-control waits, accounting, the charge, the drain; its
 //!   pauses in `drain`, unit-tested). `cu`: the driver calls, through the driver layer.
 
+mod batch;
 mod cu;
 pub mod demand;
 mod drain;

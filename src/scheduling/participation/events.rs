@@ -1,6 +1,6 @@
 //! Device time measured with events, a batch of launches at a time (docs/COMPUTE.md, "Measuring
-//! device time"): the shim records an event on a stream after every `flow::batch_len`-th launch
-//! there (about 2 ms of work, at most 16 launches), and one before the batch's first launch unless
+//! device time"): the shim records an event on a stream after every `batch::batch_len`-th launch
+//! there (about 2 ms of work, at most 32 launches, `Q` above 16), and one before the batch's first launch unless
 //! the batch starts where the stream's previous one ends (`flow::chains`); the interval, less what
 //! an empty pair measures, is the batch's device time. Launches between the events cost no driver
 //! call of ours. Completions are looked at lazily: only the oldest batch a flow-control wait needs,
@@ -10,6 +10,7 @@
 //! kernels of several streams that overlap are charged once).
 
 use super::Sched;
+use crate::scheduling::batch::{self, Joined, OpenBatch};
 use crate::scheduling::cu;
 use crate::scheduling::device::now_ns;
 use crate::scheduling::flow::{self, StreamKey};
@@ -67,13 +68,29 @@ pub(in crate::scheduling) struct Open {
     start_gap_ns: u64,
 }
 
-/// What `launch_tracked` did about a stream's batch before the launch (when it begins a batch: a
-/// start, unless chained or high-priority).
+/// What `launch_tracked` did about a stream's batch before the launch.
+enum Step {
+    /// Counted in the stream's open batch (`batch::join`); `Some`: the launch fills it.
+    Counted(Option<Open>),
+    /// The launch begins a batch.
+    Begins(Begun),
+}
+
+/// A batch a launch begins: its start, unless chained or high-priority.
 struct Begun {
     start: Option<Pending>,
     start_gap_ns: u64,
     /// Not measured: the stream is being captured (nothing runs), or no event could be recorded.
     skip: bool,
+}
+
+impl OpenBatch for Open {
+    fn stream(&self) -> (StreamKey, usize) {
+        (self.key, self.ctx)
+    }
+    fn launches(&mut self) -> &mut u32 {
+        &mut self.launches
+    }
 }
 
 impl Tracked {
@@ -110,30 +127,31 @@ impl Sched {
     /// that begins a batch records the batch's start (or starts where the stream's previous batch
     /// ended), one that fills it records its end ([`Sched::close`]); the launches between cost no
     /// driver call. A high-priority tenant records only ends (it is charged by wall time).
+    /// `joined`: what the gate found of the first stream's batch ([`Sched::join_batch`]; a launch
+    /// that continues a batch was counted in it there: one look at the open batches a launch).
+    /// Notes the launch's time as the last submission (one clock read a launch that continues a
+    /// batch).
     pub(in crate::scheduling) fn launch_tracked(
         &self,
         streams: &[CUstream],
         ctx: CUcontext,
         per_thread: bool,
         busy: bool,
+        joined: Option<Joined<Open>>,
         launch: impl FnOnce() -> CUresult,
     ) -> CUresult {
         let high = self.high.load(Relaxed);
         let batch = |key: StreamKey| self.batch_len(key);
-        let mut begun: [Option<Begun>; 4] = Default::default();
-        for (b, &s) in begun.iter_mut().zip(streams) {
+        let mut joined = joined;
+        let mut steps: [Option<Step>; 4] = Default::default();
+        for (i, (b, &s)) in steps.iter_mut().zip(streams).enumerate() {
             let key = flow::stream_key(s as usize, per_thread);
-            let open = self
-                .open
-                .lock()
-                .iter()
-                .any(|o| o.key == key && o.ctx == ctx as usize);
-            if open {
-                *b = Some(Begun {
-                    start: None,
-                    start_gap_ns: 0,
-                    skip: false,
-                });
+            let j = match joined.take() {
+                Some(j) if i == 0 => j,
+                _ => batch::join(&mut self.open.lock(), (key, ctx as usize), batch(key)),
+            };
+            if let Joined::Counted(full) = j {
+                *b = Some(Step::Counted(full));
                 continue;
             }
             let mut start = None;
@@ -151,16 +169,34 @@ impl Sched {
                     }
                 }
             }
-            *b = Some(Begun {
+            *b = Some(Step::Begins(Begun {
                 start,
                 start_gap_ns: recorded_at,
                 skip,
-            });
+            }));
         }
         let launched_at = now_ns();
         let r = launch();
-        for (b, &s) in begun.into_iter().zip(streams) {
-            let Some(mut b) = b else { continue };
+        self.last_submit_ns.store(launched_at, Release);
+        for (b, &s) in steps.into_iter().zip(streams) {
+            let key = flow::stream_key(s as usize, per_thread);
+            let mut b = match b {
+                None => continue,
+                Some(Step::Counted(full)) => {
+                    let full = if r.is_err() {
+                        // Not launched: counted out again.
+                        let back = Joined::Counted(full);
+                        batch::unjoin(&mut self.open.lock(), (key, ctx as usize), back)
+                    } else {
+                        full
+                    };
+                    if let Some(o) = full {
+                        self.close(o, true);
+                    }
+                    continue;
+                }
+                Some(Step::Begins(b)) => b,
+            };
             if r.is_err() || b.skip {
                 if let Some(start) = b.start.take() {
                     self.unchain(start);
@@ -170,7 +206,6 @@ impl Sched {
             if b.start_gap_ns != 0 {
                 b.start_gap_ns = launched_at.saturating_sub(b.start_gap_ns);
             }
-            let key = flow::stream_key(s as usize, per_thread);
             let full = {
                 let mut open = self.open.lock();
                 let i = match open
@@ -201,7 +236,7 @@ impl Sched {
                     }
                 };
                 open[i].launches = open[i].launches.saturating_add(1);
-                flow::closes(open[i].launches, batch(key)).then(|| open.swap_remove(i))
+                batch::closes(open[i].launches, batch(key)).then(|| open.swap_remove(i))
             };
             if let Some(o) = full {
                 self.close(o, true);
@@ -211,9 +246,32 @@ impl Sched {
             }
         }
         if r.is_ok() && !high {
-            self.calibrate(streams, ctx, per_thread);
+            self.calibrate(launched_at, streams, ctx, per_thread);
         }
         r
+    }
+
+    /// Counts a launch on `key` (of `ctx`) in the stream's open batch, if one is open
+    /// (`batch::join`: the launch then needs no flow control, and `launch_tracked` no other look
+    /// at the open batches); [`Joined::Begins`] otherwise.
+    pub(in crate::scheduling) fn join_batch(&self, key: StreamKey, ctx: usize) -> Joined<Open> {
+        let batch = self.batch_len(key);
+        batch::join(&mut self.open.lock(), (key, ctx), batch)
+    }
+
+    /// A launch counted by [`Sched::join_batch`] goes back to the gate instead of to the driver:
+    /// counted out (`batch::unjoin`; a batch it filled while the stream began another is closed
+    /// as it is, from the launching thread).
+    pub(in crate::scheduling) fn unjoin_batch(
+        &self,
+        key: StreamKey,
+        ctx: usize,
+        joined: Joined<Open>,
+    ) {
+        let back = batch::unjoin(&mut self.open.lock(), (key, ctx), joined);
+        if let Some(o) = back {
+            self.close(o, true);
+        }
     }
 
     /// Whether the newest batch of stream `key` (of `ctx`) in `inflight` is still running (one
@@ -236,23 +294,14 @@ impl Sched {
             })
     }
 
-    /// Whether a launch on `key` (of `ctx`) would begin a batch (nothing open on its stream).
-    pub(in crate::scheduling) fn begins_batch(&self, key: StreamKey, ctx: usize) -> bool {
-        !self
-            .open
-            .lock()
-            .iter()
-            .any(|o| o.key == key && o.ctx == ctx)
-    }
-
-    /// How many launches on stream `key` one event measures (`flow::batch_len`); one for a
+    /// How many launches on stream `key` one event measures (`batch::batch_len`); one for a
     /// high-priority tenant (an end event after each launch, as its flow control had: it is
     /// charged by wall time, and its latency is what it keeps short).
     pub(in crate::scheduling) fn batch_len(&self, key: StreamKey) -> u32 {
         if self.high.load(Relaxed) {
             return 1;
         }
-        flow::batch_len(
+        batch::batch_len(
             self.launch_ns.load(Relaxed),
             self.queue_depth(),
             matches!(key, StreamKey::Thread(_)),
@@ -402,8 +451,8 @@ impl Sched {
 
     /// Now and then, two events back to back after a launch: what they measure is the driver's step
     /// between stream operations, which a launch's event pair measures twice besides its device time.
-    fn calibrate(&self, streams: &[CUstream], ctx: CUcontext, per_thread: bool) {
-        let now = now_ns();
+    /// `now`: the launch's time, read before it.
+    fn calibrate(&self, now: u64, streams: &[CUstream], ctx: CUcontext, per_thread: bool) {
         let last = self.last_calibration_ns.load(Relaxed);
         let Some(&stream) = streams.first() else {
             return;

@@ -16,6 +16,7 @@ mod refresh;
 pub mod runtime;
 
 use crate::scheduling::arbiter::Choice;
+use crate::scheduling::batch::Joined;
 use crate::scheduling::cu::{self, RelaxedCapture};
 use crate::scheduling::demand::DemandState;
 use crate::scheduling::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
@@ -303,8 +304,10 @@ impl Sched {
                 // Only a launch that begins a batch on its stream waits (`flow::stream_limit`).
                 // (A launch into a capturing stream may wait here too: for our work already in
                 // flight, bounded; no event of ours is recorded into a capturing stream.)
+                // Counted in its stream's open batch now, if one is open (`batch::join`).
                 let mut busy = false;
-                if self.begins_batch(key, ctx as usize) {
+                let joined = self.join_batch(key, ctx as usize);
+                if matches!(joined, Joined::Begins) {
                     match self.flow_control(key, ctx as usize) {
                         Flow::Regrant => continue,
                         Flow::Go { busy: b } => busy = b,
@@ -313,13 +316,13 @@ impl Sched {
                 self.launching.fetch_add(1, SeqCst);
                 if !self.may_launch() || self.yields_to_high() {
                     self.launching.fetch_sub(1, SeqCst);
+                    self.unjoin_batch(key, ctx as usize, joined);
                     continue;
                 }
                 if !owner {
                     self.member.store(true, Relaxed);
                 }
-                let r = self.launch_tracked(streams, ctx, per_thread, busy, launch);
-                self.last_submit_ns.store(now_ns(), Release);
+                let r = self.launch_tracked(streams, ctx, per_thread, busy, Some(joined), launch);
                 self.launching.fetch_sub(1, SeqCst);
                 if waited_from != 0 {
                     if let Some(t) = self.ledger.layout().tenants.get(self.tenant()) {
@@ -331,9 +334,7 @@ impl Sched {
             }
             // Kept out past our due by an owner whose words lie: launch paced (`evidence`).
             if self.peer_pass() || self.evidence.paced() {
-                let r = self.launch_tracked(streams, ctx, per_thread, false, launch);
-                self.last_submit_ns.store(now_ns(), Release);
-                return r;
+                return self.launch_tracked(streams, ctx, per_thread, false, None, launch);
             }
             if captured() {
                 return launch();
