@@ -9,24 +9,24 @@
 pub(in crate::scheduling) mod completions;
 pub(in crate::scheduling) mod events;
 pub mod evidence;
+mod grant;
 mod liveness;
 mod owner;
 mod peers;
 mod refresh;
 pub mod runtime;
 
-use crate::scheduling::arbiter::Choice;
 use crate::scheduling::batch::Joined;
 use crate::scheduling::cu::{self, RelaxedCapture};
 use crate::scheduling::demand::DemandState;
-use crate::scheduling::device::{futex_wait, futex_wake, now_ns, DeviceLedger};
+use crate::scheduling::device::{futex_wait, now_ns, DeviceLedger};
 use crate::scheduling::flow::{self, Pick, StreamKey, WaitBound};
 use completions::Waited;
 use events::{Open, Pending, Tracked};
 use evidence::Evidence;
 
 use crate::scheduling::meter::Meter;
-use crate::scheduling::{incident, turn, Holder, Incident, TenantId};
+use crate::scheduling::{turn, Holder, TenantId};
 use gpuslice_api::types::{CUcontext, CUstream};
 use gpuslice_api::CUresult;
 use parking_lot::Mutex;
@@ -344,98 +344,6 @@ impl Sched {
             }
             self.wait_for_grant();
         }
-    }
-
-    /// Waits until this process owns the device (or the device is no longer contended).
-    fn wait_for_grant(&self) {
-        let l = self.ledger.layout();
-        let h = &l.header;
-        let slot = &l.slots[self.slot];
-        if self.waiting.fetch_add(1, SeqCst) == 0 {
-            self.waiting_since.store(now_ns(), SeqCst);
-        }
-        self.publish_waiting();
-        loop {
-            if !self.contended()
-                || runtime::stopped()
-                || self.peer_pass_due()
-                || self.tenant_turn()
-                || self.evidence.paced()
-            {
-                break;
-            }
-            // Our words zeroed or scribbled (a truncation repaired with zeros, another program):
-            // arbitration would never see us wait. Written again on every pass (at most
-            // `WAITER_POLL_NS` apart).
-            if !self.waiting_published(slot) {
-                self.publish_waiting();
-            }
-            let e = h.epoch.load(Acquire);
-            let o = Holder::from_word(h.owner.load(Acquire));
-            if o == self.me() {
-                if self.owned.load(SeqCst) != e
-                    && !self.stopping.load(SeqCst)
-                    && self.evidence.may_own()
-                {
-                    self.owned.store(e, SeqCst);
-                }
-                if self.owns_now() {
-                    break;
-                }
-                // Our own slice is ending: wait for the hand-over.
-                futex_wait(&h.epoch, e, self.waiter_poll_ns());
-                continue;
-            }
-            if o.is_none() {
-                let mut timeout = WAITER_POLL_NS;
-                let g = self.ledger.lock(self.slot);
-                if Holder::from_word(h.owner.load(Acquire)).is_none() {
-                    let c = g.hand_over(now_ns());
-                    drop(g);
-                    futex_wake(&h.epoch);
-                    if let Choice::Wait { retry_ns } = c {
-                        timeout = retry_ns.min(WAITER_POLL_NS);
-                    }
-                } else {
-                    drop(g);
-                }
-                if h.epoch.load(Acquire) == e && h.owner.load(Acquire) == 0 {
-                    futex_wait(&h.epoch, e, timeout);
-                }
-                continue;
-            }
-            let Some(owner) = o.slot() else {
-                incident(
-                    Incident::Owner,
-                    format_args!(
-                        "device ledger {}: owner word {:#x} names no slot",
-                        self.ledger.path().display(),
-                        o.word()
-                    ),
-                );
-                self.revoke(o, e);
-                continue;
-            };
-            let ot = l.slots[owner].tenant.load(Acquire) as usize;
-            if self.high.load(Relaxed) && !self.ledger.is_high(ot) && h.preempt.swap(1, AcqRel) == 0
-            {
-                futex_wake(&h.preempt);
-            }
-            if self.overdue(h) || !self.ledger.slot_alive(owner, Some(self.slot)) {
-                self.revoke(o, e);
-                continue;
-            }
-            // Our tenant's owner past its slice: it renews (the turn is shared again) or hands
-            // over, soon.
-            let poll = if ot == self.tenant() {
-                TURN_POLL_NS
-            } else {
-                self.waiter_poll_ns()
-            };
-            futex_wait(&h.epoch, e, poll);
-        }
-        self.waiting.fetch_sub(1, SeqCst);
-        self.publish_waiting();
     }
 
     /// Keeps at most `flow::stream_limit` launches in flight on the launch's stream `key` (of
