@@ -39,10 +39,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from simgpu_setup import prepare
 
 
 def main():
@@ -54,20 +53,7 @@ def main():
     a = ap.parse_args()
     if a.baseline:
         a.baseline = os.path.abspath(a.baseline)
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    if not os.path.isabs(target):
-        target = os.path.join(ROOT, target)
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "gpuslice", "-p", "simgpu-cuda",
-                    "-p", "simgpu-nvml", "-p", "simgpu-core"], cwd=ROOT, check=True)
-    rel = os.path.join(target, "release")
-    work = tempfile.mkdtemp(prefix="gpuslice-bench-contended-")
-    lib = os.path.join(work, "lib")
-    subprocess.run(["bash", "scripts/install-simgpu.sh", rel, lib], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
-    client = os.path.join(work, "compute_client")
-    subprocess.run(["cc", "-O2", "-Wall", "-I", os.path.join(ROOT, "target/nvidia/include/cu13"),
-                    os.path.join(ROOT, "tests/clients/compute_client.c"), "-o", client,
-                    "-L", lib, "-lcuda", "-ldl", "-lpthread"], check=True)
+    rel, work, lib, client = prepare("gpuslice-bench-contended-")
     stat_bin = os.path.join(rel, "simgpu-stat")
     try:
         modes = ("none", "shim") + (("base",) if a.baseline else ())

@@ -33,10 +33,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from simgpu_setup import prepare
 
 
 def cells():
@@ -63,20 +62,7 @@ def main():
     a = ap.parse_args()
     if a.seconds < 3:
         sys.exit("shares_matrix: --seconds must be at least 3 (the first window is not judged)")
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    if not os.path.isabs(target):
-        target = os.path.join(ROOT, target)
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "gpuslice", "-p", "simgpu-cuda",
-                    "-p", "simgpu-nvml", "-p", "simgpu-core"], cwd=ROOT, check=True)
-    rel = os.path.join(target, "release")
-    work = tempfile.mkdtemp(prefix="gpuslice-bench-matrix-")
-    lib = os.path.join(work, "lib")
-    subprocess.run(["bash", "scripts/install-simgpu.sh", rel, lib], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
-    client = os.path.join(work, "compute_client")
-    subprocess.run(["cc", "-O2", "-Wall", "-I", os.path.join(ROOT, "target/nvidia/include/cu13"),
-                    os.path.join(ROOT, "tests/clients/compute_client.c"), "-o", client,
-                    "-L", lib, "-lcuda", "-ldl", "-lpthread"], check=True)
+    rel, work, lib, client = prepare("gpuslice-bench-matrix-")
     ctx = {"work": work, "lib": lib, "client": client, "shim": os.path.join(rel, "libgpuslice.so"),
            "stat": os.path.join(rel, "simgpu-stat")}
     hogs = start_hogs(a.hog)
