@@ -231,11 +231,14 @@ fn main() {
     // functions, and kept every libc import they make (178 symbol lookups at load instead of 104).
     // GNU ld merges the two scripts to the same set. The exports: the hooks (`cu*`, `nvml*`), the
     // interposed loader functions, and gpuslice's own entry points (`gpuslice_dlsym_hook`,
-    // `gpuslice_rebind`).
+    // `gpuslice_rebind`, and the drop-in libraries' `gpuslice_dropin_library`, which `gpuslice
+    // doctor` looks for: the drop-ins link this library's link arguments too, and under `zig cc`
+    // this script is the one they keep; a pattern, since libgpuslice.so does not define it and a
+    // linker may refuse a named symbol that is not defined).
     let exports = Path::new(&out_dir).join("c-exports.map");
     std::fs::write(
         &exports,
-        "{ global: dlsym; dlvsym; dlopen; cu*; nvml*; gpuslice_dlsym_hook; gpuslice_rebind; local: *; };\n",
+        "{ global: dlsym; dlvsym; dlopen; cu*; nvml*; gpuslice_dlsym_hook; gpuslice_rebind; gpuslice_dropin_*; local: *; };\n",
     )
     .unwrap();
     println!(
