@@ -71,17 +71,6 @@ pub fn may_hand_on(companion: bool, slice_ns: u64) -> bool {
     companion && slice_ns & HANDED_ON == 0
 }
 
-/// Whether an epoch that replaced ours while we owned the device, and that names us again, can only
-/// be forged words (`evidence`): we renew our own epochs ourselves, and the only honest way to a new
-/// one naming us is a waiter revoking us (our heartbeat late on a loaded host) and handing the
-/// device over at once, to us again. A revocation counts itself in the ledger's header first, so
-/// the count moving since our previous step (`revocations_before` to `revocations_now`) tells a
-/// revocation and re-grant from forgery. (A forger that also moves the count is still held to its
-/// due by its own process's bucket, and found by its victims' watch.)
-pub fn forged_epoch(names_us: bool, revocations_before: u64, revocations_now: u64) -> bool {
-    names_us && revocations_before == revocations_now
-}
-
 /// The slice word's mark of a turn handed on.
 pub const HANDED_ON: u64 = 1;
 
@@ -150,22 +139,6 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
-
-    #[test]
-    fn only_a_new_epoch_naming_us_without_a_revocation_is_forged() {
-        assert!(
-            forged_epoch(true, 7, 7),
-            "named again, nobody revoked us: forged"
-        );
-        assert!(
-            !forged_epoch(true, 7, 8),
-            "revoked (late heartbeat) and granted to us again: honest"
-        );
-        assert!(
-            !forged_epoch(false, 7, 7),
-            "the device went to someone else: revoked, not forged"
-        );
-    }
 
     #[test]
     fn another_slot_of_the_tenant_shares_its_turn() {

@@ -120,12 +120,7 @@ impl Sched {
         let h = &self.ledger.layout().header;
         let (mut last_refresh, mut last_sweep) = (0u64, 0u64);
         let beat = &self.ledger.layout().slots[self.slot].beat_ns;
-        // The header's revocation count at the top of the previous step: read while our epoch was
-        // still ours, before anything the check below can see (`turn::forged_epoch`).
-        let mut revocations = h.revocations.load(Acquire);
         while !self.stop.load(Acquire) {
-            let revocations_before = revocations;
-            revocations = h.revocations.load(Acquire);
             let now = now_ns();
             beat.store(now, Release);
             self.weigh_step(now);
@@ -189,13 +184,8 @@ impl Sched {
                 continue;
             }
             if h.owner.load(Acquire) != self.me().word() || h.epoch.load(Acquire) != owned {
-                if turn::forged_epoch(
-                    h.owner.load(Acquire) == self.me().word(),
-                    revocations_before,
-                    h.revocations.load(Acquire),
-                ) {
-                    // A new epoch naming us that we did not write, and nobody revoked us: forged
-                    // words (`evidence`).
+                if h.owner.load(Acquire) == self.me().word() {
+                    // A new epoch naming us that we did not write: forged words (`evidence`).
                     self.evidence.forged();
                 }
                 // Revoked (we were stopped or too slow): queue like everyone else.
