@@ -294,7 +294,10 @@ impl Tenant {
     /// totals stay the driver's, and reconciliation at the object's unload gives it back to the
     /// unattributed charge. `None` when the last reading did not agree (the figure is read).
     fn settled_figure(&self, device: &Device, slot: usize, reserved: u64) -> Option<Sample> {
-        if !self.agreed(slot) || self.context_reserve_is_explicit() {
+        // Operations charged up front since (`up_front`) may have made the driver spend more
+        // than they were charged: the figure is read.
+        if !self.agreed(slot) || self.context_reserve_is_explicit() || self.unmeasured_on(slot) > 0
+        {
             return None;
         }
         let Some(Ok(ledger)) = self.ledger.get() else {

@@ -38,6 +38,7 @@ pub mod reservation;
 pub mod sizes;
 mod spin;
 pub mod tenant;
+pub mod up_front;
 pub mod views;
 pub mod vmm;
 

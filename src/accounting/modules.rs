@@ -2,6 +2,8 @@
 //! the device, read from the image, is reserved before the driver is asked: a load the quota has
 //! no room for is refused before the driver spends the memory. A driver that loads lazily loads
 //! nothing yet: the code is reserved and charged at its lookups ([`Tenant::load_lazy_code`]).
+//! Where the process reads its own figure and has room, the cost known from the image is charged
+//! up front without a measurement, verified by a reading every few operations (`up_front`).
 
 use super::first_launch;
 use super::measurement::{Expected, Measurement};
@@ -62,6 +64,17 @@ impl Tenant {
             (false, 0) => size,
             (false, _) => expected,
         };
+        // Charged its pages up front when the image says what the driver loads (a lazy load
+        // loads nothing yet), else measured.
+        if (lazy || code.total() > 0) && self.may_charge_up_front(device, expected) {
+            let (loaded, charge) = self.charge_up_front(device, expected, what, call)?;
+            self.record_overhead(kind, key(loaded), owner, charge);
+            if lazy {
+                self.record_lazy_code(kind, key(loaded), code);
+            }
+            self.settle_up_front(device);
+            return Ok(());
+        }
         let m = Measurement::new(what, fallback, Expected::Known(expected));
         let (loaded, charge, after) =
             self.charge_measured_sampled(device, &m, call, Some(unload))?;
@@ -71,6 +84,32 @@ impl Tenant {
         }
         self.reconcile_with(device, after);
         Ok(())
+    }
+
+    /// A module or library the driver unloaded: its charge is returned, then the driver's figure
+    /// read and reconciled (the driver gave memory back), unless the device takes operations
+    /// charged up front ([`Tenant::may_charge_up_front`]; a library only in a process on one
+    /// device, its code being loaded per context): then counted as one of them.
+    pub fn unload_code_object(&self, kind: Overhead, handle: usize) {
+        let charge = self
+            .records
+            .lock()
+            .overhead
+            .get(&(kind as u8, handle))
+            .map(|o| o.charge);
+        // Also a lazily loaded library with nothing loaded yet: its pending kernels go.
+        self.forget_overhead(kind, handle);
+        let Some(charge) = charge.filter(|c| c.bytes > 0) else {
+            return;
+        };
+        let one_device = kind == Overhead::Module || self.known_devices().count() == 1;
+        match self
+            .known_devices()
+            .find(|d| d.slot.as_ref().ok() == Some(&charge.device))
+        {
+            Some(d) if one_device && self.may_charge_up_front(d, 0) => self.settle_up_front(d),
+            _ => self.reconcile_all(),
+        }
     }
 
     /// The driver loads `kernel`'s code of lazily loaded module or library `handle` (and the
@@ -89,6 +128,12 @@ impl Tenant {
         let Some(device) = self.overhead_device(kind == Overhead::Module) else {
             return call();
         };
+        if self.may_charge_up_front(device, expected) {
+            let ((), charge) = self.charge_up_front(device, expected, "kernel load", || call())?;
+            self.lazy_code_loaded(kind, handle, kernel, charge);
+            self.settle_up_front(device);
+            return Ok(());
+        }
         let m = Measurement::new("kernel load", expected, Expected::Known(expected));
         let ((), charge, after) = self.charge_measured_sampled(
             device,

@@ -21,6 +21,9 @@ pub(super) struct State {
     /// and left the ledger agreeing with it (no surplus, nothing beyond the charges left uncharged;
     /// a forked child's is not its parent's). See `measurement::settled_figure`.
     pub agreed: super::records::KeyMap<usize, u32>,
+    /// Ledger device -> operations charged up front there since the last reading
+    /// (`up_front`); a reconciliation's reading brings it back to 0.
+    pub unmeasured: super::records::KeyMap<usize, u32>,
 }
 
 impl Tenant {
@@ -30,9 +33,30 @@ impl Tenant {
         self.overhead.lock().agreed.get(&slot).copied() == Some(own_pid())
     }
 
-    /// Marks ledger device `slot` as not agreeing (no PID to read for that).
+    /// Marks ledger device `slot` as not agreeing (no PID to read for that), before a
+    /// reconciliation: its reading also covers every operation charged up front there.
     fn disagree(&self, slot: usize) {
-        self.overhead.lock().agreed.insert(slot, 0);
+        let mut state = self.overhead.lock();
+        state.agreed.insert(slot, 0);
+        state.unmeasured.remove(&slot);
+    }
+
+    /// Operations charged up front on ledger device `slot` since the last reading there.
+    pub(super) fn unmeasured_on(&self, slot: usize) -> u32 {
+        self.overhead
+            .lock()
+            .unmeasured
+            .get(&slot)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Counts one more operation charged up front on ledger device `slot`; returns the count.
+    pub(super) fn note_unmeasured(&self, slot: usize) -> u32 {
+        let mut state = self.overhead.lock();
+        let n = state.unmeasured.entry(slot).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
     }
 }
 

@@ -240,12 +240,7 @@ fn load<H>(
 fn unload(kind: Overhead, handle: usize, call: impl FnOnce() -> CUresult) -> CUresult {
     call()?;
     if let Some(t) = tenant() {
-        let charged = t.overhead_of(kind, handle) > 0;
-        // Also a lazily loaded library with nothing loaded yet: its pending kernels go.
-        t.forget_overhead(kind, handle);
-        if charged {
-            t.reconcile_all();
-        }
+        t.unload_code_object(kind, handle);
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ mod measure;
 mod nvml;
 mod pools;
 mod reserve;
+mod up_front;
 
 pub const UUID: &str = "GPU-00000000-0000-4000-8000-0000000000a1";
 pub const UUID_B: &str = "GPU-00000000-0000-4000-8000-0000000000b2";
