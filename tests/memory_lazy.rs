@@ -344,3 +344,47 @@ fn local_memory_is_charged_per_context_and_given_back_with_it() {
 fn local_memory_of_an_eagerly_loaded_library_kernel_is_charged_per_context() {
     local_memory_per_context("EAGER");
 }
+
+/// Module code charged up front (docs/MEMORY.md): with room, a module's load and lookup are
+/// charged the image's pages without a reading, and every 32nd such operation reads the process's
+/// figure and charges what the driver spent beyond them. Here simgpu spends twice each image
+/// (`SIMGPU_MODULE_SCALE=2`) over 100 modules of 2 MiB kept loaded (400 MiB, 200 MiB beyond their
+/// images):
+/// the charge trails simgpu's figure by at most the lookups since the last reading (16, 2 MiB
+/// each), never exceeds it, and simgpu's figure stays within the quota; once all are unloaded the
+/// charge comes back to the context's to within the unloads since the last reading.
+#[test]
+fn module_code_charged_up_front_is_verified_every_few_operations() {
+    const SINCE_READING: u64 = 16 * GRANULE;
+    /// simgpu's default context cost.
+    const SIM_CONTEXT: u64 = 300 * MIB;
+    let dir = scratch("up-front");
+    let sim = sim("lazy-up-front").env("SIMGPU_MODULE_SCALE", "2");
+    let mut child = sim.spawn(&mut client(&sim, &dir, "mods", &["many", "100", "2"]));
+    let kv = wait_for_key(&mut child, "loaded");
+    assert_eq!(kv["loaded"], "100", "{kv:?}");
+    let pid = kv["pid"].clone();
+    let used = process_used_on(&sim.stat(), &pid, 0);
+    let charge = charged(&dir, "mods", &pid);
+    assert!(
+        used >= SIM_CONTEXT + 400 * MIB,
+        "simgpu spent twice each module's page: {used}"
+    );
+    assert!(
+        charge <= used + GRANULE && used <= charge + SINCE_READING + GRANULE,
+        "after 100 loads: charged {charge}, simgpu holds {used}"
+    );
+    assert!(group_peak_on(&sim.stat(), "mods", 0) <= QUOTA);
+    go(&mut child);
+    wait_for_key(&mut child, "unloaded");
+    let used = process_used_on(&sim.stat(), &pid, 0);
+    let charge = charged(&dir, "mods", &pid);
+    assert!(
+        used.abs_diff(SIM_CONTEXT) <= GRANULE
+            && charge + GRANULE >= used
+            && charge <= used + 2 * SINCE_READING + GRANULE,
+        "after the unloads: charged {charge}, simgpu holds {used}"
+    );
+    go(&mut child);
+    finish(child, "many").assert_success();
+}

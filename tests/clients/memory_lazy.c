@@ -36,6 +36,11 @@
  *                                  context, `small` launched again (launch6_rc): again=1, wait for
  *                                  a line; the primary context released (its last reference:
  *                                  destroyed): released=1, wait for a line. Each step synchronised.
+ *   many N MOD_MIB                 a context; N modules of a MOD_MIB MiB PTX kernel `touch` loaded
+ *                                  (cuModuleLoadData) and their kernels looked up
+ *                                  (cuModuleGetFunction), kept: loaded=COUNT (up to the first
+ *                                  failure, whose codes are load_rc, lookup_rc), wait for a line;
+ *                                  all unloaded: unloaded=1, wait for a line
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -158,6 +163,32 @@ int main(int argc, char **argv) {
         CHECK(cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE));
         printf("stack=%zu\n", stack);
         printf("done=1\n");
+        wait_line();
+        return 0;
+    }
+    if (strcmp(mode, "many") == 0 && argc == 4) {
+        int n = atoi(argv[2]), loaded = 0;
+        char *ptx = ptx_image(strtoull(argv[3], 0, 10) * MIB, 0);
+        CUmodule *mods = calloc(n > 0 ? n : 1, sizeof *mods);
+        for (; loaded < n; loaded++) {
+            CUfunction f;
+            CUresult rc = cuModuleLoadData(&mods[loaded], ptx);
+            if (rc != CUDA_SUCCESS) {
+                printf("load_rc=%d\n", (int)rc);
+                break;
+            }
+            rc = cuModuleGetFunction(&f, mods[loaded], "touch");
+            if (rc != CUDA_SUCCESS) {
+                printf("lookup_rc=%d\n", (int)rc);
+                CHECK(cuModuleUnload(mods[loaded]));
+                break;
+            }
+        }
+        free(ptx);
+        printf("loaded=%d\n", loaded);
+        wait_line();
+        for (int i = 0; i < loaded; i++) CHECK(cuModuleUnload(mods[i]));
+        printf("unloaded=1\n");
         wait_line();
         return 0;
     }
