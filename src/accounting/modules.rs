@@ -129,7 +129,7 @@ impl Tenant {
             return call();
         };
         if self.may_charge_up_front(device, expected) {
-            let ((), charge) = self.charge_up_front(device, expected, "kernel load", || call())?;
+            let ((), charge) = self.charge_up_front(device, expected, "kernel load", call)?;
             self.lazy_code_loaded(kind, handle, kernel, charge);
             self.settle_up_front(device);
             return Ok(());
