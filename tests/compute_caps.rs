@@ -6,7 +6,7 @@
 //! A busy machine can only make a client slower (less busy), never busier than its cap: a scenario
 //! that misses runs once more, and a second miss fails the test with both runs' figures.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

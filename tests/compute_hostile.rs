@@ -4,7 +4,7 @@
 //! of time, a grant ten minutes ahead). Every process must finish within its run time plus 2 s, with
 //! every call answered successfully.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

@@ -6,7 +6,7 @@
 //! fraction of the device): the tests must pass on a busy 2-core machine. The scenarios run one after
 //! the other in one test, so they do not compete for the CPU.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

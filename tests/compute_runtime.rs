@@ -2,7 +2,7 @@
 //! nothing configured runs no thread of ours; a process with both the preloaded library and the
 //! drop-in libcuda takes part once (one slot, one gate per launch), through the drop-in.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use gpuslice::scheduling::shm::{Layout, SlotEntry, MAX_SLOTS, SLOT_ACTIVE};

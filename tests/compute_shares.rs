@@ -11,7 +11,7 @@
 //! window measured 46%), so a single miss is not trusted either way; a fault that misses every time
 //! still fails, with both runs' figures.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

@@ -3,7 +3,7 @@
 //! (priority, log level) say that allocations are not affected, and they are not. Real clients on
 //! simgpu with the shim preloaded; the judge is simgpu's busy counter.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

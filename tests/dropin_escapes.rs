@@ -3,7 +3,7 @@
 //! through (4 = enforced, 8 = escaped). A program not linked against CUDA (`escape_main.c`) opens
 //! either a library linked `-lcuda` with `RTLD_DEEPBIND`, or the driver itself by absolute path.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::path::{Path, PathBuf};

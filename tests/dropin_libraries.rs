@@ -4,7 +4,7 @@
 //! preloaded library), a drop-in never loading itself as the driver, and preload + drop-in in one
 //! process counting everything once. simgpu's counters and the clients' output are the judge.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::collections::BTreeSet;

@@ -7,7 +7,7 @@
 //! The pack builds the release libraries (`cargo build --release`, which `scripts/test` runs before the
 //! tests, so that here it has nothing left to do) in the target directory of this test run.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::Json;
 use std::path::{Path, PathBuf};

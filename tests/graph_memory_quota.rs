@@ -3,7 +3,7 @@
 //! gpuslice); its memory is allocated when the graph is launched, and that launch is held to the
 //! quota. Judged by the CUresults the unmodified program sees and by simgpu's own memory counters.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

@@ -4,7 +4,7 @@
 //! the process, through a C client (tests/clients/graph_pool.c) that never asks `cuMemGetInfo`, so
 //! what is judged is what graph launches and trims were charged, not what reconciliation found.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;

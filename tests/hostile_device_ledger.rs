@@ -6,7 +6,7 @@
 //! The judge is simgpu's busy counter: a tenant capped at 20% with two spinning processes keeps
 //! the device about 20% busy when scheduled, nearly 100% when not.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

@@ -3,7 +3,7 @@
 //! join, fork and repair guarantees. Clients are real CUDA programs on simgpu with the shim
 //! preloaded; every directory is private to the test.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim_lib;
 use common::*;

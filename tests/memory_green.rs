@@ -3,7 +3,7 @@
 //! library; the primary context each green context retains is charged once, and given back when
 //! the last of them and the program's own reference go. Judged by simgpu's counters.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;

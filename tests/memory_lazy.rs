@@ -5,7 +5,7 @@
 //! (tests/clients/memory_lazy.c) that never asks `cuMemGetInfo`, so what is judged is what the
 //! operations were charged, not what reconciliation found later.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;

@@ -5,7 +5,7 @@
 //! (`SIMGPU_MIG`) by its own counters, through a Python client (tests/clients/mig_views.py) preloaded
 //! and under the drop-in.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;

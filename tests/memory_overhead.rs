@@ -3,7 +3,7 @@
 //! simgpu's own counters (per-process and per-group used memory, which is what a GPU holds) through
 //! a C client (tests/clients/quota_overhead.c) in preload, drop-in and mixed deployments.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::collections::BTreeMap;

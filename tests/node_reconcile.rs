@@ -4,7 +4,7 @@
 //! itself in NVML's lists (simgpu lists host PIDs, as a driver does), so only the node, which sees
 //! host PIDs, can tell it what the driver holds for it.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;

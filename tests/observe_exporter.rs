@@ -4,7 +4,7 @@
 //! Prometheus scrapes it and answers PromQL over it, and broken or vanishing ledgers cost only their
 //! own series. Prometheus and promtool come from Debian's `prometheus` package (scripts/test).
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

@@ -5,7 +5,7 @@
 //! `/dev/shm` is). What the clients run (their program, the library, simgpu) is copied into the
 //! machine's directory, which other uids can traverse wherever the tree is.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;

@@ -6,7 +6,7 @@
 //! nothing is configured, answers cuGetProcAddress like NVIDIA's real driver, and its dlsym interposer
 //! leaves every other lookup as glibc answers it.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;

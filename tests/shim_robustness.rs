@@ -4,7 +4,7 @@
 //! `-lcuda`) run on simgpu with `libgpuslice.so` preloaded; what is asserted is what the driver API
 //! returned to it, simgpu's own counters (`simgpu-stat`), and what `gpuslice status` prints.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use common::{libgpuslice as shim_lib, libgpuslice as installed_shim_lib};

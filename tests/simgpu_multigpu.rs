@@ -3,7 +3,7 @@
 //! meet), kernels of one context concurrent across streams with busy time counted once. Judged by
 //! simgpu-stat and the clients' own output.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::process::Child;

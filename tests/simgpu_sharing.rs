@@ -2,7 +2,7 @@
 //! run one at a time, and launches are asynchronous. Judged by simgpu-stat and by timings measured
 //! inside the clients.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

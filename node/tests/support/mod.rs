@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use gpuslice_testkit as common;
 #[allow(unused_imports)] // each test file uses a different part
 pub use common::{
     exporter_address, finish, gpuslice_bin, reachable_copy, reachable_simgpu, require, root,

@@ -6,7 +6,9 @@
 //!
 //! Everything this needs is installed by `scripts/test`; a missing piece is a panic naming it, never
 //! a silent skip.
-#![allow(dead_code)] // each test file uses a different part of the harness
+//!
+//! A dev-dependency of the crates whose tests run clients (the root crate, `node`); a test file
+//! says `use gpuslice_testkit as common;` and then `use common::*;`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -18,13 +20,13 @@ use std::sync::{Mutex, OnceLock};
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
-/// The repository root (also when a member crate's tests include this file: node/tests).
+/// The repository root (this crate is `<root>/tests/kit`).
 pub fn root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest
         .ancestors()
-        .find(|d| d.join("tests/common/mod.rs").is_file())
-        .unwrap_or(manifest)
+        .nth(2)
+        .expect("the kit lives in <root>/tests/kit")
         .to_path_buf()
 }
 
@@ -60,6 +62,18 @@ pub fn gpuslice_bin() -> PathBuf {
     )
 }
 
+/// The directory where tests put their private files: `<target>/tmp`, what cargo names
+/// `CARGO_TARGET_TMPDIR` to integration tests (a library crate is not given it), found from the
+/// test binary's path (`<target>/<profile>/deps/<test>`).
+pub fn tmp_dir() -> PathBuf {
+    let dir = profile_dir()
+        .parent()
+        .expect("test binaries live in <target>/<profile>/deps")
+        .join("tmp");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
+
 /// The build profile's directory (`<target>/<profile>`): libgpuslice.so, the drop-in cdylibs and
 /// the binaries, beside the test binaries' `deps/`.
 pub fn profile_dir() -> PathBuf {
@@ -87,7 +101,7 @@ pub fn dropin_dir() -> PathBuf {
         let name = exe
             .file_stem()
             .map_or_else(|| "tests".into(), |n| n.to_string_lossy().into_owned());
-        let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        let dest = tmp_dir()
             .join(format!("dropin-{name}-{}", std::process::id()));
         let out = Command::new(root().join("scripts/install-dropin.sh"))
             .arg(profile_dir())
@@ -217,7 +231,7 @@ pub fn compile(b: &CBuild) -> PathBuf {
     }
     // Built under a private name, then renamed into place: several test binaries may build the same
     // client at once, and a running copy keeps its inode.
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("clients");
+    let dir = tmp_dir().join("clients");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(b.name);
     let tmp = dir.join(format!(".{}.{}", b.name, std::process::id()));
@@ -773,7 +787,7 @@ pub fn total(per_device: &[(usize, u64)]) -> u64 {
 /// temporary directory): ledgers, device ledgers, measurement locks.
 pub fn scratch_dir(prefix: &str, tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+    let dir = tmp_dir().join(format!(
         "{prefix}-{tag}-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
@@ -817,7 +831,7 @@ impl Scene {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        let dir = tmp_dir()
             .join(format!("{prefix}-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
