@@ -56,7 +56,7 @@ fn compute_share_zero_applies_the_strictest_setting_it_announces() {
     let wall = run.get_u64("end_ns") - run.get_u64("start_ns");
     let busy = sim
         .stat()
-        .find("groups", "name", &Json::Str("z".into()))
+        .find("groups", "name", &Json::String("z".into()))
         .map_or(0, |g| g.u64("busy_ns.0"));
     let frac = busy as f64 / wall as f64;
     println!(

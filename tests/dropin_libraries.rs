@@ -450,7 +450,7 @@ fn preload_plus_dropin_counts_once() {
     drop(child.stdin.take());
     finish(child, "hold").assert_success();
     assert!(status.status.success());
-    let json = Json::parse(&String::from_utf8_lossy(&status.stdout)).unwrap();
+    let json = parse_json(&String::from_utf8_lossy(&status.stdout)).unwrap();
     assert_eq!(
         json.u64("memory.devices.0.used"),
         CONTEXT_RESERVE + MODULE + 256 * MIB,

@@ -409,7 +409,7 @@ fn contexts_on_two_devices_are_each_charged_on_their_device() {
         let mut holder = sim.spawn(&mut client(&sim, deploy, &dir, "two", &["second"]));
         let pid = wait_for_key(&mut holder, "ready")["pid"].clone();
         let stat = sim.stat();
-        let Json::Arr(procs) = stat.at("processes") else {
+        let Json::Array(procs) = stat.at("processes") else {
             panic!("simgpu-stat: no processes in {stat}")
         };
         let process = procs
@@ -538,7 +538,7 @@ fn held_on_two_devices(deploy: Deploy, mode: &str) -> (BTreeMap<String, String>,
     let mut holder = sim.spawn(cmd.env("GPUSLICE_MEMORY_LIMIT", "0=4GiB,1=1GiB"));
     let kv = wait_for_key(&mut holder, "ready");
     let stat = sim.stat();
-    let Json::Arr(procs) = stat.at("processes") else {
+    let Json::Array(procs) = stat.at("processes") else {
         panic!("simgpu-stat: no processes in {stat}")
     };
     let process = procs
@@ -2137,8 +2137,8 @@ fn ledger_pids(sim: &Sim, dir: &Path, tenant: &str) -> Vec<u64> {
         .env("GPUSLICE_DEVICE_DIR", dir.join("devices"));
     let run = sim.run_cmd(&mut cmd);
     run.assert_success();
-    let doc = Json::parse(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()));
-    let Json::Arr(processes) = doc.at("memory.processes") else {
+    let doc = parse_json(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()));
+    let Json::Array(processes) = doc.at("memory.processes") else {
         panic!("no memory.processes in {}", run.stdout)
     };
     processes.iter().map(|p| p.u64("pid")).collect()
@@ -2206,8 +2206,8 @@ fn status_shows_allocations_and_overhead_per_process() {
         run.stdout
     };
     let text = status(true);
-    let doc = Json::parse(&text).unwrap_or_else(|e| panic!("status --json: {e}\n{text}"));
-    let Json::Arr(processes) = doc.at("memory.processes") else {
+    let doc = parse_json(&text).unwrap_or_else(|e| panic!("status --json: {e}\n{text}"));
+    let Json::Array(processes) = doc.at("memory.processes") else {
         panic!("no memory.processes in {text}")
     };
     let me = processes
@@ -2304,7 +2304,7 @@ fn contexts_in_their_own_pid_namespaces_are_charged_what_they_cost() {
         assert_eq!(kv["pid"], "1", "the client is its namespace's init: {kv:?}");
     }
     let stat = sim.stat();
-    let Json::Arr(procs) = stat.at("processes") else {
+    let Json::Array(procs) = stat.at("processes") else {
         panic!("simgpu-stat: no processes in {stat}")
     };
     assert_eq!(procs.len(), N, "{stat}");
@@ -2530,12 +2530,12 @@ fn a_context_created_in_a_container_is_not_charged_a_neighbours_allocations() {
         "the client is its container's init: {ready:?}"
     );
     let after = sim.stat();
-    let Json::Arr(procs) = after.at("processes") else {
+    let Json::Array(procs) = after.at("processes") else {
         panic!("simgpu-stat: no processes in {after}")
     };
     let ours = procs
         .iter()
-        .find(|p| p.at("group") == &Json::Str("pod".to_string()))
+        .find(|p| p.at("group") == &Json::String("pod".to_string()))
         .unwrap_or_else(|| panic!("the pod's process in {after}"));
     assert_ne!(ours.u64("pid"), 1, "simgpu lists its host PID: {after}");
     assert_eq!(ours.u64("used.0"), SIM_CONTEXT, "{after}");

@@ -115,12 +115,12 @@ fn unix_ms() -> u64 {
 
 /// A simgpu group's (a tenant's or an outsider's) one process: (host PID, used on device 0).
 fn group_process(stat: &Json, group: &str) -> (u64, u64) {
-    let Json::Arr(procs) = stat.at("processes") else {
+    let Json::Array(procs) = stat.at("processes") else {
         panic!("simgpu-stat: no processes in {stat}")
     };
     let p = procs
         .iter()
-        .find(|p| p.at("group") == &Json::Str(group.to_string()))
+        .find(|p| p.at("group") == &Json::String(group.to_string()))
         .unwrap_or_else(|| panic!("no process of {group} in {stat}"));
     (p.u64("pid"), p.u64("used.0"))
 }
@@ -227,7 +227,7 @@ fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
         .env("GPUSLICE_DEVICE_DIR", &devices);
     let run = sim.run_cmd(&mut cmd);
     run.assert_success();
-    let status = Json::parse(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()));
+    let status = parse_json(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()));
     let peak = group(&sim.stat(), "pod").u64("peak.0");
     finish(pod, "pod").assert_success();
     PodRun {
@@ -457,7 +457,7 @@ fn an_ipc_mapping_kept_after_the_exporters_free_stays_charged() {
         });
         let (charged, _) = charges();
         let stat = sim.stat();
-        let Json::Arr(list) = stat.at("processes") else {
+        let Json::Array(list) = stat.at("processes") else {
             panic!("simgpu-stat: no processes in {stat}")
         };
         let real = procs.map(|(_, _, host)| {
@@ -576,7 +576,7 @@ fn a_process_using_the_gpu_without_gpuslice_is_reported_unmanaged() {
                 .args(["status", "--json", "--compute", "--state-dir"])
                 .arg(&state),
         );
-        Json::parse(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()))
+        parse_json(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()))
     };
     assert_eq!(
         status().at("unmanaged"),

@@ -69,7 +69,7 @@ fn status_json(sim: &Sim, ledger: &Path) -> Json {
         &["status", "--ledger", ledger.to_str().unwrap(), "--json"],
     );
     run.assert_success();
-    let doc = Json::parse(run.stdout.trim()).unwrap_or_else(|e| {
+    let doc = parse_json(run.stdout.trim()).unwrap_or_else(|e| {
         panic!(
             "gpuslice status --json printed bad JSON ({e}):\n{}",
             run.report()
@@ -540,7 +540,7 @@ fn assert_fails_closed(sim: &Sim, ledger: &Path, env: &[(&str, &str)], message: 
                     sim,
                     &["status", "--ledger", ledger.to_str().unwrap(), "--json"],
                 );
-                let j = Json::parse(s.stdout.trim()).unwrap();
+                let j = parse_json(s.stdout.trim()).unwrap();
                 if s.status.success() && j.at("memory") != &Json::Null {
                     for d in j.arr("memory.devices") {
                         assert_ne!(d.at("limit"), &Json::Null, "unlimited ledger left: {j}");

@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use gpuslice_testkit as common;
 #[allow(unused_imports)] // each test file uses a different part
 pub use common::{
     exporter_address, finish, gpuslice_bin, reachable_copy, reachable_simgpu, require, root,
     run_command as run, scrape_metrics, simgpu_lib_dir, start_in, target_dir, venv_python,
     wait_for_key, Run, GIB, MIB,
 };
+use gpuslice_testkit as common;
 
 pub fn workload_bin() -> PathBuf {
     require(

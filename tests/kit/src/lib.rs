@@ -373,7 +373,7 @@ impl Sim {
                 .args(["--state", &self.state]),
         );
         run.assert_success();
-        Json::parse(&run.stdout)
+        parse_json(&run.stdout)
             .unwrap_or_else(|e| panic!("simgpu-stat printed bad JSON ({e}):\n{}", run.stdout))
     }
 }
@@ -524,38 +524,37 @@ pub fn feed(mut child: Child, input: &str, desc: &str) -> Run {
     Run::new(desc.to_string(), out)
 }
 
-/// A JSON value (a tiny hand-written parser: simgpu-stat's output is all the tests read).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
+/// A JSON document (`simgpu-stat`'s output, `gpuslice status --json`, Prometheus answers): serde_json's
+/// value, read by path through [`JsonExt`].
+pub use serde_json::Value as Json;
+
+/// `text` as a JSON document.
+pub fn parse_json(text: &str) -> Result<Json, serde_json::Error> {
+    serde_json::from_str(text)
 }
 
-impl Json {
-    pub fn parse(text: &str) -> Result<Json, String> {
-        let mut p = Parser {
-            s: text.as_bytes(),
-            i: 0,
-        };
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.s.len() {
-            return Err(format!("trailing characters at {}", p.i));
-        }
-        Ok(v)
-    }
+/// Reading a document by path (`devices.0.busy_ns`: object keys and array indices); each panics,
+/// naming the path and the document, when the value is absent or of another kind.
+pub trait JsonExt {
+    /// The value at `path`.
+    fn at(&self, path: &str) -> &Json;
+    /// The count at `path` (a number, 0 or more).
+    fn u64(&self, path: &str) -> u64;
+    /// The string at `path`.
+    fn str(&self, path: &str) -> &str;
+    /// The array at `path`.
+    fn arr(&self, path: &str) -> &[Json];
+    /// The element of array `path` whose field `key` equals `value` (e.g. a group by name).
+    fn find(&self, path: &str, key: &str, value: &Json) -> Option<&Json>;
+}
 
-    /// Follow a path like `devices.0.busy_ns`; panics (with the document) if absent.
-    pub fn at(&self, path: &str) -> &Json {
+impl JsonExt for Json {
+    fn at(&self, path: &str) -> &Json {
         let mut v = self;
         for part in path.split('.').filter(|p| !p.is_empty()) {
             let next = match (v, part.parse::<usize>()) {
-                (Json::Arr(a), Ok(i)) => a.get(i),
-                (Json::Obj(o), _) => o.iter().find(|(k, _)| k == part).map(|(_, v)| v),
+                (Json::Array(a), Ok(i)) => a.get(i),
+                (Json::Object(o), _) => o.get(part),
                 _ => None,
             };
             v = next
@@ -564,203 +563,37 @@ impl Json {
         v
     }
 
-    pub fn u64(&self, path: &str) -> u64 {
-        match self.at(path) {
-            Json::Num(n) if *n >= 0.0 => *n as u64,
-            other => panic!("simgpu-stat `{path}` is not a count: {other:?}"),
-        }
+    fn u64(&self, path: &str) -> u64 {
+        let v = self.at(path);
+        v.as_u64()
+            .or_else(|| v.as_f64().filter(|n| *n >= 0.0).map(|n| n as u64))
+            .unwrap_or_else(|| panic!("simgpu-stat `{path}` is not a count: {v:?}"))
     }
 
-    pub fn str(&self, path: &str) -> &str {
+    fn str(&self, path: &str) -> &str {
         match self.at(path) {
-            Json::Str(s) => s,
+            Json::String(s) => s,
             other => panic!("simgpu-stat `{path}` is not a string: {other:?}"),
         }
     }
 
-    pub fn arr(&self, path: &str) -> &[Json] {
+    fn arr(&self, path: &str) -> &[Json] {
         match self.at(path) {
-            Json::Arr(a) => a,
+            Json::Array(a) => a,
             other => panic!("simgpu-stat `{path}` is not an array: {other:?}"),
         }
     }
 
-    /// The element of array `path` whose field `key` equals `value` (e.g. a group by name).
-    pub fn find(&self, path: &str, key: &str, value: &Json) -> Option<&Json> {
-        self.arr(path).iter().find(|e| match e {
-            Json::Obj(o) => o.iter().any(|(k, v)| k == key && v == value),
-            _ => false,
-        })
-    }
-}
-
-/// Compact JSON again, for assertion messages.
-impl std::fmt::Display for Json {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Json::Null => write!(f, "null"),
-            Json::Bool(b) => write!(f, "{b}"),
-            Json::Num(n) => write!(f, "{n}"),
-            Json::Str(s) => write!(f, "{s:?}"),
-            Json::Arr(a) => {
-                write!(f, "[")?;
-                for (i, v) in a.iter().enumerate() {
-                    write!(f, "{}{v}", if i > 0 { "," } else { "" })?;
-                }
-                write!(f, "]")
-            }
-            Json::Obj(o) => {
-                write!(f, "{{")?;
-                for (i, (k, v)) in o.iter().enumerate() {
-                    write!(f, "{}{k:?}:{v}", if i > 0 { "," } else { "" })?;
-                }
-                write!(f, "}}")
-            }
-        }
-    }
-}
-
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn ws(&mut self) {
-        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> Result<(), String> {
-        self.ws();
-        if self.s.get(self.i) == Some(&c) {
-            self.i += 1;
-            Ok(())
-        } else {
-            Err(format!("expected `{}` at {}", c as char, self.i))
-        }
-    }
-
-    fn value(&mut self) -> Result<Json, String> {
-        self.ws();
-        match self.s.get(self.i) {
-            Some(b'{') => {
-                self.i += 1;
-                let mut o = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b'}') {
-                    self.i += 1;
-                    return Ok(Json::Obj(o));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    self.eat(b':')?;
-                    o.push((k, self.value()?));
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(Json::Obj(o));
-                        }
-                        _ => return Err(format!("expected `,` or `}}` at {}", self.i)),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut a = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b']') {
-                    self.i += 1;
-                    return Ok(Json::Arr(a));
-                }
-                loop {
-                    a.push(self.value()?);
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(Json::Arr(a));
-                        }
-                        _ => return Err(format!("expected `,` or `]` at {}", self.i)),
-                    }
-                }
-            }
-            Some(b'"') => Ok(Json::Str(self.string()?)),
-            Some(b't') if self.s[self.i..].starts_with(b"true") => {
-                self.i += 4;
-                Ok(Json::Bool(true))
-            }
-            Some(b'f') if self.s[self.i..].starts_with(b"false") => {
-                self.i += 5;
-                Ok(Json::Bool(false))
-            }
-            Some(b'n') if self.s[self.i..].starts_with(b"null") => {
-                self.i += 4;
-                Ok(Json::Null)
-            }
-            _ => {
-                let start = self.i;
-                while self.i < self.s.len() && b"+-0123456789.eE".contains(&self.s[self.i]) {
-                    self.i += 1;
-                }
-                std::str::from_utf8(&self.s[start..self.i])
-                    .ok()
-                    .and_then(|t| t.parse().ok())
-                    .map(Json::Num)
-                    .ok_or_else(|| format!("bad value at {start}"))
-            }
-        }
-    }
-
-    fn string(&mut self) -> Result<String, String> {
-        self.eat(b'"')?;
-        let mut out = String::new();
-        loop {
-            let c = *self.s.get(self.i).ok_or("unterminated string")?;
-            self.i += 1;
-            match c {
-                b'"' => return Ok(out),
-                b'\\' => {
-                    let e = *self.s.get(self.i).ok_or("bad escape")?;
-                    self.i += 1;
-                    match e {
-                        b'n' => out.push('\n'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let hex = std::str::from_utf8(
-                                self.s.get(self.i..self.i + 4).ok_or("bad \\u")?,
-                            )
-                            .map_err(|e| e.to_string())?;
-                            let code = u32::from_str_radix(hex, 16).map_err(|e| e.to_string())?;
-                            out.push(char::from_u32(code).unwrap_or('?'));
-                            self.i += 4;
-                        }
-                        other => out.push(other as char),
-                    }
-                }
-                _ => {
-                    // Copy a whole UTF-8 sequence.
-                    let start = self.i - 1;
-                    let mut end = self.i;
-                    while end < self.s.len() && (self.s[end] & 0xC0) == 0x80 {
-                        end += 1;
-                    }
-                    out.push_str(&String::from_utf8_lossy(&self.s[start..end]));
-                    self.i = end;
-                }
-            }
-        }
+    fn find(&self, path: &str, key: &str, value: &Json) -> Option<&Json> {
+        self.arr(path)
+            .iter()
+            .find(|e| e.as_object().and_then(|o| o.get(key)) == Some(value))
     }
 }
 
 /// Expected `simgpu-stat` shape check helpers.
 pub fn group<'a>(stat: &'a Json, name: &str) -> &'a Json {
-    stat.find("groups", "name", &Json::Str(name.to_string()))
+    stat.find("groups", "name", &Json::String(name.to_string()))
         .unwrap_or_else(|| panic!("simgpu-stat has no group `{name}`:\n{stat}"))
 }
 
@@ -799,7 +632,7 @@ pub fn scratch_dir(prefix: &str, tag: &str) -> PathBuf {
 
 /// What the live process `pid` uses on simgpu device `device` by simgpu's counters.
 pub fn process_used_on(stat: &Json, pid: &str, device: usize) -> u64 {
-    let Json::Arr(procs) = stat.at("processes") else {
+    let Json::Array(procs) = stat.at("processes") else {
         panic!("simgpu-stat: no processes in {stat}")
     };
     procs
@@ -813,7 +646,7 @@ pub fn process_used_on(stat: &Json, pid: &str, device: usize) -> u64 {
 
 /// The group's (tenant's) peak device memory on simgpu device `device` (0 when it has none).
 pub fn group_peak_on(stat: &Json, name: &str, device: usize) -> u64 {
-    stat.find("groups", "name", &Json::Str(name.to_string()))
+    stat.find("groups", "name", &Json::String(name.to_string()))
         .map_or(0, |g| g.u64(&format!("peak.{device}")))
 }
 
@@ -831,8 +664,7 @@ impl Scene {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
-        let dir = tmp_dir()
-            .join(format!("{prefix}-{tag}-{}", std::process::id()));
+        let dir = tmp_dir().join(format!("{prefix}-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Scene {
@@ -850,7 +682,7 @@ impl Scene {
     pub fn busy_on(&self, group: &str, device: usize) -> u64 {
         self.sim
             .stat()
-            .find("groups", "name", &Json::Str(group.into()))
+            .find("groups", "name", &Json::String(group.into()))
             .map_or(0, |g| g.u64(&format!("busy_ns.{device}")))
     }
 }
@@ -911,13 +743,39 @@ pub fn scrape_metrics(addr: &str) -> String {
 
 #[cfg(test)]
 mod json_tests {
-    use super::Json;
+    use super::{parse_json, Json, JsonExt};
 
     #[test]
-    fn parses_stat_like_document() {
-        let j = Json::parse(r#"{"devices":[{"capacity":1073741824,"used":0,"busy_ns":5,"kernels":1}],"groups":[{"name":"a\"b","used":[1]}],"x":null,"t":true}"#).unwrap();
+    fn reads_a_stat_like_document_by_path() {
+        let j = parse_json(r#"{"devices":[{"capacity":1073741824,"used":0,"busy_ns":5,"kernels":1}],"groups":[{"name":"a\"b","used":[1]}],"x":null,"t":true}"#).unwrap();
         assert_eq!(j.u64("devices.0.capacity"), 1 << 30);
         assert_eq!(j.str("groups.0.name"), "a\"b");
         assert_eq!(j.u64("groups.0.used.0"), 1);
+        assert_eq!(j.at("x"), &Json::Null);
+        assert_eq!(j.arr("devices").len(), 1);
+        let g = j.find("groups", "name", &Json::String("a\"b".into()));
+        assert_eq!(g.map(|g| g.u64("used.0")), Some(1));
+        assert!(j
+            .find("groups", "name", &Json::String("c".into()))
+            .is_none());
+    }
+
+    #[test]
+    fn counts_are_exact_beyond_a_double() {
+        let j = parse_json(r#"{"n":18446744073709551615,"f":2.5}"#).unwrap();
+        assert_eq!(j.u64("n"), u64::MAX);
+        assert_eq!(j.u64("f"), 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "has no `devices.1`")]
+    fn a_missing_path_panics_naming_it() {
+        parse_json(r#"{"devices":[{}]}"#).unwrap().at("devices.1");
+    }
+
+    #[test]
+    #[should_panic(expected = "is not a count")]
+    fn a_negative_number_is_not_a_count() {
+        parse_json(r#"{"n":-1}"#).unwrap().u64("n");
     }
 }
