@@ -18,21 +18,27 @@ use common::*;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const CLIENT: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
+/// The kit's scene, with this file's clients (the methods below).
+struct Scene(common::Scene);
 
-const MULTIGPU: CBuild = CBuild {
-    name: "multigpu-cu12",
-    source: "multigpu_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
+impl std::ops::Deref for Scene {
+    type Target = common::Scene;
+    fn deref(&self) -> &common::Scene {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Scene {
+    fn deref_mut(&mut self) -> &mut common::Scene {
+        &mut self.0
+    }
+}
 
 impl Scene {
+    fn new(prefix: &str, tag: &str) -> Scene {
+        Scene(common::Scene::new(prefix, tag))
+    }
+
     fn two_gpus(tag: &str) -> Scene {
         let mut scene = Scene::new("compute", tag);
         scene.sim = Sim::new(&format!("compute-{tag}")).env("SIMGPU_DEVICES", "2");
@@ -42,7 +48,7 @@ impl Scene {
     /// A client process of `tenant` (its own memory ledger) with `env` (compute settings), judged as
     /// group `tenant`; named `tenant` too unless `env` says `GPUSLICE_TENANT=` (no name).
     fn client(&self, tenant: &str, env: &[(&str, &str)], args: &[String]) -> Command {
-        let mut cmd = self.sim.command(compile(&CLIENT));
+        let mut cmd = self.sim.command(compile(&COMPUTE));
         cmd.env("LD_PRELOAD", shim())
             .env("SIMGPU_GROUP", tenant)
             .env("GPUSLICE_TENANT", tenant)
@@ -58,7 +64,7 @@ impl Scene {
 
     /// The same client without gpuslice (the control).
     fn bare_client(&self, tenant: &str, args: &[String]) -> Command {
-        let mut cmd = self.sim.command(compile(&CLIENT));
+        let mut cmd = self.sim.command(compile(&COMPUTE));
         cmd.env("SIMGPU_GROUP", tenant).args(args);
         cmd
     }

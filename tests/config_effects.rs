@@ -9,20 +9,6 @@ use common::libgpuslice as shim;
 use common::*;
 use std::path::PathBuf;
 
-const COMPUTE: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
-const ROBUST: CBuild = CBuild {
-    name: "robust-client-cu12",
-    source: "robust_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
 fn private_dir(tag: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("config-effects-{tag}-{}", std::process::id()));

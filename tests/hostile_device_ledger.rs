@@ -16,13 +16,6 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const CLIENT: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
 /// Busy fraction below which the cap counts as working (capped: ~0.2; unscheduled: ~1.0).
 const CAPPED: f64 = 0.5;
 const RUN_MS: u64 = 9000;
@@ -62,11 +55,31 @@ fn garbage(len: usize, mut seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// The kit's scene, with this file's clients (the methods below).
+struct Scene(common::Scene);
+
+impl std::ops::Deref for Scene {
+    type Target = common::Scene;
+    fn deref(&self) -> &common::Scene {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Scene {
+    fn deref_mut(&mut self) -> &mut common::Scene {
+        &mut self.0
+    }
+}
+
 impl Scene {
+    fn new(prefix: &str, tag: &str) -> Scene {
+        Scene(common::Scene::new(prefix, tag))
+    }
+
     fn spawn(&self, start: u64) -> Vec<std::process::Child> {
         (0..2)
             .map(|_| {
-                let mut cmd = self.sim.command(compile(&CLIENT));
+                let mut cmd = self.sim.command(compile(&COMPUTE));
                 cmd.env("LD_PRELOAD", shim())
                     .env("SIMGPU_GROUP", "a")
                     .env("GPUSLICE_TENANT", "a")

@@ -16,13 +16,6 @@ use std::time::{Duration, Instant};
 use gpuslice::scheduling::device::{path_for, DeviceLedger};
 use gpuslice::scheduling::TenantId;
 
-const ROBUST: CBuild = CBuild {
-    name: "robust-client-cu12",
-    source: "robust_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
 /// `CUDA_ERROR_OUT_OF_MEMORY` as the client prints it.
 const OOM: &str = "2";
 

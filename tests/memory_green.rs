@@ -16,13 +16,6 @@ const GRANULE: u64 = 2 * MIB;
 /// simgpu's default context cost (SIMGPU_CONTEXT_MEMORY).
 const SIM_CONTEXT: u64 = 300 * MIB;
 
-const CLIENT: CBuild = CBuild {
-    name: "green-context",
-    source: "green_context.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
 #[derive(Clone, Copy, Debug)]
 enum Deploy {
     Preload,
@@ -31,7 +24,7 @@ enum Deploy {
 
 /// The client as a process of tenant `t` (quota 1 GiB, ledger and device directory in `dir`).
 fn client(sim: &Sim, deploy: Deploy, dir: &Path, args: &[&str]) -> Command {
-    let program = compile(&CLIENT);
+    let program = compile(&GREEN_CONTEXT);
     let mut cmd = match deploy {
         Deploy::Preload => {
             let mut cmd = sim.command(program);

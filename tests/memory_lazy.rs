@@ -16,13 +16,6 @@ const QUOTA: u64 = GIB;
 /// The driver reserves device memory in 2 MiB pages: measured charges are exact to one of them.
 const GRANULE: u64 = 2 * MIB;
 
-const CLIENT: CBuild = CBuild {
-    name: "memory-lazy",
-    source: "memory_lazy.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
 /// A private directory for one test's ledgers and measurement locks.
 fn scratch(tag: &str) -> PathBuf {
     scratch_dir("memory_lazy", tag)
@@ -37,7 +30,7 @@ fn sim(tag: &str) -> Sim {
 /// The client as a preloaded process of `tenant` (quota 1 GiB, its ledger and device directory in
 /// `dir`).
 fn client(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
-    let mut cmd = sim.command(compile(&CLIENT));
+    let mut cmd = sim.command(compile(&MEMORY_LAZY));
     cmd.args(args)
         .env("LD_PRELOAD", libgpuslice())
         .env("CUDA_MODULE_LOADING", "LAZY")

@@ -19,13 +19,6 @@ const SIM_CONTEXT: u64 = 300 * MIB;
 /// The simulated device's multiprocessors and resident threads per multiprocessor.
 const THREADS: u64 = 132 * 2048;
 
-const CLIENT: CBuild = CBuild {
-    name: "quota-overhead",
-    source: "quota_overhead.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
 /// A private directory for one test's ledgers and measurement locks.
 fn scratch(tag: &str) -> PathBuf {
     scratch_dir("memory_overhead", tag)
@@ -83,7 +76,7 @@ fn holders_of_a_and_b(
 
 /// A client of `tenant` (quota 1 GiB, its ledger and device directory in `dir`) on `sim`.
 fn client(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str, args: &[&str]) -> Command {
-    client_of(&CLIENT, sim, deploy, dir, tenant, args)
+    client_of(&QUOTA_OVERHEAD, sim, deploy, dir, tenant, args)
 }
 
 /// [`client`] for another C client.
@@ -598,7 +591,7 @@ fn a_pool_on_another_device_is_charged_to_that_device() {
 fn invalid_physical_sizes_get_the_drivers_answer() {
     let dir = scratch("vmm-sizes");
     let sim = sim("overhead-vmm-sizes");
-    let bare = sim.run_cmd(sim.command(compile(&CLIENT)).arg("vmmsizes"));
+    let bare = sim.run_cmd(sim.command(compile(&QUOTA_OVERHEAD)).arg("vmmsizes"));
     bare.assert_success();
     for deploy in [Deploy::Preload, Deploy::Dropin] {
         let run = sim.run_cmd(&mut client(&sim, deploy, &dir, "sizes", &["vmmsizes"]));
@@ -1320,13 +1313,6 @@ fn a_malloc_heap_beyond_the_quota_is_refused_before_the_driver_reserves_it() {
     );
 }
 
-const FRAMEWORKS: CBuild = CBuild {
-    name: "quota-frameworks",
-    source: "quota_frameworks.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
 /// The claims of docs/FRAMEWORKS.md, each made by a client that asks the driver what the framework
 /// asks, in the same order, under a 1 GiB quota with 300 MiB contexts.
 #[test]
@@ -1334,7 +1320,7 @@ fn frameworks_see_the_quota_and_fit_with_the_documented_settings() {
     let dir = scratch("frameworks");
     let sim = sim("overhead-frameworks");
     let run = |args: &[&str]| {
-        let mut cmd = client_of(&FRAMEWORKS, &sim, Deploy::Preload, &dir, "fw", args);
+        let mut cmd = client_of(&QUOTA_FRAMEWORKS, &sim, Deploy::Preload, &dir, "fw", args);
         let run = sim.run_cmd(cmd.env("GPUSLICE_LOG", "error"));
         run.assert_success();
         run
@@ -2272,7 +2258,7 @@ fn status_shows_allocations_and_overhead_per_process() {
 /// list it in NVML under its host PID, so it never finds its own `getpid()` there.
 fn client_in_pid_namespace(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
     let mut inner = vec!["--pid", "--fork", "--kill-child"];
-    let program = compile(&CLIENT);
+    let program = compile(&QUOTA_OVERHEAD);
     inner.push(program.to_str().unwrap());
     inner.extend_from_slice(args);
     tenant_command(
@@ -2476,7 +2462,7 @@ fn a_context_measured_while_another_process_frees_is_not_charged_less_than_it_co
 fn client_in_container(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
     let host_proc = dir.join(format!("hostproc-{tenant}"));
     std::fs::create_dir_all(&host_proc).unwrap();
-    let program = compile(&CLIENT);
+    let program = compile(&QUOTA_OVERHEAD);
     let mut inner = vec![
         "--pid",
         "--fork",

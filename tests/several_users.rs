@@ -13,13 +13,6 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-const ROBUST: CBuild = CBuild {
-    name: "robust-client-cu12",
-    source: "robust_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
 const OOM: &str = "2";
 const ALICE: u32 = 1001;
 const MALLORY: u32 = 1002;

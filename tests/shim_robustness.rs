@@ -17,14 +17,6 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The robustness client, linked against simgpu like an nvcc-built program.
-const ROBUST: CBuild = CBuild {
-    name: "robust-client-cu12",
-    source: "robust_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
 /// `CUDA_ERROR_OUT_OF_MEMORY`, `CUDA_ERROR_INVALID_CONTEXT` as the clients print them.
 const OOM: &str = "2";
 const INVALID_CONTEXT: &str = "201";

@@ -106,13 +106,6 @@ fn launches_are_asynchronous() {
     assert!(stat.u64("devices.0.busy_ns") >= 100_000_000, "stat: {stat}");
 }
 
-const EVENT_TIMELINE: CBuild = CBuild {
-    name: "event-timeline",
-    source: "event_timeline.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
 /// Events are stamped on the device timeline, not when simgpu's stream worker (a host thread, late
 /// on a loaded machine) gets to them: two back-to-back kernels between three events measure exactly
 /// their durations. The shim charges compute time from such intervals.
