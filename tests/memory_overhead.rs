@@ -5,184 +5,12 @@
 
 use gpuslice_testkit as common;
 
+use common::memory::*;
 use common::*;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-const QUOTA: u64 = GIB;
-/// The driver reserves device memory in 2 MiB pages: measured charges are exact to one of them.
-const GRANULE: u64 = 2 * MIB;
-/// simgpu's default context cost (SIMGPU_CONTEXT_MEMORY).
-const SIM_CONTEXT: u64 = 300 * MIB;
-/// The simulated device's multiprocessors and resident threads per multiprocessor.
-const THREADS: u64 = 132 * 2048;
-
-/// A private directory for one test's ledgers and measurement locks.
-fn scratch(tag: &str) -> PathBuf {
-    scratch_dir("memory_overhead", tag)
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Deploy {
-    Preload,
-    Dropin,
-    /// Preloaded over the drop-in: everything counted once.
-    Mixed,
-}
-
-/// One test per deployment (preload, drop-in, both) of `$check(deploy)`, named by the three names.
-macro_rules! in_every_deployment {
-    ($check:ident: $preloaded:ident, $dropin:ident, $mixed:ident) => {
-        #[test]
-        fn $preloaded() {
-            $check(Deploy::Preload);
-        }
-        #[test]
-        fn $dropin() {
-            $check(Deploy::Dropin);
-        }
-        #[test]
-        fn $mixed() {
-            $check(Deploy::Mixed);
-        }
-    };
-}
-
-/// A holder process (64 MiB, kernels every 500 ms) of tenants `a` and `b` each, with their pids.
-fn holders_of_a_and_b(
-    sim: &Sim,
-    deploy: Deploy,
-    dir: &Path,
-) -> (Vec<std::process::Child>, Vec<String>) {
-    ["a", "b"]
-        .into_iter()
-        .map(|tenant| {
-            let mut cmd = client_of(
-                &LINKED_CU12,
-                sim,
-                deploy,
-                dir,
-                tenant,
-                &["hold", "64", "500"],
-            );
-            let mut child = sim.spawn(&mut cmd);
-            let pid = wait_for_key(&mut child, "pid")["pid"].clone();
-            (child, pid)
-        })
-        .unzip()
-}
-
-/// A client of `tenant` (quota 1 GiB, its ledger and device directory in `dir`) on `sim`.
-fn client(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str, args: &[&str]) -> Command {
-    client_of(&QUOTA_OVERHEAD, sim, deploy, dir, tenant, args)
-}
-
-/// [`client`] for another C client.
-fn client_of(
-    build: &CBuild,
-    sim: &Sim,
-    deploy: Deploy,
-    dir: &Path,
-    tenant: &str,
-    args: &[&str],
-) -> Command {
-    tenant_command(compile(build), sim, deploy, dir, tenant, args)
-}
-
-/// `program` run as a process of `tenant` (see [`client`]).
-fn tenant_command(
-    program: PathBuf,
-    sim: &Sim,
-    deploy: Deploy,
-    dir: &Path,
-    tenant: &str,
-    args: &[&str],
-) -> Command {
-    let simgpu = simgpu_lib_dir();
-    let mut cmd = match deploy {
-        Deploy::Preload => sim.command(program),
-        Deploy::Dropin | Deploy::Mixed => {
-            let mut cmd = sim.command_with_driver(program, &common::dropin_dir());
-            cmd.env(
-                "LD_LIBRARY_PATH",
-                format!("{}:{}", common::dropin_dir().display(), simgpu.display()),
-            )
-            .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"))
-            .env("GPUSLICE_REAL_NVML", simgpu.join("libnvidia-ml.so.1"));
-            cmd
-        }
-    };
-    if matches!(deploy, Deploy::Preload | Deploy::Mixed) {
-        cmd.env("LD_PRELOAD", libgpuslice());
-    }
-    cmd.args(args)
-        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
-        .env("GPUSLICE_TENANT", tenant)
-        .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
-        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
-        .env("SIMGPU_GROUP", tenant);
-    cmd
-}
-
-fn sim(tag: &str) -> Sim {
-    Sim::new(tag).env("SIMGPU_MEMORY", "4GiB")
-}
-
-/// `a` is `b` to within one granule.
-fn near(a: u64, b: u64) -> bool {
-    a.abs_diff(b) <= GRANULE
-}
-
-/// The driver overhead a process of `tenant` published in the ledger (what `gpuslice status` shows
-/// apart from its allocations).
-fn ledger_overhead(dir: &Path, tenant: &str, pid: &str) -> u64 {
-    total(&ledger_process(&dir.join(format!("{tenant}.ledger")), pid).overhead)
-}
-
-/// Holders: each creates its context (optionally a module and limits), then fills the quota in 2
-/// MiB chunks one after the other; returns each one's (fill, shown used, simgpu's used, the
-/// overhead it published in the ledger).
-fn fill_in_turn(
-    sim: &Sim,
-    deploy: Deploy,
-    dir: &Path,
-    tenant: &str,
-    n: usize,
-    extra: &[&str],
-) -> Vec<(u64, u64, u64, u64)> {
-    let mut args = vec!["hold"];
-    args.extend_from_slice(extra);
-    let mut holders: Vec<_> = (0..n)
-        .map(|_| sim.spawn(&mut client(sim, deploy, dir, tenant, &args)))
-        .collect();
-    let pids: Vec<String> = holders
-        .iter_mut()
-        .map(|h| wait_for_key(h, "ready")["pid"].clone())
-        .collect();
-    let mut results = Vec::new();
-    for (h, pid) in holders.iter_mut().zip(&pids) {
-        h.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-        let kv = wait_for_key(h, "held_procs3_sum");
-        let stat = sim.stat();
-        let get = |k: &str| -> u64 {
-            kv.get(k)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no {k} in {kv:?}"))
-        };
-        results.push((
-            get("fill_bytes"),
-            get("held_procs3_mine"),
-            process_used_on(&stat, pid, 0),
-            ledger_overhead(dir, tenant, pid),
-        ));
-    }
-    for h in holders {
-        finish(h, "holder").assert_success();
-    }
-    results
-}
 
 #[test]
 fn free_contexts_leave_the_whole_quota() {
@@ -665,13 +493,6 @@ fn modules_and_limits_are_charged_what_they_cost() {
     assert!(group_peak_on(&sim.stat(), "mod", 0) <= QUOTA);
 }
 
-/// The module images NVIDIA's tools built (`tests/fixtures/modules`).
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/modules")
-        .join(name)
-}
-
 /// The real fatbinary with a `mib` MiB PTX entry for compute capability 10.0 appended: an image
 /// far larger than what a 9.0 device loads from it (its sm_90 cubin).
 fn fatbin_with_ptx_for_a_newer_device(mib: u64) -> Vec<u8> {
@@ -905,14 +726,6 @@ fn a_limit_is_charged_the_pages_the_driver_maps() {
             run.report()
         );
     }
-}
-
-/// The `key=value` figures of one step.
-fn step(kv: &BTreeMap<String, String>, step: &str, key: &str) -> u64 {
-    let k = format!("{step}_{key}");
-    kv.get(&k)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {k}"))
 }
 
 /// Every view agrees with the others and with the charge after each step, and the charge moves by
@@ -1498,33 +1311,6 @@ fn nvml_process_views_show_only_the_tenants_processes() {
     }
 }
 
-/// NVML as NVIDIA's nvidia-ml-py shows it to a tenant: memory (v1, v2), the process list, and the
-/// per-process utilisation (`nvmlDeviceGetProcessUtilization`, and R550's
-/// `nvmlDeviceGetProcessesUtilizationInfo`), its count asked first with a NULL buffer as NVML's
-/// protocol has it; and the answers of accounting mode (`nvmlDeviceGetAccountingPids` count query,
-/// `nvmlDeviceGetAccountingStats`) and of the confidential-computing memory view.
-const NVML_VIEW: &str = "import ctypes, pynvml as nv\nnv.nvmlInit()\nh = nv.nvmlDeviceGetHandleByIndex(0)\n\
-    m = nv.nvmlDeviceGetMemoryInfo(h)\nm2 = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)\n\
-    print(f'total={m.total}\\nused={m.used}\\nfree={m.free}')\n\
-    print(f'total2={m2.total}\\nreserved2={m2.reserved}\\nused2={m2.used}\\nfree2={m2.free}')\n\
-    print('procs=' + ','.join(f'{p.pid}:{p.usedGpuMemory}' for p in nv.nvmlDeviceGetComputeRunningProcesses(h)))\n\
-    fn = nv._nvmlGetFunctionPointer('nvmlDeviceGetProcessUtilization')\nn = ctypes.c_uint(0)\n\
-    rc = fn(h, None, ctypes.byref(n), ctypes.c_ulonglong(0))\n\
-    print(f'util_query_rc={rc}\\nutil_query_count={n.value}')\n\
-    try:\n    samples = nv.nvmlDeviceGetProcessUtilization(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
-    print('util=' + ','.join(str(s.pid) for s in samples))\n\
-    info = nv.c_nvmlProcessesUtilizationInfo_v1_t(version=nv.ProcessesUtilizationInfo_v1)\n\
-    rc = nv._nvmlGetFunctionPointer('nvmlDeviceGetProcessesUtilizationInfo')(h, ctypes.byref(info))\n\
-    print(f'utilinfo_query_rc={rc}\\nutilinfo_query_count={info.processSamplesCount}')\n\
-    try:\n    samples = nv.nvmlDeviceGetProcessesUtilizationInfo(h, 0)\nexcept nv.NVMLError:\n    samples = []\n\
-    print('utilinfo=' + ','.join(str(s.pid) for s in samples))\n\
-    n = ctypes.c_uint(0)\n\
-    print(f'acct_rc={nv._nvmlGetFunctionPointer(\"nvmlDeviceGetAccountingPids\")(h, ctypes.byref(n), None)}')\n\
-    st = nv.c_nvmlAccountingStats_t()\n\
-    print(f'stats_rc={nv._nvmlGetFunctionPointer(\"nvmlDeviceGetAccountingStats\")(h, ctypes.c_uint(1), ctypes.byref(st))}')\n\
-    cc = nv.c_nvmlMemory_t()\n\
-    print(f'cc_rc={nv._nvmlGetFunctionPointer(\"nvmlDeviceGetConfComputeProtectedMemoryUsage\")(h, ctypes.byref(cc))}')\n";
-
 /// NVIDIA's cuda.core (tests/clients/quota_core.py): its device, a cubin loaded as object code,
 /// buffers from the device's pool, a launch, a refused allocation and the pool trimmed; at each step
 /// the driver API and NVML agree with each other and with the charge, and the program exits cleanly
@@ -1588,25 +1374,6 @@ in_every_deployment!(
     cuda_core_sees_its_quota_dropin,
     cuda_core_sees_its_quota_mixed
 );
-
-/// What NVML shows a tenant, through [`NVML_VIEW`].
-fn nvml_view(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str) -> Run {
-    python_as(sim, deploy, dir, tenant, &["-c", NVML_VIEW])
-}
-
-/// The venv's Python with `args`, run to success as a process of `tenant` (see [`client`]).
-fn python_as(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str, args: &[&str]) -> Run {
-    let run = sim.run_cmd(&mut tenant_command(
-        venv_python(),
-        sim,
-        deploy,
-        dir,
-        tenant,
-        args,
-    ));
-    run.assert_success();
-    run
-}
 
 /// NVML shows a tenant its quota and its own processes only, also before any of its processes has
 /// charged anything (a monitoring tool started first: no ledger yet), and even the number of

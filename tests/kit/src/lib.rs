@@ -205,6 +205,7 @@ pub fn reachable_simgpu(dir: &Path) -> PathBuf {
 
 pub mod clients;
 pub use clients::*;
+pub mod memory;
 
 /// One simulated machine: a unique `SIMGPU_STATE` (so tests are isolated and run in parallel) and
 /// the `SIMGPU_*` settings every process of the test shares. The state file is removed on drop.
