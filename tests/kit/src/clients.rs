@@ -74,7 +74,7 @@ pub const LINKED_CU12: CBuild = CBuild {
     link_cuda: true,
     flags: &[],
     about: "a program as nvcc builds them (client.h's modes), calling the driver directly: \
-            simgpu_clients, simgpu_sharing, dropin_libraries, memory_*",
+            simgpu_clients, simgpu_sharing, memory_views, memory_nvml_lists",
 };
 pub const LINKED_CU13: CBuild = CBuild {
     name: "linked-cu13",
@@ -91,7 +91,7 @@ pub const DLOPEN: CBuild = CBuild {
     link_cuda: false,
     flags: &[],
     about: "client.h's modes with every function found by dlopen + dlsym, as cudarc and numba \
-            do: simgpu_clients, dropin_libraries, memory_in_frameworks",
+            do: simgpu_clients, dropin_libraries, memory_frameworks",
 };
 pub const PROCADDRESS: CBuild = CBuild {
     name: "procaddress",
@@ -152,7 +152,7 @@ pub const QUOTA_FRAMEWORKS: CBuild = CBuild {
     link_cuda: true,
     flags: &[],
     about: "what frameworks (XLA, vLLM, PyTorch) ask the driver at start-up and when memory runs \
-            short: memory_in_frameworks",
+            short: memory_frameworks",
 };
 pub const MEMORY_LAZY: CBuild = CBuild {
     name: "memory-lazy",
