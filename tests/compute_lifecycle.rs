@@ -13,27 +13,9 @@ use common::*;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-/// The kit's scene, with this file's clients (the methods below).
-struct Scene(common::Scene);
-
-impl std::ops::Deref for Scene {
-    type Target = common::Scene;
-    fn deref(&self) -> &common::Scene {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Scene {
-    fn deref_mut(&mut self) -> &mut common::Scene {
-        &mut self.0
-    }
-}
+local_scene!();
 
 impl Scene {
-    fn new(prefix: &str, tag: &str) -> Scene {
-        Scene(common::Scene::new(prefix, tag))
-    }
-
     /// A client of tenant `tenant` (its own memory ledger), judged as simgpu group `tenant`;
     /// `gpuslice` false: the same client without the shim (a control).
     fn client(&self, tenant: &str, gpuslice: bool, env: &[(&str, &str)], args: &[String]) -> Child {

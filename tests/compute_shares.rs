@@ -18,27 +18,9 @@ use common::*;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-/// The kit's scene, with this file's clients (the methods below).
-struct Scene(common::Scene);
-
-impl std::ops::Deref for Scene {
-    type Target = common::Scene;
-    fn deref(&self) -> &common::Scene {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Scene {
-    fn deref_mut(&mut self) -> &mut common::Scene {
-        &mut self.0
-    }
-}
+local_scene!();
 
 impl Scene {
-    fn new(prefix: &str, tag: &str) -> Scene {
-        Scene(common::Scene::new(prefix, tag))
-    }
-
     fn two_gpus(tag: &str) -> Scene {
         let mut scene = Scene::new("compute", tag);
         scene.sim = Sim::new(&format!("compute-{tag}")).env("SIMGPU_DEVICES", "2");

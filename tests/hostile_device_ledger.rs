@@ -55,27 +55,9 @@ fn garbage(len: usize, mut seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// The kit's scene, with this file's clients (the methods below).
-struct Scene(common::Scene);
-
-impl std::ops::Deref for Scene {
-    type Target = common::Scene;
-    fn deref(&self) -> &common::Scene {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Scene {
-    fn deref_mut(&mut self) -> &mut common::Scene {
-        &mut self.0
-    }
-}
+local_scene!();
 
 impl Scene {
-    fn new(prefix: &str, tag: &str) -> Scene {
-        Scene(common::Scene::new(prefix, tag))
-    }
-
     fn spawn(&self, start: u64) -> Vec<std::process::Child> {
         (0..2)
             .map(|_| {

@@ -572,7 +572,8 @@ pub fn group_peak_on(stat: &Json, name: &str, device: usize) -> u64 {
 }
 
 /// One scenario: a simulated machine and a private directory for its ledgers and device ledgers
-/// (`<dir>/devices`), removed when the scenario ends. Test files add their own methods.
+/// (`<dir>/devices`), removed when the scenario ends. A test file that adds its own methods declares
+/// its local `Scene` with [`local_scene!`].
 pub struct Scene {
     pub sim: Sim,
     pub dir: PathBuf,
@@ -612,6 +613,36 @@ impl Drop for Scene {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Declares `Scene` in a test file: the kit's [`Scene`] under a type of the file's own, so that the
+/// file can give it methods (`impl Scene { ... }`; a type of another crate takes none); its fields and
+/// the kit's methods are reached through it, and `Scene::new` makes one.
+#[macro_export]
+macro_rules! local_scene {
+    () => {
+        /// The kit's scene, with this file's methods.
+        struct Scene($crate::Scene);
+
+        impl std::ops::Deref for Scene {
+            type Target = $crate::Scene;
+            fn deref(&self) -> &$crate::Scene {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for Scene {
+            fn deref_mut(&mut self) -> &mut $crate::Scene {
+                &mut self.0
+            }
+        }
+
+        impl Scene {
+            fn new(prefix: &str, tag: &str) -> Scene {
+                Scene($crate::Scene::new(prefix, tag))
+            }
+        }
+    };
 }
 
 /// CLOCK_REALTIME ns `ms` from now (clients started together begin then, after their setup).
