@@ -237,7 +237,8 @@ pub const QUOTA_ORACLE: CBuild = CBuild {
             shim_paths",
 };
 pub const QUOTA_HYGIENE: CBuild = CBuild {
-    name: "quota-hygiene",
+    // The program's own name is in what it prints (dladdr of its own symbols): shim_paths expects it.
+    name: "quota_hygiene",
     source: "quota_hygiene.c",
     include: "cu12",
     link_cuda: false,
