@@ -2,7 +2,7 @@
 //! commit it was built from, `gpuslice completions SHELL` prints a completion script for each shell,
 //! and sizes in Kubernetes' spelling (`4Gi`) are accepted where the command parses sizes.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! and never waits on it past its bound (docs/COMPUTE.md): a tenant that holds the lock and keeps
 //! re-stamping it cannot hold root's change back. `set` takes no process slot.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use gpuslice::scheduling::device::{now_ns, path_for, DeviceLedger};

@@ -6,18 +6,11 @@
 //! A busy machine can only make a client slower (less busy), never busier than its cap: a scenario
 //! that misses runs once more, and a second miss fails the test with both runs' figures.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
 use std::time::{Duration, Instant};
-
-const CLIENT: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
 
 /// The tenant's busy fraction of the wall time over [1.5 s, 4 s] of a 5 s run of kernels of `us`
 /// under cap `cap`.
@@ -26,7 +19,7 @@ fn capped_busy(cap: u32, us: u64) -> f64 {
     let start = start_in(700);
     let run_ms = 5000u64;
     let cap_s = s(cap);
-    let mut cmd = scene.sim.command(compile(&CLIENT));
+    let mut cmd = scene.sim.command(compile(&COMPUTE));
     cmd.env("LD_PRELOAD", shim())
         .env("SIMGPU_GROUP", "c")
         .env("GPUSLICE_TENANT", "c")

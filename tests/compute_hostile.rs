@@ -4,7 +4,7 @@
 //! of time, a grant ten minutes ahead). Every process must finish within its run time plus 2 s, with
 //! every call answered successfully.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
@@ -14,13 +14,6 @@ use std::mem::offset_of;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
-
-const CLIENT: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
 
 const RUN_MS: u64 = 1200;
 
@@ -96,7 +89,7 @@ fn round(how: Damage) -> Option<String> {
     let devices = dir.join("devices");
     let start = start_in(400);
     let spawn = |name: &str| -> Child {
-        let mut cmd = sim.command(compile(&CLIENT));
+        let mut cmd = sim.command(compile(&COMPUTE));
         cmd.env("LD_PRELOAD", shim())
             .env("SIMGPU_GROUP", name)
             .env("GPUSLICE_LEDGER", dir.join(format!("{name}.ledger")))

@@ -6,25 +6,20 @@
 //! fraction of the device): the tests must pass on a busy 2-core machine. The scenarios run one after
 //! the other in one test, so they do not compete for the CPU.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const CLIENT: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
+local_scene!();
 
 impl Scene {
     /// A client of tenant `tenant` (its own memory ledger), judged as simgpu group `tenant`;
     /// `gpuslice` false: the same client without the shim (a control).
     fn client(&self, tenant: &str, gpuslice: bool, env: &[(&str, &str)], args: &[String]) -> Child {
-        let mut cmd: Command = self.sim.command(compile(&CLIENT));
+        let mut cmd: Command = self.sim.command(compile(&COMPUTE));
         cmd.env("SIMGPU_GROUP", tenant).args(args);
         if gpuslice {
             cmd.env("LD_PRELOAD", shim())

@@ -2,20 +2,13 @@
 //! nothing configured runs no thread of ours; a process with both the preloaded library and the
 //! drop-in libcuda takes part once (one slot, one gate per launch), through the drop-in.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use gpuslice::scheduling::shm::{Layout, SlotEntry, MAX_SLOTS, SLOT_ACTIVE};
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-const CLIENT: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
 
 fn private_dir(tag: &str) -> PathBuf {
     let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -38,7 +31,7 @@ fn thread_names(pid: u32) -> Vec<String> {
 }
 
 fn hold(sim: &Sim, dir: &Path, env: &[(&str, &str)]) -> std::process::Child {
-    let mut cmd = sim.command(compile(&CLIENT));
+    let mut cmd = sim.command(compile(&COMPUTE));
     cmd.env("LD_PRELOAD", profile_dir().join("libgpuslice.so"))
         .env("GPUSLICE_LEDGER", dir.join("t.ledger"))
         .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
@@ -102,7 +95,7 @@ fn preload_plus_dropin_gates_each_launch_once() {
     let lib = common::dropin_dir();
     let simgpu = simgpu_lib_dir();
     let command = |tenant: &str, preload: bool| {
-        let mut cmd = sim.command_with_driver(compile(&CLIENT), &lib);
+        let mut cmd = sim.command_with_driver(compile(&COMPUTE), &lib);
         cmd.env(
             "LD_LIBRARY_PATH",
             format!("{}:{}", lib.display(), simgpu.display()),
@@ -156,7 +149,7 @@ fn captures_in_global_mode_survive_contended_launches() {
         .as_nanos()
         .to_string();
         let spawn = |tenant: &str, args: &[&str]| {
-            let mut cmd = sim.command(compile(&CLIENT));
+            let mut cmd = sim.command(compile(&COMPUTE));
             cmd.env("SIMGPU_GROUP", tenant).args(args);
             if gpuslice {
                 cmd.env("LD_PRELOAD", profile_dir().join("libgpuslice.so"))

@@ -11,26 +11,14 @@
 //! window measured 46%), so a single miss is not trusted either way; a fault that misses every time
 //! still fails, with both runs' figures.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const CLIENT: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
-const MULTIGPU: CBuild = CBuild {
-    name: "multigpu-cu12",
-    source: "multigpu_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
+local_scene!();
 
 impl Scene {
     fn two_gpus(tag: &str) -> Scene {
@@ -42,7 +30,7 @@ impl Scene {
     /// A client process of `tenant` (its own memory ledger) with `env` (compute settings), judged as
     /// group `tenant`; named `tenant` too unless `env` says `GPUSLICE_TENANT=` (no name).
     fn client(&self, tenant: &str, env: &[(&str, &str)], args: &[String]) -> Command {
-        let mut cmd = self.sim.command(compile(&CLIENT));
+        let mut cmd = self.sim.command(compile(&COMPUTE));
         cmd.env("LD_PRELOAD", shim())
             .env("SIMGPU_GROUP", tenant)
             .env("GPUSLICE_TENANT", tenant)
@@ -58,7 +46,7 @@ impl Scene {
 
     /// The same client without gpuslice (the control).
     fn bare_client(&self, tenant: &str, args: &[String]) -> Command {
-        let mut cmd = self.sim.command(compile(&CLIENT));
+        let mut cmd = self.sim.command(compile(&COMPUTE));
         cmd.env("SIMGPU_GROUP", tenant).args(args);
         cmd
     }

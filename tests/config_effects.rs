@@ -3,25 +3,11 @@
 //! (priority, log level) say that allocations are not affected, and they are not. Real clients on
 //! simgpu with the shim preloaded; the judge is simgpu's busy counter.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
 use std::path::PathBuf;
-
-const COMPUTE: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
-const ROBUST: CBuild = CBuild {
-    name: "robust-client-cu12",
-    source: "robust_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
 
 fn private_dir(tag: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -56,7 +42,7 @@ fn compute_share_zero_applies_the_strictest_setting_it_announces() {
     let wall = run.get_u64("end_ns") - run.get_u64("start_ns");
     let busy = sim
         .stat()
-        .find("groups", "name", &Json::Str("z".into()))
+        .find("groups", "name", &Json::String("z".into()))
         .map_or(0, |g| g.u64("busy_ns.0"));
     let frac = busy as f64 / wall as f64;
     println!(

@@ -2,7 +2,7 @@
 //! command of a fresh clone (an empty target directory), one tenant is stopped at its quota, the
 //! compute shares show, and it leaves nothing behind, also when interrupted.
 
-mod common;
+use gpuslice_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! device-ledger directory it cannot use, an invalid compute setting. The same environment without
 //! the fault passes (exit 0), so each failure is the fault's.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use gpuslice::config::Limit;

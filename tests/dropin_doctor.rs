@@ -2,7 +2,7 @@
 //! libraries on the library path), preload + drop-in together, and misconfigured environments: what it
 //! says, and its exit code (0 only when a CUDA program started there would have its quota enforced).
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::path::PathBuf;

@@ -3,18 +3,10 @@
 //! through (4 = enforced, 8 = escaped). A program not linked against CUDA (`escape_main.c`) opens
 //! either a library linked `-lcuda` with `RTLD_DEEPBIND`, or the driver itself by absolute path.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-const MAIN: CBuild = CBuild {
-    name: "escape-main",
-    source: "escape_main.c",
-    include: "cu12",
-    link_cuda: false,
-};
 
 const CHUNKS: &str = "8";
 const ENFORCED: &str = "4";
@@ -26,22 +18,7 @@ fn escape_lib(tag: &str, flags: &[&str]) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("escape-lib-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("libescape.so");
-    let o = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
-        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC"])
-        .arg("-I")
-        .arg(nvidia_include("cu12"))
-        .arg(client_source("escape_lib.c"))
-        .args(flags)
-        .arg("-o")
-        .arg(&out)
-        .arg("-L")
-        .arg(simgpu_lib_dir())
-        .arg("-lcuda")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    out
+    compile_into(&ESCAPE_LIB, &dir.join("libescape.so"), flags)
 }
 
 enum Mode {
@@ -64,7 +41,7 @@ fn granted(tag: &str, mode: Mode, args: &[&str], extra_lib_dir: Option<&Path>) -
     if let Some(d) = extra_lib_dir {
         path = format!("{}:{path}", d.display());
     }
-    let mut cmd = sim.command(compile(&MAIN));
+    let mut cmd = sim.command(compile(&ESCAPE_MAIN));
     cmd.args(args)
         .args([CHUNKS, "256"])
         .env("LD_LIBRARY_PATH", path)

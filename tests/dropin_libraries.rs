@@ -4,7 +4,7 @@
 //! preloaded library), a drop-in never loading itself as the driver, and preload + drop-in in one
 //! process counting everything once. simgpu's counters and the clients' output are the judge.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::collections::BTreeSet;
@@ -450,7 +450,7 @@ fn preload_plus_dropin_counts_once() {
     drop(child.stdin.take());
     finish(child, "hold").assert_success();
     assert!(status.status.success());
-    let json = Json::parse(&String::from_utf8_lossy(&status.stdout)).unwrap();
+    let json = parse_json(&String::from_utf8_lossy(&status.stdout)).unwrap();
     assert_eq!(
         json.u64("memory.devices.0.used"),
         CONTEXT_RESERVE + MODULE + 256 * MIB,

@@ -7,9 +7,9 @@
 //! The pack builds the release libraries (`cargo build --release`, which `scripts/test` runs before the
 //! tests, so that here it has nothing left to do) in the target directory of this test run.
 
-mod common;
+use gpuslice_testkit as common;
 
-use common::Json;
+use common::{parse_json, Json, JsonExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -120,8 +120,8 @@ fn copy_dir(from: &Path, to: &Path) {
 
 fn field<'a>(probe: &'a Json, key: &str) -> Option<&'a str> {
     match probe {
-        Json::Obj(o) => o.iter().find(|(k, _)| k == key).and_then(|(_, v)| match v {
-            Json::Str(s) => Some(s.as_str()),
+        Json::Object(o) => o.get(key).and_then(|v| match v {
+            Json::String(s) => Some(s.as_str()),
             _ => None,
         }),
         _ => None,
@@ -186,7 +186,7 @@ fn packed_check_runs_on_simgpu_from_a_fresh_directory() {
 
     let text = std::fs::read_to_string(reports.join("report.json")).expect("report.json");
     let doc =
-        Json::parse(&text).unwrap_or_else(|e| panic!("report.json is not JSON ({e}):\n{text}"));
+        parse_json(&text).unwrap_or_else(|e| panic!("report.json is not JSON ({e}):\n{text}"));
     let md = std::fs::read_to_string(reports.join("report.md")).expect("report.md");
     let probes = doc.arr("probes");
     let ids: Vec<&str> = probes.iter().filter_map(|p| field(p, "id")).collect();

@@ -3,33 +3,18 @@
 //! gpuslice); its memory is allocated when the graph is launched, and that launch is held to the
 //! quota. Judged by the CUresults the unmodified program sees and by simgpu's own memory counters.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
 use std::path::PathBuf;
-
-const CLIENT: CBuild = CBuild {
-    name: "graph-memory",
-    source: "graph_memory.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
-/// Child graphs: memory nodes in graphs moved into a parent (CUDA 12.9).
-const CHILD_CLIENT: CBuild = CBuild {
-    name: "graph-child",
-    source: "graph_child.c",
-    include: "cu13",
-    link_cuda: true,
-};
 
 /// simgpu's memory for a context (what a process holds before it allocates anything).
 const SIM_CONTEXT: u64 = 300 * MIB;
 const OUT_OF_MEMORY: &str = "2";
 
 fn run(gpuslice: bool) -> (Run, Json) {
-    run_client(&CLIENT, gpuslice)
+    run_client(&GRAPH_MEMORY, gpuslice)
 }
 
 fn run_client(client: &CBuild, gpuslice: bool) -> (Run, Json) {
@@ -191,7 +176,7 @@ fn captured_graph_memory_is_held_to_the_quota_at_launch() {
 #[test]
 fn memory_nodes_of_moved_child_graphs_are_held_to_the_quota_at_launch() {
     // Without gpuslice (8 GiB device): every step succeeds.
-    let (bare, _) = run_client(&CHILD_CLIENT, false);
+    let (bare, _) = run_client(&GRAPH_CHILD, false);
     bare.assert_success();
     for (k, v) in bare.kv() {
         assert!(
@@ -201,7 +186,7 @@ fn memory_nodes_of_moved_child_graphs_are_held_to_the_quota_at_launch() {
         );
     }
 
-    let (run, stat) = run_client(&CHILD_CLIENT, true);
+    let (run, stat) = run_client(&GRAPH_CHILD, true);
     run.assert_success();
     let report = run.report();
     let expect = |key: &str, want: &str, why: &str| {

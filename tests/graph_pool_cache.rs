@@ -4,7 +4,7 @@
 //! the process, through a C client (tests/clients/graph_pool.c) that never asks `cuMemGetInfo`, so
 //! what is judged is what graph launches and trims were charged, not what reconciliation found.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;
@@ -13,13 +13,6 @@ use std::process::Child;
 
 /// The driver reserves device memory in 2 MiB pages: charges are exact to one of them.
 const GRANULE: u64 = 2 * MIB;
-
-const CLIENT: CBuild = CBuild {
-    name: "graph-pool",
-    source: "graph_pool.c",
-    include: "cu13",
-    link_cuda: true,
-};
 
 /// What a process of `tenant` is charged in the ledger (allocations and driver overhead).
 fn charged(dir: &Path, tenant: &str, pid: &str) -> u64 {
@@ -38,7 +31,7 @@ fn go(child: &mut Child) {
 fn the_graph_memory_pools_cache_is_charged_until_trimmed() {
     let dir = scratch_dir("graph_pool", "cache");
     let sim = Sim::new("graph-pool").env("SIMGPU_MEMORY", "8GiB");
-    let mut cmd = sim.command(compile(&CLIENT));
+    let mut cmd = sim.command(compile(&GRAPH_POOL));
     cmd.args(["512", "1536"])
         .env("LD_PRELOAD", libgpuslice())
         .env("GPUSLICE_MEMORY_LIMIT", "2GiB")

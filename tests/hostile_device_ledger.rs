@@ -6,7 +6,7 @@
 //! The judge is simgpu's busy counter: a tenant capped at 20% with two spinning processes keeps
 //! the device about 20% busy when scheduled, nearly 100% when not.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
@@ -15,13 +15,6 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-const CLIENT: CBuild = CBuild {
-    name: "compute-client",
-    source: "compute_client.c",
-    include: "cu13",
-    link_cuda: true,
-};
 
 /// Busy fraction below which the cap counts as working (capped: ~0.2; unscheduled: ~1.0).
 const CAPPED: f64 = 0.5;
@@ -62,11 +55,13 @@ fn garbage(len: usize, mut seed: u64) -> Vec<u8> {
         .collect()
 }
 
+local_scene!();
+
 impl Scene {
     fn spawn(&self, start: u64) -> Vec<std::process::Child> {
         (0..2)
             .map(|_| {
-                let mut cmd = self.sim.command(compile(&CLIENT));
+                let mut cmd = self.sim.command(compile(&COMPUTE));
                 cmd.env("LD_PRELOAD", shim())
                     .env("SIMGPU_GROUP", "a")
                     .env("GPUSLICE_TENANT", "a")

@@ -3,7 +3,7 @@
 //! join, fork and repair guarantees. Clients are real CUDA programs on simgpu with the shim
 //! preloaded; every directory is private to the test.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim_lib;
 use common::*;
@@ -15,13 +15,6 @@ use std::time::{Duration, Instant};
 
 use gpuslice::scheduling::device::{path_for, DeviceLedger};
 use gpuslice::scheduling::TenantId;
-
-const ROBUST: CBuild = CBuild {
-    name: "robust-client-cu12",
-    source: "robust_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
 
 /// `CUDA_ERROR_OUT_OF_MEMORY` as the client prints it.
 const OOM: &str = "2";

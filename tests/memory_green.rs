@@ -3,60 +3,17 @@
 //! library; the primary context each green context retains is charged once, and given back when
 //! the last of them and the program's own reference go. Judged by simgpu's counters.
 
-mod common;
+use gpuslice_testkit as common;
 
+use common::memory::{tenant_command, Deploy, GRANULE, QUOTA, SIM_CONTEXT};
 use common::*;
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
-const QUOTA: u64 = GIB;
-/// The driver reserves device memory in 2 MiB pages: measured charges are exact to one of them.
-const GRANULE: u64 = 2 * MIB;
-/// simgpu's default context cost (SIMGPU_CONTEXT_MEMORY).
-const SIM_CONTEXT: u64 = 300 * MIB;
-
-const CLIENT: CBuild = CBuild {
-    name: "green-context",
-    source: "green_context.c",
-    include: "cu12",
-    link_cuda: true,
-};
-
-#[derive(Clone, Copy, Debug)]
-enum Deploy {
-    Preload,
-    Dropin,
-}
-
 /// The client as a process of tenant `t` (quota 1 GiB, ledger and device directory in `dir`).
 fn client(sim: &Sim, deploy: Deploy, dir: &Path, args: &[&str]) -> Command {
-    let program = compile(&CLIENT);
-    let mut cmd = match deploy {
-        Deploy::Preload => {
-            let mut cmd = sim.command(program);
-            cmd.env("LD_PRELOAD", libgpuslice());
-            cmd
-        }
-        Deploy::Dropin => {
-            let simgpu = simgpu_lib_dir();
-            let mut cmd = sim.command_with_driver(program, &dropin_dir());
-            cmd.env(
-                "LD_LIBRARY_PATH",
-                format!("{}:{}", dropin_dir().display(), simgpu.display()),
-            )
-            .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"))
-            .env("GPUSLICE_REAL_NVML", simgpu.join("libnvidia-ml.so.1"));
-            cmd
-        }
-    };
-    cmd.args(args)
-        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
-        .env("GPUSLICE_TENANT", "t")
-        .env("GPUSLICE_LEDGER", dir.join("t.ledger"))
-        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
-        .env("SIMGPU_GROUP", "t");
-    cmd
+    tenant_command(compile(&GREEN_CONTEXT), sim, deploy, dir, "t", args)
 }
 
 /// The driver overhead the process published in the tenant's ledger.

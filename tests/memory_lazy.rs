@@ -5,23 +5,13 @@
 //! (tests/clients/memory_lazy.c) that never asks `cuMemGetInfo`, so what is judged is what the
 //! operations were charged, not what reconciliation found later.
 
-mod common;
+use gpuslice_testkit as common;
 
+use common::memory::{tenant_command, Deploy, GRANULE, QUOTA};
 use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-
-const QUOTA: u64 = GIB;
-/// The driver reserves device memory in 2 MiB pages: measured charges are exact to one of them.
-const GRANULE: u64 = 2 * MIB;
-
-const CLIENT: CBuild = CBuild {
-    name: "memory-lazy",
-    source: "memory_lazy.c",
-    include: "cu12",
-    link_cuda: true,
-};
 
 /// A private directory for one test's ledgers and measurement locks.
 fn scratch(tag: &str) -> PathBuf {
@@ -37,15 +27,15 @@ fn sim(tag: &str) -> Sim {
 /// The client as a preloaded process of `tenant` (quota 1 GiB, its ledger and device directory in
 /// `dir`).
 fn client(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
-    let mut cmd = sim.command(compile(&CLIENT));
-    cmd.args(args)
-        .env("LD_PRELOAD", libgpuslice())
-        .env("CUDA_MODULE_LOADING", "LAZY")
-        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
-        .env("GPUSLICE_TENANT", tenant)
-        .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
-        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
-        .env("SIMGPU_GROUP", tenant);
+    let mut cmd = tenant_command(
+        compile(&MEMORY_LAZY),
+        sim,
+        Deploy::Preload,
+        dir,
+        tenant,
+        args,
+    );
+    cmd.env("CUDA_MODULE_LOADING", "LAZY");
     cmd
 }
 

@@ -5,8 +5,9 @@
 //! (`SIMGPU_MIG`) by its own counters, through a Python client (tests/clients/mig_views.py) preloaded
 //! and under the drop-in.
 
-mod common;
+use gpuslice_testkit as common;
 
+use common::memory::{tenant_command, Deploy, GRANULE, SIM_CONTEXT};
 use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,16 +17,9 @@ use std::process::Command;
 const INSTANCE0: &str = "MIG-53494d47-4d49-4000-8000-000000000000";
 const INSTANCE1: &str = "MIG-53494d47-4d49-4000-8000-000000000001";
 const GPU0: &str = "GPU-53494d47-5055-4000-8000-000000000000";
-/// simgpu's default context cost, and the fallback charge gpuslice takes when it cannot measure.
-const SIM_CONTEXT: u64 = 300 * MIB;
+/// The fallback charge gpuslice takes when it cannot measure (beside simgpu's default context cost,
+/// `SIM_CONTEXT`).
 const FALLBACK: u64 = 512 * MIB;
-const GRANULE: u64 = 2 * MIB;
-
-#[derive(Clone, Copy, Debug)]
-enum Deploy {
-    Preload,
-    Dropin,
-}
 
 /// An 80 GiB GPU 0 in MIG mode with a 10 GiB and a 20 GiB instance.
 fn sim(tag: &str) -> Sim {
@@ -49,32 +43,12 @@ fn client(
     limit: &str,
     args: &[&str],
 ) -> Command {
-    let simgpu = simgpu_lib_dir();
-    let mut cmd = match deploy {
-        Deploy::Preload => {
-            let mut cmd = sim.command(venv_python());
-            cmd.env("LD_PRELOAD", libgpuslice());
-            cmd
-        }
-        Deploy::Dropin => {
-            let mut cmd = sim.command_with_driver(venv_python(), &dropin_dir());
-            cmd.env(
-                "LD_LIBRARY_PATH",
-                format!("{}:{}", dropin_dir().display(), simgpu.display()),
-            )
-            .env("GPUSLICE_REAL_LIBCUDA", simgpu.join("libcuda.so.1"))
-            .env("GPUSLICE_REAL_NVML", simgpu.join("libnvidia-ml.so.1"));
-            cmd
-        }
-    };
-    cmd.arg(client_source("mig_views.py"))
-        .args(args)
-        .env("CUDA_VISIBLE_DEVICES", visible)
-        .env("GPUSLICE_MEMORY_LIMIT", limit)
-        .env("GPUSLICE_TENANT", tenant)
-        .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
-        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
-        .env("SIMGPU_GROUP", tenant);
+    let script = client_source("mig_views.py");
+    let mut all = vec![script.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let mut cmd = tenant_command(venv_python(), sim, deploy, dir, tenant, &all);
+    cmd.env("CUDA_VISIBLE_DEVICES", visible)
+        .env("GPUSLICE_MEMORY_LIMIT", limit);
     cmd
 }
 

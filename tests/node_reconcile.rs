@@ -4,7 +4,7 @@
 //! itself in NVML's lists (simgpu lists host PIDs, as a driver does), so only the node, which sees
 //! host PIDs, can tell it what the driver holds for it.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;
@@ -21,13 +21,6 @@ const SIM_CONTEXT: u64 = 300 * MIB;
 /// more than its image says, which a measurement from the device's used memory never charges.
 const MODULE_MIB: u64 = 20;
 const MODULE_SCALE: u64 = 3;
-
-const CLIENT: CBuild = CBuild {
-    name: "quota-overhead",
-    source: "quota_overhead.c",
-    include: "cu12",
-    link_cuda: true,
-};
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = scratch_dir("node_reconcile", tag);
@@ -115,12 +108,12 @@ fn unix_ms() -> u64 {
 
 /// A simgpu group's (a tenant's or an outsider's) one process: (host PID, used on device 0).
 fn group_process(stat: &Json, group: &str) -> (u64, u64) {
-    let Json::Arr(procs) = stat.at("processes") else {
+    let Json::Array(procs) = stat.at("processes") else {
         panic!("simgpu-stat: no processes in {stat}")
     };
     let p = procs
         .iter()
-        .find(|p| p.at("group") == &Json::Str(group.to_string()))
+        .find(|p| p.at("group") == &Json::String(group.to_string()))
         .unwrap_or_else(|| panic!("no process of {group} in {stat}"));
     (p.u64("pid"), p.u64("used.0"))
 }
@@ -167,7 +160,13 @@ fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
         .env("SIMGPU_MODULE_SCALE", &MODULE_SCALE.to_string());
     let _node = with_node.then(|| node(&sim, dir));
     let module = MODULE_MIB.to_string();
-    let mut pod = client_in_container(&sim, dir, "pod", &CLIENT, &["hold", &module, "8", "1024"]);
+    let mut pod = client_in_container(
+        &sim,
+        dir,
+        "pod",
+        &QUOTA_OVERHEAD,
+        &["hold", &module, "8", "1024"],
+    );
     let mut pod = sim.spawn(pod.env("SIMGPU_CONTEXT_CREATE_US", "5000000"));
     // Its context is being created (under the device's measurement lock): another process appears.
     let devices = dir.join("devices");
@@ -178,7 +177,7 @@ fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
             })
         })
     });
-    let mut outsider = sim.command(compile(&CLIENT));
+    let mut outsider = sim.command(compile(&QUOTA_OVERHEAD));
     outsider
         .args(["leave", "64", "wait"])
         .env("SIMGPU_GROUP", "outsider");
@@ -227,7 +226,7 @@ fn pod_run(tag: &str, with_node: bool, dir: &Path) -> PodRun {
         .env("GPUSLICE_DEVICE_DIR", &devices);
     let run = sim.run_cmd(&mut cmd);
     run.assert_success();
-    let status = Json::parse(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()));
+    let status = parse_json(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()));
     let peak = group(&sim.stat(), "pod").u64("peak.0");
     finish(pod, "pod").assert_success();
     PodRun {
@@ -300,13 +299,6 @@ fn driver_memory_of_a_process_in_a_container_is_reconciled_through_the_node() {
     assert!(!list.iter().any(|(pid, _)| *pid == run.pod_pid), "{list:?}");
 }
 
-const POD_CLIENT: CBuild = CBuild {
-    name: "pod-memory",
-    source: "pod_memory.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
 /// A pod's process spends driver memory step by step with the node reconciling: code a lazily
 /// loaded library's kernel loads at its first launch, the local memory a kernel with a 2 KiB frame
 /// grows (1 KiB a thread beyond the default stack), graph launches whose allocation stays in the
@@ -326,7 +318,7 @@ fn a_pods_driver_memory_agrees_with_simgpu_after_each_step() {
         .env("CUDA_MODULE_LOADING", "LAZY");
     let _node = node(&sim, &dir);
     let (lib, graph) = (LIB_MIB.to_string(), GRAPH_MIB.to_string());
-    let mut cmd = client_in_container(&sim, &dir, "steps", &POD_CLIENT, &[&lib, "2048", &graph]);
+    let mut cmd = client_in_container(&sim, &dir, "steps", &POD_MEMORY, &[&lib, "2048", &graph]);
     let mut pod = sim.spawn(cmd.env("CUDA_MODULE_LOADING", "LAZY"));
     let ledger = dir.join("steps.ledger");
     let charge = || {
@@ -401,13 +393,6 @@ fn a_pods_driver_memory_agrees_with_simgpu_after_each_step() {
     finish(pod, "pod steps").assert_success();
 }
 
-const IPC_CLIENT: CBuild = CBuild {
-    name: "ipc-pod",
-    source: "ipc_pod.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
 /// An IPC exporter and importer of one tenant in one pod (the processes of one job share buffers
 /// so: vLLM's custom all-reduce, UCX; processes of two pods cannot, without sharing a PID
 /// namespace), with the node reconciling: export, import, the exporter's free, the importer keeping
@@ -422,7 +407,7 @@ fn an_ipc_mapping_kept_after_the_exporters_free_stays_charged() {
     let sim = Sim::new("reconcile-ipc").env("SIMGPU_MEMORY", "4GiB");
     let _node = node(&sim, &dir);
     let shared = SHARED_MIB.to_string();
-    let mut cmd = client_in_container(&sim, &dir, "ipc", &IPC_CLIENT, &[&shared]);
+    let mut cmd = client_in_container(&sim, &dir, "ipc", &IPC_POD, &[&shared]);
     let mut pod = sim.spawn(&mut cmd);
     let ledger = dir.join("ipc.ledger");
     let ids = wait_for_key(&mut pod, "ready");
@@ -457,7 +442,7 @@ fn an_ipc_mapping_kept_after_the_exporters_free_stays_charged() {
         });
         let (charged, _) = charges();
         let stat = sim.stat();
-        let Json::Arr(list) = stat.at("processes") else {
+        let Json::Array(list) = stat.at("processes") else {
             panic!("simgpu-stat: no processes in {stat}")
         };
         let real = procs.map(|(_, _, host)| {
@@ -549,7 +534,7 @@ fn gpuslice_observe_report(state: &Path) -> (u64, Vec<(u64, u64)>) {
 fn a_process_using_the_gpu_without_gpuslice_is_reported_unmanaged() {
     let dir = scratch("unmanaged");
     let sim = Sim::new("reconcile-unmanaged").env("SIMGPU_MEMORY", "4GiB");
-    let mut tenant = sim.command(compile(&CLIENT));
+    let mut tenant = sim.command(compile(&QUOTA_OVERHEAD));
     tenant
         .args(["hold"])
         .env("LD_PRELOAD", libgpuslice())
@@ -560,7 +545,7 @@ fn a_process_using_the_gpu_without_gpuslice_is_reported_unmanaged() {
         .env("SIMGPU_GROUP", "t");
     let mut tenant = Killed(sim.spawn(&mut tenant));
     wait_for_key(&mut tenant.0, "ready");
-    let mut outsider = sim.command(compile(&CLIENT));
+    let mut outsider = sim.command(compile(&QUOTA_OVERHEAD));
     outsider
         .args(["leave", "64", "wait"])
         .env("SIMGPU_GROUP", "outsider");
@@ -576,7 +561,7 @@ fn a_process_using_the_gpu_without_gpuslice_is_reported_unmanaged() {
                 .args(["status", "--json", "--compute", "--state-dir"])
                 .arg(&state),
         );
-        Json::parse(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()))
+        parse_json(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.report()))
     };
     assert_eq!(
         status().at("unmanaged"),
@@ -652,7 +637,7 @@ fn doctor_says_whether_driver_memory_is_reconciled() {
     let sim = Sim::new("reconcile-doctor").env("SIMGPU_MEMORY", "4GiB");
     let ledger = dir.join("d.ledger");
     // A tenant process makes the ledger (and holds a slot the node reconciles).
-    let mut tenant = sim.command(compile(&CLIENT));
+    let mut tenant = sim.command(compile(&QUOTA_OVERHEAD));
     tenant
         .args(["hold"])
         .env("LD_PRELOAD", libgpuslice())

@@ -4,7 +4,7 @@
 //! Prometheus scrapes it and answers PromQL over it, and broken or vanishing ledgers cost only their
 //! own series. Prometheus and promtool come from Debian's `prometheus` package (scripts/test).
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
@@ -272,14 +272,14 @@ fn unix_now() -> f64 {
 
 /// Per tenant, the value of each result of an instant-vector answer (`{"metric":{"tenant":..},"value":[t,"v"]}`).
 fn by_tenant(answer: &str) -> BTreeMap<String, f64> {
-    let json = Json::parse(answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    let json = parse_json(answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
     json.arr("data.result")
         .iter()
         .map(|r| {
             let tenant = r.str("metric.tenant").to_string();
             let v = match r.at("value") {
-                Json::Arr(a) => match &a[1] {
-                    Json::Str(s) => s.parse::<f64>().unwrap(),
+                Json::Array(a) => match &a[1] {
+                    Json::String(s) => s.parse::<f64>().unwrap(),
                     other => panic!("value {other:?}"),
                 },
                 other => panic!("value {other:?}"),
@@ -372,7 +372,7 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
     for t in ["alpha", "beta"] {
         let status = sim.run(gpuslice_bin(), &["status", "--json", "--tenant", t]);
         status.assert_success();
-        let doc = Json::parse(&status.stdout).unwrap();
+        let doc = parse_json(&status.stdout).unwrap();
         let dev = &doc.arr("memory.devices")[0];
         let uuid = dev.str("uuid");
         let labels = [("tenant", t), ("UUID", uuid)];
@@ -452,12 +452,14 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
 
     // Every query of the Grafana dashboard is valid PromQL and has data from this run.
     let dashboard =
-        Json::parse(&std::fs::read_to_string(root().join("deploy/grafana/gpuslice.json")).unwrap())
+        parse_json(&std::fs::read_to_string(root().join("deploy/grafana/gpuslice.json")).unwrap())
             .expect("deploy/grafana/gpuslice.json is JSON");
     let mut queries = 0;
     for panel in dashboard.arr("panels") {
-        let Json::Obj(fields) = panel else { continue };
-        let Some((_, Json::Arr(targets))) = fields.iter().find(|(k, _)| k == "targets") else {
+        let Json::Object(fields) = panel else {
+            continue;
+        };
+        let Some(Json::Array(targets)) = fields.get("targets") else {
             continue;
         };
         for t in targets {
@@ -468,7 +470,7 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
                 .replace("$node", ".*")
                 .replace("$namespace", ".*")
                 .replace("$tenant", ".*");
-            let answer = Json::parse(&prom.query(&expr, mid_run)).unwrap();
+            let answer = parse_json(&prom.query(&expr, mid_run)).unwrap();
             assert!(
                 !answer.arr("data.result").is_empty(),
                 "dashboard query {expr} has no data"
@@ -486,7 +488,7 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
     let last = parse(&scrape(&addr));
     let status = sim.run(gpuslice_bin(), &["status", "--json", "--compute"]);
     status.assert_success();
-    let doc = Json::parse(&status.stdout).unwrap();
+    let doc = parse_json(&status.stdout).unwrap();
     let busy = |t: &str| {
         value(
             &last,
@@ -496,7 +498,7 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
     };
     for t in ["alpha", "beta"] {
         let row = doc
-            .find("compute", "tenant", &Json::Str(t.into()))
+            .find("compute", "tenant", &Json::String(t.into()))
             .unwrap_or_else(|| panic!("no compute row for {t}: {}", status.stdout));
         let charged = row.u64("charged_ns") as f64 / 1e9;
         assert!(
@@ -506,7 +508,7 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
             row.u64("charged_ns")
         );
         let waited = match row.at("waited_s") {
-            Json::Num(x) => *x,
+            Json::Number(x) => x.as_f64().unwrap(),
             other => panic!("waited_s {other:?}"),
         };
         let wait = value(
@@ -529,7 +531,7 @@ fn exporter_during_a_two_tenant_run_on_simgpu() {
     // (docs/BENCHMARKS.md).
     let judge = |t: &str| {
         sim.stat()
-            .find("groups", "name", &Json::Str(t.into()))
+            .find("groups", "name", &Json::String(t.into()))
             .map_or(0, |g| g.u64("busy_ns.0")) as f64
     };
     let (da, db) = (busy("alpha"), busy("beta"));
@@ -855,7 +857,7 @@ fn each_tenants_handovers_grow_under_contention() {
     // `gpuslice status --compute --json` shows the same counts for each tenant.
     let status = sim.run(gpuslice_bin(), &["status", "--compute", "--json"]);
     status.assert_success();
-    let doc = Json::parse(&status.stdout).unwrap();
+    let doc = parse_json(&status.stdout).unwrap();
     for row in doc.arr("compute") {
         let t = row.str("tenant");
         let i = ["alpha", "beta"].iter().position(|n| *n == t).unwrap();
@@ -919,7 +921,7 @@ fn memory_of_a_killed_process_is_shown_as_exited() {
     assert_eq!(value(&dead, "gpuslice_tenant_processes", &labels), 0.0);
     let status = sim.run(gpuslice_bin(), &["status", "--json", "--tenant", "gamma"]);
     status.assert_success();
-    let doc = Json::parse(&status.stdout).unwrap();
+    let doc = parse_json(&status.stdout).unwrap();
     assert!(
         doc.arr("memory.processes")
             .iter()
@@ -1026,7 +1028,7 @@ fn a_stopped_owner_is_revoked_and_counted_for_its_tenant() {
     );
     let status = sim.run(gpuslice_bin(), &["status", "--compute", "--json"]);
     status.assert_success();
-    let doc = Json::parse(&status.stdout).unwrap();
+    let doc = parse_json(&status.stdout).unwrap();
     let row = doc
         .arr("compute")
         .iter()

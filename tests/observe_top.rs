@@ -2,7 +2,7 @@
 //! simgpu it shows both, per GPU, with their quotas and shares, and it ends on `q` restoring the
 //! terminal. Without a terminal it prints plain lines.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::path::PathBuf;

@@ -5,20 +5,13 @@
 //! `/dev/shm` is). What the clients run (their program, the library, simgpu) is copied into the
 //! machine's directory, which other uids can traverse wherever the tree is.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-
-const ROBUST: CBuild = CBuild {
-    name: "robust-client-cu12",
-    source: "robust_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
 
 const OOM: &str = "2";
 const ALICE: u32 = 1001;

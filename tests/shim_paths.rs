@@ -6,7 +6,7 @@
 //! nothing is configured, answers cuGetProcAddress like NVIDIA's real driver, and its dlsym interposer
 //! leaves every other lookup as glibc answers it.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::libgpuslice as shim;
 use common::*;
@@ -55,39 +55,7 @@ fn held_steps(kind: &str) -> &'static [&'static str] {
 
 // ---- builds ----
 
-const PATHS_LINKED: CBuild = CBuild {
-    name: "quota-paths-linked",
-    source: "quota_paths_linked.c",
-    include: "cu12",
-    link_cuda: true,
-};
-const PATHS_DLSYM: CBuild = CBuild {
-    name: "quota-paths-dlsym",
-    source: "quota_paths_dlsym.c",
-    include: "cu12",
-    link_cuda: false,
-};
-const PATHS_PROCADDR: CBuild = CBuild {
-    name: "quota-paths-procaddr",
-    source: "quota_paths_procaddr.c",
-    include: "cu12",
-    link_cuda: false,
-};
-const ORACLE: CBuild = CBuild {
-    name: "quota-oracle",
-    source: "quota_oracle.c",
-    include: "cu12",
-    link_cuda: false,
-};
-
 /// The interception paths: (name, build, leading arguments).
-const PATHS_LINKED_CU13: CBuild = CBuild {
-    name: "quota-paths-linked-cu13",
-    source: "quota_paths_linked.c",
-    include: "cu13",
-    link_cuda: true,
-};
-
 const PATHS: [(&str, CBuild, &[&str]); 6] = [
     ("linked", PATHS_LINKED, &[]),
     ("dlsym", PATHS_DLSYM, &["dlsym"]),
@@ -101,26 +69,6 @@ const PATHS: [(&str, CBuild, &[&str]); 6] = [
 /// A private directory for one test's ledgers and builds.
 fn scratch(tag: &str) -> PathBuf {
     scratch_dir("shim_paths", tag)
-}
-
-/// `cc` with extra flags (the harness's `compile` takes none): -rdynamic clients, preloadable libraries.
-fn cc(out: &Path, source: &str, flags: &[&str]) -> PathBuf {
-    let o = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
-        .args(["-O2", "-g", "-Wall", "-Wextra", "-Werror"])
-        .args(flags)
-        .arg(client_source(source))
-        .arg("-o")
-        .arg(out)
-        .arg("-ldl")
-        .output()
-        .expect("run cc");
-    assert!(
-        o.status.success(),
-        "compiling {source} failed:\n{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out.to_path_buf()
 }
 
 /// Runs `cmd` with `input` on stdin, killed (and the test failed) after [`TIMEOUT`].
@@ -682,7 +630,7 @@ fn procaddress_questions() -> String {
 #[test]
 fn procaddress_answers_like_the_real_driver() {
     let client = compile(&PROCADDRESS);
-    let oracle = compile(&ORACLE);
+    let oracle = compile(&QUOTA_ORACLE);
     let input = procaddress_questions();
     let sim = Sim::new("shim-oracle");
     let dir = scratch("oracle");
@@ -770,16 +718,8 @@ fn procaddress_answers_like_the_real_driver() {
 #[test]
 fn dlsym_interposer_leaves_other_lookups_alone() {
     let dir = scratch("hygiene");
-    let client = cc(
-        &dir.join("quota_hygiene"),
-        "quota_hygiene.c",
-        &["-rdynamic"],
-    );
-    let wrap = cc(
-        &dir.join("libquota_mallocwrap.so"),
-        "quota_mallocwrap.c",
-        &["-shared", "-fPIC"],
-    );
+    let client = compile(&QUOTA_HYGIENE);
+    let wrap = compile(&QUOTA_MALLOCWRAP);
     let sim = Sim::new("hygiene");
     let preload = |with_shim: bool| -> String {
         if with_shim {

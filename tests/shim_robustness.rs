@@ -4,7 +4,7 @@
 //! `-lcuda`) run on simgpu with `libgpuslice.so` preloaded; what is asserted is what the driver API
 //! returned to it, simgpu's own counters (`simgpu-stat`), and what `gpuslice status` prints.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use common::{libgpuslice as shim_lib, libgpuslice as installed_shim_lib};
@@ -16,14 +16,6 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// The robustness client, linked against simgpu like an nvcc-built program.
-const ROBUST: CBuild = CBuild {
-    name: "robust-client-cu12",
-    source: "robust_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`, `CUDA_ERROR_INVALID_CONTEXT` as the clients print them.
 const OOM: &str = "2";
@@ -69,7 +61,7 @@ fn status_json(sim: &Sim, ledger: &Path) -> Json {
         &["status", "--ledger", ledger.to_str().unwrap(), "--json"],
     );
     run.assert_success();
-    let doc = Json::parse(run.stdout.trim()).unwrap_or_else(|e| {
+    let doc = parse_json(run.stdout.trim()).unwrap_or_else(|e| {
         panic!(
             "gpuslice status --json printed bad JSON ({e}):\n{}",
             run.report()
@@ -540,7 +532,7 @@ fn assert_fails_closed(sim: &Sim, ledger: &Path, env: &[(&str, &str)], message: 
                     sim,
                     &["status", "--ledger", ledger.to_str().unwrap(), "--json"],
                 );
-                let j = Json::parse(s.stdout.trim()).unwrap();
+                let j = parse_json(s.stdout.trim()).unwrap();
                 if s.status.success() && j.at("memory") != &Json::Null {
                     for d in j.arr("memory.devices") {
                         assert_ne!(d.at("limit"), &Json::Null, "unlimited ledger left: {j}");

@@ -2,7 +2,7 @@
 //! dlopen/dlsym), NVIDIA's cuda-bindings (cuGetProcAddress) and nvidia-ml-py (NVML). Each client is a
 //! separate process finding simgpu through LD_LIBRARY_PATH as it would find the real driver.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 

@@ -3,7 +3,7 @@
 //! of every field, and each must equal Rust's `size_of`/`align_of`/`offset_of!`. A struct or field
 //! added to those files without an entry here fails the test (it names what to add).
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use gpuslice_api::launch_types::*;

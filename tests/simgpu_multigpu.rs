@@ -3,18 +3,11 @@
 //! meet), kernels of one context concurrent across streams with busy time counted once. Judged by
 //! simgpu-stat and the clients' own output.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::process::Child;
 use std::time::{Duration, Instant};
-
-const MULTIGPU: CBuild = CBuild {
-    name: "multigpu-cu12",
-    source: "multigpu_client.c",
-    include: "cu12",
-    link_cuda: true,
-};
 
 /// Waits for every child to exit, at most `timeout`; on timeout kills them all and panics saying
 /// which were still running and what each device was doing.

@@ -4,7 +4,7 @@
 //! cuGetProcAddress_v2 -- and every answer (return code, status, symbol the pointer belongs to) must
 //! be identical. simgpu runs as the real driver's CUDA version (SIMGPU_DRIVER_VERSION=12020).
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::collections::BTreeSet;

@@ -2,7 +2,7 @@
 //! run one at a time, and launches are asynchronous. Judged by simgpu-stat and by timings measured
 //! inside the clients.
 
-mod common;
+use gpuslice_testkit as common;
 
 use common::*;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -105,13 +105,6 @@ fn launches_are_asynchronous() {
     assert_eq!(stat.u64("devices.0.kernels"), 100, "stat: {stat}");
     assert!(stat.u64("devices.0.busy_ns") >= 100_000_000, "stat: {stat}");
 }
-
-const EVENT_TIMELINE: CBuild = CBuild {
-    name: "event-timeline",
-    source: "event_timeline.c",
-    include: "cu13",
-    link_cuda: true,
-};
 
 /// Events are stamped on the device timeline, not when simgpu's stream worker (a host thread, late
 /// on a loaded machine) gets to them: two back-to-back kernels between three events measure exactly

@@ -3,7 +3,7 @@ device's memory pool (cuda.core's default memory resource), a kernel launched th
 program's exit, where cuda.core releases its primary contexts from thread-local destructors.
 
 After each step prints what the driver API (cuMemGetInfo) and NVML (v1, v2, the process list)
-show, as `<step>_<key>=value` lines that tests/memory_overhead.rs judges. Usage: CUBIN"""
+show, as `<step>_<key>=value` lines that tests/memory_frameworks.rs judges. Usage: CUBIN"""
 
 import sys
 

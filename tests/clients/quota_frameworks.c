@@ -1,6 +1,6 @@
 /* What frameworks ask the driver at start-up and when memory runs short, made in the same calls and
  * the same order (as their CUDA runtime calls reach the driver), so docs/FRAMEWORKS.md's claims are
- * checked on simgpu under a quota (tests/memory_overhead.rs). Prints `key=value` lines.
+ * checked on simgpu under a quota (tests/memory_frameworks.rs). Prints `key=value` lines.
  *
  * Modes (argv[1]):
  *   xla FRACTION          JAX/XLA preallocation: FRACTION x total in one allocation

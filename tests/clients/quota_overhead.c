@@ -1,5 +1,5 @@
 /* Driver overhead under a quota: contexts, module code and context limits take device memory the
- * program never asked cuMemAlloc for. Prints `key=value` lines that tests/memory_overhead.rs judges
+ * program never asked cuMemAlloc for. Prints `key=value` lines that tests/memory_*.rs judge
  * against simgpu's own counters. Every view of memory is printed after each step: cuMemGetInfo,
  * cuDeviceTotalMem (and their legacy 32-bit entry points), NVML's memory info (v1 and v2) and its process lists (v1, v2, v3), NVML being
  * reached by dlopen + dlsym as monitoring libraries do.

@@ -1,6 +1,6 @@
 """Driver overhead under a quota through NVIDIA's cuda-bindings (every entry point resolved with
 cuGetProcAddress_v2): the primary context, a module (linked with the driver's JIT linker), then 2 MiB
-allocations until refused. Prints `key=value` lines that tests/memory_overhead.rs judges against
+allocations until refused. Prints `key=value` lines that tests/memory_frameworks.rs judges against
 simgpu's counters."""
 
 import ctypes

@@ -12,14 +12,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+use common::{clients, compile_into};
 #[allow(unused_imports)] // each test file uses a different part
 pub use common::{
     exporter_address, finish, gpuslice_bin, reachable_copy, reachable_simgpu, require, root,
     run_command as run, scrape_metrics, simgpu_lib_dir, start_in, target_dir, venv_python,
     wait_for_key, Run, GIB, MIB,
 };
+use gpuslice_testkit as common;
 
 pub fn workload_bin() -> PathBuf {
     require(
@@ -35,36 +35,13 @@ pub fn library() -> PathBuf {
 /// tests/clients/compute_client.c (the compute-share client of the library's tests), built into
 /// `dir` against NVIDIA's headers (scripts/fetch-nvidia.sh) and simgpu's libcuda.
 pub fn compute_client(dir: &Path) -> PathBuf {
-    c_client(dir, "compute_client", "cu13")
+    compile_into(&clients::COMPUTE, &dir.join("compute_client"), &[])
 }
 
 /// tests/clients/quota_overhead.c (the driver-overhead client of the library's tests), built into
 /// `dir` (which other uids can reach) against NVIDIA's headers and simgpu's libcuda.
 pub fn overhead_client(dir: &Path) -> PathBuf {
-    c_client(dir, "quota_overhead", "cu12")
-}
-
-/// `tests/clients/<name>.c` built into `dir/<name>` against NVIDIA's headers of `cuda` (`cu12`,
-/// `cu13`) and simgpu's libcuda.
-fn c_client(dir: &Path, name: &str, cuda: &str) -> PathBuf {
-    let include = require(
-        root().join("target/nvidia/include").join(cuda),
-        "NVIDIA's headers (scripts/fetch-nvidia.sh)",
-    );
-    let out = dir.join(name);
-    let r = run(Command::new("cc")
-        .args(["-O1", "-Wall", "-Werror", "-I"])
-        .arg(include)
-        .arg("-I")
-        .arg(root().join("tests/clients"))
-        .arg(root().join(format!("tests/clients/{name}.c")))
-        .arg("-o")
-        .arg(&out)
-        .arg("-L")
-        .arg(simgpu_lib_dir())
-        .args(["-lcuda", "-ldl"]));
-    r.assert_success();
-    out
+    compile_into(&clients::QUOTA_OVERHEAD, &dir.join("quota_overhead"), &[])
 }
 
 /// One node: a private directory (0755, so other uids can reach the state dir) holding the state

@@ -6,25 +6,27 @@
 //!
 //! Everything this needs is installed by `scripts/test`; a missing piece is a panic naming it, never
 //! a silent skip.
-#![allow(dead_code)] // each test file uses a different part of the harness
+//!
+//! A dev-dependency of the crates whose tests run clients (the root crate, `node`); a test file
+//! says `use gpuslice_testkit as common;` and then `use common::*;`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 
-/// The repository root (also when a member crate's tests include this file: node/tests).
+/// The repository root (this crate is `<root>/tests/kit`).
 pub fn root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest
         .ancestors()
-        .find(|d| d.join("tests/common/mod.rs").is_file())
-        .unwrap_or(manifest)
+        .nth(2)
+        .expect("the kit lives in <root>/tests/kit")
         .to_path_buf()
 }
 
@@ -60,6 +62,18 @@ pub fn gpuslice_bin() -> PathBuf {
     )
 }
 
+/// The directory where tests put their private files: `<target>/tmp`, what cargo names
+/// `CARGO_TARGET_TMPDIR` to integration tests (a library crate is not given it), found from the
+/// test binary's path (`<target>/<profile>/deps/<test>`).
+pub fn tmp_dir() -> PathBuf {
+    let dir = profile_dir()
+        .parent()
+        .expect("test binaries live in <target>/<profile>/deps")
+        .join("tmp");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
+
 /// The build profile's directory (`<target>/<profile>`): libgpuslice.so, the drop-in cdylibs and
 /// the binaries, beside the test binaries' `deps/`.
 pub fn profile_dir() -> PathBuf {
@@ -87,7 +101,7 @@ pub fn dropin_dir() -> PathBuf {
         let name = exe
             .file_stem()
             .map_or_else(|| "tests".into(), |n| n.to_string_lossy().into_owned());
-        let dest = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        let dest = tmp_dir()
             .join(format!("dropin-{name}-{}", std::process::id()));
         let out = Command::new(root().join("scripts/install-dropin.sh"))
             .arg(profile_dir())
@@ -189,88 +203,9 @@ pub fn reachable_simgpu(dir: &Path) -> PathBuf {
     dir.to_path_buf()
 }
 
-/// A file under `tests/clients/`.
-pub fn client_source(name: &str) -> PathBuf {
-    require(root().join("tests/clients").join(name), "client source")
-}
-
-/// A C client, built once per test process.
-#[derive(Debug, Clone)]
-pub struct CBuild {
-    /// Output name (unique per build configuration).
-    pub name: &'static str,
-    /// Source file in tests/clients/.
-    pub source: &'static str,
-    /// Header directory under target/nvidia/include (`cu12`, `cu13`, `nvml`).
-    pub include: &'static str,
-    /// Link against simgpu's libcuda (`-lcuda`).
-    pub link_cuda: bool,
-}
-
-/// Compile a client with `cc` into this test's tmp dir; cached for the life of the test process.
-pub fn compile(b: &CBuild) -> PathBuf {
-    static BUILT: OnceLock<Mutex<HashMap<&'static str, PathBuf>>> = OnceLock::new();
-    let built = BUILT.get_or_init(Default::default);
-    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = built.get(b.name) {
-        return p.clone();
-    }
-    // Built under a private name, then renamed into place: several test binaries may build the same
-    // client at once, and a running copy keeps its inode.
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("clients");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(b.name);
-    let tmp = dir.join(format!(".{}.{}", b.name, std::process::id()));
-    let mut cmd = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()));
-    cmd.args(["-O1", "-g", "-Wall", "-Wextra", "-Werror"])
-        .arg("-I")
-        .arg(nvidia_include(b.include))
-        .arg("-I")
-        .arg(root().join("tests/clients"))
-        .arg(client_source(b.source))
-        .arg("-o")
-        .arg(&tmp);
-    if b.link_cuda {
-        cmd.arg("-L").arg(simgpu_lib_dir()).arg("-lcuda");
-    }
-    cmd.arg("-ldl");
-    let o = cmd.output().expect("run cc");
-    assert!(
-        o.status.success(),
-        "compiling {} failed:\n{}{}",
-        b.source,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    std::fs::rename(&tmp, &out).unwrap();
-    built.insert(b.name, out.clone());
-    out
-}
-
-pub const LINKED_CU12: CBuild = CBuild {
-    name: "linked-cu12",
-    source: "linked.c",
-    include: "cu12",
-    link_cuda: true,
-};
-pub const LINKED_CU13: CBuild = CBuild {
-    name: "linked-cu13",
-    source: "linked.c",
-    include: "cu13",
-    link_cuda: true,
-};
-pub const DLOPEN: CBuild = CBuild {
-    name: "dlopen-cu12",
-    source: "dlopen.c",
-    include: "cu12",
-    link_cuda: false,
-};
-pub const PROCADDRESS: CBuild = CBuild {
-    name: "procaddress",
-    source: "procaddress.c",
-    include: "cu13",
-    link_cuda: false,
-};
+pub mod clients;
+pub use clients::*;
+pub mod memory;
 
 /// One simulated machine: a unique `SIMGPU_STATE` (so tests are isolated and run in parallel) and
 /// the `SIMGPU_*` settings every process of the test shares. The state file is removed on drop.
@@ -359,7 +294,7 @@ impl Sim {
                 .args(["--state", &self.state]),
         );
         run.assert_success();
-        Json::parse(&run.stdout)
+        parse_json(&run.stdout)
             .unwrap_or_else(|e| panic!("simgpu-stat printed bad JSON ({e}):\n{}", run.stdout))
     }
 }
@@ -510,38 +445,37 @@ pub fn feed(mut child: Child, input: &str, desc: &str) -> Run {
     Run::new(desc.to_string(), out)
 }
 
-/// A JSON value (a tiny hand-written parser: simgpu-stat's output is all the tests read).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
+/// A JSON document (`simgpu-stat`'s output, `gpuslice status --json`, Prometheus answers): serde_json's
+/// value, read by path through [`JsonExt`].
+pub use serde_json::Value as Json;
+
+/// `text` as a JSON document.
+pub fn parse_json(text: &str) -> Result<Json, serde_json::Error> {
+    serde_json::from_str(text)
 }
 
-impl Json {
-    pub fn parse(text: &str) -> Result<Json, String> {
-        let mut p = Parser {
-            s: text.as_bytes(),
-            i: 0,
-        };
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.s.len() {
-            return Err(format!("trailing characters at {}", p.i));
-        }
-        Ok(v)
-    }
+/// Reading a document by path (`devices.0.busy_ns`: object keys and array indices); each panics,
+/// naming the path and the document, when the value is absent or of another kind.
+pub trait JsonExt {
+    /// The value at `path`.
+    fn at(&self, path: &str) -> &Json;
+    /// The count at `path` (a number, 0 or more).
+    fn u64(&self, path: &str) -> u64;
+    /// The string at `path`.
+    fn str(&self, path: &str) -> &str;
+    /// The array at `path`.
+    fn arr(&self, path: &str) -> &[Json];
+    /// The element of array `path` whose field `key` equals `value` (e.g. a group by name).
+    fn find(&self, path: &str, key: &str, value: &Json) -> Option<&Json>;
+}
 
-    /// Follow a path like `devices.0.busy_ns`; panics (with the document) if absent.
-    pub fn at(&self, path: &str) -> &Json {
+impl JsonExt for Json {
+    fn at(&self, path: &str) -> &Json {
         let mut v = self;
         for part in path.split('.').filter(|p| !p.is_empty()) {
             let next = match (v, part.parse::<usize>()) {
-                (Json::Arr(a), Ok(i)) => a.get(i),
-                (Json::Obj(o), _) => o.iter().find(|(k, _)| k == part).map(|(_, v)| v),
+                (Json::Array(a), Ok(i)) => a.get(i),
+                (Json::Object(o), _) => o.get(part),
                 _ => None,
             };
             v = next
@@ -550,203 +484,37 @@ impl Json {
         v
     }
 
-    pub fn u64(&self, path: &str) -> u64 {
-        match self.at(path) {
-            Json::Num(n) if *n >= 0.0 => *n as u64,
-            other => panic!("simgpu-stat `{path}` is not a count: {other:?}"),
-        }
+    fn u64(&self, path: &str) -> u64 {
+        let v = self.at(path);
+        v.as_u64()
+            .or_else(|| v.as_f64().filter(|n| *n >= 0.0).map(|n| n as u64))
+            .unwrap_or_else(|| panic!("simgpu-stat `{path}` is not a count: {v:?}"))
     }
 
-    pub fn str(&self, path: &str) -> &str {
+    fn str(&self, path: &str) -> &str {
         match self.at(path) {
-            Json::Str(s) => s,
+            Json::String(s) => s,
             other => panic!("simgpu-stat `{path}` is not a string: {other:?}"),
         }
     }
 
-    pub fn arr(&self, path: &str) -> &[Json] {
+    fn arr(&self, path: &str) -> &[Json] {
         match self.at(path) {
-            Json::Arr(a) => a,
+            Json::Array(a) => a,
             other => panic!("simgpu-stat `{path}` is not an array: {other:?}"),
         }
     }
 
-    /// The element of array `path` whose field `key` equals `value` (e.g. a group by name).
-    pub fn find(&self, path: &str, key: &str, value: &Json) -> Option<&Json> {
-        self.arr(path).iter().find(|e| match e {
-            Json::Obj(o) => o.iter().any(|(k, v)| k == key && v == value),
-            _ => false,
-        })
-    }
-}
-
-/// Compact JSON again, for assertion messages.
-impl std::fmt::Display for Json {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Json::Null => write!(f, "null"),
-            Json::Bool(b) => write!(f, "{b}"),
-            Json::Num(n) => write!(f, "{n}"),
-            Json::Str(s) => write!(f, "{s:?}"),
-            Json::Arr(a) => {
-                write!(f, "[")?;
-                for (i, v) in a.iter().enumerate() {
-                    write!(f, "{}{v}", if i > 0 { "," } else { "" })?;
-                }
-                write!(f, "]")
-            }
-            Json::Obj(o) => {
-                write!(f, "{{")?;
-                for (i, (k, v)) in o.iter().enumerate() {
-                    write!(f, "{}{k:?}:{v}", if i > 0 { "," } else { "" })?;
-                }
-                write!(f, "}}")
-            }
-        }
-    }
-}
-
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn ws(&mut self) {
-        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> Result<(), String> {
-        self.ws();
-        if self.s.get(self.i) == Some(&c) {
-            self.i += 1;
-            Ok(())
-        } else {
-            Err(format!("expected `{}` at {}", c as char, self.i))
-        }
-    }
-
-    fn value(&mut self) -> Result<Json, String> {
-        self.ws();
-        match self.s.get(self.i) {
-            Some(b'{') => {
-                self.i += 1;
-                let mut o = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b'}') {
-                    self.i += 1;
-                    return Ok(Json::Obj(o));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    self.eat(b':')?;
-                    o.push((k, self.value()?));
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(Json::Obj(o));
-                        }
-                        _ => return Err(format!("expected `,` or `}}` at {}", self.i)),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut a = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b']') {
-                    self.i += 1;
-                    return Ok(Json::Arr(a));
-                }
-                loop {
-                    a.push(self.value()?);
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(Json::Arr(a));
-                        }
-                        _ => return Err(format!("expected `,` or `]` at {}", self.i)),
-                    }
-                }
-            }
-            Some(b'"') => Ok(Json::Str(self.string()?)),
-            Some(b't') if self.s[self.i..].starts_with(b"true") => {
-                self.i += 4;
-                Ok(Json::Bool(true))
-            }
-            Some(b'f') if self.s[self.i..].starts_with(b"false") => {
-                self.i += 5;
-                Ok(Json::Bool(false))
-            }
-            Some(b'n') if self.s[self.i..].starts_with(b"null") => {
-                self.i += 4;
-                Ok(Json::Null)
-            }
-            _ => {
-                let start = self.i;
-                while self.i < self.s.len() && b"+-0123456789.eE".contains(&self.s[self.i]) {
-                    self.i += 1;
-                }
-                std::str::from_utf8(&self.s[start..self.i])
-                    .ok()
-                    .and_then(|t| t.parse().ok())
-                    .map(Json::Num)
-                    .ok_or_else(|| format!("bad value at {start}"))
-            }
-        }
-    }
-
-    fn string(&mut self) -> Result<String, String> {
-        self.eat(b'"')?;
-        let mut out = String::new();
-        loop {
-            let c = *self.s.get(self.i).ok_or("unterminated string")?;
-            self.i += 1;
-            match c {
-                b'"' => return Ok(out),
-                b'\\' => {
-                    let e = *self.s.get(self.i).ok_or("bad escape")?;
-                    self.i += 1;
-                    match e {
-                        b'n' => out.push('\n'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let hex = std::str::from_utf8(
-                                self.s.get(self.i..self.i + 4).ok_or("bad \\u")?,
-                            )
-                            .map_err(|e| e.to_string())?;
-                            let code = u32::from_str_radix(hex, 16).map_err(|e| e.to_string())?;
-                            out.push(char::from_u32(code).unwrap_or('?'));
-                            self.i += 4;
-                        }
-                        other => out.push(other as char),
-                    }
-                }
-                _ => {
-                    // Copy a whole UTF-8 sequence.
-                    let start = self.i - 1;
-                    let mut end = self.i;
-                    while end < self.s.len() && (self.s[end] & 0xC0) == 0x80 {
-                        end += 1;
-                    }
-                    out.push_str(&String::from_utf8_lossy(&self.s[start..end]));
-                    self.i = end;
-                }
-            }
-        }
+    fn find(&self, path: &str, key: &str, value: &Json) -> Option<&Json> {
+        self.arr(path)
+            .iter()
+            .find(|e| e.as_object().and_then(|o| o.get(key)) == Some(value))
     }
 }
 
 /// Expected `simgpu-stat` shape check helpers.
 pub fn group<'a>(stat: &'a Json, name: &str) -> &'a Json {
-    stat.find("groups", "name", &Json::Str(name.to_string()))
+    stat.find("groups", "name", &Json::String(name.to_string()))
         .unwrap_or_else(|| panic!("simgpu-stat has no group `{name}`:\n{stat}"))
 }
 
@@ -773,7 +541,7 @@ pub fn total(per_device: &[(usize, u64)]) -> u64 {
 /// temporary directory): ledgers, device ledgers, measurement locks.
 pub fn scratch_dir(prefix: &str, tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+    let dir = tmp_dir().join(format!(
         "{prefix}-{tag}-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
@@ -785,7 +553,7 @@ pub fn scratch_dir(prefix: &str, tag: &str) -> PathBuf {
 
 /// What the live process `pid` uses on simgpu device `device` by simgpu's counters.
 pub fn process_used_on(stat: &Json, pid: &str, device: usize) -> u64 {
-    let Json::Arr(procs) = stat.at("processes") else {
+    let Json::Array(procs) = stat.at("processes") else {
         panic!("simgpu-stat: no processes in {stat}")
     };
     procs
@@ -799,12 +567,13 @@ pub fn process_used_on(stat: &Json, pid: &str, device: usize) -> u64 {
 
 /// The group's (tenant's) peak device memory on simgpu device `device` (0 when it has none).
 pub fn group_peak_on(stat: &Json, name: &str, device: usize) -> u64 {
-    stat.find("groups", "name", &Json::Str(name.to_string()))
+    stat.find("groups", "name", &Json::String(name.to_string()))
         .map_or(0, |g| g.u64(&format!("peak.{device}")))
 }
 
 /// One scenario: a simulated machine and a private directory for its ledgers and device ledgers
-/// (`<dir>/devices`), removed when the scenario ends. Test files add their own methods.
+/// (`<dir>/devices`), removed when the scenario ends. A test file that adds its own methods declares
+/// its local `Scene` with [`local_scene!`].
 pub struct Scene {
     pub sim: Sim,
     pub dir: PathBuf,
@@ -817,8 +586,7 @@ impl Scene {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .collect();
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("{prefix}-{tag}-{}", std::process::id()));
+        let dir = tmp_dir().join(format!("{prefix}-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Scene {
@@ -836,7 +604,7 @@ impl Scene {
     pub fn busy_on(&self, group: &str, device: usize) -> u64 {
         self.sim
             .stat()
-            .find("groups", "name", &Json::Str(group.into()))
+            .find("groups", "name", &Json::String(group.into()))
             .map_or(0, |g| g.u64(&format!("busy_ns.{device}")))
     }
 }
@@ -845,6 +613,36 @@ impl Drop for Scene {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Declares `Scene` in a test file: the kit's [`Scene`] under a type of the file's own, so that the
+/// file can give it methods (`impl Scene { ... }`; a type of another crate takes none); its fields and
+/// the kit's methods are reached through it, and `Scene::new` makes one.
+#[macro_export]
+macro_rules! local_scene {
+    () => {
+        /// The kit's scene, with this file's methods.
+        struct Scene($crate::Scene);
+
+        impl std::ops::Deref for Scene {
+            type Target = $crate::Scene;
+            fn deref(&self) -> &$crate::Scene {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for Scene {
+            fn deref_mut(&mut self) -> &mut $crate::Scene {
+                &mut self.0
+            }
+        }
+
+        impl Scene {
+            fn new(prefix: &str, tag: &str) -> Scene {
+                Scene($crate::Scene::new(prefix, tag))
+            }
+        }
+    };
 }
 
 /// CLOCK_REALTIME ns `ms` from now (clients started together begin then, after their setup).
@@ -897,13 +695,39 @@ pub fn scrape_metrics(addr: &str) -> String {
 
 #[cfg(test)]
 mod json_tests {
-    use super::Json;
+    use super::{parse_json, Json, JsonExt};
 
     #[test]
-    fn parses_stat_like_document() {
-        let j = Json::parse(r#"{"devices":[{"capacity":1073741824,"used":0,"busy_ns":5,"kernels":1}],"groups":[{"name":"a\"b","used":[1]}],"x":null,"t":true}"#).unwrap();
+    fn reads_a_stat_like_document_by_path() {
+        let j = parse_json(r#"{"devices":[{"capacity":1073741824,"used":0,"busy_ns":5,"kernels":1}],"groups":[{"name":"a\"b","used":[1]}],"x":null,"t":true}"#).unwrap();
         assert_eq!(j.u64("devices.0.capacity"), 1 << 30);
         assert_eq!(j.str("groups.0.name"), "a\"b");
         assert_eq!(j.u64("groups.0.used.0"), 1);
+        assert_eq!(j.at("x"), &Json::Null);
+        assert_eq!(j.arr("devices").len(), 1);
+        let g = j.find("groups", "name", &Json::String("a\"b".into()));
+        assert_eq!(g.map(|g| g.u64("used.0")), Some(1));
+        assert!(j
+            .find("groups", "name", &Json::String("c".into()))
+            .is_none());
+    }
+
+    #[test]
+    fn counts_are_exact_beyond_a_double() {
+        let j = parse_json(r#"{"n":18446744073709551615,"f":2.5}"#).unwrap();
+        assert_eq!(j.u64("n"), u64::MAX);
+        assert_eq!(j.u64("f"), 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "has no `devices.1`")]
+    fn a_missing_path_panics_naming_it() {
+        parse_json(r#"{"devices":[{}]}"#).unwrap().at("devices.1");
+    }
+
+    #[test]
+    #[should_panic(expected = "is not a count")]
+    fn a_negative_number_is_not_a_count() {
+        parse_json(r#"{"n":-1}"#).unwrap().u64("n");
     }
 }
