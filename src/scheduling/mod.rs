@@ -27,6 +27,7 @@ mod flow;
 pub mod meter;
 mod participation;
 pub mod turn;
+mod watch;
 
 pub use participation::{evidence, runtime};
 
