@@ -12,7 +12,8 @@
 //! * The process's side: [`runtime`] (the devices the process may take part on, one participation
 //!   per device it launches on, its fork and exit steps; configuration and identity come from the
 //!   process runtime, `crate::process`), `gate` (a launch waits for its device's
-//!   ownership; `liveness`: a waiter's published words and a stopped owner revoked; `peers`:
+//!   ownership; `watch`: how long a waiter sleeps, the scheduler thread looking at the owner for
+//!   it; `liveness`: a waiter's published words and a stopped owner revoked; `peers`:
 //!   launches passed for a collective), `owner` (the scheduler thread that ends slices and hands the device over; `refresh`: its
 //!   look at the ledger and at stalls), `events`
 //!   (device time measured with events, a batch of launches at a time), `completions` (what
@@ -27,6 +28,7 @@ mod flow;
 pub mod meter;
 mod participation;
 pub mod turn;
+mod watch;
 
 pub use participation::{evidence, runtime};
 

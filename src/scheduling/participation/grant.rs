@@ -47,7 +47,7 @@ impl Sched {
                     break;
                 }
                 // Our own slice is ending: wait for the hand-over.
-                futex_wait(&h.epoch, e, self.waiter_poll_ns());
+                futex_wait(&h.epoch, e, self.waiter_poll_ns(false));
                 continue;
             }
             if o.is_none() {
@@ -68,16 +68,10 @@ impl Sched {
                 }
                 continue;
             }
+            if self.revoke_lapsed(o, e) {
+                continue;
+            }
             let Some(owner) = o.slot() else {
-                incident(
-                    Incident::Owner,
-                    format_args!(
-                        "device ledger {}: owner word {:#x} names no slot",
-                        self.ledger.path().display(),
-                        o.word()
-                    ),
-                );
-                self.revoke(o, e);
                 continue;
             };
             let ot = l.slots[owner].tenant.load(Acquire) as usize;
@@ -85,20 +79,42 @@ impl Sched {
             {
                 futex_wake(&h.preempt);
             }
-            if self.overdue(h) || !self.ledger.slot_alive(owner, Some(self.slot)) {
-                self.revoke(o, e);
-                continue;
-            }
             // Our tenant's owner past its slice: it renews (the turn is shared again) or hands
             // over, soon.
+            // Another tenant's owner: it wakes us when it hands over, and our scheduler thread
+            // looks at it for us meanwhile (`watch`).
             let poll = if ot == self.tenant() {
                 TURN_POLL_NS
             } else {
-                self.waiter_poll_ns()
+                self.waiter_poll_ns(true)
             };
             futex_wait(&h.epoch, e, poll);
         }
         self.waiting.fetch_sub(1, SeqCst);
         self.publish_waiting();
+    }
+
+    /// Takes the device from owner `o` (under `epoch` `e`) when it is dead, overdue, or an owner
+    /// word that names no slot: true when it did (or the words moved meanwhile). Called by a
+    /// waiter on each look and by the scheduler thread for the process's waiters (`watch`).
+    pub(in crate::scheduling) fn revoke_lapsed(&self, o: Holder, e: u32) -> bool {
+        let h = &self.ledger.layout().header;
+        let Some(owner) = o.slot() else {
+            incident(
+                Incident::Owner,
+                format_args!(
+                    "device ledger {}: owner word {:#x} names no slot",
+                    self.ledger.path().display(),
+                    o.word()
+                ),
+            );
+            self.revoke(o, e);
+            return true;
+        };
+        if self.overdue(h) || !self.ledger.slot_alive(owner, Some(self.slot)) {
+            self.revoke(o, e);
+            return true;
+        }
+        false
     }
 }

@@ -33,8 +33,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
-/// Longest a waiter sleeps before checking the owner's liveness again.
-pub(in crate::scheduling) const WAITER_POLL_NS: u64 = 2_000_000;
+pub(in crate::scheduling) use crate::scheduling::watch::WAITER_POLL_NS;
 /// How often a waiter looks again while another process of its tenant owns the device past its
 /// slice (`turn::in_slice`): a renewal does not wake waiters.
 const TURN_POLL_NS: u64 = 100_000;

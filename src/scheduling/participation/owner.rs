@@ -10,7 +10,7 @@ use crate::scheduling::arbiter::{IDLE_NS, SLICE_NS};
 use crate::scheduling::cu::RelaxedCapture;
 use crate::scheduling::device::{futex_wait, futex_wake, now_ns};
 use crate::scheduling::shm;
-use crate::scheduling::{turn, Holder};
+use crate::scheduling::{turn, watch, Holder};
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
@@ -168,6 +168,15 @@ impl Sched {
                 // left running at a hand-over, or passed, is watched, so that a wait of it is
                 // published too. (Not for other tenants: accounting completions here rather than
                 // at our next ownership took a graph tenant of share 30 to 18-19% of the device.)
+                // Threads of ours waiting for a grant sleep until the hand-over wakes them: an
+                // owner that died, overran its slice and the grace, or is named by a damaged word
+                // wakes nobody, so we look at it for them on each pass (`watch`).
+                if watch::watches(self.waiting.load(SeqCst), false) {
+                    let o = Holder::from_word(h.owner.load(Acquire));
+                    if !o.is_none() && o != self.me() && self.revoke_lapsed(o, e) {
+                        continue;
+                    }
+                }
                 let timeout = if self.evidence.fallback() {
                     // Paced holds start and end on our steps.
                     OWNER_POLL_NS

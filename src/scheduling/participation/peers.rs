@@ -3,32 +3,33 @@
 //! here may be its peer rank's part; one round of launches passes per such wait.
 
 use super::runtime;
-use super::{Sched, WAITER_POLL_NS};
+use super::Sched;
 use crate::scheduling::cu::RelaxedCapture;
 use crate::scheduling::device::now_ns;
+use crate::scheduling::watch;
 use std::sync::atomic::Ordering::*;
 
 /// A published wait of the tenant on another device counts while it was seen within this.
 const PEER_FRESH_NS: u64 = 1_000_000;
 /// Waiters of a tenant whose work waited on another device within this interval look every
-/// `PEER_POLL_NS` (instead of `WAITER_POLL_NS`), so a pass is not missed.
+/// `watch::PEER_POLL_NS` (instead of longer), so a pass is not missed.
 const PEER_RECENT_NS: u64 = 1_000_000_000;
-const PEER_POLL_NS: u64 = 200_000;
 /// Launches that pass the gate for one wait of the tenant on another device.
 const MAX_PASSES: u32 = 8;
 
 impl Sched {
-    /// A waiter looks again at least this often: more often while the tenant's work waits on
-    /// another device (a pass may be due).
-    pub(in crate::scheduling) fn waiter_poll_ns(&self) -> u64 {
+    /// A waiter looks again at least this often (`watch::waiter_poll_ns`): more often while the
+    /// tenant's work waits on another device (a pass may be due), and seldom while the scheduler
+    /// thread looks at the owner for it (`watched`: a hand-over wakes it).
+    pub(in crate::scheduling) fn waiter_poll_ns(&self, watched: bool) -> u64 {
         let now = now_ns();
-        let poll = if self.peer_recent(now) {
-            PEER_POLL_NS
-        } else {
-            WAITER_POLL_NS
-        };
         // Paced: awake when our tenant's window starts (`evidence`).
-        poll.min(self.evidence.until_window(now).max(1))
+        watch::waiter_poll_ns(
+            watched && !self.thread_done(),
+            self.high.load(Relaxed),
+            self.peer_recent(now),
+            self.evidence.until_window(now),
+        )
     }
 
     /// Whether a wait of our tenant's work on another device was seen within `PEER_RECENT_NS`:

@@ -59,6 +59,10 @@ impl Sched {
         let contended = demand::contended(now, self.contended_until.load(Relaxed), view.cap != 0);
         if self.contended.swap(contended, Relaxed) != contended {
             runtime::update_pass();
+            if !contended && self.waiting.load(SeqCst) > 0 {
+                // Our waiters sleep until a hand-over (`watch`): no longer contended, they go.
+                crate::scheduling::device::futex_wake(&l.header.epoch);
+            }
         }
     }
 
