@@ -211,27 +211,11 @@ fn a_context_measured_while_another_process_frees_is_not_charged_less_than_it_co
     );
 }
 
-/// [`client`] in a container of its own, as a Kubernetes pod runs it: its namespace's init, with a
-/// PID namespace and its own `/proc` (`unshare --pid --fork --mount-proc`). The host's `/proc` is
-/// bind-mounted first where simgpu alone reads it (`SIMGPU_HOST_PROC`): a real driver lives in the
-/// kernel and still lists the process under its host PID, which the process cannot read.
+/// [`client`] in a container of its own, as a Kubernetes pod runs it ([`container_args`]).
 fn client_in_container(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Command {
-    let host_proc = dir.join(format!("hostproc-{tenant}"));
-    std::fs::create_dir_all(&host_proc).unwrap();
-    let program = compile(&QUOTA_OVERHEAD);
-    let mut inner = vec![
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        r#"mount --bind /proc "$SIMGPU_HOST_PROC" && mount -t proc proc /proc && exec "$0" "$@""#,
-        program.to_str().unwrap(),
-    ];
-    inner.extend_from_slice(args);
+    let host_proc = host_proc(dir, tenant);
+    let inner = container_args(&compile(&QUOTA_OVERHEAD), args);
+    let inner: Vec<&str> = inner.iter().map(String::as_str).collect();
     let mut cmd = tenant_command(
         PathBuf::from("unshare"),
         sim,

@@ -6,6 +6,7 @@
 
 use gpuslice_testkit as common;
 
+use common::memory::{container_args, host_proc};
 use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -39,10 +40,7 @@ impl Drop for Killed {
 }
 
 /// The client as a process of `tenant` (quota 1 GiB, ledger and device directory in `dir`) in a
-/// container of its own, as a pod runs it: its namespace's init, with a PID namespace and its own
-/// `/proc` (`unshare --pid --fork --mount-proc`). The host's `/proc` is bind-mounted first where
-/// simgpu alone reads it (`SIMGPU_HOST_PROC`): a driver lists it under its host PID, which the
-/// process cannot read.
+/// container of its own, as a pod runs it (`common::memory::container_args`).
 fn client_in_container(
     sim: &Sim,
     dir: &Path,
@@ -50,30 +48,16 @@ fn client_in_container(
     client: &CBuild,
     args: &[&str],
 ) -> Command {
-    let host_proc = dir.join(format!("hostproc-{tenant}"));
-    std::fs::create_dir_all(&host_proc).unwrap();
-    let program = compile(client);
+    let host_proc = host_proc(dir, tenant);
     let mut cmd = sim.command("unshare");
-    cmd.args([
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        r#"mount --bind /proc "$SIMGPU_HOST_PROC" && mount -t proc proc /proc && exec "$0" "$@""#,
-    ])
-    .arg(program)
-    .args(args)
-    .env("LD_PRELOAD", libgpuslice())
-    .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
-    .env("GPUSLICE_TENANT", tenant)
-    .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
-    .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
-    .env("SIMGPU_GROUP", tenant)
-    .env("SIMGPU_HOST_PROC", &host_proc);
+    cmd.args(container_args(&compile(client), args))
+        .env("LD_PRELOAD", libgpuslice())
+        .env("GPUSLICE_MEMORY_LIMIT", "1GiB")
+        .env("GPUSLICE_TENANT", tenant)
+        .env("GPUSLICE_LEDGER", dir.join(format!("{tenant}.ledger")))
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+        .env("SIMGPU_GROUP", tenant)
+        .env("SIMGPU_HOST_PROC", &host_proc);
     cmd
 }
 

@@ -245,3 +245,37 @@ pub fn python_as(sim: &Sim, deploy: Deploy, dir: &Path, tenant: &str, args: &[&s
     run.assert_success();
     run
 }
+
+/// `unshare` arguments that run `program args` in a container of its own, as a Kubernetes pod
+/// runs it: its namespace's init, with a PID namespace and its own `/proc`. The host's `/proc` is
+/// bind-mounted first at `$SIMGPU_HOST_PROC` ([`host_proc`]) where simgpu alone reads it: a real
+/// driver lives in the kernel and still lists the process under its host PID, which the process
+/// cannot read.
+pub fn container_args(program: &Path, args: &[&str]) -> Vec<String> {
+    let mount =
+        r#"mount --bind /proc "$SIMGPU_HOST_PROC" && mount -t proc proc /proc && exec "$0" "$@""#;
+    let prefix = [
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        mount,
+    ];
+    prefix
+        .iter()
+        .map(|s| s.to_string())
+        .chain(std::iter::once(program.to_string_lossy().into_owned()))
+        .chain(args.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+/// A fresh directory for `tenant`'s view of the host's `/proc` ([`container_args`]), under `dir`.
+pub fn host_proc(dir: &Path, tenant: &str) -> PathBuf {
+    let path = dir.join(format!("hostproc-{tenant}"));
+    std::fs::create_dir_all(&path).unwrap();
+    path
+}
