@@ -59,7 +59,8 @@
  *   sidestream START_NS MS LONG_US US  one stream loops LONG_US kernels (two queued), another
  *                                      launches US kernels (DEPTH 4 queued) for MS ms; prints
  *                                      short_launches=
- *   stamp START_NS MS US WHAT LEDGER LOCK LOCK_NS OWNER GRANT EPOCH BEAT SLOTS SLOT_SIZE PID [ATTACK_MS]
+ *   stamp START_NS MS US WHAT LEDGER LOCK LOCK_NS OWNER GRANT EPOCH BEAT SLOTS SLOT_SIZE PID [ATTACK_MS
+ *         [TENANT_AT TENANT]]
  *                                      as `spin` (depth 8), while a second thread of this process
  *                                      attacks the device ledger LEDGER (byte offsets of its words
  *                                      given) every 5 ms: WHAT = lock: writes the arbitration lock
@@ -68,7 +69,11 @@
  *                                      it is let go of; owner: writes the owner word naming our
  *                                      slot, the grant and heartbeat now, and a new epoch. With
  *                                      ATTACK_MS after the offsets, the attack stops that long
- *                                      after START_NS (the spinning goes on). Prints stamped=
+ *                                      after START_NS (the spinning goes on). With TENANT_AT (the
+ *                                      offset of a slot's tenant word) and TENANT (our tenant's
+ *                                      entry), our slot is the one whose pid and tenant words are
+ *                                      ours: in a PID namespace every tenant's process may be pid 1.
+ *                                      Prints stamped=
  *
  * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
@@ -754,7 +759,8 @@ static int mode_sidestream(uint64_t start_ns, uint64_t ms, uint64_t long_us, uin
 struct stamper {
     int owner_mode;
     const char *path;
-    size_t at[10]; /* lock, lock_ns, owner, grant, epoch, beat, slots, slot size, pid, unused */
+    size_t at[10]; /* lock, lock_ns, owner, grant, epoch, beat, slots, slot size, pid, tenant */
+    long tenant;   /* our tenant's entry, or -1: any */
     uint64_t end_ns;
     uint64_t attack_end_ns;
     long stamped;
@@ -783,7 +789,11 @@ static void *stamp_thread(void *arg) {
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t pid = __atomic_load_n((uint32_t *)(m + st->at[6] + i * st->at[7] + st->at[8]),
                                            __ATOMIC_ACQUIRE);
-            if (pid == self) {
+            uint32_t tenant = st->tenant < 0 ? 0
+                                              : __atomic_load_n((uint32_t *)(m + st->at[6] +
+                                                                             i * st->at[7] + st->at[9]),
+                                                                __ATOMIC_ACQUIRE);
+            if (pid == self && (st->tenant < 0 || tenant == (uint32_t)st->tenant)) {
                 mine = i + 1;
                 break;
             }
@@ -828,6 +838,11 @@ static int mode_stamp(int argc, char **argv) {
         st.at[i] = strtoull(argv[7 + i], NULL, 10);
     st.end_ns = start + ms * 1000000ull;
     st.attack_end_ns = argc > 16 ? start + strtoull(argv[16], NULL, 10) * 1000000ull : st.end_ns;
+    st.tenant = -1;
+    if (argc > 18) {
+        st.at[9] = strtoull(argv[17], NULL, 10);
+        st.tenant = strtol(argv[18], NULL, 10);
+    }
     pthread_t t;
     pthread_create(&t, NULL, stamp_thread, &st);
     int r = mode_spin(start, ms, strtoull(argv[4], NULL, 10), 8);
@@ -885,7 +900,7 @@ int main(int argc, char **argv) {
     if (strcmp(m, "sidestream") == 0 && argc == 6)
         return mode_sidestream(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10),
                                strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
-    if (strcmp(m, "stamp") == 0 && (argc == 16 || argc == 17))
+    if (strcmp(m, "stamp") == 0 && (argc == 16 || argc == 17 || argc == 19))
         return mode_stamp(argc, argv);
     if (strcmp(m, "bench") == 0 && argc == 4)
         return mode_bench(atoi(argv[2]), atoi(argv[3]));

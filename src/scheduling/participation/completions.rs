@@ -62,7 +62,8 @@ impl Sched {
             let next = if !self.contended() || runtime::stopped() {
                 Next::Regrant
             } else {
-                clock.step(now_ns(), self.may_launch(), limit)
+                // Paced launches go through without ownership: their time counts as owned.
+                clock.step(now_ns(), self.may_launch() || self.evidence.paced(), limit)
             };
             if next != Next::Wait {
                 if next == Next::Pass {
@@ -249,6 +250,24 @@ impl Sched {
     /// running.
     pub(in crate::scheduling) fn completed(&self) -> bool {
         self.reap().0
+    }
+
+    /// Our launches still queued on the device: those of tracked batches not seen complete (after
+    /// a look at the oldest ones, which accounts those that are) and of batches still open. The
+    /// oldest counts whole though it may have run in part.
+    pub(in crate::scheduling) fn queued_launches(&self) -> u64 {
+        let tracked: u64 = {
+            // Our queries must not break another thread's global-mode capture.
+            let _relaxed = cu::RelaxedCapture::when_needed();
+            self.reap();
+            self.inflight
+                .lock()
+                .iter()
+                .filter(|t| !t.calibration)
+                .map(|t| u64::from(t.launches.max(1)))
+                .sum()
+        };
+        tracked.saturating_add(self.open_launches())
     }
 
     /// [`Sched::completed`], and the flow key of the last batch it found complete, if any.

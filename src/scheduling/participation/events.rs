@@ -294,6 +294,11 @@ impl Sched {
             })
     }
 
+    /// Launches counted in batches still open (no end event recorded yet).
+    pub(in crate::scheduling) fn open_launches(&self) -> u64 {
+        self.open.lock().iter().map(|o| u64::from(o.launches)).sum()
+    }
+
     /// How many launches on stream `key` one event measures (`batch::batch_len`); one for a
     /// high-priority tenant (an end event after each launch, as its flow control had: it is
     /// charged by wall time, and its latency is what it keeps short).

@@ -32,6 +32,7 @@ use gpuslice_api::CUresult;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::time::Duration;
 
 pub(in crate::scheduling) use crate::scheduling::watch::WAITER_POLL_NS;
 /// How often a waiter looks again while another process of its tenant owns the device past its
@@ -286,6 +287,15 @@ impl Sched {
             if !self.contended() || runtime::stopped() {
                 return launch();
             }
+            // Paced in our tenant's window: a launch that would run past its end holds (bounded:
+            // until our queue shrinks or the window ends, `evidence::fit`).
+            if let Some(ns) = self.window_hold() {
+                if captured() {
+                    return launch();
+                }
+                std::thread::sleep(Duration::from_nanos(ns.min(WAITER_POLL_NS)));
+                continue;
+            }
             let owner = self.owns_now();
             if (owner || self.tenant_turn()) && self.yields_to_high() {
                 if captured() {
@@ -331,9 +341,21 @@ impl Sched {
                 }
                 return r;
             }
-            // Kept out past our due by an owner whose words lie: launch paced (`evidence`).
-            if self.peer_pass() || self.evidence.paced() {
+            if self.peer_pass() {
                 return self.launch_tracked(streams, ctx, per_thread, false, None, launch);
+            }
+            // Kept out past our due by an owner whose words lie: launch paced (`evidence`), with
+            // flow control as an owner's launches (its waits bounded the same way).
+            if self.evidence.paced() {
+                let mut busy = false;
+                let joined = self.join_batch(key, ctx as usize);
+                if matches!(joined, Joined::Begins) {
+                    match self.flow_control(key, ctx as usize) {
+                        Flow::Regrant => continue,
+                        Flow::Go { busy: b } => busy = b,
+                    }
+                }
+                return self.launch_tracked(streams, ctx, per_thread, busy, Some(joined), launch);
             }
             if captured() {
                 return launch();
@@ -342,6 +364,22 @@ impl Sched {
                 waited_from = now_ns();
             }
             self.wait_for_grant();
+        }
+    }
+
+    /// While paced in our tenant's window: how long a launch holds so that it and our work queued
+    /// ahead of it end in the window (`evidence::fit`); `None`: it may go on (not paced, outside
+    /// the window, or it fits).
+    /// Launches are counted at the low estimate of their device time (`drain::low_estimate`): an
+    /// interval measured while another context time-sliced the device with ours is long, and
+    /// taken for the launch's own it held a paced process to a launch or two a window.
+    fn window_hold(&self) -> Option<u64> {
+        let (left, len) = self.evidence.bounded_window(now_ns())?;
+        let launch_ns = self.launch_low_ns.load(Relaxed);
+        let backlog = self.queued_launches().saturating_mul(launch_ns);
+        match evidence::fit(left, len, backlog, launch_ns) {
+            evidence::Fit::Go => None,
+            evidence::Fit::Hold(ns) => Some(ns),
         }
     }
 

@@ -79,7 +79,7 @@ impl Window {
         if self.holds(now) {
             return 0;
         }
-        let start = (u128::from(self.start_ppm) * u128::from(FRAME_NS) / u128::from(PPM)) as u64;
+        let start = ppm_of_frame(self.start_ppm);
         let at = now % FRAME_NS;
         if at < start {
             start - at
@@ -89,12 +89,71 @@ impl Window {
     }
 
     /// Whether `now` (monotonic ns, the node's common clock) falls in the window. (What a
-    /// process has queued at its window's end runs into the next one, time-sliced with it: the
-    /// frame is long enough for that to cost little.)
+    /// process launches in it must also end in it: [`fit`].)
     pub fn holds(&self, now: u64) -> bool {
-        let ns = |ppm: u64| (u128::from(ppm) * u128::from(FRAME_NS) / u128::from(PPM)) as u64;
-        let (start, len) = (ns(self.start_ppm), ns(self.len_ppm));
-        (start..start.saturating_add(len)).contains(&(now % FRAME_NS))
+        self.left(now) != 0
+    }
+
+    /// The window's length (ns).
+    pub fn len_ns(&self) -> u64 {
+        ppm_of_frame(self.len_ppm)
+    }
+
+    /// Nanoseconds from `now` to the window's end (0 outside it).
+    pub fn left(&self, now: u64) -> u64 {
+        let (start, len) = (ppm_of_frame(self.start_ppm), self.len_ns());
+        let at = now % FRAME_NS;
+        let end = start.saturating_add(len);
+        if (start..end).contains(&at) {
+            end - at
+        } else {
+            0
+        }
+    }
+}
+
+fn ppm_of_frame(ppm: u64) -> u64 {
+    (u128::from(ppm.min(PPM)) * u128::from(FRAME_NS) / u128::from(PPM)) as u64
+}
+
+/// The shortest hold of a launch that waits for its own backlog to shrink ([`fit`]): a look at our
+/// completions is a driver call.
+pub const FIT_HOLD_MIN_NS: u64 = 100_000;
+
+/// What a launch of a paced process does in its tenant's window ([`fit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// It goes through: it and the work queued ahead of it end in the window.
+    Go,
+    /// It waits this long (ns), then asks again (or, past the window's end, waits for the next).
+    Hold(u64),
+}
+
+/// Whether a launch estimated at `launch_ns`, with `backlog_ns` of this process's work still
+/// queued ahead of it, may go through `left_ns` before its tenant's window (`len_ns` long) ends:
+/// only when it would complete in the window. What one tenant queued past its window's end would
+/// run in the next tenant's, time-sliced with it: 8 queued kernels of 2 ms took 16 ms of every
+/// next window, and each tenant's device time followed the order of the windows, not its share.
+/// Otherwise the launch holds: for the backlog's excess when the launch alone fits (the queue runs
+/// meanwhile), or until the window ends when it does not (it goes in the next one). A launch longer
+/// than half the window goes alone, from the window's first half: it would fit no better later.
+pub fn fit(left_ns: u64, len_ns: u64, backlog_ns: u64, launch_ns: u64) -> Fit {
+    let need = backlog_ns.saturating_add(launch_ns);
+    if need <= left_ns {
+        return Fit::Go;
+    }
+    let half = len_ns / 2;
+    if launch_ns > half {
+        return if backlog_ns == 0 && left_ns >= half {
+            Fit::Go
+        } else {
+            Fit::Hold(left_ns.max(FIT_HOLD_MIN_NS))
+        };
+    }
+    if launch_ns <= left_ns && backlog_ns != 0 {
+        Fit::Hold((need - left_ns).clamp(FIT_HOLD_MIN_NS, left_ns.max(FIT_HOLD_MIN_NS)))
+    } else {
+        Fit::Hold(left_ns.max(FIT_HOLD_MIN_NS))
     }
 }
 

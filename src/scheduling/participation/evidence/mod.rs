@@ -21,7 +21,9 @@
 //!   **paced** ([`Evidence::paced`]): without waiting for ownership, in holds of about a slice
 //!   while its bucket has [`PACE_ON_NS`], resting while it refills, so it takes its fair fraction
 //!   and no more; the device's own time-slicing between contexts shares the moments two processes
-//!   launch at once. It says so in an error line and counts the episode (`Header::forged_owner`).
+//!   launch at once; what it launches in its tenant's window must end in it ([`fit`]), so its queue
+//!   does not run on into the next tenant's window. It says so in an error line and counts the
+//!   episode (`Header::forged_owner`).
 //!   After [`FALLBACK_NS`] it waits for its turns again and judges afresh: a forger that stopped
 //!   is forgotten, one that goes on is found again within [`JUDGE_NS`].
 //!
@@ -36,7 +38,7 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 mod budget;
-pub use budget::{fraction, fraction_floor, Bucket, Watch, Window};
+pub use budget::{fit, fraction, fraction_floor, Bucket, Fit, Watch, Window, FIT_HOLD_MIN_NS};
 
 /// Fractions are in parts per million.
 pub const PPM: u64 = 1_000_000;
@@ -187,6 +189,19 @@ impl Evidence {
             return u64::MAX;
         }
         self.window().until(now)
+    }
+
+    /// While paced in our tenant's window (not while every other tenant is gone): how long until
+    /// it ends and how long it is (ns). What is launched then must also end in it ([`fit`]).
+    pub fn bounded_window(&self, now: u64) -> Option<(u64, u64)> {
+        if !self.fallback.load(Relaxed) || self.others_gone.load(Relaxed) {
+            return None;
+        }
+        let w = self.window();
+        match w.left(now) {
+            0 => None,
+            left => Some((left, w.len_ns())),
+        }
     }
 
     fn window(&self) -> Window {

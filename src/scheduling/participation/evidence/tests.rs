@@ -206,3 +206,124 @@ fn a_stalled_forger_does_not_end_the_episode() {
         assert!(e.fallback(), "the episode ended at {i} ms");
     }
 }
+
+#[test]
+fn a_launch_goes_only_when_it_ends_in_the_window() {
+    let len = 57 * MS;
+    // Room for the queue and the launch: through.
+    assert_eq!(fit(20 * MS, len, 14 * MS, 2 * MS), Fit::Go);
+    assert_eq!(fit(16 * MS, len, 14 * MS, 2 * MS), Fit::Go);
+    // The queue would run past the end: the launch waits for the excess to run.
+    assert_eq!(fit(15 * MS, len, 14 * MS, 2 * MS), Fit::Hold(MS));
+    // Never for less than a look is worth.
+    assert_eq!(
+        fit(16 * MS - 1, len, 14 * MS, 2 * MS),
+        Fit::Hold(FIT_HOLD_MIN_NS)
+    );
+    // The launch alone does not fit: it waits for the window to end (and the next one).
+    assert_eq!(fit(MS, len, 0, 2 * MS), Fit::Hold(MS));
+    assert_eq!(fit(MS, len, 4 * MS, 2 * MS), Fit::Hold(MS));
+    // A launch longer than half the window goes alone in its first half, never later or behind
+    // other work (else it would never run).
+    assert_eq!(fit(len, len, 0, 100 * MS), Fit::Go);
+    assert_eq!(fit(len / 2, len, 0, 100 * MS), Fit::Go);
+    assert_eq!(fit(len / 2 - 1, len, 0, 100 * MS), Fit::Hold(len / 2 - 1));
+    assert_eq!(fit(len, len, MS, 100 * MS), Fit::Hold(len));
+    // No estimate yet, nothing queued: through.
+    assert_eq!(fit(MS, len, 0, 0), Fit::Go);
+    // Saturating: a huge backlog holds, bounded by the window.
+    assert_eq!(fit(10 * MS, len, u64::MAX, 2 * MS), Fit::Hold(10 * MS));
+    // Windows: how much is left of one, 0 outside it.
+    let w = Window {
+        start_ppm: PPM / 4,
+        len_ppm: PPM / 4,
+    };
+    assert_eq!(w.len_ns(), FRAME_NS / 4);
+    assert_eq!(w.left(FRAME_NS / 4), FRAME_NS / 4);
+    assert_eq!(w.left(3 * FRAME_NS + FRAME_NS / 2 - 1), 1);
+    assert_eq!(w.left(FRAME_NS / 2), 0);
+    assert_eq!(w.left(FRAME_NS / 4 - 1), 0);
+    assert!(w.holds(FRAME_NS / 4) && !w.holds(FRAME_NS / 2));
+}
+
+/// Three paced tenants of shares 10/30/30 (the forged-ownership attack's victims and the forger's
+/// own library), each a program that keeps 8 kernels of 2 ms queued, on a device that time-slices
+/// contexts every 2 ms (as simgpu and NVIDIA's GPUs do). Launches only in the tenant's window and
+/// only when they end in it ([`fit`]): nothing of a tenant runs outside its window, and the
+/// device time follows the shares. Launching whenever in the window let each tenant's queue run
+/// 8 ms into the next tenant's window, shared with it.
+#[test]
+fn paced_tenants_keep_their_work_in_their_windows() {
+    let (kernel, step, depth, frames) = (2 * MS, 50_000u64, 8usize, 10u64);
+    let shares = [10u64, 30, 30];
+    let ids: Vec<(TenantId, u64)> = shares
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| (TenantId(i as u128 + 1), s))
+        .collect();
+    let windows: Vec<Window> = ids.iter().map(|&(id, _)| Window::of(id, &ids)).collect();
+    let mut queues: Vec<std::collections::VecDeque<u64>> = vec![Default::default(); 3];
+    let mut waited_since = [0u64; 3];
+    let (mut serving, mut in_slice) = (None::<usize>, 0u64);
+    let (mut device, mut outside) = ([0u64; 3], [0u64; 3]);
+    // Start mid-frame, as a real episode does.
+    let t0 = FRAME_NS / 3;
+    let mut t = t0;
+    while t < t0 + frames * FRAME_NS {
+        for (i, q) in queues.iter_mut().enumerate() {
+            let left = windows[i].left(t);
+            let backlog = q.iter().sum::<u64>().max(q.len() as u64 * kernel);
+            if left != 0
+                && q.len() < depth
+                && fit(left, windows[i].len_ns(), backlog, kernel) == Fit::Go
+            {
+                if q.is_empty() && serving != Some(i) {
+                    waited_since[i] = t;
+                }
+                q.push_back(kernel);
+            }
+        }
+        // The device: the serving context keeps it for a slice while another waits, then the
+        // one that waited longest gets it.
+        let others = (0..3).filter(|&j| Some(j) != serving && !queues[j].is_empty());
+        let next = others.min_by_key(|&j| waited_since[j]);
+        let idle = serving.map_or(true, |s| queues[s].is_empty());
+        if let Some(j) = next {
+            if idle || in_slice >= kernel {
+                if let Some(s) = serving.filter(|&s| !queues[s].is_empty()) {
+                    waited_since[s] = t;
+                }
+                serving = Some(j);
+                in_slice = 0;
+            }
+        }
+        if let Some(s) = serving.filter(|&s| !queues[s].is_empty()) {
+            let front = queues[s].front_mut().unwrap();
+            *front -= step.min(*front);
+            if *front == 0 {
+                queues[s].pop_front();
+            }
+            device[s] += step;
+            in_slice += step;
+            if !windows[s].holds(t) {
+                outside[s] += step;
+            }
+        }
+        t += step;
+    }
+    let total: u64 = device.iter().sum();
+    for i in 0..3 {
+        assert_eq!(
+            outside[i],
+            0,
+            "tenant {i}: {} ms of its work ran outside its window (device {device:?})",
+            outside[i] / MS
+        );
+        let got = device[i] as f64 * 100.0 / total as f64;
+        let want = shares[i] as f64 * 100.0 / 70.0;
+        assert!(
+            (got - want).abs() < 1.0,
+            "tenant {i}: {got:.1}% of the device, policy {want:.1}% ({device:?})"
+        );
+    }
+}
