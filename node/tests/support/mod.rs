@@ -59,7 +59,18 @@ pub struct Scene {
 impl Scene {
     pub fn new(tag: &str, simgpu: &[(&str, &str)]) -> Scene {
         static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
+        // On a tmpfs, as a node's state is (`/run`): its device ledgers are mapped and written by
+        // every tenant's processes, and root fsyncs the files it writes beside them. On a disk
+        // filesystem that fsync waited behind the ledgers' writeback for up to 4.7 s on a busy
+        // machine, which a node never does. Removed on drop; `scripts/test` checks nothing named
+        // `gpuslice*` is left in /dev/shm.
+        let base = Path::new("/dev/shm");
+        let base = if base.is_dir() {
+            base.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!(
             "gpuslice-node-{tag}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
