@@ -17,13 +17,18 @@ fn client_in_pid_namespace(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -
     let program = compile(&QUOTA_OVERHEAD);
     inner.push(program.to_str().unwrap());
     inner.extend_from_slice(args);
+    unshared(sim, dir, tenant, &inner)
+}
+
+/// `unshare inner...` as a process of `tenant` ([`tenant_command`], preloaded).
+fn unshared(sim: &Sim, dir: &Path, tenant: &str, inner: &[&str]) -> Command {
     tenant_command(
         PathBuf::from("unshare"),
         sim,
         Deploy::Preload,
         dir,
         tenant,
-        &inner,
+        inner,
     )
 }
 
@@ -216,14 +221,7 @@ fn client_in_container(sim: &Sim, dir: &Path, tenant: &str, args: &[&str]) -> Co
     let host_proc = host_proc(dir, tenant);
     let inner = container_args(&compile(&QUOTA_OVERHEAD), args);
     let inner: Vec<&str> = inner.iter().map(String::as_str).collect();
-    let mut cmd = tenant_command(
-        PathBuf::from("unshare"),
-        sim,
-        Deploy::Preload,
-        dir,
-        tenant,
-        &inner,
-    );
+    let mut cmd = unshared(sim, dir, tenant, &inner);
     cmd.env("SIMGPU_HOST_PROC", &host_proc);
     cmd
 }

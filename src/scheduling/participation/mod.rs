@@ -314,14 +314,9 @@ impl Sched {
                 // (A launch into a capturing stream may wait here too: for our work already in
                 // flight, bounded; no event of ours is recorded into a capturing stream.)
                 // Counted in its stream's open batch now, if one is open (`batch::join`).
-                let mut busy = false;
-                let joined = self.join_batch(key, ctx as usize);
-                if matches!(joined, Joined::Begins) {
-                    match self.flow_control(key, ctx as usize) {
-                        Flow::Regrant => continue,
-                        Flow::Go { busy: b } => busy = b,
-                    }
-                }
+                let Some((joined, busy)) = self.enter_batch(key, ctx as usize) else {
+                    continue;
+                };
                 self.launching.fetch_add(1, SeqCst);
                 if !self.may_launch() || self.yields_to_high() {
                     self.launching.fetch_sub(1, SeqCst);
@@ -347,14 +342,9 @@ impl Sched {
             // Kept out past our due by an owner whose words lie: launch paced (`evidence`), with
             // flow control as an owner's launches (its waits bounded the same way).
             if self.evidence.paced() {
-                let mut busy = false;
-                let joined = self.join_batch(key, ctx as usize);
-                if matches!(joined, Joined::Begins) {
-                    match self.flow_control(key, ctx as usize) {
-                        Flow::Regrant => continue,
-                        Flow::Go { busy: b } => busy = b,
-                    }
-                }
+                let Some((joined, busy)) = self.enter_batch(key, ctx as usize) else {
+                    continue;
+                };
                 return self.launch_tracked(streams, ctx, per_thread, busy, Some(joined), launch);
             }
             if captured() {
@@ -389,6 +379,20 @@ impl Sched {
     /// bounded (`Sched::wait_bounded`). After a wait (its queries already paid for the
     /// capture-mode exchange), one more query says whether the stream's newest batch still runs:
     /// the new batch then starts at its end (`Flow::Go`'s `busy`).
+    /// Counts a launch into its stream's open batch or, when it begins one, lets flow control
+    /// hold it first: `None` when the device was handed over meanwhile (look again), else the
+    /// batch it joined and whether the stream's newest batch was seen running (`Flow::Go`).
+    fn enter_batch(&self, key: StreamKey, ctx: usize) -> Option<(Joined<Open>, bool)> {
+        let joined = self.join_batch(key, ctx);
+        if !matches!(joined, Joined::Begins) {
+            return Some((joined, false));
+        }
+        match self.flow_control(key, ctx) {
+            Flow::Regrant => None,
+            Flow::Go { busy } => Some((joined, busy)),
+        }
+    }
+
     fn flow_control(&self, key: StreamKey, ctx: usize) -> Flow {
         let q = self.queue_depth();
         let launch_ns = self.launch_ns.load(Relaxed);
