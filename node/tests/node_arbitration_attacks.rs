@@ -138,7 +138,19 @@ fn run_10_90(scene: &Scene, client: &Path, tenants: &[(&str, u32)], what: &str) 
             r.report()
         );
     }
-    assert_shares(what, &percents(&before, &after), &[10.0, 90.0]);
+    let got = percents(&before, &after);
+    if got
+        .iter()
+        .zip([10.0, 90.0])
+        .any(|(g, w)| (g - w).abs() > TOLERANCE)
+    {
+        // What the processes said (their slots, incidents) is the evidence of what went wrong.
+        for r in &runs {
+            println!("{what}: {}", r.report());
+        }
+        println!("{what}: {}", status(scene).stdout);
+    }
+    assert_shares(what, &got, &[10.0, 90.0]);
 }
 
 fn assert_shares(what: &str, got: &[f64], want: &[f64]) {

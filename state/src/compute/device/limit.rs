@@ -18,7 +18,11 @@
 //! * a free slot: taken, as always;
 //! * a slot labelled with its own tenant that no process of it holds: taken back;
 //! * otherwise a slot of the group that holds the most slots, when that is more than the limit:
-//!   taken back (its highest-numbered one: honest claims take the lowest free slot first).
+//!   taken back: its highest-numbered one (honest claims take the lowest free slot first) or,
+//!   with a `pick`, the pick-th from the top. Processes of different tenants that start together
+//!   would otherwise all pick the same slot (their tenant locks are in different files), each
+//!   take it back, and run on one slot, each rewriting the other's label (seen: shares 10/90 came
+//!   out 50/50); a claim picks at random.
 //!
 //! When every slot is in use and the claimer's tenant holds fewer than its limit, some group holds
 //! more than the limit (there are `listed + 1` groups of at most `limit` each in [`MAX_SLOTS`]):
@@ -61,8 +65,9 @@ pub fn slot_limit(listed: usize) -> usize {
     (MAX_SLOTS / listed.saturating_add(1)).max(1)
 }
 
-/// The claim's decision (module documentation) over what it sees of every slot.
-pub fn decide(slots: &[Seen], limit: usize) -> Claim {
+/// The claim's decision (module documentation) over what it sees of every slot; a slot to take
+/// back is the `pick`-th from the top of its kind (0: the highest), wrapping round.
+pub fn decide(slots: &[Seen], limit: usize, pick: usize) -> Claim {
     let live = slots
         .iter()
         .filter(|s| matches!(s, Seen::Ours { live: true }))
@@ -73,6 +78,19 @@ pub fn decide(slots: &[Seen], limit: usize) -> Claim {
     if slots.contains(&Seen::Free) {
         return Claim::Free;
     }
+    let nth_from_top = |kind: &dyn Fn(&Seen) -> bool| {
+        let of_kind = slots.iter().filter(|s| kind(s)).count();
+        let skip = pick % of_kind.max(1);
+        let found = slots
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, s)| kind(s))
+            .nth(skip);
+        found.map(|(i, _)| i)
+    };
+    // Our own tenant's: its highest (two of our processes exclude each other by the slot's
+    // byte in our tenant's lock file).
     if let Some(i) = slots.iter().rposition(|s| *s == Seen::Ours { live: false }) {
         return Claim::Reclaim(i);
     }
@@ -90,7 +108,10 @@ pub fn decide(slots: &[Seen], limit: usize) -> Claim {
         }
     }
     match groups.iter().max_by_key(|(_, n, _)| *n) {
-        Some(&(_, n, i)) if n > limit => Claim::Reclaim(i),
+        Some(&(g, n, _)) if n > limit => {
+            let theirs = |s: &Seen| *s == Seen::Theirs(g);
+            nth_from_top(&theirs).map_or(Claim::Full, Claim::Reclaim)
+        }
         _ => Claim::Full,
     }
 }
@@ -118,14 +139,14 @@ mod tests {
     #[test]
     fn a_free_slot_is_taken_below_the_limit_and_refused_at_it() {
         let mut s = filled(Seen::Free);
-        assert_eq!(decide(&s, 4), Claim::Free);
+        assert_eq!(decide(&s, 4, 0), Claim::Free);
         for slot in s.iter_mut().take(4) {
             *slot = Seen::Ours { live: true };
         }
-        assert_eq!(decide(&s, 4), Claim::AtLimit);
+        assert_eq!(decide(&s, 4, 0), Claim::AtLimit);
         // Slots labelled with us that no process of ours holds do not count.
         s[3] = Seen::Ours { live: false };
-        assert_eq!(decide(&s, 4), Claim::Free);
+        assert_eq!(decide(&s, 4, 0), Claim::Free);
     }
 
     #[test]
@@ -133,7 +154,7 @@ mod tests {
         let mut s = filled(Seen::Theirs(A));
         s[0] = Seen::Ours { live: true };
         s[1] = Seen::Theirs(B);
-        assert_eq!(decide(&s, 64), Claim::Reclaim(MAX_SLOTS - 1));
+        assert_eq!(decide(&s, 64, 0), Claim::Reclaim(MAX_SLOTS - 1));
     }
 
     #[test]
@@ -141,7 +162,7 @@ mod tests {
         let mut s = filled(Seen::Ours { live: false });
         s[0] = Seen::Ours { live: true };
         s[10] = Seen::Theirs(A);
-        assert_eq!(decide(&s, 64), Claim::Reclaim(MAX_SLOTS - 1));
+        assert_eq!(decide(&s, 64, 0), Claim::Reclaim(MAX_SLOTS - 1));
     }
 
     #[test]
@@ -154,7 +175,7 @@ mod tests {
             *slot = Seen::Theirs(A);
         }
         s[MAX_SLOTS - 1] = Seen::Ours { live: true };
-        assert_eq!(decide(&s, limit), Claim::Reclaim(2 * limit - 1));
+        assert_eq!(decide(&s, limit, 0), Claim::Reclaim(2 * limit - 1));
     }
 
     #[test]
@@ -168,11 +189,36 @@ mod tests {
                 _ => Seen::Ours { live: true },
             })
             .collect();
-        assert_eq!(decide(&s, 64), Claim::AtLimit);
+        assert_eq!(decide(&s, 64, 0), Claim::AtLimit);
         let mut s = s;
         s[255] = Seen::Theirs(None);
         // Our tenant below its limit and the unlisted group over it: one of theirs is taken.
-        assert_eq!(decide(&s, 64), Claim::Reclaim(255));
+        assert_eq!(decide(&s, 64, 0), Claim::Reclaim(255));
+    }
+
+    #[test]
+    fn claims_that_pick_differently_take_back_different_slots_of_the_same_group() {
+        // A squatter's 200 slots (unlisted), then ours: every pick is one of the squatter's, and
+        // picks spread over them (two processes starting together must not both take one slot).
+        let mut s = filled(Seen::Theirs(None));
+        for seen in &mut s[200..] {
+            *seen = Seen::Theirs(A);
+        }
+        let picked: std::collections::BTreeSet<usize> = (0..400)
+            .map(|pick| match decide(&s, 64, pick) {
+                Claim::Reclaim(i) => i,
+                other => panic!("pick {pick}: {other:?}"),
+            })
+            .collect();
+        assert_eq!(picked, (0..200).collect());
+        // Slots labelled with our own tenant that no process of it holds: the highest (our
+        // processes exclude each other by our tenant's lock file).
+        let mut s = filled(Seen::Theirs(None));
+        for seen in &mut s[10..20] {
+            *seen = Seen::Ours { live: false };
+        }
+        assert_eq!(decide(&s, 64, 0), Claim::Reclaim(19));
+        assert_eq!(decide(&s, 64, 3), Claim::Reclaim(19));
     }
 
     #[test]
@@ -196,9 +242,9 @@ mod tests {
                     })
                     .collect();
                 assert!(
-                    matches!(decide(&s, limit), Claim::Reclaim(i) if i >= ours),
+                    matches!(decide(&s, limit, 0), Claim::Reclaim(i) if i >= ours),
                     "listed {listed}, ours {ours}: {:?}",
-                    decide(&s, limit)
+                    decide(&s, limit, 0)
                 );
             }
         }

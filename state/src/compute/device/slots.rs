@@ -96,7 +96,7 @@ impl DeviceLedger {
         let t = self.tenant_locks.get()?;
         let limit = self.policy.listed().map(limit::slot_limit);
         if let Some(limit) = limit {
-            if limit::decide(&self.seen_slots(t), limit) == limit::Claim::AtLimit {
+            if limit::decide(&self.seen_slots(t), limit, 0) == limit::Claim::AtLimit {
                 self.log_at_limit(limit);
                 return Some(None);
             }
@@ -119,7 +119,10 @@ impl DeviceLedger {
         // Full: a slot of whoever holds more than its limit (a few tries: claims race).
         for _ in 0..4 {
             let seen = self.seen_slots(t);
-            let limit::Claim::Reclaim(i) = limit::decide(&seen, limit) else {
+            // At random among the group's slots: processes that start together would all pick
+            // the same one and share it (`limit`).
+            let pick = random_pick();
+            let limit::Claim::Reclaim(i) = limit::decide(&seen, limit, pick) else {
                 return Some(None);
             };
             let s = &l.slots[i];
@@ -267,6 +270,16 @@ impl DeviceLedger {
     pub(super) fn tenant_lock_fd(&self) -> Option<RawFd> {
         self.tenant_locks.get().map(|t| t.fd.as_raw_fd())
     }
+}
+
+/// A pick for [`limit::decide`] that differs between processes and between tries: the clock's
+/// nanoseconds, the process id and a stack address (each process's own, with address-space
+/// randomisation; in containers every process may be pid 1), mixed (Fibonacci hashing). Not for
+/// secrecy: a squatter gains nothing by guessing which of its slots goes.
+fn random_pick() -> usize {
+    let here = 0u8;
+    let seed = now_ns() ^ (u64::from(sys::getpid()) << 32) ^ (&here as *const u8 as u64);
+    (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
 }
 
 #[cfg(test)]
