@@ -10,6 +10,7 @@
 //! point's real function is resolved once, lazily, with glibc's own `dlsym` (never our interposer), into
 //! a slot with three states: unresolved, missing, or the address.
 
+use gpuslice_loader::handle_path;
 use loaded::{file_id, loaded_object_named, own_file};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -352,34 +353,6 @@ fn is_this_library(handle: *mut c_void) -> bool {
     }
 }
 
-/// The file a dlopen handle was loaded from.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub fn handle_path(handle: *mut c_void) -> Option<String> {
-    let mut map: *mut libc::c_void = std::ptr::null_mut();
-    // SAFETY: dlinfo(RTLD_DI_LINKMAP) writes a `struct link_map *` for a valid handle.
-    if unsafe {
-        libc::dlinfo(
-            handle,
-            libc::RTLD_DI_LINKMAP,
-            (&mut map as *mut *mut c_void).cast(),
-        )
-    } != 0
-        || map.is_null()
-    {
-        return None;
-    }
-    // SAFETY: glibc's `struct link_map` starts with l_addr (an address) then l_name (a C string).
-    let name = unsafe { *(map as *const *const c_char).add(1) };
-    if name.is_null() {
-        return None;
-    }
-    // SAFETY: l_name is a NUL-terminated string owned by the loader.
-    let name = unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned();
-    (!name.is_empty()).then_some(name)
-}
-
 /// This library's own export `name` (null if it has none).
 pub fn own_export(name: &str) -> *mut c_void {
     let Ok(name) = CString::new(name) else {
@@ -406,26 +379,6 @@ fn with_this_library<R>(f: impl FnOnce(*mut c_void) -> R) -> Option<R> {
 pub fn library_path(library: Library) -> Option<String> {
     let h = library_handle(library);
     (!h.is_null()).then(|| handle_path(h)).flatten()
-}
-
-/// The path of the object that holds `addr` (for `gpuslice doctor` and logs).
-// `addr` is only looked up in the loader's tables, never dereferenced.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
-pub fn object_path(addr: *const c_void) -> Option<String> {
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    // SAFETY: dladdr only reads `addr` as a number and fills `info`.
-    let found = unsafe { libc::dladdr(addr, info.as_mut_ptr()) } != 0;
-    // SAFETY: zero-initialised and filled by dladdr when found.
-    let info = unsafe { info.assume_init() };
-    if !found || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
-    Some(
-        unsafe { CStr::from_ptr(info.dli_fname) }
-            .to_string_lossy()
-            .into_owned(),
-    )
 }
 
 /// Typed calls to the real function of every entry point the table marks hooked or called

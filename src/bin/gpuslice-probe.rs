@@ -7,27 +7,13 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
 /// Every loaded object's path, in load order (the main program excluded).
 fn loaded_objects() -> Vec<String> {
-    unsafe extern "C" fn each(
-        info: *mut libc::dl_phdr_info,
-        _size: libc::size_t,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: glibc passes a valid dl_phdr_info; `data` is the Vec passed to dl_iterate_phdr below.
-        let (name, list) = unsafe { ((*info).dlpi_name, &mut *(data as *mut Vec<String>)) };
-        if !name.is_null() {
-            // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-            let name = unsafe { CStr::from_ptr(name) }
-                .to_string_lossy()
-                .into_owned();
-            if !name.is_empty() {
-                list.push(name);
-            }
+    let mut list = Vec::new();
+    gpuslice_loader::any_loaded_object(|name| {
+        if !name.is_empty() {
+            list.push(name.to_string_lossy().into_owned());
         }
-        0
-    }
-    let mut list: Vec<String> = Vec::new();
-    // SAFETY: the callback only reads the loader's data and appends to `list`.
-    unsafe { libc::dl_iterate_phdr(Some(each), (&mut list as *mut Vec<String>).cast()) };
+        false
+    });
     list
 }
 
@@ -58,28 +44,6 @@ fn gpuslice_kind(path: &str) -> Option<u32> {
     kind
 }
 
-fn handle_path(handle: *mut c_void) -> String {
-    let mut map: *mut c_void = std::ptr::null_mut();
-    // SAFETY: RTLD_DI_LINKMAP writes a `struct link_map *` for a valid handle.
-    if unsafe {
-        libc::dlinfo(
-            handle,
-            libc::RTLD_DI_LINKMAP,
-            (&mut map as *mut *mut c_void).cast(),
-        )
-    } != 0
-        || map.is_null()
-    {
-        return String::new();
-    }
-    // SAFETY: glibc's link_map begins with l_addr then l_name, a C string owned by the loader.
-    let name = unsafe { *(map as *const *const c_char).add(1) };
-    // SAFETY: as above.
-    unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned()
-}
-
 fn dlerror() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated message.
     let e = unsafe { libc::dlerror() };
@@ -94,21 +58,34 @@ fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
+/// What [`probe`] calls in the library it opened: a harmless export, so that a drop-in loads its
+/// real library, and how to call it (given its non-null address).
+struct HarmlessCall {
+    export: &'static CStr,
+    call: fn(*mut c_void) -> String,
+}
+
 /// Opens `name`, makes one harmless call so a drop-in loads its real library, and reports.
-fn probe(key: &str, name: &CStr, call: impl FnOnce(*mut c_void) -> String, prefix: &str) {
+fn probe(key: &str, name: &CStr, harmless: HarmlessCall, prefix: &str) {
     // SAFETY: a NUL-terminated name; failure is reported by NULL.
     let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
         println!("{key}_error={}", dlerror());
         return;
     }
-    let path = handle_path(h);
+    let path = gpuslice_loader::handle_path(h).unwrap_or_default();
     println!("{key}_path={path}");
     match gpuslice_kind(&path) {
         Some(kind) => println!("{key}_gpuslice={kind}"),
         None => println!("{key}_gpuslice=none"),
     }
-    println!("{key}_call={}", call(h));
+    let f = sym(h, harmless.export);
+    let called = if f.is_null() {
+        "missing".to_string()
+    } else {
+        (harmless.call)(f)
+    };
+    println!("{key}_call={called}");
     for object in loaded_objects() {
         if basename(&object).starts_with(prefix) && gpuslice_kind(&object).is_none() {
             println!("{key}_real={object}");
@@ -125,42 +102,40 @@ fn main() {
     probe(
         "cuda",
         c"libcuda.so.1",
-        |h| {
-            let f = sym(h, c"cuDriverGetVersion");
-            if f.is_null() {
-                return "missing".into();
-            }
-            let mut v: c_int = 0;
-            // SAFETY: cuDriverGetVersion(int *) from the library's export of that name.
-            let rc = unsafe {
-                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_int) -> c_int>(f)(
-                    &mut v,
-                )
-            };
-            format!("cuDriverGetVersion rc={rc} version={v}")
+        HarmlessCall {
+            export: c"cuDriverGetVersion",
+            call: |f| {
+                let mut v: c_int = 0;
+                // SAFETY: cuDriverGetVersion(int *) from the library's export of that name.
+                let rc = unsafe {
+                    std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_int) -> c_int>(f)(
+                        &mut v,
+                    )
+                };
+                format!("cuDriverGetVersion rc={rc} version={v}")
+            },
         },
         "libcuda.so",
     );
     probe(
         "nvml",
         c"libnvidia-ml.so.1",
-        |h| {
-            let f = sym(h, c"nvmlErrorString");
-            if f.is_null() {
-                return "missing".into();
-            }
-            // SAFETY: `const char *nvmlErrorString(nvmlReturn_t)`; the result is a static string.
-            let s = unsafe {
-                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> *const c_char>(f)(
-                    0,
-                )
-            };
-            if s.is_null() {
-                return "nvmlErrorString=null".into();
-            }
-            // SAFETY: NVML returns a NUL-terminated static string.
-            let text = unsafe { CStr::from_ptr(s) };
-            format!("nvmlErrorString={}", text.to_string_lossy())
+        HarmlessCall {
+            export: c"nvmlErrorString",
+            call: |f| {
+                // SAFETY: `const char *nvmlErrorString(nvmlReturn_t)`; the result is a static string.
+                let s = unsafe {
+                    std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> *const c_char>(
+                        f,
+                    )(0)
+                };
+                if s.is_null() {
+                    return "nvmlErrorString=null".into();
+                }
+                // SAFETY: NVML returns a NUL-terminated static string.
+                let text = unsafe { CStr::from_ptr(s) };
+                format!("nvmlErrorString={}", text.to_string_lossy())
+            },
         },
         "libnvidia-ml.so",
     );

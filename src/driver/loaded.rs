@@ -1,30 +1,13 @@
 //! What the loader has loaded: this library's own file, and whether an object of a given name is
 //! loaded (both asked while the real libraries are found, `super::open_library`).
 
-use std::ffi::{c_int, c_void, CStr, CString};
+use std::ffi::{c_void, CString};
 
 /// Whether the process has loaded an object whose file name starts with `stem`.
 pub(super) fn loaded_object_named(stem: &[u8]) -> bool {
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: `data` is the `&[u8]` handed to dl_iterate_phdr below, alive for its call.
-        let stem: &[u8] = unsafe { *(data as *const &[u8]) };
-        // SAFETY: the loader hands a valid `dl_phdr_info` for each loaded object.
-        let name = unsafe { (*info).dlpi_name };
-        if name.is_null() {
-            return 0;
-        }
-        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-        let name = unsafe { CStr::from_ptr(name) }.to_bytes();
-        let base = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
-        c_int::from(base.starts_with(stem))
-    }
-    let mut stem = stem;
-    // SAFETY: `visit` only reads what the loader hands it and `stem`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut stem as *mut &[u8]).cast()) != 0 }
+    gpuslice_loader::any_loaded_object(|name| {
+        gpuslice_loader::file_name(name.to_bytes()).starts_with(stem)
+    })
 }
 
 /// This library's file as the loader names it, and its (device, inode).
@@ -43,7 +26,7 @@ pub(super) fn own_file() -> Option<&'static OwnFile> {
     if let Some(own) = OWN.get() {
         return own.as_ref();
     }
-    let found = super::object_path(own_file as *const c_void).and_then(|path| {
+    let found = gpuslice_loader::object_path(own_file as *const c_void).and_then(|path| {
         Some(OwnFile {
             c_path: CString::new(path.as_str()).ok()?,
             id: file_id(&path),
