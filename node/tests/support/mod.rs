@@ -222,9 +222,52 @@ impl Scene {
     }
 }
 
+impl Scene {
+    /// The processes still running with this scene's environment (every command it starts carries
+    /// `SIMGPU_STATE=<its state file>`, through `unshare`, `setpriv` and `exec`), this test's own
+    /// process excepted.
+    fn processes(&self) -> Vec<i32> {
+        let mut marker = b"SIMGPU_STATE=".to_vec();
+        marker.extend_from_slice(self.simgpu_state.as_os_str().as_encoded_bytes());
+        marker.push(0);
+        let me = std::process::id() as i32;
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| pid != me)
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.windows(marker.len()).any(|w| w == marker))
+            })
+            .collect()
+    }
+}
+
 impl Drop for Scene {
+    /// Ends what the scene started and removes its directory. A test that fails while its tenants'
+    /// programs run would otherwise leave them running, recreating files in a directory being
+    /// removed, and the scene would stay in /dev/shm.
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        for _ in 0..100 {
+            let left = self.processes();
+            if left.is_empty() {
+                break;
+            }
+            for pid in left {
+                // SAFETY: kill(2) with a pid read from /proc; at worst the process has gone.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for _ in 0..10 {
+            if std::fs::remove_dir_all(&self.dir).is_ok() || !self.dir.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
 
