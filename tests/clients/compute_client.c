@@ -10,7 +10,9 @@
  *   graph START_NS MS US N             capture N spin launches into a graph, then cuGraphLaunch it in a
  *                                      loop for MS ms (two graph launches queued)
  *   request START_NS MS PERIOD_MS N US every PERIOD_MS: N kernels of US, then cuStreamSynchronize;
- *                                      prints latency percentiles (us)
+ *                                      prints latency percentiles (us); with
+ *                                      COMPUTE_CLIENT_REQUEST_PARTS=1 also each request's parts
+ *                                      (part=<first launch us>,<other launches us>,<sync us>)
  *   hold US                            spin kernels until stdin closes (prints ready=1 pid=...)
  *   bench N REPS                       median ns per cuLaunchKernel (0-us kernels), REPS batches of N
  *   streams START_NS MS US             as `spin`, alternating between two non-blocking streams of one
@@ -394,6 +396,10 @@ static int mode_request(uint64_t start_ns, uint64_t ms, uint64_t period_ms, int 
     wait_start(start_ns);
     size_t cap = ms / period_ms + 2, count = 0;
     uint64_t *lat = calloc(cap, sizeof *lat);
+    /* The parts of each request: in its first launch (where a launch waits for a grant), in the
+     * others, in the synchronisation (its work and whatever runs ahead of it on the device). */
+    int parts = getenv("COMPUTE_CLIENT_REQUEST_PARTS") != NULL;
+    uint64_t (*part)[3] = calloc(cap, sizeof *part);
     uint64_t t0 = now_ns(CLOCK_MONOTONIC), end = t0 + ms * 1000000ull, next = t0;
     while (count < cap) {
         uint64_t now = now_ns(CLOCK_MONOTONIC);
@@ -404,13 +410,26 @@ static int mode_request(uint64_t start_ns, uint64_t ms, uint64_t period_ms, int 
             nanosleep(&d, NULL);
             continue;
         }
-        uint64_t a = now_ns(CLOCK_MONOTONIC);
-        for (int i = 0; i < n; i++)
+        uint64_t a = now_ns(CLOCK_MONOTONIC), first = a;
+        for (int i = 0; i < n; i++) {
             CHECK(launch(us));
+            if (i == 0)
+                first = now_ns(CLOCK_MONOTONIC);
+        }
+        uint64_t launched = now_ns(CLOCK_MONOTONIC);
         CHECK(cuStreamSynchronize(stream));
-        lat[count++] = now_ns(CLOCK_MONOTONIC) - a;
+        uint64_t done = now_ns(CLOCK_MONOTONIC);
+        part[count][0] = first - a;
+        part[count][1] = launched - first;
+        part[count][2] = done - launched;
+        lat[count++] = done - a;
         next += period_ms * 1000000ull;
     }
+    if (parts)
+        for (size_t i = 0; i < count; i++)
+            printf("part=%llu,%llu,%llu\n", (unsigned long long)part[i][0] / 1000,
+                   (unsigned long long)part[i][1] / 1000, (unsigned long long)part[i][2] / 1000);
+    free(part);
     qsort(lat, count, sizeof *lat, cmp_u64);
     printf("requests=%zu\n", count);
     if (count > 0) {
