@@ -27,6 +27,7 @@ mod drain;
 mod flow;
 pub mod meter;
 mod participation;
+mod priority;
 pub mod turn;
 mod watch;
 
