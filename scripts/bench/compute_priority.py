@@ -21,7 +21,7 @@ environment sets them.
 
 Usage: scripts/bench/compute_priority.py [--rounds N (5)] [--seconds S (4)] [--baseline LIB]
                                          [--normal-us U (2000)] [--period-ms P (20)]
-                                         [--requests N (10)] [--us U (100)]
+                                         [--requests N (10)] [--us U (100)] [--jitter-us J (0)]
 Builds the release profile into $CARGO_TARGET_DIR (default target/).
 """
 import argparse
@@ -45,6 +45,9 @@ def main():
     ap.add_argument("--period-ms", type=int, default=20)
     ap.add_argument("--requests", type=int, default=10)
     ap.add_argument("--us", type=int, default=100)
+    ap.add_argument("--jitter-us", type=int, default=0,
+                    help="lengthen each period by a pseudo-random 0..J us (requests then arrive at "
+                         "every phase of the normal tenant's kernels, not one the run settles in)")
     a = ap.parse_args()
     if a.baseline:
         a.baseline = os.path.abspath(a.baseline)
@@ -58,8 +61,8 @@ def main():
         for r in range(a.rounds):
             for mode in modes:
                 rows[mode].append(run(mode, r, a, work, lib, client, rel, stat_bin))
-                print(f"compute_priority: round {r} {mode}: {json.dumps(rows[mode][-1])}",
-                      flush=True)
+                shown = {k: v for k, v in rows[mode][-1].items() if not k.startswith("_")}
+                print(f"compute_priority: round {r} {mode}: {json.dumps(shown)}", flush=True)
         report(rows, a)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -81,7 +84,8 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
     procs = {}
     for tenant, args in tenants:
         env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": lib, "SIMGPU_STATE": state,
-               "SIMGPU_GROUP": tenant, "COMPUTE_CLIENT_REQUEST_PARTS": "1"}
+               "SIMGPU_GROUP": tenant, "COMPUTE_CLIENT_REQUEST_PARTS": "1",
+               "COMPUTE_CLIENT_REQUEST_JITTER_US": str(a.jitter_us)}
         env.update({k: v for k, v in os.environ.items()
                     if k.startswith("SIMGPU_COST_") or k.startswith("GPUSLICE_LOG")})
         if shim:
@@ -92,19 +96,24 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
                 env["GPUSLICE_PRIORITY"] = "high"
             else:
                 env["GPUSLICE_COMPUTE_SHARE"] = "50"
+        # GPUSLICE_LOG set: each client's log to /tmp/<state>-<tenant>.log (a file: a pipe read
+        # only at the end would block a client that logs much).
+        err = (open(os.path.join("/tmp", f"{state}-{tenant}.log"), "w")
+               if os.environ.get("GPUSLICE_LOG") else subprocess.PIPE)
         procs[tenant] = subprocess.Popen([client] + args, env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True)
+                                         stderr=err, text=True)
     out = {}
     for tenant, p in procs.items():
         o, e = p.communicate()
         if p.returncode != 0:
             sys.exit(f"client {tenant} failed ({mode}): {o} {e}")
-        if e and os.environ.get("GPUSLICE_LOG"):
-            with open(os.path.join("/tmp", f"{state}-{tenant}.log"), "w") as f:
-                f.write(e)
         out[tenant] = dict(line.split("=", 1) for line in o.split() if "=" in line)
-        out[tenant]["parts"] = [[int(x) for x in line[5:].split(",")] for line in o.split()
+        # Each request's parts (its start, CLOCK_MONOTONIC us, last: GPUSLICE_LOG's clock).
+        out[tenant]["parts"] = [[int(x) for x in line[5:].split(",")][:3] for line in o.split()
                                 if line.startswith("part=")]
+        if os.environ.get("GPUSLICE_LOG"):
+            with open(os.path.join("/tmp", f"{state}-{tenant}.out"), "w") as f:
+                f.write(o)
     stat = json.loads(subprocess.run([stat_bin], env={"SIMGPU_STATE": state}, check=True,
                                      capture_output=True, text=True).stdout)
     try:
@@ -122,6 +131,7 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
     totals = [sum(x) for x in by_total]
     row["p90_us"] = totals[len(totals) * 9 // 10] if totals else 0
     row["mean_us"] = round(statistics.mean(totals)) if totals else 0
+    row["_totals"] = totals
     row["slowest"] = by_total[-3:]
     row["median_parts"] = [statistics.median(x[i] for x in by_total) for i in range(3)]
     if "n" in out:
@@ -135,7 +145,7 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
 def report(rows, a):
     med = lambda mode, k: statistics.median(x[k] for x in rows[mode])
     alone = med("alone", "p99_us")
-    print(f"compute_priority: {a.requests} x {a.us} us every {a.period_ms} ms beside "
+    print(f"compute_priority: {a.requests} x {a.us} us every {a.period_ms} ms (+0..{a.jitter_us} us) beside "
           f"{a.normal_us} us kernels, {a.seconds} s, {a.rounds} rounds "
           f"(load average {rows['alone'][0]['load']:.1f}-{max(x['load'] for m in rows for x in rows[m]):.1f})")
     for mode in rows:
@@ -147,6 +157,12 @@ def report(rows, a):
             bound = 1.05 * alone + a.normal_us
             over = sum(1 for x, y in zip(rows[mode], rows["alone"])
                        if x["p99_us"] > 1.05 * y["p99_us"] + a.normal_us)
+            # Requests past 1.05 x the same round's alone p50 + one normal kernel: what the
+            # structure adds beyond one kernel ahead (a host's late wake-up adds some either way).
+            past = [sum(1 for t in x["_totals"] if t > 1.05 * y["p50_us"] + a.normal_us)
+                    / max(len(x["_totals"]), 1) for x, y in zip(rows[mode], rows["alone"])]
+            line += (f"; requests past 1.05 x alone's p50 + {a.normal_us} us: "
+                     + ", ".join(f"{p * 100:.1f}%" for p in past))
             line += (f"; bound 1.05 x alone + {a.normal_us} = {bound:.0f} us "
                      f"({'met' if p99 <= bound else 'missed'}; rounds over their own round's "
                      f"bound {over} of {len(rows[mode])}); normal tenant kept "
@@ -155,7 +171,9 @@ def report(rows, a):
         print(f"compute_priority: {mode:10}: median parts (first launch, other launches, sync) "
               + "; ".join(str(x["median_parts"]) for x in rows[mode])
               + " | slowest 3 of each round " + "; ".join(str(x["slowest"]) for x in rows[mode]))
-    print("compute_priority: raw", json.dumps(rows))
+    print("compute_priority: raw", json.dumps(
+        {m: [{k: v for k, v in x.items() if not k.startswith("_")} for x in rows[m]]
+         for m in rows}))
 
 
 if __name__ == "__main__":

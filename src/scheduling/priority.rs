@@ -17,7 +17,7 @@
 //! (`arbiter::QUEUE_DEPTH_BESIDE_HIGH`), measured one at a time, so a high-priority request waits
 //! for at most one normal kernel.
 
-use crate::scheduling::{arbiter, batch};
+use crate::scheduling::{arbiter, batch, turn};
 
 /// Launches a high-priority tenant keeps in flight (`Q`): the most any tenant keeps.
 pub const HIGH_QUEUE_DEPTH: usize = arbiter::MAX_QUEUE_DEPTH;
@@ -45,6 +45,37 @@ pub fn batch_len(high: bool, launch_ns: u64, q: usize, thread_stream: bool) -> u
         HIGH_BATCH
     } else {
         batch::batch_len(launch_ns, q, thread_stream)
+    }
+}
+
+/// How long an owner's work may complete nothing before the device moves on undrained (`stall`:
+/// `turn::stall_ns`, from its progress). For a high-priority owner (`high`, its work not waiting
+/// for a collective's peers: `peer_recent` false) at least:
+/// - a slice while nothing of its work has completed since its grant (`progressed` false): it
+///   waits for what ran before it, at most one kernel of each normal tenant (they keep one in
+///   flight beside it), of any length. Handed over as stalled 1 ms after the grant (its own
+///   launch length is never measured: 250 us, a stall time of 1 ms), it let the normal tenant
+///   queue another kernel ahead of its request: 109 of 200 requests beside 2 ms kernels, each
+///   waiting for two normal kernels instead of one;
+/// - the work of one of its batches once it has ([`HIGH_BATCH`] launches of `launch_ns`): it sees
+///   its progress a batch at a time.
+///
+/// A high-priority owner that never completes anything (hung) still hands over after a slice.
+pub fn stall_ns(
+    high: bool,
+    peer_recent: bool,
+    progressed: bool,
+    stall: u64,
+    launch_ns: u64,
+) -> u64 {
+    if !high || peer_recent {
+        stall
+    } else if !progressed {
+        stall.max(arbiter::SLICE_NS)
+    } else {
+        stall
+            .max(u64::from(HIGH_BATCH).saturating_mul(launch_ns))
+            .min(turn::STALL_MAX_NS.max(stall))
     }
 }
 
@@ -76,6 +107,33 @@ mod tests {
         assert_eq!(queue_depth(true, true, 250_000), HIGH_QUEUE_DEPTH);
         // Only its own thread records on a per-thread default stream: a batch there is one launch.
         assert_eq!(batch_len(true, 250_000, HIGH_QUEUE_DEPTH, true), 1);
+    }
+
+    /// A high-priority owner waiting behind a normal kernel that ran before its grant is not
+    /// stalled until a slice has passed; after a completion, until a batch's work has; a normal
+    /// owner and a collective's waits keep the stall time from progress.
+    #[test]
+    fn a_high_priority_owner_waits_for_what_ran_before_it() {
+        let stall = turn::stall_ns(250_000, 0);
+        assert_eq!(stall, 1_000_000);
+        // The case: 2 ms (or any kernel up to a slice) ahead of the request.
+        assert_eq!(
+            stall_ns(true, false, false, stall, 250_000),
+            arbiter::SLICE_NS
+        );
+        assert!(stall_ns(true, false, true, stall, 250_000) >= 16 * 250_000);
+        assert!(stall_ns(true, false, true, stall, u64::MAX) <= turn::STALL_MAX_NS);
+        assert_eq!(stall_ns(false, false, false, stall, 250_000), stall);
+        assert_eq!(
+            stall_ns(true, true, false, stall, 250_000),
+            stall,
+            "a collective's wait"
+        );
+        // A longer stall time from progress is kept.
+        assert_eq!(
+            stall_ns(true, false, false, turn::STALL_MAX_NS, 250_000),
+            turn::STALL_MAX_NS
+        );
     }
 
     /// A normal tenant keeps one launch in flight beside an active high-priority tenant (a

@@ -12,7 +12,12 @@
  *   request START_NS MS PERIOD_MS N US every PERIOD_MS: N kernels of US, then cuStreamSynchronize;
  *                                      prints latency percentiles (us); with
  *                                      COMPUTE_CLIENT_REQUEST_PARTS=1 also each request's parts
- *                                      (part=<first launch us>,<other launches us>,<sync us>)
+ *                                      (part=<first launch us>,<other launches us>,<sync us>,
+ *                                      <start, CLOCK_MONOTONIC us>),
+ *                                      and with COMPUTE_CLIENT_REQUEST_JITTER_US=J each period
+ *                                      lengthened by a pseudo-random 0..J us (a fixed sequence), so
+ *                                      that requests do not keep one phase against a neighbour's
+ *                                      kernels
  *   hold US                            spin kernels until stdin closes (prints ready=1 pid=...)
  *   bench N REPS                       median ns per cuLaunchKernel (0-us kernels), REPS batches of N
  *   streams START_NS MS US             as `spin`, alternating between two non-blocking streams of one
@@ -399,7 +404,10 @@ static int mode_request(uint64_t start_ns, uint64_t ms, uint64_t period_ms, int 
     /* The parts of each request: in its first launch (where a launch waits for a grant), in the
      * others, in the synchronisation (its work and whatever runs ahead of it on the device). */
     int parts = getenv("COMPUTE_CLIENT_REQUEST_PARTS") != NULL;
-    uint64_t (*part)[3] = calloc(cap, sizeof *part);
+    uint64_t (*part)[4] = calloc(cap, sizeof *part);
+    const char *j = getenv("COMPUTE_CLIENT_REQUEST_JITTER_US");
+    uint64_t jitter_ns = j ? strtoull(j, NULL, 10) * 1000ull : 0;
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
     uint64_t t0 = now_ns(CLOCK_MONOTONIC), end = t0 + ms * 1000000ull, next = t0;
     while (count < cap) {
         uint64_t now = now_ns(CLOCK_MONOTONIC);
@@ -422,13 +430,19 @@ static int mode_request(uint64_t start_ns, uint64_t ms, uint64_t period_ms, int 
         part[count][0] = first - a;
         part[count][1] = launched - first;
         part[count][2] = done - launched;
+        part[count][3] = a;
         lat[count++] = done - a;
         next += period_ms * 1000000ull;
+        if (jitter_ns) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            next += (seed >> 33) % jitter_ns;
+        }
     }
     if (parts)
         for (size_t i = 0; i < count; i++)
-            printf("part=%llu,%llu,%llu\n", (unsigned long long)part[i][0] / 1000,
-                   (unsigned long long)part[i][1] / 1000, (unsigned long long)part[i][2] / 1000);
+            printf("part=%llu,%llu,%llu,%llu\n", (unsigned long long)part[i][0] / 1000,
+                   (unsigned long long)part[i][1] / 1000, (unsigned long long)part[i][2] / 1000,
+                   (unsigned long long)part[i][3] / 1000);
     free(part);
     qsort(lat, count, sizeof *lat, cmp_u64);
     printf("requests=%zu\n", count);
