@@ -30,8 +30,8 @@ pub(in crate::scheduling) struct Pending {
 }
 
 /// Recorded events: around one launch, or back to back to calibrate what an empty pair measures. A
-/// high-priority tenant records only the end of each launch (`start` is `None`): it is charged by
-/// wall time, and a second event per launch would lengthen exactly the latency it asks to keep short.
+/// high-priority tenant records only ends, one a batch of 16 (`start` is `None`, `priority`): it is
+/// charged by wall time, and more events would lengthen exactly the latency it asks to keep short.
 ///
 /// A launch submitted while the previous launch on its stream has not completed starts where that
 /// one ends: its `start` is the previous launch's `end` (one event recorded per launch instead of
