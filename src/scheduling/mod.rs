@@ -18,7 +18,9 @@
 //!   look at the ledger and at stalls), `events`
 //!   (device time measured with events, a batch of launches at a time), `completions` (what
 //!   becomes of measured batches: flow-control waits, accounting, the charge, the drain; its
-//!   pauses in `drain`, unit-tested). `cu`: the driver calls, through the driver layer.
+//!   pauses in `drain`, unit-tested; `priority`: what a launch keeps in flight and one event
+//!   measures by priority class, a high-priority owner's stall time, unit-tested). `cu`: the
+//!   driver calls, through the driver layer.
 
 mod batch;
 mod cu;
@@ -27,6 +29,7 @@ mod drain;
 mod flow;
 pub mod meter;
 mod participation;
+mod priority;
 pub mod turn;
 mod watch;
 

@@ -10,7 +10,14 @@
  *   graph START_NS MS US N             capture N spin launches into a graph, then cuGraphLaunch it in a
  *                                      loop for MS ms (two graph launches queued)
  *   request START_NS MS PERIOD_MS N US every PERIOD_MS: N kernels of US, then cuStreamSynchronize;
- *                                      prints latency percentiles (us)
+ *                                      prints latency percentiles (us); with
+ *                                      COMPUTE_CLIENT_REQUEST_PARTS=1 also each request's parts
+ *                                      (part=<first launch us>,<other launches us>,<sync us>,
+ *                                      <start, CLOCK_MONOTONIC us>),
+ *                                      and with COMPUTE_CLIENT_REQUEST_JITTER_US=J each period
+ *                                      lengthened by a pseudo-random 0..J us (a fixed sequence), so
+ *                                      that requests do not keep one phase against a neighbour's
+ *                                      kernels
  *   hold US                            spin kernels until stdin closes (prints ready=1 pid=...)
  *   bench N REPS                       median ns per cuLaunchKernel (0-us kernels), REPS batches of N
  *   streams START_NS MS US             as `spin`, alternating between two non-blocking streams of one
@@ -394,6 +401,13 @@ static int mode_request(uint64_t start_ns, uint64_t ms, uint64_t period_ms, int 
     wait_start(start_ns);
     size_t cap = ms / period_ms + 2, count = 0;
     uint64_t *lat = calloc(cap, sizeof *lat);
+    /* The parts of each request: in its first launch (where a launch waits for a grant), in the
+     * others, in the synchronisation (its work and whatever runs ahead of it on the device). */
+    int parts = getenv("COMPUTE_CLIENT_REQUEST_PARTS") != NULL;
+    uint64_t (*part)[4] = calloc(cap, sizeof *part);
+    const char *j = getenv("COMPUTE_CLIENT_REQUEST_JITTER_US");
+    uint64_t jitter_ns = j ? strtoull(j, NULL, 10) * 1000ull : 0;
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
     uint64_t t0 = now_ns(CLOCK_MONOTONIC), end = t0 + ms * 1000000ull, next = t0;
     while (count < cap) {
         uint64_t now = now_ns(CLOCK_MONOTONIC);
@@ -404,13 +418,32 @@ static int mode_request(uint64_t start_ns, uint64_t ms, uint64_t period_ms, int 
             nanosleep(&d, NULL);
             continue;
         }
-        uint64_t a = now_ns(CLOCK_MONOTONIC);
-        for (int i = 0; i < n; i++)
+        uint64_t a = now_ns(CLOCK_MONOTONIC), first = a;
+        for (int i = 0; i < n; i++) {
             CHECK(launch(us));
+            if (i == 0)
+                first = now_ns(CLOCK_MONOTONIC);
+        }
+        uint64_t launched = now_ns(CLOCK_MONOTONIC);
         CHECK(cuStreamSynchronize(stream));
-        lat[count++] = now_ns(CLOCK_MONOTONIC) - a;
+        uint64_t done = now_ns(CLOCK_MONOTONIC);
+        part[count][0] = first - a;
+        part[count][1] = launched - first;
+        part[count][2] = done - launched;
+        part[count][3] = a;
+        lat[count++] = done - a;
         next += period_ms * 1000000ull;
+        if (jitter_ns) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            next += (seed >> 33) % jitter_ns;
+        }
     }
+    if (parts)
+        for (size_t i = 0; i < count; i++)
+            printf("part=%llu,%llu,%llu,%llu\n", (unsigned long long)part[i][0] / 1000,
+                   (unsigned long long)part[i][1] / 1000, (unsigned long long)part[i][2] / 1000,
+                   (unsigned long long)part[i][3] / 1000);
+    free(part);
     qsort(lat, count, sizeof *lat, cmp_u64);
     printf("requests=%zu\n", count);
     if (count > 0) {

@@ -14,6 +14,7 @@ use crate::scheduling::batch::{self, Joined, OpenBatch};
 use crate::scheduling::cu;
 use crate::scheduling::device::now_ns;
 use crate::scheduling::flow::{self, StreamKey};
+use crate::scheduling::priority;
 use gpuslice_api::types::{CUcontext, CUevent, CUstream};
 use gpuslice_api::{CUerror, CUresult};
 use std::collections::VecDeque;
@@ -29,8 +30,8 @@ pub(in crate::scheduling) struct Pending {
 }
 
 /// Recorded events: around one launch, or back to back to calibrate what an empty pair measures. A
-/// high-priority tenant records only the end of each launch (`start` is `None`): it is charged by
-/// wall time, and a second event per launch would lengthen exactly the latency it asks to keep short.
+/// high-priority tenant records only ends, one a batch of 16 (`start` is `None`, `priority`): it is
+/// charged by wall time, and more events would lengthen exactly the latency it asks to keep short.
 ///
 /// A launch submitted while the previous launch on its stream has not completed starts where that
 /// one ends: its `start` is the previous launch's `end` (one event recorded per launch instead of
@@ -299,27 +300,26 @@ impl Sched {
         self.open.lock().iter().map(|o| u64::from(o.launches)).sum()
     }
 
-    /// How many launches on stream `key` one event measures (`batch::batch_len`); one for a
-    /// high-priority tenant (an end event after each launch, as its flow control had: it is
-    /// charged by wall time, and its latency is what it keeps short).
+    /// How many launches on stream `key` one event measures (`priority::batch_len`: about 2 ms of
+    /// work; a fixed 16 for a high-priority tenant, which is charged by wall time and whose
+    /// latency is what it keeps short).
     pub(in crate::scheduling) fn batch_len(&self, key: StreamKey) -> u32 {
-        if self.high.load(Relaxed) {
-            return 1;
-        }
-        batch::batch_len(
+        priority::batch_len(
+            self.high.load(Relaxed),
             self.launch_ns.load(Relaxed),
             self.queue_depth(),
             matches!(key, StreamKey::Thread(_)),
         )
     }
 
-    /// The launches kept in flight (`Q`, `arbiter::queue_depth`): one beside a high-priority tenant.
+    /// The launches kept in flight (`Q`, `priority::queue_depth`): one beside a high-priority
+    /// tenant, the most for a high-priority tenant.
     pub(in crate::scheduling) fn queue_depth(&self) -> usize {
-        if self.beside_high.load(Relaxed) && !self.high.load(Relaxed) {
-            crate::scheduling::arbiter::QUEUE_DEPTH_BESIDE_HIGH
-        } else {
-            crate::scheduling::arbiter::queue_depth(self.launch_ns.load(Relaxed))
-        }
+        priority::queue_depth(
+            self.high.load(Relaxed),
+            self.beside_high.load(Relaxed),
+            self.launch_ns.load(Relaxed),
+        )
     }
 
     /// Records a batch's end event and tracks it (`launcher`: from the thread that launched the

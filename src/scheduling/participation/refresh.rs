@@ -8,7 +8,7 @@ use super::Sched;
 use crate::scheduling::demand;
 use crate::scheduling::device::now_ns;
 use crate::scheduling::shm::{self, TENANT_READY};
-use crate::scheduling::{incident, turn, Holder, Incident, TenantId, MAX_TENANTS};
+use crate::scheduling::{incident, priority, turn, Holder, Incident, TenantId, MAX_TENANTS};
 use std::sync::atomic::Ordering::*;
 
 /// A high-priority tenant that wanted the device within this interval is active: normal tenants
@@ -134,13 +134,23 @@ impl Sched {
     /// While the tenant's work on another device waits (a collective), the longest launch is not
     /// counted: a collective's kernel is long because it waits, and its peer ranks need the
     /// device to move on quickly (docs/COMPUTE.md, "Ownership, slices, draining").
+    /// A high-priority owner waits longer (`priority::stall_ns`): first for what ran before it.
     pub(in crate::scheduling) fn stall_ns(&self) -> u64 {
-        let longest = if self.peer_recent(now_ns()) {
+        let peer_recent = self.peer_recent(now_ns());
+        let longest = if peer_recent {
             0
         } else {
             self.longest_ns.load(Relaxed)
         };
-        turn::stall_ns(self.launch_ns.load(Relaxed), longest)
+        let launch_ns = self.launch_ns.load(Relaxed);
+        let grant = self.ledger.layout().header.grant_ns.load(Acquire);
+        priority::stall_ns(
+            self.high.load(Relaxed),
+            peer_recent,
+            self.progress_ns.load(Acquire) > grant,
+            turn::stall_ns(launch_ns, longest),
+            launch_ns,
+        )
     }
 
     /// Whether our work on this device waits without completing (work in flight, nothing of it
