@@ -9,6 +9,9 @@
 //! * a tenant whose CUDA process writes the owner word naming its own slot, a fresh grant,
 //!   heartbeat and epoch every 5 ms (forged ownership): the shares stay within 3 points of policy
 //!   during and after the attack, the victims report it, and `tenant create` answers within 2 s;
+//! * the same forgery naming a *victim's* live slot (found by index and tenant word: in a
+//!   container every process is pid 1): the named process's library does not use what it did not
+//!   win beyond its fair fraction, and the shares hold during and after the attack;
 //! * a tenant that `lockf`s every slot-lock byte of the device ledger: every process started
 //!   afterwards still gets a slot (claimed with a lock in its tenant's own memory ledger) and the
 //!   shares stay within 3 points of policy during and after the attack, `status --compute` reports
@@ -188,11 +191,13 @@ fn middle_window(scene: &Scene, tenants: &[(&str, u32)], start: u64) -> (Vec<u64
 /// re-stamps the arbitration lock word naming the process's own slot while it owns the GPU,
 /// `owner` writes the owner word naming it, a fresh grant, heartbeat and epoch).
 fn attacker(scene: &Scene, client: &Path, ledger: &Path, start: u64, what: &str) -> Child {
-    attacker_for(scene, client, ledger, start, what, RUN_MS, RUN_MS)
+    attacker_naming(scene, client, ledger, start, what, RUN_MS, RUN_MS, "t1")
 }
 
-/// [`attacker`] running `run_ms`, attacking for the first `attack_ms` of them.
-fn attacker_for(
+/// [`attacker`] running `run_ms`, attacking for the first `attack_ms` of them, its words naming
+/// the slot of tenant `named`'s process (pid 1 in its container, as the attacker's is).
+#[allow(clippy::too_many_arguments)]
+fn attacker_naming(
     scene: &Scene,
     client: &Path,
     ledger: &Path,
@@ -200,6 +205,7 @@ fn attacker_for(
     what: &str,
     run_ms: u64,
     attack_ms: u64,
+    named: &str,
 ) -> Child {
     let h = offset_of!(Layout, header);
     let args: Vec<String> = [
@@ -220,7 +226,7 @@ fn attacker_for(
         offset_of!(SlotEntry, pid).to_string(),
         attack_ms.to_string(),
         offset_of!(SlotEntry, tenant).to_string(),
-        tenant_entry(ledger, "t1").to_string(),
+        tenant_entry(ledger, named).to_string(),
     ]
     .into();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -291,9 +297,26 @@ fn a_tenant_restamping_the_arbitration_lock_cannot_freeze_it() {
 /// [1.5 s, 6.5 s] (during) and [9.5 s, 12 s] (after, once the victims have seen their due again).
 #[test]
 fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
+    forged_shares("forge", "t1");
+}
+
+/// The same forgery naming a *victim's* process: the share-10 tenant writes the owner word naming
+/// the live slot of the share-30 tenant `t3` (its slot found by index and tenant word; in a
+/// container every process is pid 1), with a fresh grant, heartbeat and epoch every 5 ms. Runs
+/// that did this by mistake gave the named tenant up to 59.7% against 42.9%. The named process's
+/// library must not use ownership it did not win beyond its fair fraction: the shares stay within
+/// 3 points of policy during and after the attack, and `tenant create` answers within 2 s.
+#[test]
+fn a_tenant_forging_ownership_for_another_tenant_cannot_give_it_the_gpu() {
+    forged_shares("forge-other", "t3");
+}
+
+/// Shares 10 / 30 / 30; `t1` forges ownership naming the slot of `named`'s process (its own, or a
+/// victim's) for the first 7 s of a 13 s run.
+fn forged_shares(tag: &str, named: &str) {
     const RUN: u64 = 13_000;
     const ATTACK: u64 = 7_000;
-    let scene = Scene::new("forge", &[("SIMGPU_MEMORY", "16GiB")]);
+    let scene = Scene::new(tag, &[("SIMGPU_MEMORY", "16GiB")]);
     let tenants = [("t1", 1001), ("t2", 1002), ("t3", 1003)];
     for ((t, _), share) in tenants.iter().zip(["10", "30", "30"]) {
         create(&scene, t, share);
@@ -301,8 +324,8 @@ fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
     let ledger = device_ledger(&scene);
     let client = compute_client(&scene.dir);
     let start = start_in(2500);
-    let mut children = vec![attacker_for(
-        &scene, &client, &ledger, start, "owner", RUN, ATTACK,
+    let mut children = vec![attacker_naming(
+        &scene, &client, &ledger, start, "owner", RUN, ATTACK, named,
     )];
     let (s, ms) = (start.to_string(), RUN.to_string());
     children.extend(
@@ -321,7 +344,7 @@ fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
     let took = {
         at(3000);
         let took = create(&scene, "t4", "10");
-        println!("forge: tenant create took {took:?} during the attack");
+        println!("{tag}: tenant create took {took:?} during the attack");
         took
     };
     let during1 = at(6500);
@@ -330,7 +353,7 @@ fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
     let runs = finish_all(children, "spin");
     let st = status(&scene);
     println!(
-        "forge: status: {}",
+        "{tag}: status: {}",
         st.stdout
             .lines()
             .find(|l| l.contains("FORGED"))
@@ -338,27 +361,42 @@ fn a_tenant_forging_ownership_cannot_keep_the_gpu() {
     );
     assert!(
         took < Duration::from_secs(2),
-        "forge: tenant create took {took:?} during the attack"
+        "{tag}: tenant create took {took:?} during the attack"
     );
-    attack_ran("forge", &runs[0], 100);
+    attack_ran(tag, &runs[0], 100);
     let policy = [100.0 / 7.0, 300.0 / 7.0, 300.0 / 7.0];
     let during = percents(&during0, &during1);
     let after = percents(&after0, &after1);
-    println!("forge: during {during:.1?}, after {after:.1?}, policy {policy:.1?}");
-    // During the attack the forger's own process is held to its due by its own library and the
-    // victims launch paced to theirs, each in its tenant's window and only what ends in it; after
-    // it, arbitration is back to policy. Without the defence: 100/0/0.
-    assert_shares("forge: during the attack", &during, &policy);
-    assert_shares("forge: after the attack", &after, &policy);
+    println!("{tag}: during {during:.1?}, after {after:.1?}, policy {policy:.1?}");
+    let off = |got: &[f64]| {
+        got.iter()
+            .zip(&policy)
+            .any(|(g, w)| (g - w).abs() > TOLERANCE)
+    };
+    if off(&during) || off(&after) {
+        for r in &runs {
+            println!("{tag}: {}", r.report());
+        }
+    }
+    // During the attack the named process is held to its due by its own library and the others
+    // launch paced to theirs, each in its tenant's window and only what ends in it; after it,
+    // arbitration is back to policy. Without the defence: 100/0/0 (the forger named), the named
+    // victim well above its share (another named).
+    assert_shares(&format!("{tag}: during the attack"), &during, &policy);
+    assert_shares(&format!("{tag}: after the attack"), &after, &policy);
     assert!(
         st.stdout.contains("FORGED OWNER"),
         "status must report the forged owner:\n{}",
         st.stdout
     );
-    for r in &runs[1..] {
+    for (r, (t, _)) in runs.iter().zip(&tenants) {
+        if *t == "t1" && named != "t1" {
+            // The forger's own process may or may not have been kept out long enough to say so.
+            continue;
+        }
         assert!(
             r.stderr.contains("launches paced"),
-            "a victim kept out by a forged owner must say so:\n{}",
+            "{tag}: a process kept out by (or handed) a forged owner must say so:\n{}",
             r.report()
         );
     }

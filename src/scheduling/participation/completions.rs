@@ -173,7 +173,12 @@ impl Sched {
                             self.measured_ns.fetch_add(ns, AcqRel);
                         }
                         // Work that outlived our ownership (or our tenant's turn) is charged at
-                        // our next charge, in full.
+                        // our next charge, in full; not work launched paced (a forged owner kept
+                        // us out): our bucket and window bounded it by our own clock, and
+                        // charged to our tenant's virtual time it would keep us out again once
+                        // arbitration is honest (shares 10/30/30 gave 0/4/96 after such an
+                        // attack, the named tenant being charged nothing).
+                        Completion::Carried if self.evidence.fallback() => {}
                         Completion::Carried => {
                             self.carried_ns.fetch_add(ns, AcqRel);
                         }
@@ -340,6 +345,7 @@ impl Sched {
             last_look = Some(look);
             // A heartbeat, so waiters can tell a long drain from a stopped owner.
             h.owner_beat_ns.store(now, Release);
+            self.evidence.regrant.step(now);
             // A drain that waits for a collective's peer rank, stopped at another device's gate:
             // published, so the peer passes its gate for the round (`Sched::peer_pass`).
             self.watch_stall_after(now, false);

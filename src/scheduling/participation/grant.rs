@@ -37,11 +37,16 @@ impl Sched {
             let e = h.epoch.load(Acquire);
             let o = Holder::from_word(h.owner.load(Acquire));
             if o == self.me() {
-                if self.owned.load(SeqCst) != e
-                    && !self.stopping.load(SeqCst)
-                    && self.evidence.may_own()
-                {
+                let owned = self.owned.load(SeqCst);
+                if owned != e && !self.stopping.load(SeqCst) && self.evidence.may_own() {
+                    let now = now_ns();
+                    if owned != 0 {
+                        // Our ownership's epoch replaced by another naming us: the same evidence
+                        // as the scheduler thread's (`owner_loop`), seen first here.
+                        self.evidence.replaced(now);
+                    }
                     self.owned.store(e, SeqCst);
+                    self.evidence.regrant.adopted(now);
                 }
                 if self.owns_now() {
                     break;

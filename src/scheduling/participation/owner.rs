@@ -142,6 +142,7 @@ impl Sched {
                 {
                     // Granted while none of our threads waited: adopt it (idleness hands it on).
                     self.owned.store(e, SeqCst);
+                    self.evidence.regrant.adopted(now);
                     continue;
                 }
                 // A batch left open by launches in our tenant's turn held by another process, or
@@ -194,8 +195,10 @@ impl Sched {
             }
             if h.owner.load(Acquire) != self.me().word() || h.epoch.load(Acquire) != owned {
                 if h.owner.load(Acquire) == self.me().word() {
-                    // A new epoch naming us that we did not write: forged words (`evidence`).
-                    self.evidence.forged();
+                    // A new epoch naming us that we did not write: forged words, unless we were
+                    // stalled or held long enough to be revoked and granted again honestly
+                    // (`evidence::replaced_is_forged`).
+                    self.evidence.replaced(now_ns());
                 }
                 // Revoked (we were stopped or too slow): queue like everyone else.
                 self.owned.store(0, SeqCst);
@@ -371,6 +374,10 @@ impl Sched {
         let charge = self.take_charge(now, grant);
         log::debug(format_args!("compute: renewed after {charge} ns"));
         g.charge(self.tenant(), charge, now);
-        g.renew(self.tenant(), now)
+        let renewed = g.renew(self.tenant(), now);
+        if renewed {
+            self.evidence.regrant.adopted(now);
+        }
+        renewed
     }
 }

@@ -38,7 +38,9 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 mod budget;
+mod regrant;
 pub use budget::{fit, fraction, fraction_floor, Bucket, Fit, Watch, Window, FIT_HOLD_MIN_NS};
+pub use regrant::{replaced_is_forged, Regrant};
 
 /// Fractions are in parts per million.
 pub const PPM: u64 = 1_000_000;
@@ -142,6 +144,8 @@ pub struct Evidence {
     /// No live process of another tenant waited for half a frame (the last step's view).
     others_gone: AtomicBool,
     forged: AtomicBool,
+    /// Whether a replaced epoch naming us can be an honest re-grant (`regrant`).
+    pub regrant: Regrant,
 }
 
 impl Default for Evidence {
@@ -159,6 +163,7 @@ impl Default for Evidence {
             window_len: AtomicU64::new(PPM),
             others_gone: AtomicBool::new(false),
             forged: AtomicBool::new(false),
+            regrant: Regrant::default(),
         }
     }
 }
@@ -216,9 +221,15 @@ impl Evidence {
         self.fallback.load(Relaxed)
     }
 
-    /// Our ownership's epoch was replaced by another naming us (the scheduler thread saw it).
-    pub fn forged(&self) {
-        self.forged.store(true, Relaxed);
+    /// Our ownership's epoch was replaced at `now` by another naming us (the scheduler thread, or
+    /// a launch waiting for its grant, saw it): forged unless an honest re-grant may explain it
+    /// ([`replaced_is_forged`]). True when counted as forged.
+    pub fn replaced(&self, now: u64) -> bool {
+        let forged = self.regrant.forged(now);
+        if forged {
+            self.forged.store(true, Relaxed);
+        }
+        forged
     }
 
     /// The scheduler thread's step (at least every few milliseconds).
@@ -383,6 +394,7 @@ impl Sched {
     /// (or its due again) says so.
     pub(in crate::scheduling) fn weigh_step(&self, now: u64) {
         let e = &self.evidence;
+        e.regrant.step(now);
         let mine = self.tenant();
         if self
             .ledger

@@ -327,3 +327,86 @@ fn paced_tenants_keep_their_work_in_their_windows() {
         );
     }
 }
+
+#[test]
+fn a_replaced_epoch_is_forged_only_when_no_honest_regrant_explains_it() {
+    let now = 10_000 * MS;
+    // Adopted 5 ms ago, our scheduler thread passing every millisecond: nobody honest can have
+    // revoked us (120 ms at the least), so a new epoch naming us is forged.
+    assert!(replaced_is_forged(now, now - 5 * MS, now - MS, 0));
+    assert!(replaced_is_forged(
+        now,
+        now - 100 * MS,
+        now - MS,
+        now - 500 * MS
+    ));
+    // Held past the slice and the grace: an honest waiter may have revoked us and granted us again.
+    assert!(!replaced_is_forged(now, now - 130 * MS, now - MS, 0));
+    // Our scheduler thread is not running now, or stalled lately (our heartbeat went stale):
+    // ambiguous.
+    assert!(!replaced_is_forged(now, now - 5 * MS, now - 15 * MS, 0));
+    assert!(!replaced_is_forged(
+        now,
+        now - 5 * MS,
+        now - MS,
+        now - 50 * MS
+    ));
+    // Never adopted: nothing of ours was replaced.
+    assert!(!replaced_is_forged(now, 0, now - MS, 0));
+}
+
+/// The two stories behind a new epoch naming an owner: an honest waiter revoking it after its
+/// scheduler thread stalled (the host did not run it) and granting it again, and a forger
+/// replacing its epochs every 5 ms while it runs. Only the second is forged.
+#[test]
+fn an_honest_regrant_after_a_stall_is_not_taken_for_a_forger() {
+    // Honest: adopted at 1 s, passes every ms until 1.010 s, then nothing for 150 ms (the host ran
+    // other work); a waiter revoked it at 1.140 s (past slice + grace, heartbeat stale) and the
+    // hand-over chose it again. Its next pass, at 1.160 s, sees the new epoch.
+    let r = Regrant::default();
+    r.adopted(1_000 * MS);
+    for t in 1_000..=1_010 {
+        r.step(t * MS);
+    }
+    r.step(1_160 * MS);
+    assert!(!r.forged(1_160 * MS), "an honest re-grant after a stall");
+    // A waiting launch of the same process that saw it first (the scheduler thread still
+    // stalled): ambiguous too.
+    let r = Regrant::default();
+    r.adopted(1_000 * MS);
+    for t in 1_000..=1_010 {
+        r.step(t * MS);
+    }
+    assert!(!r.forged(1_150 * MS));
+    // Forger: adopted at 2 s, passes every ms, the epoch replaced 5 ms later.
+    let r = Regrant::default();
+    r.step(1_999 * MS);
+    r.adopted(2_000 * MS);
+    for t in 2_000..=2_005 {
+        r.step(t * MS);
+    }
+    assert!(
+        r.forged(2_005 * MS),
+        "a replacement 5 ms after our adoption"
+    );
+    // The same forger just after a stall of ours: not concluded, then found once the stall is
+    // behind us (every re-adoption restarts the hold).
+    r.step(2_030 * MS);
+    r.adopted(2_030 * MS);
+    assert!(!r.forged(2_035 * MS));
+    let mut t = 2_031;
+    while t <= 2_200 {
+        r.step(t * MS);
+        t += 1;
+    }
+    r.adopted(2_195 * MS);
+    assert!(r.forged(2_200 * MS));
+    // The evidence counts only a forged replacement.
+    let e = Evidence::default();
+    e.regrant.step(3_000 * MS);
+    e.regrant.adopted(3_000 * MS);
+    e.regrant.step(3_001 * MS);
+    assert!(e.replaced(3_002 * MS));
+    e.regrant.adopted(3_002 * MS);
+    assert!(!e.replaced(3_200 * MS));
+}

@@ -116,15 +116,41 @@ impl DeviceLedger {
         let Some(limit) = limit else {
             return Some(None);
         };
-        // Full: a slot of whoever holds more than its limit (a few tries: claims race).
-        for _ in 0..4 {
+        // At random among the group's slots: processes that start together would all pick the
+        // same one (`limit`).
+        Some(self.take_back(t, limit, &take, random_pick))
+    }
+
+    /// Full: a slot of whoever holds more than its `limit` ([`limit::decide`], the `pick()`-th of
+    /// the group's slots), a few tries: claims race. Claimers of different tenants hold different
+    /// tenant-lock files, so nothing of those excludes two that picked the same slot: each would
+    /// take it back (the second's compare-and-swap succeeds on the state the first wrote again)
+    /// and both run on it. So a claimer first takes the slot's **claim byte** in the device
+    /// ledger ([`claim_offset`]) and, holding it, looks at the slot again: one that picked the
+    /// slot while another claimed it finds the byte held, or, once it gets it, the slot under
+    /// the other's label; either way it picks again. A tenant that holds every claim byte only
+    /// brings back the shared slot: the last try goes without the byte.
+    pub(super) fn take_back(
+        &self,
+        t: &TenantLocks,
+        limit: usize,
+        take: &impl Fn(usize) -> bool,
+        mut pick: impl FnMut() -> usize,
+    ) -> Option<usize> {
+        let l = self.layout();
+        let own = t.fd.as_raw_fd();
+        for attempt in 0..RECLAIM_TRIES {
             let seen = self.seen_slots(t);
-            // At random among the group's slots: processes that start together would all pick
-            // the same one and share it (`limit`).
-            let pick = random_pick();
-            let limit::Claim::Reclaim(i) = limit::decide(&seen, limit, pick) else {
-                return Some(None);
+            let limit::Claim::Reclaim(i) = limit::decide(&seen, limit, pick()) else {
+                return None;
             };
+            let claim = ClaimByte::take(self.raw_fd(), i);
+            if claim.is_none() && attempt + 1 < RECLAIM_TRIES {
+                continue;
+            }
+            if claim.is_some() && self.seen_slot(t, i) != seen[i] {
+                continue;
+            }
             let s = &l.slots[i];
             let was = s.state.load(Acquire);
             if was == SLOT_FREE || !matches!(sys::try_lock(own, t.offset(i)), Ok(true)) {
@@ -138,7 +164,7 @@ impl DeviceLedger {
                 continue;
             }
             let label = s.tenant.load(Acquire) as usize;
-            if let Some(got) = self.take_locked(t, i, &take) {
+            if let Some(got) = self.take_locked(t, i, take) {
                 l.header.slot_reclaims.fetch_add(1, AcqRel);
                 crate::log::warn(format_args!(
                     "device ledger {}: every process slot is in use; slot {i} (labelled tenant \
@@ -146,10 +172,10 @@ impl DeviceLedger {
                      taken back for this process",
                     self.path.display()
                 ));
-                return Some(Some(got));
+                return Some(got);
             }
         }
-        Some(None)
+        None
     }
 
     /// The end of a claim of slot `i`, whose tenant lock we hold: the ledger byte when free, then
@@ -180,30 +206,31 @@ impl DeviceLedger {
     /// when a process of it holds its tenant lock (an error counts as live); or whoever else the
     /// words name, grouped by the policy (a tenant it lists, or everybody else).
     fn seen_slots(&self, t: &TenantLocks) -> Vec<limit::Seen> {
+        (0..MAX_SLOTS).map(|i| self.seen_slot(t, i)).collect()
+    }
+
+    /// What a claim sees of slot `i` ([`seen_slots`](Self::seen_slots)).
+    fn seen_slot(&self, t: &TenantLocks, i: usize) -> limit::Seen {
         let l = self.layout();
-        (0..MAX_SLOTS)
-            .map(|i| {
-                let s = &l.slots[i];
-                if s.state.load(Acquire) == SLOT_FREE {
-                    return limit::Seen::Free;
-                }
-                let label = s.tenant.load(Acquire) as usize;
-                let id = l
-                    .tenants
-                    .get(label)
-                    .filter(|e| e.state.load(Acquire) == TENANT_READY)
-                    .map(|e| TenantId::load(&e.id));
-                match id {
-                    Some(id) if id == t.id => limit::Seen::Ours {
-                        live: sys::is_locked(t.fd.as_raw_fd(), t.offset(i)).unwrap_or(true),
-                    },
-                    Some(id) if matches!(self.policy.lookup(id), Lookup::Listed { .. }) => {
-                        limit::Seen::Theirs(Some(id))
-                    }
-                    _ => limit::Seen::Theirs(None),
-                }
-            })
-            .collect()
+        let s = &l.slots[i];
+        if s.state.load(Acquire) == SLOT_FREE {
+            return limit::Seen::Free;
+        }
+        let label = s.tenant.load(Acquire) as usize;
+        let id = l
+            .tenants
+            .get(label)
+            .filter(|e| e.state.load(Acquire) == TENANT_READY)
+            .map(|e| TenantId::load(&e.id));
+        match id {
+            Some(id) if id == t.id => limit::Seen::Ours {
+                live: sys::is_locked(t.fd.as_raw_fd(), t.offset(i)).unwrap_or(true),
+            },
+            Some(id) if matches!(self.policy.lookup(id), Lookup::Listed { .. }) => {
+                limit::Seen::Theirs(Some(id))
+            }
+            _ => limit::Seen::Theirs(None),
+        }
     }
 
     /// Says once per process that its tenant holds its limit of slots.
@@ -272,6 +299,35 @@ impl DeviceLedger {
     }
 }
 
+/// Tries at taking a slot back ([`DeviceLedger::take_back`]).
+const RECLAIM_TRIES: usize = 4;
+
+/// Byte of slot `slot`'s claim lock in the device ledger: past the slot and demand locks.
+pub fn claim_offset(slot: usize) -> u64 {
+    <Layout as slotfile::SlotLayout>::lock_offset(2 * MAX_SLOTS + slot)
+}
+
+/// A slot's claim byte, held while a claim takes the slot back; let go when dropped.
+struct ClaimByte {
+    fd: RawFd,
+    at: u64,
+}
+
+impl ClaimByte {
+    /// The claim byte of `slot` on the device ledger's descriptor `fd`, unless another open file
+    /// description holds it.
+    fn take(fd: RawFd, slot: usize) -> Option<ClaimByte> {
+        let at = claim_offset(slot);
+        matches!(sys::try_lock(fd, at), Ok(true)).then_some(ClaimByte { fd, at })
+    }
+}
+
+impl Drop for ClaimByte {
+    fn drop(&mut self) {
+        sys::unlock(self.fd, self.at);
+    }
+}
+
 /// A pick for [`limit::decide`] that differs between processes and between tries: the clock's
 /// nanoseconds, the process id and a stack address (each process's own, with address-space
 /// randomisation; in containers every process may be pid 1), mixed (Fibonacci hashing). Not for
@@ -284,7 +340,123 @@ fn random_pick() -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::gpu_key;
+    use super::*;
+    use crate::compute::device::limit::slot_limit;
+    use crate::compute::policy::{path_for_ledger, render, Record};
+    use std::os::fd::AsRawFd;
+
+    const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000c1";
+
+    /// The state word's claim, as `claim_slot`'s, labelling the slot with `tenant`.
+    fn taker(l: &DeviceLedger, tenant: usize) -> impl Fn(usize) -> bool + '_ {
+        move |i| {
+            let s = &l.layout().slots[i];
+            let took = s
+                .state
+                .compare_exchange(SLOT_FREE, SLOT_ACTIVE, AcqRel, Acquire)
+                .is_ok();
+            if took {
+                s.tenant.store(tenant as u32, Release);
+            }
+            took
+        }
+    }
+
+    /// Two claimers of different tenants take back a slot of a squatting group at once: the second
+    /// looked at the slots, then the first claimed the very slot the second picks, from start to
+    /// end. The second must not take it too (it would share it with the first); it takes the
+    /// group's next one. A claim byte held by a claimer still at work sends a claim to another
+    /// pick; held everywhere (a tenant locking every claim byte), the claim still gets a slot.
+    #[test]
+    fn two_claimers_that_pick_the_same_slot_take_back_different_ones() {
+        let _serial = slotfile::serial_test();
+        let dir = std::env::temp_dir().join(format!(
+            "gpuslice-claim-{}-{}",
+            std::process::id(),
+            now_ns()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{UUID}.dev"));
+        let records: Vec<Record> = (1..=3)
+            .map(|i| Record {
+                id: TenantId(i),
+                share: 10,
+                cap: 0,
+                high: false,
+                label: format!("t{i}"),
+            })
+            .collect();
+        std::fs::write(path_for_ledger(&path), render(&records)).unwrap();
+        let l = DeviceLedger::open(&path, UUID, true).unwrap();
+        let add = |id: u128| {
+            l.with_admin_lock(|g| {
+                l.find_or_add_tenant(g, TenantId(id), &format!("t{id}"), 10, 0, false)
+                    .unwrap()
+            })
+        };
+        let (squatter, a, b) = (add(1), add(2), add(3));
+        for s in &l.layout().slots {
+            s.tenant.store(squatter as u32, Release);
+            s.state.store(SLOT_ACTIVE, Release);
+        }
+        let join = |id: u128| {
+            let own = dir.join(format!("t{id}.ledger"));
+            if !own.exists() {
+                std::fs::write(&own, b"").unwrap();
+            }
+            let h = DeviceLedger::open(&path, UUID, false).unwrap();
+            h.use_tenant_locks(&own, TenantId(id)).unwrap();
+            h
+        };
+        let limit = slot_limit(3);
+        let (first, second) = (join(2), join(3));
+        fn locks(h: &DeviceLedger) -> &TenantLocks {
+            h.tenant_locks.get().unwrap()
+        }
+        let (ta, tb) = (locks(&first), locks(&second));
+        let mut got_first = None;
+        let got_second = second.take_back(tb, limit, &taker(&second, b), || {
+            if got_first.is_none() {
+                got_first = first.take_back(ta, limit, &taker(&first, a), || 0);
+            }
+            0
+        });
+        let (x, y) = (got_first.unwrap(), got_second.unwrap());
+        assert_eq!(x, MAX_SLOTS - 1, "the first takes the group's highest slot");
+        assert_ne!(x, y, "both claimers took back slot {x}");
+        assert_eq!(y, MAX_SLOTS - 2);
+        assert_eq!(l.layout().slots[x].tenant.load(Acquire) as usize, a);
+        assert_eq!(l.layout().slots[y].tenant.load(Acquire) as usize, b);
+        // Another claimer holds the claim byte of the group's highest slot: the claim picks again.
+        let other = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let held = MAX_SLOTS - 3;
+        assert!(matches!(
+            sys::try_lock(other.as_raw_fd(), claim_offset(held)),
+            Ok(true)
+        ));
+        let third = join(2);
+        let t3 = locks(&third);
+        let mut picks = [0, 1].into_iter();
+        let got = third.take_back(t3, limit, &taker(&third, a), || picks.next().unwrap_or(0));
+        assert_eq!(got, Some(held - 1));
+        // Every claim byte held: the last try goes without it.
+        for i in 0..MAX_SLOTS {
+            let _ = sys::try_lock(other.as_raw_fd(), claim_offset(i));
+        }
+        let fourth = join(3);
+        let t4 = locks(&fourth);
+        assert_eq!(
+            fourth.take_back(t4, limit, &taker(&fourth, b), || 0),
+            Some(held),
+            "a tenant holding every claim byte kept a claimer out"
+        );
+        drop((first, second, third, fourth, l));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn gpu_keys_stay_in_their_range() {
@@ -294,7 +466,7 @@ mod tests {
             "",
             "GPU-ffffffff-ffff-ffff-ffff-ffffffffffff",
         ] {
-            assert!(gpu_key(u) < super::GPU_KEYS);
+            assert!(gpu_key(u) < GPU_KEYS);
         }
         assert_ne!(gpu_key("GPU-0"), gpu_key("GPU-1"));
     }
