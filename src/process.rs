@@ -35,6 +35,7 @@ impl Process {
     fn load() -> Process {
         let config = config::load();
         log::set_level(config.log_level);
+        log::never_block();
         for note in &config.notes {
             log::info(format_args!("{note}"));
         }

@@ -12,7 +12,7 @@ use gpuslice::scheduling::shm::{Header, TOTAL_SIZE};
 use std::io::{Seek, SeekFrom, Write};
 use std::mem::offset_of;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const RUN_MS: u64 = 1200;
@@ -152,4 +152,96 @@ fn damaged_device_ledger_never_hangs_a_tenant() {
         failures.extend(round(Damage::Random(seed)));
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A tenant whose stderr nobody reads stays scheduled: its stderr is a pipe already full, and a
+/// line of its library's (debug logging: one a hand-over) that stderr cannot take is dropped, never
+/// waited for. The scheduler thread used to block in the write for as long as nobody read, and its
+/// process, no longer held to its share, took about half of the device beside a share-90 tenant.
+#[test]
+fn a_tenant_whose_stderr_nobody_reads_keeps_to_its_share() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::process::Stdio;
+    const RUN: u64 = 3000;
+    let sim = Sim::new("compute-stderr");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("compute-stderr-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // A one-page pipe, filled: what a pipe nobody reads becomes after a few dozen lines.
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two new descriptors, owned below.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: each descriptor was just made and is owned once.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: fcntl on the pipe's write end: its size, then non-blocking writes of a live buffer
+    // until it is full, then blocking again, as a program's stderr is.
+    unsafe {
+        libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096);
+        libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK);
+        let page = [b'.'; 512];
+        while libc::write(fds[1], page.as_ptr().cast(), page.len()) > 0 {}
+        libc::fcntl(fds[1], libc::F_SETFL, 0);
+    }
+    let start = start_in(400);
+    let t0 = Instant::now() + Duration::from_millis(400);
+    let client = |name: &str, share: &str, log: &str| -> Command {
+        let mut cmd = sim.command(compile(&COMPUTE));
+        cmd.env("LD_PRELOAD", shim())
+            .env("SIMGPU_GROUP", name)
+            .env("GPUSLICE_LEDGER", dir.join(format!("{name}.ledger")))
+            .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+            .env("GPUSLICE_COMPUTE_SHARE", share)
+            .env("GPUSLICE_LOG", log)
+            .args(["spin", &start.to_string(), &RUN.to_string(), "200"]);
+        cmd
+    };
+    let quiet = sim.spawn(&mut client("quiet", "90", "warn"));
+    let logging = client("logging", "10", "debug")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(write_end))
+        .spawn()
+        .expect("start the logging tenant");
+    let busy = |name: &str| group(&sim.stat(), name)["busy_ns"][0].as_u64().unwrap_or(0);
+    std::thread::sleep(
+        (t0 + Duration::from_millis(1000)).saturating_duration_since(Instant::now()),
+    );
+    let (l0, q0) = (busy("logging"), busy("quiet"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let (l1, q1) = (busy("logging"), busy("quiet"));
+    let part = (l1 - l0) as f64 / ((l1 - l0) + (q1 - q0)).max(1) as f64;
+    // Its process must end on its own, with nobody reading yet: a thread waiting on the full
+    // pipe would keep it. Then the pipe is read, so that a process that waited can end.
+    let deadline = t0 + Duration::from_millis(RUN + 5000);
+    let mut logging = logging;
+    let ended = loop {
+        match logging.try_wait().unwrap() {
+            Some(_) => break true,
+            None if Instant::now() > deadline => break false,
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::fs::File::from(read_end), &mut text);
+        text
+    });
+    let logged = finish(logging, "logging tenant");
+    let quiet = finish(quiet, "quiet tenant");
+    let stderr = String::from_utf8_lossy(&reader.join().unwrap()).into_owned();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        ended,
+        "the logging tenant did not end within 5 s of its run while its stderr was full"
+    );
+    logged.assert_success();
+    quiet.assert_success();
+    assert!(
+        part < 0.2,
+        "the share-10 tenant whose stderr nobody read got {:.1}% of the device (10% by policy)\n{}",
+        part * 100.0,
+        stderr.trim_start_matches('.')
+    );
 }
