@@ -167,10 +167,8 @@ mod tests {
     fn a_line_to_a_full_pipe_is_dropped_without_waiting_and_written_once_there_is_room() {
         let mut fds = [0; 2];
         // SAFETY: pipe2 fills two descriptors.
-        assert_eq!(
-            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) },
-            0
-        );
+        let made = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) };
+        assert_eq!(made, 0);
         let (rd, wr) = (fds[0], fds[1]);
         let chunk = [b'x'; 4096];
         // SAFETY: non-blocking writes from a live buffer until the pipe is full.
