@@ -202,24 +202,15 @@ fn a_squatter_keeps_nobody_with_a_tenant_lock_out() {
 #[test]
 fn a_squatter_filling_every_slot_keeps_no_tenant_below_its_limit_out() {
     use super::device::limit::slot_limit;
-    use super::policy::{path_for_ledger, render, Record};
+    use super::policy::{equal_shares, path_for_ledger, render};
     let _serial = slotfile::serial_test();
     let dir = scratch("slotlimit");
     let path = dir.join(format!("{UUID}.dev"));
     let own = dir.join("t.ledger");
     std::fs::write(&own, b"").unwrap();
     let policy = |n: u128| {
-        let records: Vec<Record> = (1..=n)
-            .map(|i| Record {
-                id: TenantId(i),
-                share: 10,
-                cap: 0,
-                high: false,
-                label: format!("t{i}"),
-            })
-            .collect();
         let tmp = dir.join("policy.tmp");
-        std::fs::write(&tmp, render(&records)).unwrap();
+        std::fs::write(&tmp, render(&equal_shares(n))).unwrap();
         std::fs::rename(&tmp, path_for_ledger(&path)).unwrap();
     };
     policy(3);

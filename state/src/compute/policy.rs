@@ -39,6 +39,20 @@ pub struct Record {
     pub label: String,
 }
 
+/// Tenants 1..=`n`, each of share 10, labelled `t<id>`: the policy of the slot-limit tests.
+#[cfg(test)]
+pub(crate) fn equal_shares(n: u128) -> Vec<Record> {
+    (1..=n)
+        .map(|i| Record {
+            id: TenantId(i),
+            share: 10,
+            cap: 0,
+            high: false,
+            label: format!("t{i}"),
+        })
+        .collect()
+}
+
 /// The policy file of the device ledger at `ledger` (`<dir>/<uuid>.dev` -> `<dir>/<uuid>.policy`).
 pub fn path_for_ledger(ledger: &Path) -> PathBuf {
     ledger.with_extension("policy")

@@ -342,7 +342,7 @@ fn random_pick() -> usize {
 mod tests {
     use super::*;
     use crate::compute::device::limit::slot_limit;
-    use crate::compute::policy::{path_for_ledger, render, Record};
+    use crate::compute::policy::{equal_shares, path_for_ledger, render};
     use std::os::fd::AsRawFd;
 
     const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000c1";
@@ -377,16 +377,7 @@ mod tests {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{UUID}.dev"));
-        let records: Vec<Record> = (1..=3)
-            .map(|i| Record {
-                id: TenantId(i),
-                share: 10,
-                cap: 0,
-                high: false,
-                label: format!("t{i}"),
-            })
-            .collect();
-        std::fs::write(path_for_ledger(&path), render(&records)).unwrap();
+        std::fs::write(path_for_ledger(&path), render(&equal_shares(3))).unwrap();
         let l = DeviceLedger::open(&path, UUID, true).unwrap();
         let add = |id: u128| {
             l.with_admin_lock(|g| {
