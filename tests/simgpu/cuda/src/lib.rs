@@ -43,6 +43,8 @@ mod child_graph;
 mod green;
 // The host cost of driver calls (at least a real driver's).
 mod cost;
+// SIMGPU_LAUNCH_STATS: a launch's own CPU time and the stream workers it wakes.
+mod launch_stats;
 
 mod exports {
     #![allow(non_upper_case_globals)]
@@ -66,8 +68,10 @@ unsafe impl Sync for Export {}
 pub(crate) fn call(name: &'static str, body: impl FnOnce() -> CUresult) -> CUresult {
     let paid = cost::start(name);
     simgpu_core::trace(format_args!("{name}"));
+    let timing = launch_stats::start(name);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
         .unwrap_or(Err(CUerror::UNKNOWN));
+    timing.end();
     paid.pay();
     r
 }

@@ -120,6 +120,8 @@ struct State {
     /// first op).
     ended_ns: Vec<u64>,
     worker: bool,
+    /// The worker waits for an op (a submission wakes it).
+    worker_waiting: bool,
     /// Destroyed: the worker drains the queue and exits.
     closed: bool,
 }
@@ -253,6 +255,9 @@ impl Stream {
                 .map_err(|_| CUerror::OUT_OF_MEMORY)?;
             s.worker = true;
         }
+        if s.worker_waiting {
+            crate::launch_stats::worker_woken();
+        }
         s.queue.push_back(job);
         s.enqueued += 1;
         let seq = s.enqueued;
@@ -279,7 +284,9 @@ impl Stream {
                         s.worker = false;
                         return;
                     }
+                    s.worker_waiting = true;
                     s = self.cond.wait(s).unwrap_or_else(|e| e.into_inner());
+                    s.worker_waiting = false;
                 }
             };
             let mut ready = job.submitted_ns.max(self.previous_end());
