@@ -364,6 +364,10 @@ impl Sched {
     /// interval measured while another context time-sliced the device with ours is long, and
     /// taken for the launch's own it held a paced process to a launch or two a window.
     fn window_hold(&self) -> Option<u64> {
+        // Not paced (every launch but a paced process's): no clock read.
+        if !self.evidence.fallback() {
+            return None;
+        }
         let (left, len) = self.evidence.bounded_window(now_ns())?;
         let launch_ns = self.launch_low_ns.load(Relaxed);
         let backlog = self.queued_launches().saturating_mul(launch_ns);
