@@ -22,7 +22,10 @@ ledger each), alternating, ROUNDS times. Reported (medians over the rounds):
   event records, queries, capture checks, flow-control looks; sleeps are not CPU time).
 
 simgpu runs with its host call costs (SIMGPU_COST_*, tests/simgpu/README.md) unless the
-environment sets them.
+environment sets them. SIMGPU_LAUNCH_STATS=1 prints each client's launch statistics at its exit
+(simgpu's own CPU time in a launch, and the launches that woke their stream's worker);
+COMPUTE_CLIENT_PAUSE_US=N makes each client sleep N us before each launch (a launch that follows a
+sleep, as one that follows a wait for the device does).
 
 With --baseline LIB (another build's libgpuslice.so, e.g. the main branch's), a third run per round
 uses it, so that two versions of the shim are compared side by side in one run on one machine.
@@ -42,6 +45,11 @@ import sys
 import time
 
 from simgpu_setup import prepare
+
+
+# Passed to the clients from the environment: simgpu's launch statistics (printed by each client
+# at exit), and a pause before each launch (tests/clients/compute_client.c).
+PASSED = ("SIMGPU_LAUNCH_STATS", "COMPUTE_CLIENT_PAUSE_US")
 
 
 def main():
@@ -76,7 +84,8 @@ def run(mode, r, a, work, lib, client, rel, stat_bin, us):
     for tenant in ("a", "b"):
         env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": lib, "SIMGPU_STATE": state,
                "SIMGPU_GROUP": tenant, "COMPUTE_CLIENT_LAUNCH_CPU": "1"}
-        env.update({k: v for k, v in os.environ.items() if k.startswith("SIMGPU_COST_")})
+        env.update({k: v for k, v in os.environ.items()
+                    if k.startswith("SIMGPU_COST_") or k in PASSED})
         if mode in ("shim", "base"):
             shim = a.baseline if mode == "base" else os.path.join(rel, "libgpuslice.so")
             env.update({"LD_PRELOAD": shim,

@@ -157,6 +157,10 @@ static int mode_spin(uint64_t start_ns, uint64_t ms, uint64_t us, int depth) {
     /* COMPUTE_CLIENT_LAUNCH_CPU=1: the launching thread's CPU time inside each cuLaunchKernel
      * (less what the two clock reads around it cost) is summed: launch_cpu_ns= per launch. */
     int timed = getenv("COMPUTE_CLIENT_LAUNCH_CPU") != NULL;
+    /* COMPUTE_CLIENT_PAUSE_US=N: the thread sleeps N us before each launch (outside the timed
+     * part): a launch that follows a sleep, with the caches other threads used meanwhile. */
+    const char *pause_env = getenv("COMPUTE_CLIENT_PAUSE_US");
+    useconds_t pause_us = pause_env ? (useconds_t)atoi(pause_env) : 0;
     uint64_t clock_pair = timed ? clock_pair_ns() : 0, in_launch = 0;
     uint64_t cpu0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     uint64_t t0 = now_ns(CLOCK_REALTIME), end = t0 + ms * 1000000ull;
@@ -164,6 +168,8 @@ static int mode_spin(uint64_t start_ns, uint64_t ms, uint64_t us, int depth) {
     while (now_ns(CLOCK_REALTIME) < end) {
         if (n >= depth)
             CHECK(cuEventSynchronize(ring[n % depth]));
+        if (pause_us)
+            usleep(pause_us);
         if (timed) {
             uint64_t a = now_ns(CLOCK_THREAD_CPUTIME_ID);
             CHECK(launch(us));
