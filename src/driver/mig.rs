@@ -13,6 +13,7 @@
 //! `/dev/nvidia-caps/nvidia-cap<N>` (MIG user guide, "Device Nodes and Capabilities":
 //! <https://docs.nvidia.com/datacenter/tesla/mig-user-guide/device-nodes-and-capabilities.html>).
 
+use std::ffi::{CStr, CString};
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
@@ -77,9 +78,14 @@ pub fn device_key(bytes: &[u8; 16]) -> String {
 /// every device still holds (docs/MEMORY.md, "MIG instances").
 fn no_mig_instance_here() -> bool {
     static RULED_OUT: OnceLock<bool> = OnceLock::new();
-    *RULED_OUT.get_or_init(|| {
-        let root = std::env::var_os("GPUSLICE_NVIDIA_ROOT").filter(|r| !r.is_empty());
-        mig_ruled_out(root.as_deref().map_or(Path::new("/"), Path::new))
+    *RULED_OUT.get_or_init(|| match std::env::var_os("GPUSLICE_NVIDIA_ROOT") {
+        Some(root) if !root.is_empty() => mig_ruled_out(Path::new(&root)),
+        // The machine's own files: no path to build (a `stat` or three on fixed names).
+        _ => ruled_out_by(
+            c"/proc/driver/nvidia",
+            c"/dev/nvidia-caps",
+            c"/proc/driver/nvidia/capabilities",
+        ),
     })
 }
 
@@ -92,13 +98,57 @@ fn no_mig_instance_here() -> bool {
 /// nodes). Anything else (no driver's files at all, a file that cannot be looked at) rules
 /// nothing out: NVML is asked.
 pub fn mig_ruled_out(root: &Path) -> bool {
-    let absent = |p: &str| {
-        std::fs::symlink_metadata(root.join(p))
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = |p: &str| CString::new(root.join(p).as_os_str().as_bytes()).ok();
+    match (
+        path("proc/driver/nvidia"),
+        path("dev/nvidia-caps"),
+        path("proc/driver/nvidia/capabilities"),
+    ) {
+        (Some(driver), Some(dev), Some(caps)) => ruled_out_by(&driver, &dev, &caps),
+        _ => false,
+    }
+}
+
+/// [`mig_ruled_out`] on these three paths: `driver` a directory, `dev` and `caps` absent.
+fn ruled_out_by(driver: &CStr, dev: &CStr, caps: &CStr) -> bool {
+    look(driver, true) == Seen::Directory
+        && look(dev, false) == Seen::Absent
+        && look(caps, false) == Seen::Absent
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Directory,
+    Absent,
+    /// There (not a directory), or not known (a permission, a loop).
+    Other,
+}
+
+/// What is at `path`: one `stat` (`follow`) or `lstat` (a dangling link is there). The `64`
+/// names, which std imports already: no symbol more for the loader to bind at start-up.
+fn look(path: &CStr, follow: bool) -> Seen {
+    // SAFETY: a zeroed `stat64` is a valid out-parameter.
+    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated; `st` is a valid out-parameter.
+    let rc = unsafe {
+        if follow {
+            libc::stat64(path.as_ptr(), &mut st)
+        } else {
+            libc::lstat64(path.as_ptr(), &mut st)
+        }
     };
-    std::fs::metadata(root.join("proc/driver/nvidia")).is_ok_and(|m| m.is_dir())
-        && absent("dev/nvidia-caps")
-        && absent("proc/driver/nvidia/capabilities")
+    if rc == 0 {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            Seen::Directory
+        } else {
+            Seen::Other
+        }
+    } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+        Seen::Absent
+    } else {
+        Seen::Other
+    }
 }
 
 /// `MIG-…` for a UUID's `GPU-…` form.
