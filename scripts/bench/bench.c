@@ -9,6 +9,8 @@
  *   getctx   N  cuCtxGetCurrent (never hooked)
  *   getattr  N  cuDeviceGetAttribute (never hooked)
  *   startup  -  cuInit + primary context retain + set current, then exit (timed from outside)
+ *   query    -  cuInit + cuDeviceGet + cuDeviceTotalMem, then exit: a program that looks at its
+ *               device without a context (device queries, a framework's is-available check)
  *   modules  N  cuModuleLoadData of a small PTX module + cuModuleGetFunction + cuModuleUnload; prints
  *               `ready=1` after the warm-up and waits for a line on stdin before the timed loop, so
  *               that scripts/bench/loads can start two tenants' loops at once
@@ -168,8 +170,15 @@ int main(int argc, char **argv) {
         setup();
         return 0;
     }
+    if (strcmp(mode, "query") == 0) {
+        size_t total = 0;
+        CHECK(cuInit(0));
+        CHECK(cuDeviceGet(&dev, 0));
+        CHECK(cuDeviceTotalMem(&total, dev));
+        return total == 0;
+    }
     if (n <= 0) {
-        fprintf(stderr, "usage: %s alloc|launch|getctx|getattr|modules N | startup\n", argv[0]);
+        fprintf(stderr, "usage: %s alloc|launch|getctx|getattr|modules N | startup | query\n", argv[0]);
         return 2;
     }
     setup();

@@ -225,6 +225,14 @@ pub const SETTINGS: &[Spec] = &[
         value: "a path",
         read: None,
     },
+    Spec {
+        name: "NVIDIA driver's files",
+        sources: &[Env("GPUSLICE_NVIDIA_ROOT")],
+        scope: Scope::Process,
+        reader: Reader::Driver,
+        value: "a directory standing for `/` where `proc/driver/nvidia` and `dev/nvidia-caps` are looked for (default `/`; tests: simgpu's `SIMGPU_NVIDIA_ROOT`)",
+        read: None,
+    },
 ];
 
 /// The docs table (docs/CONFIGURATION.md, between its `settings-table` markers).

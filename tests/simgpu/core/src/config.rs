@@ -56,6 +56,12 @@ pub struct Config {
     /// instance order: `0:10GiB,20GiB` (GPU 0 with two instances), `;` between GPUs. See
     /// [`crate::mig`].
     pub mig: Vec<(u32, Vec<u64>)>,
+    /// `SIMGPU_NVIDIA_ROOT`: a directory standing for the machine's root as the NVIDIA kernel
+    /// driver populates it (`proc/driver/nvidia`, MIG instances' capabilities and their device
+    /// nodes in `dev/nvidia-caps`), made by the state's creator; a CUDA process with it set uses
+    /// only the MIG instances whose capabilities it can open. Unset: not modelled. See
+    /// [`crate::caps`].
+    pub nvidia_root: Option<PathBuf>,
 }
 
 /// Most devices a state file holds.
@@ -81,6 +87,7 @@ impl Default for Config {
             accounting_mode: false,
             conf_compute: false,
             mig: Vec::new(),
+            nvidia_root: None,
         }
     }
 }
@@ -218,6 +225,9 @@ impl Config {
         };
         c.accounting_mode = switch("SIMGPU_ACCOUNTING_MODE", c.accounting_mode);
         c.conf_compute = switch("SIMGPU_CONF_COMPUTE", c.conf_compute);
+        c.nvidia_root = lookup("SIMGPU_NVIDIA_ROOT")
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| PathBuf::from(v.trim()));
         let mig = std::cell::RefCell::new(Vec::new());
         get("SIMGPU_MIG", &|v| {
             *mig.borrow_mut() = crate::mig::parse(v, devices.get(), memory.get())?;

@@ -5,6 +5,7 @@
 //! seen by all the others, as with a real GPU; tests read it (through [`snapshot`] or the
 //! `simgpu-stat` tool) to judge what the product did.
 
+pub mod caps;
 mod config;
 pub mod ipc;
 mod layout;

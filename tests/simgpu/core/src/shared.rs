@@ -236,6 +236,10 @@ impl Shared {
             }
             h.layout_version.store(LAYOUT_VERSION, Release);
             h.magic.store(MAGIC, Release);
+            // What the kernel driver shows of these devices, before anyone can use them.
+            if let Some(root) = &config.nvidia_root {
+                crate::caps::populate(root, &placements).map_err(|e| err(root, e))?;
+            }
             Ok::<(), String>(())
         })();
         let linked = result.and_then(|()| match std::fs::hard_link(&tmp, path) {

@@ -9,7 +9,13 @@ use super::*;
 /// when it is in MIG mode; a `MIG-` UUID names one instance (drivers R470 and later; the older
 /// `MIG-GPU-<uuid>/<gi>/<ci>` form is not modelled). Returns physical ordinals in visible order,
 /// with the MIG rule applied ([`mig_rule`]).
+#[cfg(test)]
 pub(super) fn parse_visible(spec: &str, devices: &[DeviceInfo], gpus: &[GpuInfo]) -> Vec<u32> {
+    mig_rule(named(spec, devices, gpus), devices)
+}
+
+/// The physical ordinals `spec` names, in order, before the MIG rule.
+fn named(spec: &str, devices: &[DeviceInfo], gpus: &[GpuInfo]) -> Vec<u32> {
     let mut out: Vec<u32> = Vec::new();
     let gpu_devices = |gpu: u32| -> Vec<u32> {
         gpus.get(gpu as usize)
@@ -45,7 +51,7 @@ pub(super) fn parse_visible(spec: &str, devices: &[DeviceInfo], gpus: &[GpuInfo]
         }
         out.extend(found);
     }
-    mig_rule(out, devices)
+    out
 }
 
 /// The MIG user guide ("CUDA Device Enumeration"): "CUDA can only enumerate a single compute
@@ -59,15 +65,34 @@ pub(super) fn mig_rule(visible: Vec<u32>, devices: &[DeviceInfo]) -> Vec<u32> {
     }
 }
 
+/// The visible devices this process may use: a MIG instance needs access to its capabilities
+/// (MIG user guide, "Device Nodes and Capabilities": without access "the action will fail"; see
+/// `simgpu_core::caps`). The MIG rule picks among the usable instances: the first instance the
+/// list names that this process can use.
+fn accessible(visible: Vec<u32>, devices: &[DeviceInfo], root: &std::path::Path) -> Vec<u32> {
+    let usable = |o: &u32| {
+        devices.get(*o as usize).is_some_and(|d| {
+            let mig = d.mig.as_ref();
+            simgpu_core::caps::usable(root, mig.map_or(0, |m| m.gpu), mig.map(|m| m.index))
+        })
+    };
+    visible.into_iter().filter(usable).collect()
+}
+
 /// Physical ordinals of the visible devices, indexed by visible ordinal (CUdevice).
 pub fn visible() -> &'static [u32] {
     static VISIBLE: OnceLock<Vec<u32>> = OnceLock::new();
     VISIBLE.get_or_init(|| {
         let devices = simgpu_core::physical_devices();
-        match std::env::var("CUDA_VISIBLE_DEVICES") {
-            Ok(spec) => parse_visible(&spec, devices, simgpu_core::gpus()),
-            Err(_) => mig_rule(devices.iter().map(|d| d.ordinal).collect(), devices),
-        }
+        let named = match std::env::var("CUDA_VISIBLE_DEVICES") {
+            Ok(spec) => named(&spec, devices, simgpu_core::gpus()),
+            Err(_) => devices.iter().map(|d| d.ordinal).collect(),
+        };
+        let usable = match &simgpu_core::config().nvidia_root {
+            Some(root) => accessible(named, devices, root),
+            None => named,
+        };
+        mig_rule(usable, devices)
     })
 }
 
