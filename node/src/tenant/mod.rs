@@ -317,7 +317,7 @@ pub fn create_with(
             add_to_device(layout, &dirs.devices, &g.uuid, &policy, tid)?;
         }
         // The GPUs' compute policies list the tenant before it is published.
-        publish_with(layout, &dirs.devices, Some((&policy, tid)))?;
+        publish_with(layout, &dirs.devices, Some((&policy, tid, &ledger_tmp)))?;
         if let Some(cdi_dir) = &node.cdi_dir {
             cdi::write_preload(&layout.state)?;
             let s = cdi::tenant_spec(node, &policy, gid);

@@ -1,0 +1,209 @@
+//! Which process slots count for the tenant entry they are labelled with.
+//!
+//! A slot's tenant word is anybody's to write: a tenant could label its own slots with another
+//! tenant's entry and be scheduled as that tenant. On a node whose compute policy gives a tenant
+//! an entry and names its memory ledger (`entry=`, `lock=`: [`super::super::policy`]), a slot
+//! labelled with that entry counts for it only while the kernel says a process of that tenant
+//! holds the slot: a write lock on the slot's byte in the tenant's memory ledger (the tenant lock
+//! every claim takes, [`super::slots`]). Only the tenant's processes can open that file for
+//! writing (root:<its group> 0660, mounted into its containers only), and the kernel lists every
+//! open-file-description lock in `/proc/locks` by device and inode, whatever the PID namespace, so
+//! every process can check every slot without opening anybody's file.
+//!
+//! The verdicts are kept per slot ([`Attest`]) and renewed by the scheduler thread (each sweep, and
+//! at its 10 ms refresh when a slot under a protected label has none yet): the hand-over reads one
+//! word per waiter; nothing is added to the launch path. A slot that does not count is left out of
+//! the waiters (its process is never handed the device under that label). Where `/proc/locks`
+//! cannot be read, labels are believed, as before (logged once).
+
+use super::*;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+/// Renewals asked for by a missing verdict are at most this often (each reads `/proc/locks`).
+const RESCAN_NS: u64 = 10_000_000;
+
+/// The verdicts of one device ledger's slots.
+pub(super) struct Attest {
+    /// Per slot: 1 + the entry it was found to count for at the last reading; 0: none.
+    verdicts: [AtomicU32; MAX_SLOTS],
+    read_ns: AtomicU64,
+    /// `/proc/locks` could not be read: labels are believed.
+    blind: AtomicBool,
+}
+
+impl Attest {
+    pub(super) fn new() -> Attest {
+        Attest {
+            verdicts: [const { AtomicU32::new(0) }; MAX_SLOTS],
+            read_ns: AtomicU64::new(0),
+            blind: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A write lock of `/proc/locks`: the file (major, minor, inode) and the bytes, inclusive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    pub major: u64,
+    pub minor: u64,
+    pub ino: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// The write locks of `/proc/locks`' text (blocked requests, `->`, and read locks left out):
+/// `1: OFDLCK ADVISORY  WRITE -1 00:19:1234 1099511627776 1099511627776`.
+pub fn write_locks(text: &str) -> Vec<HeldLock> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_ascii_whitespace().collect();
+            if f.len() < 8 || f[1] == "->" || f[3] != "WRITE" {
+                return None;
+            }
+            let mut dev = f[5].split(':');
+            let major = u64::from_str_radix(dev.next()?, 16).ok()?;
+            let minor = u64::from_str_radix(dev.next()?, 16).ok()?;
+            let ino = dev.next()?.parse().ok()?;
+            let start = f[6].parse().ok()?;
+            let end = if f[7] == "EOF" {
+                u64::MAX
+            } else {
+                f[7].parse().ok()?
+            };
+            Some(HeldLock {
+                major,
+                minor,
+                ino,
+                start,
+                end,
+            })
+        })
+        .collect()
+}
+
+/// Whether a process holds byte `byte` of the file `(dev, ino)` (a `stat`'s `st_dev`, `st_ino`)
+/// write-locked, by `locks`.
+pub fn held(locks: &[HeldLock], (dev, ino): (u64, u64), byte: u64) -> bool {
+    let (major, minor) = (u64::from(libc::major(dev)), u64::from(libc::minor(dev)));
+    locks.iter().any(|l| {
+        l.ino == ino && l.major == major && l.minor == minor && l.start <= byte && byte <= l.end
+    })
+}
+
+/// Whether a slot labelled `label` counts for it: always when the policy gives that entry nobody
+/// or names no file to attest by (`reserved`), or when nothing could be read (`blind`); otherwise
+/// only with the verdict of the last reading (`verdict`: 1 + the entry it counted for).
+pub fn counts(
+    reserved: Option<(TenantId, Option<(u64, u64)>)>,
+    blind: bool,
+    verdict: u32,
+    label: usize,
+) -> bool {
+    match reserved {
+        None | Some((_, None)) => true,
+        Some((_, Some(_))) => blind || verdict as usize == label + 1,
+    }
+}
+
+impl DeviceLedger {
+    /// Whether slot `slot`, labelled `label`, counts for that tenant entry ([`counts`]).
+    pub(super) fn slot_counts(&self, slot: usize, label: usize) -> bool {
+        let a = &self.attest;
+        counts(
+            self.policy.reserved(label),
+            a.blind.load(Acquire),
+            a.verdicts.get(slot).map_or(0, |v| v.load(Acquire)),
+            label,
+        )
+    }
+
+    /// Renews the verdicts from `/proc/locks`: always (`due`: the sweep), or when a live slot under
+    /// a protected label has no verdict for it and the last reading is older than [`RESCAN_NS`].
+    pub fn attest(&self, due: bool) {
+        let l = self.layout();
+        let labelled = |i: usize| -> Option<(usize, (u64, u64))> {
+            let s = &l.slots[i];
+            if s.state.load(Acquire) == SLOT_FREE {
+                return None;
+            }
+            let label = s.tenant.load(Acquire) as usize;
+            let (_, lock) = self.policy.reserved(label.min(MAX_TENANTS))?;
+            Some((label, lock?))
+        };
+        let now = now_ns();
+        let a = &self.attest;
+        if !due {
+            let missing = (0..MAX_SLOTS).any(|i| {
+                labelled(i).is_some_and(|(e, _)| a.verdicts[i].load(Acquire) as usize != e + 1)
+            });
+            if !missing || now.saturating_sub(a.read_ns.load(Acquire)) < RESCAN_NS {
+                return;
+            }
+        }
+        a.read_ns.store(now, Release);
+        if self.policy.listed().is_none() {
+            return;
+        }
+        let locks = match std::fs::read_to_string("/proc/locks") {
+            Ok(text) => write_locks(&text),
+            Err(e) => {
+                if !a.blind.swap(true, AcqRel) {
+                    crate::log::error(format_args!(
+                        "/proc/locks: {e}; device ledger {}: process slots count for the tenant \
+                         entry they are labelled with, unchecked",
+                        self.path.display()
+                    ));
+                }
+                return;
+            }
+        };
+        a.blind.store(false, Release);
+        let uuid = self.uuid();
+        for i in 0..MAX_SLOTS {
+            let v = labelled(i)
+                .filter(|&(_, lock)| held(&locks, lock, slots::tenant_lock_byte(&uuid, i)))
+                .map_or(0, |(e, _)| e as u32 + 1);
+            a.verdicts[i].store(v, Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_locks_are_read_from_proc_locks_text() {
+        let text = "1: OFDLCK ADVISORY  WRITE -1 00:19:1234 1099511627776 1099511627779\n\
+                    1: -> OFDLCK ADVISORY  WRITE -1 00:19:1234 5 5\n\
+                    2: OFDLCK ADVISORY  READ  -1 00:19:1234 7 7\n\
+                    3: POSIX  ADVISORY  WRITE 30173 fe:01:99 0 EOF\n\
+                    4: garbage\n";
+        let locks = write_locks(text);
+        assert_eq!(locks.len(), 2, "{locks:?}");
+        let file = (u64::from(libc::makedev(0, 0x19)), 1234);
+        assert!(held(&locks, file, 1_099_511_627_776));
+        assert!(held(&locks, file, 1_099_511_627_779));
+        assert!(!held(&locks, file, 1_099_511_627_780));
+        assert!(!held(&locks, file, 5), "a blocked request holds nothing");
+        assert!(!held(&locks, file, 7), "a read lock (anybody's) attests nothing");
+        assert!(!held(&locks, (file.0, 1235), 1_099_511_627_776));
+        assert!(held(&locks, (u64::from(libc::makedev(0xfe, 1)), 99), 1 << 50));
+    }
+
+    #[test]
+    fn a_slot_counts_for_a_protected_entry_only_with_its_verdict() {
+        let t = TenantId(7);
+        // Unprotected entries (nobody's, or a record without a file): the label decides.
+        assert!(counts(None, false, 0, 3));
+        assert!(counts(Some((t, None)), false, 0, 3));
+        let protected = Some((t, Some((1, 2))));
+        assert!(counts(protected, false, 4, 3));
+        assert!(!counts(protected, false, 0, 3), "no verdict");
+        assert!(
+            !counts(protected, false, 5, 3),
+            "a verdict for another entry (the slot was relabelled since)"
+        );
+        assert!(counts(protected, true, 0, 3), "blind: labels believed");
+    }
+}
