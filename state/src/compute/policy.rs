@@ -303,7 +303,7 @@ impl Overlay {
         self.store(records.as_deref());
     }
 
-    fn store(&self, records: Option<&[Record]>) {
+    pub(crate) fn store(&self, records: Option<&[Record]>) {
         self.seq.fetch_add(1, AcqRel); // odd: readers retry
         let records = records.map(|r| &r[..r.len().min(MAX_RECORDS)]);
         for (i, r) in records.unwrap_or_default().iter().enumerate() {
@@ -544,5 +544,49 @@ mod tests {
             assert_eq!(o.lookup(TenantId(7)), Lookup::NoPolicy);
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Entries and memory ledgers read back; an entry's settings are those of the tenant the
+    /// policy gives it, whatever identity its words carry; a listed tenant's identity in another
+    /// entry gets share 1 (unlisted) there, unless its record gives it no entry (an older node).
+    #[test]
+    fn an_entry_gets_the_settings_the_policy_gives_its_index() {
+        let p = Path::new("x.policy");
+        let mut a = rec(7, 30, 20, true);
+        a.entry = Some(3);
+        a.lock = Some((64769, 1234));
+        let b = rec(8, 10, 0, false);
+        let (back, errors) = parse(p, &render(&[a.clone(), b.clone()])).unwrap();
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(back[0].entry, Some(3));
+        assert_eq!(back[0].lock, Some((64769, 1234)));
+        assert_eq!((back[1].entry, back[1].lock), (None, None));
+        let text = format!("{HEADER}\n{:032x} 5 0 normal a entry={MAX_TENANTS}\n", 1);
+        assert_eq!(parse(p, &text).unwrap().1.len(), 1, "an entry past the table");
+        let o = Overlay::none();
+        assert_eq!(o.lookup_entry(3, TenantId(1)), Lookup::NoPolicy);
+        o.store(Some(&[a, b]));
+        let a_settings = Lookup::Listed {
+            share: 30,
+            cap: 20,
+            high: true,
+        };
+        for words in [TenantId(7), TenantId(0x5a5a), TenantId(8), TenantId(0)] {
+            assert_eq!(o.lookup_entry(3, words), a_settings, "{words:?}");
+        }
+        assert_eq!(o.lookup_entry(4, TenantId(7)), Lookup::Unlisted);
+        assert_eq!(o.lookup_entry(4, TenantId(9)), Lookup::Unlisted);
+        assert_eq!(
+            o.lookup_entry(4, TenantId(8)),
+            Lookup::Listed {
+                share: 10,
+                cap: 0,
+                high: false
+            }
+        );
+        assert_eq!(o.entry_of(TenantId(7)), Some(3));
+        assert_eq!(o.entry_of(TenantId(8)), None);
+        assert_eq!(o.reserved(3), Some((TenantId(7), Some((64769, 1234)))));
+        assert_eq!(o.reserved(4), None);
     }
 }

@@ -206,4 +206,100 @@ mod tests {
         );
         assert!(counts(protected, true, 0, 3), "blind: labels believed");
     }
+
+    /// On a node whose policy gives tenant 1 entry 5 and tenant 2 entry 6 (each with its memory
+    /// ledger): each joins at its entry; an entry's share is the policy's for its index whatever
+    /// its identity words say; a tenant not listed is never added at either; a slot labelled 6
+    /// counts only while tenant 2's lock on it is held (the kernel's `/proc/locks`), so tenant 1's
+    /// slot relabelled 6 drops out of the waiters, and counts again under its own entry.
+    #[test]
+    fn entries_follow_the_policy_and_slots_count_with_their_tenants_lock() {
+        use crate::compute::policy::Record;
+        use std::os::unix::fs::MetadataExt;
+        const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000a7";
+        let _serial = slotfile::serial_test();
+        let dir = std::env::temp_dir().join(format!(
+            "gpuslice-attest-{}-{}",
+            std::process::id(),
+            now_ns()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{UUID}.dev"));
+        let own = |t: u128| {
+            let p = dir.join(format!("t{t}.ledger"));
+            std::fs::write(&p, b"").unwrap();
+            let m = std::fs::metadata(&p).unwrap();
+            (p, (m.dev(), m.ino()))
+        };
+        let ((own1, lock1), (own2, lock2)) = (own(1), own(2));
+        let record = |id: u128, share: u32, entry: usize, lock: (u64, u64)| Record {
+            id: TenantId(id),
+            share,
+            cap: 0,
+            high: false,
+            label: format!("t{id}"),
+            entry: Some(entry),
+            lock: Some(lock),
+        };
+        let records = [record(1, 10, 5, lock1), record(2, 30, 6, lock2)];
+        let open = |own: Option<(&Path, u128)>| {
+            let h = DeviceLedger::open(&path, UUID, true).unwrap();
+            h.policy.store(Some(&records));
+            if let Some((file, id)) = own {
+                h.use_tenant_locks(file, TenantId(id)).unwrap();
+            }
+            h
+        };
+        let (judge, h1, h2) = (open(None), open(Some((&own1, 1))), open(Some((&own2, 2))));
+        let join = |h: &DeviceLedger, id: u128| {
+            let slot = h.claim_slot(usize::MAX >> 1).unwrap();
+            let t = {
+                let g = h.lock(slot);
+                h.find_or_add_tenant(&g, TenantId(id), &format!("t{id}"), 10_000, 0, true)
+                    .unwrap()
+            };
+            let s = &h.layout().slots[slot];
+            s.tenant.store(t as u32, Release);
+            s.wants.store(1, Release);
+            s.wait_since.store(now_ns(), Release);
+            (slot, t)
+        };
+        let ((a, e1), (b, e2)) = (join(&h1, 1), join(&h2, 2));
+        assert_eq!((e1, e2), (5, 6), "each tenant joins at the entry the policy gives it");
+        let unlisted = judge.with_admin_lock(|g| {
+            judge
+                .find_or_add_tenant(g, TenantId(9), "t9", 10_000, 0, true)
+                .unwrap()
+        });
+        assert!(unlisted != 5 && unlisted != 6, "an unlisted tenant at {unlisted}");
+        // Settings by index: share 10000 and the high class asked at join count for nothing.
+        let l = judge.layout();
+        TenantId(0x5a5a).store(&l.tenants[6].id);
+        TenantId(2).store(&l.tenants[5].id);
+        assert_eq!((judge.view(5).share, judge.view(5).high), (10, false));
+        assert_eq!(judge.view(6).share, 30, "entry 6 is tenant 2's whatever its words say");
+        assert_eq!(judge.view(unlisted).share, 1);
+        assert!(judge.entry_moved(unlisted, TenantId(1)));
+        assert!(!judge.entry_moved(6, TenantId(2)));
+        let beat = |slot: usize| l.slots[slot].beat_ns.store(now_ns(), Release);
+        let waiting = || {
+            beat(a);
+            beat(b);
+            judge.attest(true);
+            let mut w: Vec<(usize, usize)> =
+                judge.waiters(None).iter().map(|w| (w.slot, w.tenant)).collect();
+            w.sort();
+            w
+        };
+        let mut both = vec![(a, 5), (b, 6)];
+        both.sort();
+        assert_eq!(waiting(), both);
+        // Tenant 1's slot labelled with tenant 2's entry: its lock is in tenant 1's file.
+        l.slots[a].tenant.store(6, Release);
+        assert_eq!(waiting(), vec![(b, 6)], "a slot posing as tenant 2 counted");
+        l.slots[a].tenant.store(5, Release);
+        assert_eq!(waiting(), both);
+        drop((judge, h1, h2));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
