@@ -686,7 +686,10 @@ fn posed_shares(tag: &str, what: &str) -> Vec<f64> {
     attack_ran(tag, &runs[0], 1000);
     let got = percents(&before, &after);
     println!("{tag}: {what}: got {got:.1?}");
-    if std::env::var_os("POSE_REPORT").is_some() || got[0] > 100.0 / 7.0 + TOLERANCE || (got[2] - 300.0 / 7.0).abs() > TOLERANCE {
+    if std::env::var_os("POSE_REPORT").is_some()
+        || got[0] > 100.0 / 7.0 + TOLERANCE
+        || (got[2] - 300.0 / 7.0).abs() > TOLERANCE
+    {
         for r in &runs {
             println!("{tag}: {}", r.report());
         }
@@ -702,11 +705,7 @@ fn posed_shares(tag: &str, what: &str) -> Vec<f64> {
 #[test]
 fn a_tenant_rewriting_another_tenants_identity_cannot_take_its_share() {
     let got = posed_shares("scramble", "scramble");
-    assert_shares(
-        "scramble",
-        &got,
-        &[100.0 / 7.0, 300.0 / 7.0, 300.0 / 7.0],
-    );
+    assert_shares("scramble", &got, &[100.0 / 7.0, 300.0 / 7.0, 300.0 / 7.0]);
 }
 
 /// Finding (issue 23): a tenant that labelled its process slot with another tenant's entry was

@@ -313,6 +313,9 @@ pub fn create_with(
             .ok_or_else(|| format!("{}: no tenant identity", ledger_tmp.display()))?;
         tmp_dir.fix_file(&ledger_name, 0, gid, 0o660)?;
         id = Some(tid);
+        // The policies of the GPUs that have a device ledger give the tenant its entry first, so
+        // that it is added there (a ledger made below gets its policy in the second pass).
+        publish_with(layout, &dirs.devices, Some((&policy, tid, &ledger_tmp)))?;
         for g in &selected {
             add_to_device(layout, &dirs.devices, &g.uuid, &policy, tid)?;
         }

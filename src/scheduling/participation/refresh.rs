@@ -5,8 +5,8 @@
 
 use super::runtime;
 use super::Sched;
-use crate::scheduling::demand;
 use crate::log;
+use crate::scheduling::demand;
 use crate::scheduling::device::now_ns;
 use crate::scheduling::shm::{self, TENANT_READY};
 use crate::scheduling::{incident, priority, turn, Holder, Incident, TenantId, MAX_TENANTS};
@@ -119,7 +119,10 @@ impl Sched {
         let view = self.ledger.view(t);
         if moved {
             let (id, (share, cap, high)) = (self.id, (view.share, view.cap, view.high));
-            if let Some(n) = self.ledger.find_or_add_tenant(&g, id, &label, share, cap, high) {
+            if let Some(n) = self
+                .ledger
+                .find_or_add_tenant(&g, id, &label, share, cap, high)
+            {
                 t = n;
                 self.tenant.store(n, Relaxed);
                 log::info(format_args!(

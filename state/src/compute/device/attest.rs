@@ -186,9 +186,16 @@ mod tests {
         assert!(held(&locks, file, 1_099_511_627_779));
         assert!(!held(&locks, file, 1_099_511_627_780));
         assert!(!held(&locks, file, 5), "a blocked request holds nothing");
-        assert!(!held(&locks, file, 7), "a read lock (anybody's) attests nothing");
+        assert!(
+            !held(&locks, file, 7),
+            "a read lock (anybody's) attests nothing"
+        );
         assert!(!held(&locks, (file.0, 1235), 1_099_511_627_776));
-        assert!(held(&locks, (u64::from(libc::makedev(0xfe, 1)), 99), 1 << 50));
+        assert!(held(
+            &locks,
+            (u64::from(libc::makedev(0xfe, 1)), 99),
+            1 << 50
+        ));
     }
 
     #[test]
@@ -265,19 +272,30 @@ mod tests {
             (slot, t)
         };
         let ((a, e1), (b, e2)) = (join(&h1, 1), join(&h2, 2));
-        assert_eq!((e1, e2), (5, 6), "each tenant joins at the entry the policy gives it");
+        assert_eq!(
+            (e1, e2),
+            (5, 6),
+            "each tenant joins at the entry the policy gives it"
+        );
         let unlisted = judge.with_admin_lock(|g| {
             judge
                 .find_or_add_tenant(g, TenantId(9), "t9", 10_000, 0, true)
                 .unwrap()
         });
-        assert!(unlisted != 5 && unlisted != 6, "an unlisted tenant at {unlisted}");
+        assert!(
+            unlisted != 5 && unlisted != 6,
+            "an unlisted tenant at {unlisted}"
+        );
         // Settings by index: share 10000 and the high class asked at join count for nothing.
         let l = judge.layout();
         TenantId(0x5a5a).store(&l.tenants[6].id);
         TenantId(2).store(&l.tenants[5].id);
         assert_eq!((judge.view(5).share, judge.view(5).high), (10, false));
-        assert_eq!(judge.view(6).share, 30, "entry 6 is tenant 2's whatever its words say");
+        assert_eq!(
+            judge.view(6).share,
+            30,
+            "entry 6 is tenant 2's whatever its words say"
+        );
         assert_eq!(judge.view(unlisted).share, 1);
         assert!(judge.entry_moved(unlisted, TenantId(1)));
         assert!(!judge.entry_moved(6, TenantId(2)));
@@ -286,8 +304,11 @@ mod tests {
             beat(a);
             beat(b);
             judge.attest(true);
-            let mut w: Vec<(usize, usize)> =
-                judge.waiters(None).iter().map(|w| (w.slot, w.tenant)).collect();
+            let mut w: Vec<(usize, usize)> = judge
+                .waiters(None)
+                .iter()
+                .map(|w| (w.slot, w.tenant))
+                .collect();
             w.sort();
             w
         };
