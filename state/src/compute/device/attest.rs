@@ -141,7 +141,10 @@ impl DeviceLedger {
             }
         }
         a.read_ns.store(now, Release);
-        if self.policy.listed().is_none() {
+        if self.policy.listed().is_none() || !(0..MAX_SLOTS).any(|i| labelled(i).is_some()) {
+            for v in &a.verdicts {
+                v.store(0, Release);
+            }
             return;
         }
         let locks = match std::fs::read_to_string("/proc/locks") {
@@ -157,7 +160,6 @@ impl DeviceLedger {
                 return;
             }
         };
-        a.blind.store(false, Release);
         let uuid = self.uuid();
         for i in 0..MAX_SLOTS {
             let v = labelled(i)
@@ -165,6 +167,39 @@ impl DeviceLedger {
                 .map_or(0, |(e, _)| e as u32 + 1);
             a.verdicts[i].store(v, Release);
         }
+        // Our own slot, whose lock we hold, must be found: if not, what this process reads is not
+        // what the policy names (a procfs of another kernel's view, a file system whose `stat`
+        // device differs from the locks' list). Then labels are believed rather than every slot
+        // of the tenant left out.
+        let blind = self.own_slot_unseen();
+        if blind && !a.blind.load(Acquire) {
+            crate::log::error(format_args!(
+                "device ledger {}: /proc/locks does not list this process's own slot lock where                  the node's policy says; process slots count for the tenant entry they are                  labelled with, unchecked",
+                self.path.display()
+            ));
+        }
+        a.blind.store(blind, Release);
+    }
+
+    /// Whether our slot is labelled with our tenant's protected entry and held with our tenant
+    /// lock, yet found to count for nothing by the last reading.
+    fn own_slot_unseen(&self) -> bool {
+        let (slot, entry) = {
+            let own = self.own.lock();
+            match (own.slot, own.tenant.as_ref()) {
+                (Some(slot), Some(t)) => (slot, t.0),
+                _ => return false,
+            }
+        };
+        let l = self.layout();
+        let Some(s) = l.slots.get(slot) else {
+            return false;
+        };
+        self.tenant_locks.get().is_some()
+            && !self.forked()
+            && s.tenant.load(Acquire) as usize == entry
+            && matches!(self.policy.reserved(entry), Some((_, Some(_))))
+            && self.attest.verdicts[slot].load(Acquire) as usize != entry + 1
     }
 }
 
@@ -320,6 +355,27 @@ mod tests {
         assert_eq!(waiting(), vec![(b, 6)], "a slot posing as tenant 2 counted");
         l.slots[a].tenant.store(5, Release);
         assert_eq!(waiting(), both);
+        // Tenant 1's own process finds its own lock: it checks like the others.
+        h1.attest(true);
+        assert!(!h1.attest.blind.load(Acquire));
+        // A policy naming a file whose locks this process cannot see as its own (another inode):
+        // it does not find its own slot's lock, and believes labels rather than leave its
+        // tenant's slots out.
+        let wrong = [
+            record(1, 10, 5, (lock1.0, lock1.1 ^ 1)),
+            record(2, 30, 6, lock2),
+        ];
+        h1.policy.store(Some(&wrong));
+        h1.attest(true);
+        assert!(
+            h1.attest.blind.load(Acquire),
+            "own slot unseen: labels believed"
+        );
+        l.slots[a].tenant.store(6, Release);
+        beat(a);
+        beat(b);
+        assert_eq!(h1.waiters(None).len(), 2);
+        l.slots[a].tenant.store(5, Release);
         drop((judge, h1, h2));
         let _ = std::fs::remove_dir_all(&dir);
     }
