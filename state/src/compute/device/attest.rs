@@ -17,7 +17,8 @@
 //! cannot be read, labels are believed, as before (logged once).
 
 use super::*;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use crate::slotfile::atomic::AtomicU64;
+use std::sync::atomic::AtomicBool;
 
 /// Renewals asked for by a missing verdict are at most this often (each reads `/proc/locks`).
 const RESCAN_NS: u64 = 10_000_000;
@@ -216,7 +217,7 @@ mod tests {
                     4: garbage\n";
         let locks = write_locks(text);
         assert_eq!(locks.len(), 2, "{locks:?}");
-        let file = (u64::from(libc::makedev(0, 0x19)), 1234);
+        let file = (libc::makedev(0, 0x19), 1234);
         assert!(held(&locks, file, 1_099_511_627_776));
         assert!(held(&locks, file, 1_099_511_627_779));
         assert!(!held(&locks, file, 1_099_511_627_780));
@@ -226,11 +227,7 @@ mod tests {
             "a read lock (anybody's) attests nothing"
         );
         assert!(!held(&locks, (file.0, 1235), 1_099_511_627_776));
-        assert!(held(
-            &locks,
-            (u64::from(libc::makedev(0xfe, 1)), 99),
-            1 << 50
-        ));
+        assert!(held(&locks, (libc::makedev(0xfe, 1), 99), 1 << 50));
     }
 
     #[test]
