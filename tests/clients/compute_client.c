@@ -81,6 +81,16 @@
  *                                      entry), our slot is the one whose pid and tenant words are
  *                                      ours: in a PID namespace every tenant's process may be pid 1.
  *                                      Prints stamped=
+ *   pose START_NS MS US WHAT LEDGER TENANTS ENTRY_SIZE ID_AT NAME_AT SLOTS SLOT_SIZE PID_AT
+ *        TENANT_AT OWN VICTIM
+ *                                      as `spin` (depth 8), while a second thread of this process
+ *                                      writes the device ledger LEDGER (byte offsets of its tables
+ *                                      and words given) every 1 ms for the whole run, the entries
+ *                                      found by their labels OWN (ours) and VICTIM: WHAT = scramble:
+ *                                      garbage over the victim entry's identity words; label: our
+ *                                      slot (found once, by our pid and entry) labelled with the
+ *                                      victim's entry; copyid: the victim's identity words (read at
+ *                                      the first write) into our entry. Prints stamped=
  *
  * COMPUTE_DEVICE=<ordinal> makes every single-device mode use that device (default 0).
  */
@@ -890,6 +900,121 @@ static int mode_stamp(int argc, char **argv) {
     return r;
 }
 
+struct poser {
+    int what; /* 0 scramble, 1 label, 2 copyid */
+    const char *path;
+    size_t tenants, entry_size, id_at, name_at, slots, slot_size, pid_at, tenant_at;
+    const char *own, *victim;
+    uint64_t end_ns;
+    long stamped;
+};
+
+/* The entry labelled `name` (its NUL-padded name words) of the ledger's 32, or -1. */
+static long entry_named(const struct poser *p, const unsigned char *m, const char *name) {
+    for (long i = 0; i < 32; i++) {
+        const char *n = (const char *)(m + p->tenants + i * p->entry_size + p->name_at);
+        if (strncmp(n, name, 64) == 0)
+            return i;
+    }
+    return -1;
+}
+
+static void *pose_thread(void *arg) {
+    struct poser *p = arg;
+    int fd = open(p->path, O_RDWR);
+    if (fd < 0) {
+        perror(p->path);
+        exit(3);
+    }
+    size_t size = p->slots + 256 * p->slot_size;
+    unsigned char *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        perror("mmap");
+        exit(3);
+    }
+    uint32_t self = (uint32_t)getpid();
+    long slot = -1;
+    uint64_t victim_id[2] = {0, 0};
+    int have_id = 0;
+    while (now_ns(CLOCK_REALTIME) < p->end_ns) {
+        long own = entry_named(p, m, p->own), victim = entry_named(p, m, p->victim);
+        /* The victim's entry its process uses: the one a live slot (not ours) is labelled with. */
+        for (long i = 0; i < 256; i++) {
+            unsigned char *s = m + p->slots + i * p->slot_size;
+            uint32_t t = __atomic_load_n((uint32_t *)(s + p->tenant_at), __ATOMIC_ACQUIRE);
+            if (i == slot || __atomic_load_n((uint32_t *)s, __ATOMIC_ACQUIRE) == 0 || t >= 32)
+                continue;
+            const char *n = (const char *)(m + p->tenants + t * p->entry_size + p->name_at);
+            if (strncmp(n, p->victim, 64) == 0) {
+                victim = t;
+                break;
+            }
+        }
+        if (own < 0 || victim < 0) {
+            usleep(1000);
+            continue;
+        }
+        uint64_t *vid = (uint64_t *)(m + p->tenants + victim * p->entry_size + p->id_at);
+        uint64_t *oid = (uint64_t *)(m + p->tenants + own * p->entry_size + p->id_at);
+        if (p->what == 0) {
+            /* Every entry carrying the victim's label (the node's and its processes' alike). */
+            for (long i = 0; i < 32; i++) {
+                unsigned char *e = m + p->tenants + i * p->entry_size;
+                if (strncmp((const char *)(e + p->name_at), p->victim, 64) != 0)
+                    continue;
+                uint64_t *id = (uint64_t *)(e + p->id_at);
+                __atomic_store_n(&id[0], 0x5a5a5a5a5a5a5a5aull, __ATOMIC_RELEASE);
+                __atomic_store_n(&id[1], 0xa5a5a5a5a5a5a5a5ull, __ATOMIC_RELEASE);
+            }
+            p->stamped++;
+        } else if (p->what == 1) {
+            for (long i = 0; slot < 0 && i < 256; i++) {
+                unsigned char *s = m + p->slots + i * p->slot_size;
+                if (__atomic_load_n((uint32_t *)(s + p->pid_at), __ATOMIC_ACQUIRE) == self &&
+                    __atomic_load_n((uint32_t *)(s + p->tenant_at), __ATOMIC_ACQUIRE) ==
+                        (uint32_t)own)
+                    slot = i;
+            }
+            if (slot >= 0) {
+                uint32_t *t = (uint32_t *)(m + p->slots + slot * p->slot_size + p->tenant_at);
+                __atomic_store_n(t, (uint32_t)victim, __ATOMIC_RELEASE);
+                p->stamped++;
+            }
+        } else {
+            if (!have_id) {
+                victim_id[0] = __atomic_load_n(&vid[0], __ATOMIC_ACQUIRE);
+                victim_id[1] = __atomic_load_n(&vid[1], __ATOMIC_ACQUIRE);
+                have_id = 1;
+            }
+            __atomic_store_n(&oid[0], victim_id[0], __ATOMIC_RELEASE);
+            __atomic_store_n(&oid[1], victim_id[1], __ATOMIC_RELEASE);
+            p->stamped++;
+        }
+        usleep(1000);
+    }
+    return NULL;
+}
+
+static int mode_pose(char **argv) {
+    struct poser p = {0};
+    uint64_t start = strtoull(argv[2], NULL, 10), ms = strtoull(argv[3], NULL, 10);
+    p.what = strcmp(argv[5], "scramble") == 0 ? 0 : strcmp(argv[5], "label") == 0 ? 1 : 2;
+    p.path = argv[6];
+    size_t *at[] = {&p.tenants, &p.entry_size, &p.id_at,     &p.name_at,
+                    &p.slots,   &p.slot_size,  &p.pid_at,    &p.tenant_at};
+    for (int i = 0; i < 8; i++)
+        *at[i] = strtoull(argv[7 + i], NULL, 10);
+    p.own = argv[15];
+    p.victim = argv[16];
+    p.end_ns = start + ms * 1000000ull;
+    pthread_t t;
+    pthread_create(&t, NULL, pose_thread, &p);
+    int r = mode_spin(start, ms, strtoull(argv[4], NULL, 10), 8);
+    pthread_join(t, NULL);
+    printf("stamped=%ld\n", p.stamped);
+    return r;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *m = argc > 1 ? argv[1] : "";
@@ -941,6 +1066,8 @@ int main(int argc, char **argv) {
                                strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
     if (strcmp(m, "stamp") == 0 && (argc == 16 || argc == 17 || argc == 19))
         return mode_stamp(argc, argv);
+    if (strcmp(m, "pose") == 0 && argc == 17)
+        return mode_pose(argv);
     if (strcmp(m, "bench") == 0 && argc == 4)
         return mode_bench(atoi(argv[2]), atoi(argv[3]));
     fprintf(stderr, "usage: see the comment at the top of compute_client.c\n");

@@ -131,41 +131,56 @@ pub fn publish_compute_policies(layout: &Layout) -> Result<(), String> {
     publish_with(layout, &dirs.devices, None)
 }
 
-/// [`publish_compute_policies`], with a tenant not yet published (`pending`) counted in.
+/// [`publish_compute_policies`], with a tenant not yet published (`pending`, with its memory
+/// ledger where it is made) counted in.
+///
+/// Each tenant keeps the entry of the device ledger the GPU's previous policy gave it; a new one
+/// gets the lowest entry nobody has (none past the ledger's table). Each record names the
+/// tenant's memory ledger by device and inode (it keeps its inode when its directory is
+/// published): the file whose locks attest the tenant's processes (docs/SECURITY.md).
 pub(super) fn publish_with(
     layout: &Layout,
     devices: &Dir,
-    pending: Option<(&Policy, TenantId)>,
+    pending: Option<(&Policy, TenantId, &Path)>,
 ) -> Result<(), String> {
     use gpuslice_state::compute::policy::{self as compute, Record};
+    use std::os::unix::fs::MetadataExt;
+    let stat = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .filter(|m| m.file_type().is_file())
+            .map(|m| (m.dev(), m.ino()))
+    };
     let mut tenants = Vec::new();
     for name in layout.tenant_names().unwrap_or_default() {
         let Ok(p) = Policy::read(&layout.policy_path(&name)) else {
             continue;
         };
-        let Some(id) = Ledger::open_readonly(&layout.ledger_path(&name))
-            .ok()
-            .and_then(|l| l.id())
-        else {
+        let ledger = layout.ledger_path(&name);
+        let Some(id) = Ledger::open_readonly(&ledger).ok().and_then(|l| l.id()) else {
             continue;
         };
-        tenants.push((p, TenantId(id)));
+        tenants.push((p, TenantId(id), stat(&ledger)));
     }
-    if let Some((p, id)) = pending {
-        tenants.push((p.clone(), id));
+    if let Some((p, id, ledger)) = pending {
+        tenants.push((p.clone(), id, stat(ledger)));
     }
     for uuid in device_uuids(devices) {
-        let records: Vec<Record> = tenants
+        let mut records: Vec<Record> = tenants
             .iter()
-            .filter(|(p, _)| p.gpus.is_empty() || p.gpus.contains(&uuid))
-            .map(|(p, id)| Record {
+            .filter(|(p, _, _)| p.gpus.is_empty() || p.gpus.contains(&uuid))
+            .map(|(p, id, lock)| Record {
                 id: *id,
                 share: u32::from(p.share),
                 cap: u32::from(p.limit) % 100,
                 high: p.priority == Priority::High,
                 label: p.name.clone(),
+                entry: None,
+                lock: *lock,
             })
             .collect();
+        let previous = previous_entries(&compute::path_for_ledger(&layout.device_ledger(&uuid)));
+        assign_entries(&mut records, &previous);
         let path = compute::path_for_ledger(&layout.device_ledger(&uuid));
         let (_, name) = crate::files::split(&path)?;
         devices.write_file(
@@ -178,4 +193,46 @@ pub(super) fn publish_with(
         measure_lock(devices, &uuid)?;
     }
     Ok(())
+}
+
+/// The entries a GPU's compute policy at `path` gives (root's file; a missing or unreadable one
+/// gives none).
+fn previous_entries(path: &Path) -> Vec<(TenantId, usize)> {
+    use gpuslice_state::compute::policy as compute;
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| compute::parse(path, &text).ok())
+        .map(|(records, _)| {
+            records
+                .into_iter()
+                .filter_map(|r| Some((r.id, r.entry?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Gives each record an entry of the device ledger: the one `previous` gave its tenant (a
+/// running process stays where it is), else the lowest free one; none when all are taken (that
+/// tenant's settings then follow its identity words, as before entries).
+pub fn assign_entries(
+    records: &mut [gpuslice_state::compute::policy::Record],
+    previous: &[(TenantId, usize)],
+) {
+    use gpuslice_state::compute::shm::MAX_TENANTS;
+    let mut taken = [false; MAX_TENANTS];
+    for r in records.iter_mut() {
+        r.entry = previous
+            .iter()
+            .find(|(id, e)| *id == r.id && *e < MAX_TENANTS && !taken[*e])
+            .map(|&(_, e)| e);
+        if let Some(e) = r.entry {
+            taken[e] = true;
+        }
+    }
+    for r in records.iter_mut().filter(|r| r.entry.is_none()) {
+        r.entry = (0..MAX_TENANTS).find(|&e| !taken[e]);
+        if let Some(e) = r.entry {
+            taken[e] = true;
+        }
+    }
 }

@@ -313,11 +313,14 @@ pub fn create_with(
             .ok_or_else(|| format!("{}: no tenant identity", ledger_tmp.display()))?;
         tmp_dir.fix_file(&ledger_name, 0, gid, 0o660)?;
         id = Some(tid);
+        // The policies of the GPUs that have a device ledger give the tenant its entry first, so
+        // that it is added there (a ledger made below gets its policy in the second pass).
+        publish_with(layout, &dirs.devices, Some((&policy, tid, &ledger_tmp)))?;
         for g in &selected {
             add_to_device(layout, &dirs.devices, &g.uuid, &policy, tid)?;
         }
         // The GPUs' compute policies list the tenant before it is published.
-        publish_with(layout, &dirs.devices, Some((&policy, tid)))?;
+        publish_with(layout, &dirs.devices, Some((&policy, tid, &ledger_tmp)))?;
         if let Some(cdi_dir) = &node.cdi_dir {
             cdi::write_preload(&layout.state)?;
             let s = cdi::tenant_spec(node, &policy, gid);

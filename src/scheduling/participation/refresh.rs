@@ -5,6 +5,7 @@
 
 use super::runtime;
 use super::Sched;
+use crate::log;
 use crate::scheduling::demand;
 use crate::scheduling::device::now_ns;
 use crate::scheduling::shm::{self, TENANT_READY};
@@ -19,6 +20,8 @@ impl Sched {
     /// Re-reads the ledger: contention, priorities, caps; repairs our own slot and tenant entry.
     pub(in crate::scheduling) fn refresh(&self, now: u64) {
         self.repair_own();
+        // A slot under a protected label without a verdict yet (a process that just joined).
+        self.ledger.attest(false);
         let l = self.ledger.layout();
         let mine = self.tenant();
         self.note_demand(now);
@@ -100,24 +103,42 @@ impl Sched {
             // Zeroed (a waiter would never be granted) or stale (a grant nobody uses).
             self.publish_waiting();
         }
-        let t = self.tenant();
+        let mut t = self.tenant();
         let entry = &l.tenants[t % MAX_TENANTS];
         let slot_ok =
             slot.state.load(Acquire) == shm::SLOT_ACTIVE && slot.tenant.load(Acquire) as usize == t;
         let entry_ok =
             entry.state.load(Acquire) == TENANT_READY && TenantId::load(&entry.id) == self.id;
-        if slot_ok && entry_ok {
+        // The node's policy gives our tenant another entry, or ours to another tenant.
+        let moved = self.ledger.entry_moved(t, self.id);
+        if slot_ok && entry_ok && !moved {
             return;
         }
         let g = self.ledger.lock(self.slot);
-        if !entry_ok {
-            let label = shm::unpack(&entry.name);
-            let view = self.ledger.view(t);
-            self.ledger.rewrite_tenant(t, self.id, &label, &view);
+        let label = shm::unpack(&entry.name);
+        let view = self.ledger.view(t);
+        if moved {
+            let (id, (share, cap, high)) = (self.id, (view.share, view.cap, view.high));
+            if let Some(n) = self
+                .ledger
+                .find_or_add_tenant(&g, id, &label, share, cap, high)
+            {
+                t = n;
+                self.tenant.store(n, Relaxed);
+                log::info(format_args!(
+                    "device ledger {}: tenant entry {n} from now on (the node's policy)",
+                    self.ledger.path().display()
+                ));
+            }
+        } else if !entry_ok {
+            self.ledger.restore_identity(t, self.id, &label, &view);
         }
         slot.tenant.store(t as u32, Release);
         slot.state.store(shm::SLOT_ACTIVE, Release);
         drop(g);
+        if moved && slot_ok && entry_ok {
+            return;
+        }
         incident(
             Incident::OwnEntry,
             format_args!(

@@ -9,8 +9,15 @@
 //!
 //! ```text
 //! gpuslice-device-policy 1
-//! <tenant id: 32 hex digits> <share 1..=10000> <cap 0..=100> <normal|high> <label>
+//! <tenant id: 32 hex digits> <share 1..=10000> <cap 0..=100> <normal|high> <label> [entry=<n>] [lock=<dev>:<ino>]
 //! ```
+//!
+//! The two optional fields (older libraries ignore what follows the label) bind a tenant to the
+//! device ledger by what its words cannot change: `entry=` is the tenant entry the node gives it
+//! (its processes join there; the entry's share, cap and class are this record's whatever the
+//! entry's identity words say), and `lock=` is its memory ledger's device and inode (a file only
+//! its tenant can open): a process slot labelled with the entry counts for it only while a process
+//! holds the slot's lock in that file ([`super::device`]'s attestation).
 
 use super::shm::{TenantId, MAX_TENANTS};
 use crate::slotfile::atomic::{AtomicU32, AtomicU64};
@@ -37,6 +44,10 @@ pub struct Record {
     pub high: bool,
     /// For people reading the file; not used by the arbitration.
     pub label: String,
+    /// The tenant entry of the device ledger the node gives this tenant (`< MAX_TENANTS`).
+    pub entry: Option<usize>,
+    /// Its memory ledger's `st_dev` and `st_ino`: the file whose slot locks attest its processes.
+    pub lock: Option<(u64, u64)>,
 }
 
 /// Tenants 1..=`n`, each of share 10, labelled `t<id>`: the policy of the slot-limit tests.
@@ -49,6 +60,8 @@ pub(crate) fn equal_shares(n: u128) -> Vec<Record> {
             cap: 0,
             high: false,
             label: format!("t{i}"),
+            entry: None,
+            lock: None,
         })
         .collect()
 }
@@ -74,13 +87,20 @@ pub fn render(records: &[Record]) -> String {
             })
             .collect();
         s.push_str(&format!(
-            "{:032x} {} {} {} {}\n",
+            "{:032x} {} {} {} {}",
             r.id.0,
             r.share,
             r.cap,
             if r.high { "high" } else { "normal" },
             if label.is_empty() { "-" } else { &label }
         ));
+        if let Some(e) = r.entry.filter(|&e| e < MAX_TENANTS) {
+            s.push_str(&format!(" entry={e}"));
+        }
+        if let Some((dev, ino)) = r.lock {
+            s.push_str(&format!(" lock={dev}:{ino}"));
+        }
+        s.push('\n');
     }
     s
 }
@@ -138,6 +158,22 @@ fn parse_record(line: &str) -> Result<Record, String> {
         v => return Err(format!("class {v:?}: expected normal or high")),
     };
     let label = next("label").unwrap_or_default().to_string();
+    let (mut entry, mut lock) = (None, None);
+    for extra in f {
+        if let Some(v) = extra.strip_prefix("entry=") {
+            entry = Some(
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|&e| e < MAX_TENANTS)
+                    .ok_or_else(|| format!("entry {v:?}: expected 0..{MAX_TENANTS}"))?,
+            );
+        } else if let Some(v) = extra.strip_prefix("lock=") {
+            let parsed = v
+                .split_once(':')
+                .and_then(|(d, i)| Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?)));
+            lock = Some(parsed.ok_or_else(|| format!("lock {v:?}: expected <dev>:<ino>"))?);
+        }
+    }
     Ok(Record {
         id: TenantId(id),
         share,
@@ -145,6 +181,8 @@ fn parse_record(line: &str) -> Result<Record, String> {
         cap: cap % 100,
         high,
         label,
+        entry,
+        lock,
     })
 }
 
@@ -179,6 +217,10 @@ pub struct Overlay {
     ids: [[AtomicU64; 2]; MAX_RECORDS],
     /// share | cap << 16 | high << 24.
     values: [AtomicU64; MAX_RECORDS],
+    /// 1 + the record's tenant entry; 0: none given.
+    entries: [AtomicU64; MAX_RECORDS],
+    /// The record's memory ledger (`st_dev`, `st_ino`); (0, 0): none given.
+    locks: [[AtomicU64; 2]; MAX_RECORDS],
     /// The reloader's own state (never taken by readers).
     last: parking_lot::Mutex<Option<Option<Stamp>>>,
 }
@@ -192,6 +234,8 @@ impl Overlay {
             len: AtomicUsize::new(0),
             ids: [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_RECORDS],
             values: [const { AtomicU64::new(0) }; MAX_RECORDS],
+            entries: [const { AtomicU64::new(0) }; MAX_RECORDS],
+            locks: [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_RECORDS],
             last: parking_lot::Mutex::new(None),
         };
         o.reload();
@@ -206,6 +250,8 @@ impl Overlay {
             len: AtomicUsize::new(0),
             ids: [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_RECORDS],
             values: [const { AtomicU64::new(0) }; MAX_RECORDS],
+            entries: [const { AtomicU64::new(0) }; MAX_RECORDS],
+            locks: [const { [AtomicU64::new(0), AtomicU64::new(0)] }; MAX_RECORDS],
             last: parking_lot::Mutex::new(None),
         }
     }
@@ -257,13 +303,21 @@ impl Overlay {
         self.store(records.as_deref());
     }
 
-    fn store(&self, records: Option<&[Record]>) {
+    pub(crate) fn store(&self, records: Option<&[Record]>) {
         self.seq.fetch_add(1, AcqRel); // odd: readers retry
         let records = records.map(|r| &r[..r.len().min(MAX_RECORDS)]);
         for (i, r) in records.unwrap_or_default().iter().enumerate() {
             r.id.store(&self.ids[i]);
             let v = u64::from(r.share) | u64::from(r.cap) << 16 | u64::from(r.high) << 24;
             self.values[i].store(v, Release);
+            let e = r
+                .entry
+                .filter(|&e| e < MAX_TENANTS)
+                .map_or(0, |e| e as u64 + 1);
+            self.entries[i].store(e, Release);
+            let (dev, ino) = r.lock.unwrap_or((0, 0));
+            self.locks[i][0].store(dev, Release);
+            self.locks[i][1].store(ino, Release);
         }
         self.len.store(records.map_or(0, |r| r.len() + 1), Release);
         self.seq.fetch_add(1, AcqRel);
@@ -279,6 +333,83 @@ impl Overlay {
 
     /// What the policy says about tenant `id`.
     pub fn lookup(&self, id: TenantId) -> Lookup {
+        self.consistent(
+            |n| match self.find(n, |i| TenantId::load(&self.ids[i]) == id) {
+                None if n == 0 => Lookup::NoPolicy,
+                None => Lookup::Unlisted,
+                Some(i) => self.listed_at(i),
+            },
+        )
+    }
+
+    /// What the policy says about tenant entry `entry`, whose identity words say `id` (anybody's
+    /// to write): the settings of the tenant the policy gives that entry, whatever the words say;
+    /// for an entry it gives nobody, those of `id` when the policy lists it without an entry of
+    /// its own (a record of an older node), and otherwise share 1 (unlisted): a tenant that writes
+    /// another's identity into its own entry gets nothing of the other's settings.
+    pub fn lookup_entry(&self, entry: usize, id: TenantId) -> Lookup {
+        self.consistent(|n| {
+            if n == 0 {
+                return Lookup::NoPolicy;
+            }
+            if let Some(i) = self.find(n, |i| self.entry_of_record(i) == Some(entry)) {
+                return self.listed_at(i);
+            }
+            match self.find(n, |i| TenantId::load(&self.ids[i]) == id) {
+                Some(i) if self.entry_of_record(i).is_none() => self.listed_at(i),
+                _ => Lookup::Unlisted,
+            }
+        })
+    }
+
+    /// The tenant entry the policy gives tenant `id`, if any.
+    pub fn entry_of(&self, id: TenantId) -> Option<usize> {
+        self.consistent(|n| {
+            self.find(n, |i| TenantId::load(&self.ids[i]) == id)
+                .and_then(|i| self.entry_of_record(i))
+        })
+    }
+
+    /// The tenant the policy gives entry `entry` and the memory ledger that attests its processes
+    /// (`None`: the policy gives the entry nobody; a lock of `None`: no file to attest by).
+    pub fn reserved(&self, entry: usize) -> Option<(TenantId, Option<(u64, u64)>)> {
+        self.consistent(|n| {
+            self.find(n, |i| self.entry_of_record(i) == Some(entry))
+                .map(|i| {
+                    let lock = (
+                        self.locks[i][0].load(Acquire),
+                        self.locks[i][1].load(Acquire),
+                    );
+                    (
+                        TenantId::load(&self.ids[i]),
+                        (lock != (0, 0)).then_some(lock),
+                    )
+                })
+        })
+    }
+
+    fn entry_of_record(&self, i: usize) -> Option<usize> {
+        (self.entries[i].load(Acquire) as usize)
+            .checked_sub(1)
+            .filter(|&e| e < MAX_TENANTS)
+    }
+
+    fn listed_at(&self, i: usize) -> Lookup {
+        let v = self.values[i].load(Acquire);
+        Lookup::Listed {
+            share: ((v & 0xffff) as u32).clamp(1, MAX_SHARE),
+            cap: ((v >> 16) & 0xff) as u32 % 100,
+            high: (v >> 24) & 1 == 1,
+        }
+    }
+
+    /// The first of the `n - 1` records (`n`: the length word) for which `hit` holds.
+    fn find(&self, n: usize, hit: impl Fn(usize) -> bool) -> Option<usize> {
+        (0..n.saturating_sub(1).min(MAX_RECORDS)).find(|&i| hit(i))
+    }
+
+    /// `read` of the records (given the length word) as one writer left them.
+    fn consistent<T>(&self, read: impl Fn(usize) -> T) -> T {
         // A writer that never finishes (a fork child of a process forked mid-reload) must not
         // hang readers: after enough tries the last read is used as it is.
         let mut tries = 0u32;
@@ -289,19 +420,7 @@ impl Overlay {
                 std::hint::spin_loop();
                 continue;
             }
-            let found = match self.len.load(Acquire) {
-                0 => Lookup::NoPolicy,
-                n => (0..(n - 1).min(MAX_RECORDS))
-                    .find(|&i| TenantId::load(&self.ids[i]) == id)
-                    .map_or(Lookup::Unlisted, |i| {
-                        let v = self.values[i].load(Acquire);
-                        Lookup::Listed {
-                            share: ((v & 0xffff) as u32).clamp(1, MAX_SHARE),
-                            cap: ((v >> 16) & 0xff) as u32 % 100,
-                            high: (v >> 24) & 1 == 1,
-                        }
-                    }),
-            };
+            let found = read(self.len.load(Acquire));
             std::sync::atomic::fence(Acquire);
             if self.seq.load(Relaxed) == s || tries >= 100_000 {
                 return found;
@@ -344,93 +463,5 @@ fn read(path: &Path) -> Result<(Vec<Record>, Vec<String>), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(id: u128, share: u32, cap: u32, high: bool) -> Record {
-        Record {
-            id: TenantId(id),
-            share,
-            cap,
-            high,
-            label: "t 1".into(),
-        }
-    }
-
-    #[test]
-    fn what_the_node_renders_reads_back_and_bad_records_are_left_out() {
-        let p = Path::new("x.policy");
-        let records = vec![rec(0xabc, 30, 0, false), rec(u128::MAX, 10_000, 99, true)];
-        let (back, errors) = parse(p, &render(&records)).unwrap();
-        assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(back.len(), 2);
-        assert_eq!(
-            (back[1].share, back[1].cap, back[1].high),
-            (10_000, 99, true)
-        );
-        assert_eq!(back[0].label, "t_1");
-        assert!(parse(p, "gpuslice-device-policy 2\n").is_err());
-        let text = format!(
-            "{HEADER}\n{:032x} 0 0 normal a\n{:032x} 10001 0 normal b\n{:032x} 5 101 normal c\n\
-             {:032x} 5 0 urgent d\n{} 5 0 normal e\n{:032x} 5 100 high f\n",
-            1, 2, 3, 4, "12", 5
-        );
-        let (back, errors) = parse(p, &text).unwrap();
-        assert_eq!(errors.len(), 5, "{errors:?}");
-        assert!(errors[0].contains("x.policy:2") && errors[0].contains("share"));
-        assert_eq!(
-            back,
-            vec![Record {
-                cap: 0,
-                label: "f".into(),
-                ..rec(5, 5, 0, true)
-            }]
-        );
-    }
-
-    #[test]
-    fn lookup_lists_what_the_file_says() {
-        let dir = std::env::temp_dir().join(format!("gpuslice-policy-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ledger = dir.join("GPU-x.dev");
-        let o = Overlay::new(&ledger);
-        assert_eq!(o.lookup(TenantId(7)), Lookup::NoPolicy);
-        o.store(Some(&[rec(7, 30, 20, true)]));
-        assert_eq!(
-            o.lookup(TenantId(7)),
-            Lookup::Listed {
-                share: 30,
-                cap: 20,
-                high: true
-            }
-        );
-        assert_eq!(o.lookup(TenantId(8)), Lookup::Unlisted);
-        o.store(None);
-        assert_eq!(o.lookup(TenantId(7)), Lookup::NoPolicy);
-        // A file that is not root's (unit tests may run as anyone) or is group-writable is refused.
-        let path = path_for_ledger(&ledger);
-        std::fs::write(&path, render(&[rec(7, 30, 0, false)])).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o664)).unwrap();
-        o.reload();
-        assert_eq!(o.lookup(TenantId(7)), Lookup::NoPolicy);
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        o.reload();
-        // SAFETY: no arguments; cannot fail.
-        if unsafe { libc::geteuid() } == 0 {
-            assert_eq!(
-                o.lookup(TenantId(7)),
-                Lookup::Listed {
-                    share: 30,
-                    cap: 0,
-                    high: false
-                }
-            );
-            // Removed (only root can, in the node's directory): the ledger decides again.
-            std::fs::remove_file(&path).unwrap();
-            o.reload();
-            assert_eq!(o.lookup(TenantId(7)), Lookup::NoPolicy);
-        }
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+#[path = "policy_tests.rs"]
+mod tests;

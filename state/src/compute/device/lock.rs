@@ -173,7 +173,10 @@ impl LockGuard<'_> {
         let mut waiters = self.l.waiters(None);
         if let Some((slot, since)) = also.filter(|(slot, _)| *slot < MAX_SLOTS) {
             let tenant = l.slots[slot].tenant.load(Acquire) as usize;
-            if tenant < MAX_TENANTS && !waiters.iter().any(|w| w.slot == slot) {
+            if tenant < MAX_TENANTS
+                && self.l.slot_counts(slot, tenant)
+                && !waiters.iter().any(|w| w.slot == slot)
+            {
                 waiters.push(Waiter {
                     slot,
                     tenant,

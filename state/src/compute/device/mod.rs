@@ -3,6 +3,7 @@
 //! This file opens and maps it and holds the process slots; [`tenants`] holds the tenant entries,
 //! [`repair`] the sweep, the repair of a truncated file and the health report.
 
+mod attest;
 pub mod limit;
 pub(super) mod lock;
 mod repair;
@@ -157,6 +158,8 @@ pub struct DeviceLedger {
     /// Slots claimed with a lock in the tenant's own memory ledger, which no other tenant can
     /// take ([`slots`]); unset: with the ledger's own slot bytes.
     tenant_locks: std::sync::OnceLock<slots::TenantLocks>,
+    /// Which slots count for the tenant entry they are labelled with ([`attest`]).
+    attest: attest::Attest,
 }
 
 impl Drop for DeviceLedger {
@@ -271,6 +274,7 @@ impl DeviceLedger {
             policy,
             tally: None,
             tenant_locks: std::sync::OnceLock::new(),
+            attest: attest::Attest::new(),
         }
     }
 

@@ -59,6 +59,8 @@ impl DeviceLedger {
             self.retake_shared_lock(me);
         }
         let ours = self.own.lock().tenant.as_ref().map(|t| t.0);
+        // Which slots count for their labels, read again (a verdict lasts one sweep at most).
+        self.attest(true);
         let now = now_ns();
         let l = self.layout();
         for i in 0..MAX_SLOTS {

@@ -47,6 +47,12 @@ impl TenantLocks {
     }
 }
 
+/// The byte of a tenant's memory ledger locked by whoever of its processes holds slot `slot` of
+/// GPU `uuid`'s device ledger (also read by the other tenants, [`super::attest`]).
+pub(super) fn tenant_lock_byte(uuid: &str, slot: usize) -> u64 {
+    TENANT_LOCK_BASE + gpu_key(uuid) * MAX_SLOTS as u64 + slot as u64
+}
+
 /// FNV-1a of the UUID, folded to [`GPU_KEYS`].
 fn gpu_key(uuid: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -73,7 +79,7 @@ impl DeviceLedger {
             Ok(_) => return Err(format!("{}: not a regular file", file.display())),
             Err(e) => return Err(format!("{}: {e}", file.display())),
         }
-        let base = TENANT_LOCK_BASE + gpu_key(&self.uuid()) * MAX_SLOTS as u64;
+        let base = tenant_lock_byte(&self.uuid(), 0);
         self.tenant_locks
             .set(TenantLocks {
                 fd,

@@ -5,7 +5,10 @@ use super::*;
 
 impl DeviceLedger {
     /// Finds the tenant `id`, or adds it with these settings (an entry that no live process uses is
-    /// recycled when the table is full). Its label is refreshed. Caller holds the lock.
+    /// recycled when the table is full). Its label is refreshed. Caller holds the lock. On a node
+    /// whose policy gives the tenant an entry, that entry, written afresh if its words name
+    /// another tenant (whoever wrote them); no other tenant is ever added at an entry the policy
+    /// gives somebody.
     pub fn find_or_add_tenant(
         &self,
         _g: &LockGuard<'_>,
@@ -16,28 +19,50 @@ impl DeviceLedger {
         high: bool,
     ) -> Option<usize> {
         let l = self.layout();
-        let mut free = None;
-        for (i, t) in l.tenants.iter().enumerate() {
-            if t.state.load(Acquire) == TENANT_READY {
-                if TenantId::load(&t.id) == id {
-                    for (w, v) in t.name.iter().zip(pack_truncated(label)) {
-                        w.store(v, Release);
-                    }
-                    self.own.lock().tenant = Some((i, id, label.to_string(), share, cap, high));
-                    return Some(i);
+        let found = self.policy.entry_of(id).or_else(|| {
+            l.tenants.iter().enumerate().position(|(i, t)| {
+                t.state.load(Acquire) == TENANT_READY
+                    && TenantId::load(&t.id) == id
+                    && self.free_for(i, id)
+            })
+        });
+        if let Some(i) = found {
+            let t = &l.tenants[i];
+            if t.state.load(Acquire) == TENANT_READY && TenantId::load(&t.id) == id {
+                for (w, v) in t.name.iter().zip(pack_truncated(label)) {
+                    w.store(v, Release);
                 }
-            } else if free.is_none() {
-                free = Some(i);
+            } else {
+                fill_tenant(t, id, label, share, cap, high);
             }
+            self.own.lock().tenant = Some((i, id, label.to_string(), share, cap, high));
+            return Some(i);
         }
-        let i = free.or_else(|| self.unused_tenant())?;
+        let free = (0..MAX_TENANTS)
+            .find(|&i| l.tenants[i].state.load(Acquire) != TENANT_READY && self.free_for(i, id));
+        let i = free.or_else(|| self.unused_tenant(id))?;
         fill_tenant(&l.tenants[i], id, label, share, cap, high);
         self.own.lock().tenant = Some((i, id, label.to_string(), share, cap, high));
         Some(i)
     }
 
-    /// A tenant entry no live process slot refers to (the table is full: recycle it).
-    fn unused_tenant(&self) -> Option<usize> {
+    /// Whether tenant `id` may be at entry `i`: the policy gives it nobody else.
+    fn free_for(&self, i: usize, id: TenantId) -> bool {
+        self.policy.reserved(i).map_or(true, |(r, _)| r == id)
+    }
+
+    /// The entry tenant `id` belongs at, when it is not `at`: the node's policy gives it another
+    /// one, or gives `at` to somebody else (the scheduler thread then joins again).
+    pub fn entry_moved(&self, at: usize, id: TenantId) -> bool {
+        match self.policy.entry_of(id) {
+            Some(e) => e != at,
+            None => !self.free_for(at, id),
+        }
+    }
+
+    /// A tenant entry no live process slot refers to (the table is full: recycle it), and that
+    /// the policy gives nobody else than `id`.
+    fn unused_tenant(&self, id: TenantId) -> Option<usize> {
         let l = self.layout();
         let mut used = [false; MAX_TENANTS];
         for (i, s) in l.slots.iter().enumerate() {
@@ -46,7 +71,24 @@ impl DeviceLedger {
                 used[t] = true;
             }
         }
-        (0..MAX_TENANTS).find(|&t| !used[t])
+        (0..MAX_TENANTS).find(|&t| !used[t] && self.free_for(t, id))
+    }
+
+    /// Puts back tenant entry `i`'s identity and label (our own, whose words were overwritten),
+    /// keeping its scheduling state; an entry no longer marked in use is written afresh.
+    /// Caller holds the lock.
+    pub fn restore_identity(&self, i: usize, id: TenantId, label: &str, v: &TenantView) {
+        let Some(t) = self.layout().tenants.get(i) else {
+            return;
+        };
+        if t.state.load(Acquire) != TENANT_READY {
+            fill_tenant(t, id, label, v.share, v.cap, v.high);
+            return;
+        }
+        id.store(&t.id);
+        for (w, v) in t.name.iter().zip(pack_truncated(label)) {
+            w.store(v, Release);
+        }
     }
 
     /// Writes tenant entry `i` afresh (our own, found damaged). Caller holds the lock.
@@ -137,9 +179,10 @@ impl DeviceLedger {
     /// Tenant `i`'s scheduling state, made sane: the file is untrusted (shares and caps within their
     /// ranges, tokens within the bucket's bounds, no time stamp ahead of the clock).
     pub fn view(&self, i: usize) -> TenantView {
-        let t = &self.layout().tenants[i % MAX_TENANTS];
+        let i = i % MAX_TENANTS;
+        let t = &self.layout().tenants[i];
         let now = now_ns();
-        let (share, cap, high) = self.settings(t);
+        let (share, cap, high) = self.settings(i, t);
         TenantView {
             share,
             cap,
@@ -159,16 +202,18 @@ impl DeviceLedger {
         self.layout()
             .tenants
             .get(i)
-            .is_some_and(|t| self.settings(t).2)
+            .is_some_and(|t| self.settings(i, t).2)
     }
 
-    /// A tenant entry's share, cap and class: the node's policy for a tenant it lists; share 1 and
-    /// the normal class for one it does not list (the ledger's words are anybody's to write); the
-    /// ledger's words, bounded, when there is no policy.
-    fn settings(&self, t: &TenantEntry) -> (u32, u32, bool) {
+    /// Tenant entry `i`'s share, cap and class: the node's policy for the tenant it gives the
+    /// entry, whatever the entry's words say (or, for an entry it gives nobody, for a tenant it
+    /// lists without an entry); share 1 and the normal class otherwise (the ledger's words are
+    /// anybody's to write: [`Overlay::lookup_entry`]); the ledger's words, bounded, when there is
+    /// no policy.
+    fn settings(&self, i: usize, t: &TenantEntry) -> (u32, u32, bool) {
         let cap = t.cap.load(Acquire);
         let cap = if cap >= 100 { 0 } else { cap };
-        match self.policy.lookup(TenantId::load(&t.id)) {
+        match self.policy.lookup_entry(i, TenantId::load(&t.id)) {
             Lookup::Listed { share, cap, high } => (share, cap, high),
             Lookup::Unlisted => (1, cap, false),
             Lookup::NoPolicy => (
@@ -206,7 +251,7 @@ impl DeviceLedger {
                         since: s.wait_since.load(Acquire).min(now),
                     })
             })
-            .filter(|w| w.tenant < MAX_TENANTS)
+            .filter(|w| w.tenant < MAX_TENANTS && self.slot_counts(w.slot, w.tenant))
             .collect()
     }
 
