@@ -175,7 +175,9 @@ impl DeviceLedger {
         let blind = self.own_slot_unseen();
         if blind && !a.blind.load(Acquire) {
             crate::log::error(format_args!(
-                "device ledger {}: /proc/locks does not list this process's own slot lock where                  the node's policy says; process slots count for the tenant entry they are                  labelled with, unchecked",
+                "device ledger {}: /proc/locks does not list this process's own slot lock where \
+                 the node's policy says; process slots count for the tenant entry they are \
+                 labelled with, unchecked",
                 self.path.display()
             ));
         }
