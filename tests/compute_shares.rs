@@ -472,7 +472,8 @@ fn compute_shares_on_simgpu() {
         });
     }
 
-    // Work-conserving: `a` stops after 1.5 s; within 1 s `b` keeps the device >= 95% busy.
+    // Work-conserving: `a` stops after 1.5 s; within 1 s `b` keeps the device >= 95% busy (or
+    // about as busy as it does alone without gpuslice, on a loaded machine).
     if wanted("conserving") {
         judged(
             "work-conserving",
@@ -508,17 +509,23 @@ fn compute_shares_on_simgpu() {
                 if dev >= 0.95 {
                     return Vec::new();
                 }
-                // Below 95%: as busy as `b` alone keeps the device without gpuslice, measured now?
+                // Below 95%: about as busy as `b` alone keeps the device without gpuslice, measured
+                // just after? One thread feeds 200 us kernels: on a loaded 2-core machine the debug
+                // build's host work leaves gaps (debug builds at load 3-4: 84-93% busy beside a
+                // control of 91-99%, which moves between the two runs as the load does; release
+                // builds of this code and the one before it: 98-100% at load 3). A device held back
+                // for the stopped tenant, or `b` kept to its share, reads 50-60%; the precise
+                // figure is the benchmark's (docs/BENCHMARKS.md, "Compute shares").
                 let bare = control("work-conserving-b", &[spin_args(MS, 200)]);
                 println!(
                     "compute-table: work-conserving: b alone without gpuslice keeps the device {:.1}% busy",
                     bare * 100.0
                 );
-                if dev >= bare - 0.02 {
+                if dev >= 0.75 && dev >= bare - 0.10 {
                     Vec::new()
                 } else {
                     vec![format!(
-                        "work-conserving: device {:.1}% busy (< 95%, and < {:.1}% that b alone keeps it without gpuslice)",
+                        "work-conserving: device {:.1}% busy (< 95%, and under 75% or more than 10 points under the {:.1}% that b alone keeps it without gpuslice)",
                         dev * 100.0,
                         bare * 100.0
                     )]
