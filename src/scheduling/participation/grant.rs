@@ -37,16 +37,19 @@ impl Sched {
             let e = h.epoch.load(Acquire);
             let o = Holder::from_word(h.owner.load(Acquire));
             if o == self.me() {
+                // `stopping` before `owned`: our release sets `owned` to 0 before it clears
+                // `stopping`, so a release that granted us again (a new epoch naming us) is never
+                // seen finished with our old epoch still in `owned`.
+                let stopping = self.stopping.load(SeqCst);
                 let owned = self.owned.load(SeqCst);
-                if owned != e && !self.stopping.load(SeqCst) && self.evidence.may_own() {
+                if owned != e && !stopping && self.evidence.may_own() {
                     let now = now_ns();
                     if owned != 0 {
                         // Our ownership's epoch replaced by another naming us: the same evidence
                         // as the scheduler thread's (`owner_loop`), seen first here.
                         self.evidence.replaced(now);
                     }
-                    self.owned.store(e, SeqCst);
-                    self.evidence.regrant.adopted(now);
+                    self.adopt(e, now);
                 }
                 if self.owns_now() {
                     break;
@@ -97,6 +100,17 @@ impl Sched {
         }
         self.waiting.fetch_sub(1, SeqCst);
         self.publish_waiting();
+    }
+
+    /// Adopts the ownership of epoch `e`, read before an owner word naming us (by a waiting launch,
+    /// or the scheduler thread). As evidence for a later replacement (`evidence::Regrant`) only
+    /// when no hand-over was under way between the two reads (`evidence::settled`): a hand-over
+    /// to us writes the owner word before the epoch, and `e` may be the epoch before it.
+    pub(in crate::scheduling) fn adopt(&self, e: u32, now: u64) {
+        self.owned.store(e, SeqCst);
+        self.evidence
+            .regrant
+            .adopt(&self.ledger.layout().header, e, now);
     }
 
     /// Takes the device from owner `o` (under `epoch` `e`) when it is dead, overdue, or an owner

@@ -141,8 +141,7 @@ impl Sched {
                     && self.evidence.may_own()
                 {
                     // Granted while none of our threads waited: adopt it (idleness hands it on).
-                    self.owned.store(e, SeqCst);
-                    self.evidence.regrant.adopted(now);
+                    self.adopt(e, now);
                     continue;
                 }
                 // A batch left open by launches in our tenant's turn held by another process, or

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 mod budget;
 mod regrant;
 pub use budget::{fit, fraction, fraction_floor, Bucket, Fit, Watch, Window, FIT_HOLD_MIN_NS};
-pub use regrant::{replaced_is_forged, Regrant};
+pub use regrant::{replaced_is_forged, settled, Regrant};
 
 /// Fractions are in parts per million.
 pub const PPM: u64 = 1_000_000;

@@ -410,3 +410,62 @@ fn an_honest_regrant_after_a_stall_is_not_taken_for_a_forger() {
     e.regrant.adopted(3_002 * MS);
     assert!(!e.replaced(3_200 * MS));
 }
+
+/// An honest hand-over to us that an adopter sees half-way (docs/COMPUTE.md, "Forged ownership
+/// evidence"): another process holds the arbitration lock and has written the owner word naming
+/// us, not yet the new epoch; our adopter reads the old epoch, then the owner word, and adopts the
+/// old epoch. The new epoch that the same hand-over writes next is not a forger's replacement. A
+/// forger writing a new epoch naming us, without the lock, after an adoption of settled words,
+/// still is.
+#[test]
+fn a_hand_over_seen_half_way_is_not_taken_for_a_forger() {
+    use crate::scheduling::device::DeviceLedger;
+    use crate::scheduling::Holder;
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    let _serial = crate::slotfile::serial_test();
+    let dir = std::env::temp_dir().join(format!("gpuslice-halfway-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let uuid = "GPU-00000000-0000-0000-0000-0000000000d7";
+    let l = DeviceLedger::open(&dir.join(format!("{uuid}.dev")), uuid, true).unwrap();
+    let (us, them) = (l.claim_slot(0).unwrap(), l.claim_slot(1).unwrap());
+    let h = &l.layout().header;
+    let bump = || {
+        h.epoch
+            .store(h.epoch.load(Acquire).wrapping_add(1), Release)
+    };
+    h.owner.store(Holder::of(them).word(), Release);
+    bump();
+    let e = Evidence::default();
+    let mut now = 10_000 * MS;
+    for _ in 0..20 {
+        now += MS;
+        e.regrant.step(now);
+    }
+    // The other process hands over to us: the owner word first, under the lock.
+    let g = l.lock(them);
+    h.owner.store(Holder::of(us).word(), Release);
+    // Our adopter: the epoch (still the old one), then the owner word (ours).
+    let old = h.epoch.load(Acquire);
+    assert_eq!(h.owner.load(Acquire), Holder::of(us).word());
+    e.regrant.adopt(h, old, now);
+    // The hand-over ends: the new epoch, the lock let go.
+    bump();
+    drop(g);
+    now += 50_000;
+    e.regrant.step(now);
+    assert!(
+        !e.replaced(now),
+        "the epoch of an honest hand-over seen half-way counted as forged"
+    );
+    // Adopted again, on settled words; a forger writes a new epoch naming us 5 ms later.
+    let settled_epoch = h.epoch.load(Acquire);
+    e.regrant.adopt(h, settled_epoch, now);
+    for _ in 0..5 {
+        now += MS;
+        e.regrant.step(now);
+    }
+    bump();
+    assert!(e.replaced(now), "a forger's replacement went unnoticed");
+    drop(l);
+    let _ = std::fs::remove_dir_all(&dir);
+}

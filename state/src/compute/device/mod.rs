@@ -4,6 +4,8 @@
 //! [`repair`] the sweep, the repair of a truncated file and the health report.
 
 mod attest;
+#[cfg(test)]
+mod claim_tests;
 pub mod limit;
 pub(super) mod lock;
 mod repair;

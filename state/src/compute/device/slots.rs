@@ -186,6 +186,14 @@ impl DeviceLedger {
 
     /// The end of a claim of slot `i`, whose tenant lock we hold: the ledger byte when free, then
     /// the state word (`take`). The slot, or `None` with the locks let go.
+    ///
+    /// The byte taken is what the other tenants' processes judge the slot alive by (their sweep
+    /// frees a slot whose byte nobody holds; a waiter revokes an owner whose byte nobody holds).
+    /// Two processes that start together claim the same free slot at once: each takes its own
+    /// tenant lock, the loser may hold the ledger byte at the instant the winner tries it, and
+    /// lets it go only after its compare-and-swap fails. So a winner that found the byte held
+    /// tries again for up to [`BYTE_RETRY_NS`]: the loser lets go within microseconds, a squatter
+    /// never (the slot is kept without the byte, taken at a later sweep).
     fn take_locked(
         &self,
         t: &TenantLocks,
@@ -194,8 +202,14 @@ impl DeviceLedger {
     ) -> Option<usize> {
         let (shared, own) = (self.raw_fd(), t.fd.as_raw_fd());
         let at = <Layout as slotfile::SlotLayout>::lock_offset(i);
-        let held = matches!(sys::try_lock(shared, at), Ok(true));
+        let try_byte = || matches!(sys::try_lock(shared, at), Ok(true));
+        let mut held = try_byte();
         if take(i) {
+            let start = now_ns();
+            while !held && now_ns().saturating_sub(start) < BYTE_RETRY_NS {
+                std::thread::sleep(std::time::Duration::from_nanos(BYTE_RETRY_STEP_NS));
+                held = try_byte();
+            }
             sys::guard_slot_fd(own);
             sys::guard_slot_fd(shared);
             t.shared_held.store(held, Release);
@@ -304,6 +318,12 @@ impl DeviceLedger {
         self.tenant_locks.get().map(|t| t.fd.as_raw_fd())
     }
 }
+
+/// How long a claim that won a slot whose ledger byte another claimer held tries the byte again
+/// ([`DeviceLedger::take_locked`]), and how often: a loser holds it for microseconds (longer only
+/// when the host does not run it); a squatter costs a joining process this much, once.
+pub(super) const BYTE_RETRY_NS: u64 = 5_000_000;
+const BYTE_RETRY_STEP_NS: u64 = 50_000;
 
 /// Tries at taking a slot back ([`DeviceLedger::take_back`]).
 const RECLAIM_TRIES: usize = 4;
