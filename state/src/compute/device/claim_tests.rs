@@ -7,8 +7,9 @@ use std::os::fd::AsRawFd;
 
 const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000c2";
 
-/// The state word's claim, as `claim_slot`'s, labelling the slot with `tenant`.
-fn taker(l: &DeviceLedger, tenant: usize) -> impl Fn(usize) -> bool + '_ {
+/// The state word's claim, as `claim_slot`'s, labelling the slot with `tenant` (also the
+/// take-back tests' in `slots.rs`).
+pub(super) fn taker(l: &DeviceLedger, tenant: usize) -> impl Fn(usize) -> bool + '_ {
     move |i| {
         let s = &l.layout().slots[i];
         let took = s

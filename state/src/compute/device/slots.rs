@@ -367,26 +367,12 @@ fn random_pick() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compute::device::claim_tests::taker;
     use crate::compute::device::limit::slot_limit;
     use crate::compute::policy::{equal_shares, path_for_ledger, render};
     use std::os::fd::AsRawFd;
 
     const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000c1";
-
-    /// The state word's claim, as `claim_slot`'s, labelling the slot with `tenant`.
-    fn taker(l: &DeviceLedger, tenant: usize) -> impl Fn(usize) -> bool + '_ {
-        move |i| {
-            let s = &l.layout().slots[i];
-            let took = s
-                .state
-                .compare_exchange(SLOT_FREE, SLOT_ACTIVE, AcqRel, Acquire)
-                .is_ok();
-            if took {
-                s.tenant.store(tenant as u32, Release);
-            }
-            took
-        }
-    }
 
     /// Two claimers of different tenants take back a slot of a squatting group at once: the second
     /// looked at the slots, then the first claimed the very slot the second picks, from start to
