@@ -12,13 +12,7 @@ use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
 
 fn scratch(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "gpuslice-schedsec-{tag}-{}-{}",
-        std::process::id(),
-        now_ns()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    super::scratch(&format!("schedsec-{tag}"))
 }
 
 const UUID: &str = "GPU-00000000-0000-0000-0000-000000000001";

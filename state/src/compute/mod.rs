@@ -12,6 +12,19 @@ pub mod arbiter;
 pub mod device;
 #[cfg(test)]
 mod hostile_tests;
+
+/// A private directory for one test's ledgers (`gpuslice-<tag>-<pid>-<ns>` under the temp
+/// directory): tests of one process never share one, nor do repeated runs.
+#[cfg(test)]
+pub(crate) fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "gpuslice-{tag}-{}-{}",
+        std::process::id(),
+        device::now_ns()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
 pub mod policy;
 pub mod shm;
 

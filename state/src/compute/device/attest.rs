@@ -259,12 +259,7 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         const UUID: &str = "GPU-00000000-0000-0000-0000-0000000000a7";
         let _serial = slotfile::serial_test();
-        let dir = std::env::temp_dir().join(format!(
-            "gpuslice-attest-{}-{}",
-            std::process::id(),
-            now_ns()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::compute::scratch("attest");
         let path = dir.join(format!("{UUID}.dev"));
         let own = |t: u128| {
             let p = dir.join(format!("t{t}.ledger"));

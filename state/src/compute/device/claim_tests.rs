@@ -31,12 +31,7 @@ pub(super) fn taker(l: &DeviceLedger, tenant: usize) -> impl Fn(usize) -> bool +
 #[test]
 fn a_claim_that_wins_a_slot_a_loser_still_locks_holds_its_byte() {
     let _serial = slotfile::serial_test();
-    let dir = std::env::temp_dir().join(format!(
-        "gpuslice-claimbyte-{}-{}",
-        std::process::id(),
-        now_ns()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::compute::scratch("claimbyte");
     let path = dir.join(format!("{UUID}.dev"));
     let l = DeviceLedger::open(&path, UUID, true).unwrap();
     let own = dir.join("t2.ledger");

@@ -382,12 +382,7 @@ mod tests {
     #[test]
     fn two_claimers_that_pick_the_same_slot_take_back_different_ones() {
         let _serial = slotfile::serial_test();
-        let dir = std::env::temp_dir().join(format!(
-            "gpuslice-claim-{}-{}",
-            std::process::id(),
-            now_ns()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::compute::scratch("claim");
         let path = dir.join(format!("{UUID}.dev"));
         std::fs::write(path_for_ledger(&path), render(&equal_shares(3))).unwrap();
         let l = DeviceLedger::open(&path, UUID, true).unwrap();
