@@ -23,6 +23,43 @@ use std::sync::atomic::AtomicBool;
 /// Renewals asked for by a missing verdict are at most this often (each reads `/proc/locks`).
 const RESCAN_NS: u64 = 10_000_000;
 
+/// A reading of `/proc/locks` younger than this serves every device ledger of the process: the
+/// scheduler thread sweeps each GPU's ledger in one pass, and a process using eight GPUs read the
+/// whole file eight times a pass (about 45 µs each with a few dozen locks, more on a busy node).
+/// Well under [`RESCAN_NS`], so a renewal asked for by a missing verdict always reads afresh.
+const SHARED_READING_NS: u64 = 5_000_000;
+
+/// Slots this process has taken under a tenant lock ([`super::slots`]): a reading made before
+/// the last of them does not list that lock, and its own slot would look unseen.
+pub(super) static SLOTS_TAKEN: AtomicU64 = AtomicU64::new(0);
+
+/// A shared reading: when (ns), [`SLOTS_TAKEN`] then, the write locks.
+type Reading = Option<(u64, u64, std::sync::Arc<Vec<HeldLock>>)>;
+
+/// The process's last reading of `/proc/locks`, shared by its device ledgers.
+static LAST_READING: std::sync::Mutex<Reading> = std::sync::Mutex::new(None);
+
+/// The write locks of `/proc/locks` as read at most [`SHARED_READING_NS`] before `now` with no
+/// slot taken since (`taken`: [`SLOTS_TAKEN`]), or read now (by `read`).
+fn write_locks_at(
+    last: &std::sync::Mutex<Reading>,
+    now: u64,
+    taken: u64,
+    read: impl FnOnce() -> std::io::Result<String>,
+) -> std::io::Result<std::sync::Arc<Vec<HeldLock>>> {
+    // Only scheduler threads (and tests) take it, never a hook. A poisoned lock still holds a
+    // whole reading: it is replaced only after the read succeeded.
+    let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, then, locks)) = last.as_ref() {
+        if *then == taken && now >= *at && now - at < SHARED_READING_NS {
+            return Ok(locks.clone());
+        }
+    }
+    let locks = std::sync::Arc::new(write_locks(&read()?));
+    *last = Some((now, taken, locks.clone()));
+    Ok(locks)
+}
+
 /// The verdicts of one device ledger's slots.
 pub(super) struct Attest {
     /// Per slot: 1 + the entry it was found to count for at the last reading; 0: none.
@@ -148,8 +185,11 @@ impl DeviceLedger {
             }
             return;
         }
-        let locks = match std::fs::read_to_string("/proc/locks") {
-            Ok(text) => write_locks(&text),
+        let taken = SLOTS_TAKEN.load(Acquire);
+        let locks = match write_locks_at(&LAST_READING, now, taken, || {
+            std::fs::read_to_string("/proc/locks")
+        }) {
+            Ok(locks) => locks,
             Err(e) => {
                 if !a.blind.swap(true, AcqRel) {
                     crate::log::error(format_args!(
@@ -209,6 +249,38 @@ impl DeviceLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The device ledgers of one process share a reading made within [`SHARED_READING_NS`], but
+    /// never one made before the process took a slot, nor an older one; a failed read keeps
+    /// nothing.
+    #[test]
+    fn a_reading_is_shared_only_while_fresh_and_no_slot_was_taken_since() {
+        let last = std::sync::Mutex::new(None);
+        let reads = std::cell::Cell::new(0);
+        let text = "1: OFDLCK ADVISORY  WRITE -1 00:19:1234 7 7\n";
+        let read = |t: u64, taken: u64| {
+            write_locks_at(&last, t, taken, || {
+                reads.set(reads.get() + 1);
+                Ok(text.to_owned())
+            })
+            .unwrap()
+            .len()
+        };
+        assert_eq!(read(1_000, 0), 1);
+        assert_eq!(read(1_000 + SHARED_READING_NS - 1, 0), 1);
+        assert_eq!(reads.get(), 1, "a fresh reading is shared");
+        read(1_000 + SHARED_READING_NS, 0);
+        assert_eq!(reads.get(), 2, "an old reading is read again");
+        read(1_000 + SHARED_READING_NS + 1, 1);
+        assert_eq!(reads.get(), 3, "a slot taken since: read again");
+        read(500, 1);
+        assert_eq!(reads.get(), 4, "a clock that went back: read again");
+        let later = 500 + SHARED_READING_NS;
+        let failed = write_locks_at(&last, later, 1, || Err(std::io::ErrorKind::NotFound.into()));
+        assert!(failed.is_err());
+        read(later, 1);
+        assert_eq!(reads.get(), 5, "a failed read is not shared");
+    }
 
     #[test]
     fn write_locks_are_read_from_proc_locks_text() {

@@ -213,6 +213,7 @@ impl DeviceLedger {
             sys::guard_slot_fd(own);
             sys::guard_slot_fd(shared);
             t.shared_held.store(held, Release);
+            attest::SLOTS_TAKEN.fetch_add(1, AcqRel);
             return Some(i);
         }
         if held {
