@@ -31,6 +31,8 @@
 mod builder;
 mod file;
 mod load;
+mod mistyped;
+pub mod names;
 pub mod paths;
 mod per_device;
 pub mod policy;
@@ -44,7 +46,8 @@ pub mod table;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use load::{load, load_from, load_with_policy, DEFAULT_DEVICE_DIR};
+pub use load::{load, load_from, load_listed, load_with_policy, DEFAULT_DEVICE_DIR};
+pub use mistyped::FAIL_CLOSED_WHEN_MISTYPED;
 use per_device::per_device;
 pub use per_device::{canonical_uuid, uuid_bytes, PerDevice};
 pub use size::{format_bytes, parse_percent, parse_size, Units};
@@ -130,8 +133,13 @@ pub struct Config {
     pub device_dir: PathBuf,
     /// Info-level lines (how aliases were read) for the caller to log.
     pub notes: Vec<String>,
-    /// Warn-level lines: settings ignored because a node policy forbids them (`policy.rs`).
+    /// Warn-level lines: settings ignored because a node policy forbids them (`policy.rs`), and
+    /// the lines of `unknown`.
     pub warnings: Vec<String>,
+    /// One line per `GPUSLICE_*` variable gpuslice does not know that is ignored (also in
+    /// `warnings`); one that fails closed as a limit's near miss is in `errors` instead
+    /// (`mistyped.rs`).
+    pub unknown: Vec<String>,
     /// Every configuration error, each naming its variable or `file:line`, the value and what was expected.
     pub errors: Vec<String>,
     /// What each error in `errors` does to the process ([`Config::effect_of`]).
