@@ -197,6 +197,20 @@ impl Config {
             .collect()
     }
 
+    /// For tools (`gpuslice doctor`): the error lines, then each unknown `GPUSLICE_*` variable
+    /// that is ignored (a setting meant is not applied as spelt, even when it only warns here).
+    pub fn problem_lines(&self) -> Vec<String> {
+        let mut lines = self.error_lines();
+        lines.extend(self.unknown.iter().cloned());
+        lines
+    }
+
+    /// For tools: the warnings that [`Config::problem_lines`] does not list.
+    pub fn note_lines(&self) -> Vec<String> {
+        let known = self.warnings.iter().filter(|w| !self.unknown.contains(w));
+        known.cloned().collect()
+    }
+
     /// Whether any limit or quota is present anywhere (including invalid ones, which must be enforced).
     pub fn is_configured(&self) -> bool {
         self.memory.is_set()
