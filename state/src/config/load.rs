@@ -47,7 +47,7 @@ pub fn load_listed(
     // Nothing is allocated when every name is known, as in every process started right.
     let unknown: Vec<(&str, &str)> = vars
         .iter()
-        .filter(|(k, _)| names::is_gpuslice(k) && !names::is_known(k))
+        .filter(|(k, _)| !names::is_known(k) && names::is_gpuslice(k))
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     load_probing(

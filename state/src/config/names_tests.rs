@@ -1,5 +1,21 @@
+use super::super::table::{self, Source};
 use super::*;
 use std::path::{Path, PathBuf};
+
+/// The known names are the table's variables and the other parts' ones, in that order, no more.
+#[test]
+fn known_names_are_the_tables() {
+    let settings = table::SETTINGS.iter().flat_map(|s| s.sources);
+    let own = settings.filter_map(|src| match *src {
+        Source::Env(v) => Some(v),
+        _ => None,
+    });
+    let all: Vec<&str> = own
+        .chain(table::OTHER_VARIABLES.iter().map(|(name, _)| *name))
+        .collect();
+    assert_eq!(KNOWN, all.as_slice());
+    assert!(all.iter().all(|k| is_known(k)));
+}
 
 #[test]
 fn near_misses_name_the_setting_meant() {
@@ -68,7 +84,7 @@ fn known_names_are_told_apart() {
         // No other known name reads as the same words (a typo of one would name both).
         for other in all.iter().filter(|o| *o != k) {
             for synonyms in [false, true] {
-                let (a, b) = (words(k, synonyms), words(other, synonyms));
+                let (a, b) = (Words::of(k, synonyms), Words::of(other, synonyms));
                 assert_ne!(score(&a, &b), Some(0), "{k} and {other}");
             }
         }
@@ -84,6 +100,11 @@ fn distance_counts_edits_and_swaps() {
     assert_eq!(distance("LIMTI", "LIMIT"), 1);
     assert_eq!(distance("", "LOG"), 3);
     assert_eq!(distance("CAP", "LIMIT"), 5);
+    assert_eq!(
+        distance("GPUSLICE_MEMORY_LIMIT", "GPUSLICE_LIMIT_MEMORY"),
+        10
+    );
+    assert_eq!(distance(&"A".repeat(41), "A"), usize::MAX);
 }
 
 /// Every `GPUSLICE_*` name gpuslice reads or sets is known: the string literals of the Rust sources
