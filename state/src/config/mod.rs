@@ -27,6 +27,10 @@
 //! message lands in [`Config::errors`], with what it does ([`effect`]). A value that cannot be
 //! attributed to a device (a syntax error in the quota file, a bad key, a bad ledger path or tenant,
 //! a bad context reserve) makes every device's memory limit invalid.
+//!
+//! An unknown `GPUSLICE_*` variable is named once with the closest setting (`mistyped.rs`); a near
+//! miss of a limit no source sets (memory limit, compute cap, quota file) is read as that limit with a
+//! value that cannot be read, so a typo never leaves the program unlimited.
 
 mod builder;
 mod file;
