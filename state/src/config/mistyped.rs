@@ -3,8 +3,9 @@
 //!
 //! A near miss of a setting that limits the tenant ([`FAIL_CLOSED_WHEN_MISTYPED`]), when that setting
 //! is given by no source, is read as that setting with a value that cannot be read: it fails closed
-//! exactly as `GPUSLICE_MEMORY_LIMIT=banana` does (an error line ending with what it does). Every other
-//! unknown variable is a warning, and ignored.
+//! exactly as `GPUSLICE_MEMORY_LIMIT=banana` does (an error line ending with what it does); equally
+//! near two such limits, it is both (every device fails closed). Every other unknown variable is a
+//! warning, and ignored.
 
 use super::builder::{quoted, Builder};
 use super::names;
@@ -34,17 +35,27 @@ impl Builder {
             let label = quoted(name, value);
             let near = names::closest(name);
             let meant = near.join(" or ");
-            let limit = near
+            let limits: Vec<&str> = near
                 .iter()
                 .copied()
                 .filter(|k| FAIL_CLOSED_WHEN_MISTYPED.contains(k))
-                .find(|k| self.given(k, env).is_none());
-            if let Some(setting) = limit {
+                .filter(|k| self.given(k, env).is_none())
+                .collect();
+            if !limits.is_empty() {
+                let (setting, each) = match limits.as_slice() {
+                    [one] => (one.to_string(), format!("a {one}")),
+                    more => (more.join(", "), "each of them with a value".into()),
+                };
+                let verb = if limits.len() == 1 { "is" } else { "are" };
                 let msg = format!(
                     "{label}: unknown variable (did you mean {meant}?); a limit was meant and \
-                     {setting} is not set, so it is read as a {setting} that cannot be read"
+                     {setting} {verb} not set, so it is read as {each} that cannot be read"
                 );
-                self.fail_closed(setting, &label, msg);
+                match limits.as_slice() {
+                    [one] => self.fail_closed(one, &label, msg),
+                    // Equally close to two limits (`GPUSLICE_CAP`): both, which is every device.
+                    _ => self.fail_all(msg),
+                }
                 continue;
             }
             let line = match near.first() {

@@ -71,6 +71,7 @@ fn a_memory_limit_typo_fails_closed_as_a_bad_limit() {
         "GPUSLICE_MEMORY_LIMT",
         "GPUSLICE_LIMIT_MEMORY",
         "gpuslice_memory_limit",
+        "GPUSLICE_MEMORY",
     ] {
         let c = cfg(&[(typo, "4GiB")]);
         let Limit::Invalid(why) = c.memory_limit_for(3, UUID) else {
@@ -96,6 +97,28 @@ fn a_quota_file_typo_fails_closed_as_an_unreadable_quota_file() {
     assert_eq!(c.effect_of(&why), effect::EVERYTHING);
     assert_eq!(c.effect_of(&why), bad.effect_of(&bad.errors[0]));
     assert!(matches!(c.compute_limit_for(0, UUID), Setting::Invalid(_)));
+}
+
+/// Equally near two limits, neither set (`GPUSLICE_CAP`: the memory limit or the compute cap?): both
+/// fail closed, which is every device, as a bad quota file does.
+#[test]
+fn a_typo_near_two_unset_limits_fails_closed_for_both() {
+    let c = cfg(&[("GPUSLICE_CAP", "30")]);
+    let Limit::Invalid(why) = c.memory_limit_for(0, UUID) else {
+        panic!("{:?}", c.memory_limit_for(0, UUID));
+    };
+    assert_eq!(
+        why,
+        "GPUSLICE_CAP=\"30\": unknown variable (did you mean GPUSLICE_MEMORY_LIMIT or GPUSLICE_COMPUTE_LIMIT?); a limit was meant and GPUSLICE_MEMORY_LIMIT, GPUSLICE_COMPUTE_LIMIT are not set, so it is read as each of them with a value that cannot be read"
+    );
+    assert_eq!(c.effect_of(&why), effect::EVERYTHING);
+    assert!(matches!(c.compute_limit_for(0, UUID), Setting::Invalid(_)));
+    assert_eq!(c.errors, vec![why]);
+    // With the memory limit set, only the compute cap is left to mean.
+    let c = cfg(&[("GPUSLICE_MEMORY_LIMIT", "4GiB"), ("GPUSLICE_CAP", "30")]);
+    assert_eq!(c.memory_limit_for(0, UUID), Limit::Bytes(4 << 30));
+    assert!(matches!(c.compute_limit_for(0, UUID), Setting::Invalid(_)));
+    assert_eq!(c.effect_of(&c.errors[0]), effect::COMPUTE);
 }
 
 /// When the limit meant is given anyway (by its variable, an alias or the quota file), the near miss

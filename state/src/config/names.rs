@@ -10,7 +10,7 @@
 //! case-insensitively, each word read through a few synonyms users reach for (`CAP`, `MAX`, `QUOTA`
 //! for `LIMIT`; `MEM` for `MEMORY`; `SM` for `COMPUTE`...), then by edit distance (adjacent swaps
 //! count one) on the words in order and on the words sorted (`LIMIT_MEMORY`), or as the known
-//! name's words with one word more (`GPUSLICE_GPU_MEMORY_LIMIT`). Only the unknown names are compared:
+//! name's words with one word more (`GPUSLICE_GPU_MEMORY_LIMIT`) or one fewer (`GPUSLICE_MEMORY`). Only the unknown names are compared:
 //! this runs at start-up only for a variable that is not known.
 
 /// The list of known names, and [`is_known`] as a `match` over it: at start-up every `GPUSLICE_*`
@@ -75,17 +75,16 @@ const PREFIX: &str = "GPUSLICE_";
 /// The known names closest to the unknown `name` (several when they are equally close), best
 /// first in the table's order; empty when none is close enough to be a likely misspelling.
 pub fn closest(name: &str) -> Vec<&'static str> {
-    // As spelt, and each word read through its synonyms (`QUOTAFILE` is near `QUOTA_FILE`,
-    // `COMPUTE_CAP` is `COMPUTE_LIMIT`).
+    // As spelt, and each word read through its synonyms (`COMPUTE_CAP` is `COMPUTE_LIMIT`).
     let typo = [Words::of(name, false), Words::of(name, true)];
     let mut best: Vec<&'static str> = Vec::new();
     let mut best_score = usize::MAX;
     for k in known() {
-        let spelt = Words::of(k, false);
-        let read = Words::of(k, true);
-        let mut score = score(&typo[0], &spelt);
-        if typo[1] != typo[0] || read != spelt {
-            score = score.into_iter().chain(self::score(&typo[1], &read)).min();
+        // Known names as they are: `QUOTA_FILE` read as `LIMIT_FILE` would be near `GPUSLICE_CAP`.
+        let known = Words::of(k, false);
+        let mut score = score(&typo[0], &known);
+        if typo[1] != typo[0] {
+            score = score.into_iter().chain(self::score(&typo[1], &known)).min();
         }
         let Some(score) = score else {
             continue;
@@ -149,10 +148,16 @@ pub(super) fn score(typo: &Words, known: &Words) -> Option<usize> {
         5..=10 => 2,
         _ => 3,
     };
-    // The known name's words and one more (`GPU_MEMORY_LIMIT`, `QUOTA_FILE_PATH`).
-    let one_more = typo.words.len() == known.words.len() + 1
-        && known.words.iter().all(|w| typo.words.contains(w));
-    let mut d = if one_more { 1 } else { usize::MAX };
+    // The known name's words and one more (`GPU_MEMORY_LIMIT`, `QUOTA_FILE_PATH`), or one fewer
+    // (`GPUSLICE_MEMORY`).
+    let within = |a: &Words, b: &Words| {
+        a.words.len() == b.words.len() + 1 && b.words.iter().all(|w| a.words.contains(w))
+    };
+    let mut d = if within(typo, known) || within(known, typo) {
+        1
+    } else {
+        usize::MAX
+    };
     // A length apart by more than is allowed is that many edits at least: not computed.
     if typo.in_order.len().abs_diff(known.in_order.len()) <= allowed {
         d = d.min(distance(&typo.in_order, &known.in_order));

@@ -44,6 +44,10 @@ fn near_misses_name_the_setting_meant() {
         ("GPUSLICE_CONTEXT_RESERVED", "GPUSLICE_CONTEXT_RESERVE"),
         ("GPUSLICE_REAL_LIBCUDA_PATH", "GPUSLICE_REAL_LIBCUDA"),
         ("GPUSLICE_LIBRARY_PATH", "GPUSLICE_LIBRARY"),
+        // A word fewer.
+        ("GPUSLICE_MEMORY", "GPUSLICE_MEMORY_LIMIT"),
+        ("GPUSLICE_MEM", "GPUSLICE_MEMORY_LIMIT"),
+        ("GPUSLICE_SHARE", "GPUSLICE_COMPUTE_SHARE"),
     ] {
         assert!(!is_known(typo), "{typo}");
         assert_eq!(closest(typo), vec![meant], "{typo}");
@@ -71,6 +75,11 @@ fn equally_close_settings_are_all_named() {
         closest("GPUSLICE_LEDGER_GROUP_DIR"),
         vec!["GPUSLICE_LEDGER_DIR", "GPUSLICE_LEDGER_GROUP"]
     );
+    // One word fewer than two settings.
+    assert_eq!(
+        closest("GPUSLICE_CAP"),
+        vec!["GPUSLICE_MEMORY_LIMIT", "GPUSLICE_COMPUTE_LIMIT"]
+    );
 }
 
 #[test]
@@ -84,7 +93,7 @@ fn known_names_are_told_apart() {
         // No other known name reads as the same words (a typo of one would name both).
         for other in all.iter().filter(|o| *o != k) {
             for synonyms in [false, true] {
-                let (a, b) = (Words::of(k, synonyms), Words::of(other, synonyms));
+                let (a, b) = (Words::of(k, synonyms), Words::of(other, false));
                 assert_ne!(score(&a, &b), Some(0), "{k} and {other}");
             }
         }
