@@ -82,8 +82,9 @@ fn a_mistyped_compute_cap_is_named_and_enforced_as_a_bad_cap() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A mistyped memory limit refuses allocations as `GPUSLICE_MEMORY_LIMIT=banana` does, with one error
-/// line naming the variable and `GPUSLICE_MEMORY_LIMIT`; beside the real setting it only warns and the
+/// A mistyped memory limit (in upper or lower case) refuses allocations as
+/// `GPUSLICE_MEMORY_LIMIT=banana` does, with one error line naming the variable and
+/// `GPUSLICE_MEMORY_LIMIT`; beside the real setting it only warns and the
 /// real limit holds; the near miss of a setting that limits nothing (`GPUSLICE_LOGG`) warns and
 /// refuses nothing.
 #[test]
@@ -92,11 +93,17 @@ fn a_mistyped_memory_limit_refuses_allocations_and_other_typos_warn() {
     let dir = private_dir("memory");
     // (extra variables, the alloc's result: 0 success, 2 CUDA_ERROR_OUT_OF_MEMORY, the line's
     // level, what it says)
-    let cases: [(&[(&str, &str)], &str, &str, &str); 4] = [
+    let cases: [(&[(&str, &str)], &str, &str, &str); 5] = [
         (
             &[("GPUSLICE_MEMORY_LIMT", "1GiB")],
             "2",
             "gpuslice: error: GPUSLICE_MEMORY_LIMT=\"1GiB\": unknown variable (did you mean GPUSLICE_MEMORY_LIMIT?)",
+            "allocations on the devices it concerns are refused",
+        ),
+        (
+            &[("gpuslice_memory_limit", "1GiB")],
+            "2",
+            "gpuslice: error: gpuslice_memory_limit=\"1GiB\": unknown variable (did you mean GPUSLICE_MEMORY_LIMIT?)",
             "allocations on the devices it concerns are refused",
         ),
         (
