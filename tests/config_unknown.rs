@@ -82,6 +82,15 @@ fn a_mistyped_compute_cap_is_named_and_enforced_as_a_bad_cap() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Extra variables, the alloc's result (0 success, 2 `CUDA_ERROR_OUT_OF_MEMORY`), how the line about
+/// the first variable starts and how it ends.
+type Case = (
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    &'static str,
+    &'static str,
+);
+
 /// A mistyped memory limit (in upper or lower case) refuses allocations as
 /// `GPUSLICE_MEMORY_LIMIT=banana` does, with one error line naming the variable and
 /// `GPUSLICE_MEMORY_LIMIT`; beside the real setting it only warns and the
@@ -91,9 +100,7 @@ fn a_mistyped_compute_cap_is_named_and_enforced_as_a_bad_cap() {
 fn a_mistyped_memory_limit_refuses_allocations_and_other_typos_warn() {
     let sim = Sim::new("memory-typo");
     let dir = private_dir("memory");
-    // (extra variables, the alloc's result: 0 success, 2 CUDA_ERROR_OUT_OF_MEMORY, the line's
-    // level, what it says)
-    let cases: [(&[(&str, &str)], &str, &str, &str); 5] = [
+    let cases: [Case; 5] = [
         (
             &[("GPUSLICE_MEMORY_LIMT", "1GiB")],
             "2",
