@@ -10,8 +10,8 @@
 use super::builder::{quoted, Builder};
 use super::names;
 
-/// The settings whose near misses fail closed, and why: a typo there would run the program with
-/// less limited than meant. `GPUSLICE_COMPUTE_SHARE` (a guarantee, the default share 10 applies),
+/// The settings whose near misses fail closed, and why: a typo there would run the program less
+/// limited than meant. `GPUSLICE_COMPUTE_SHARE` (a guarantee, the default share 10 applies),
 /// `GPUSLICE_PRIORITY` (normal, as for a bad value), `GPUSLICE_CONTEXT_RESERVE` (contexts are then
 /// measured, or charged 512 MiB) and the paths only warn: their typo limits no one less.
 pub const FAIL_CLOSED_WHEN_MISTYPED: &[&str] = &[
