@@ -1,7 +1,7 @@
 //! `gpuslice doctor` reports every reason enforcement would not work, and exits non-zero: a ledger
 //! path the filesystem refuses (file name too long), a damaged ledger, another user's ledger, a
-//! device-ledger directory it cannot use, an invalid compute setting. The same environment without
-//! the fault passes (exit 0), so each failure is the fault's.
+//! device-ledger directory it cannot use, an invalid compute setting, an unknown `GPUSLICE_*`
+//! variable. The same environment without the fault passes (exit 0), so each failure is the fault's.
 
 use gpuslice_testkit as common;
 
@@ -181,4 +181,24 @@ fn invalid_compute_setting() {
         c.env("GPUSLICE_COMPUTE_SHARE", "0");
     });
     assert_problem(&run, "GPUSLICE_COMPUTE_SHARE=\"0\": out of range");
+}
+
+/// An unknown `GPUSLICE_*` variable is a problem naming it and the closest setting, whether the
+/// library only warns about it (`GPUSLICE_LOGG`) or fails closed (`GPUSLICE_COMPUTE_CAP`, no cap set).
+#[test]
+fn unknown_variable() {
+    let d = dir("unknown");
+    make_ledger(&d.join("t.ledger"));
+    for (var, meant) in [
+        ("GPUSLICE_LOGG", "GPUSLICE_LOG"),
+        ("GPUSLICE_COMPUTE_CAP", "GPUSLICE_COMPUTE_LIMIT"),
+    ] {
+        let run = doctor(&d.join("t.ledger"), &d.join("devices"), |c| {
+            c.env(var, "30");
+        });
+        assert_problem(
+            &run,
+            &format!("{var}=\"30\": unknown variable (did you mean {meant}?)"),
+        );
+    }
 }

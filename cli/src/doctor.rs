@@ -378,8 +378,8 @@ pub fn doctor() -> Result<i32, String> {
 
     // The configuration, as the library reads it.
     let cfg = config::load();
-    problems.extend(cfg.error_lines());
-    notes.extend(cfg.warnings.iter().cloned());
+    problems.extend(cfg.problem_lines());
+    notes.extend(cfg.note_lines());
     if let Ok(q) = std::env::var("GPUSLICE_QUOTA_FILE") {
         if std::fs::File::open(&q).is_err() {
             problems.push(format!(

@@ -5,6 +5,7 @@
 
 pub use super::builder::DEFAULT_DEVICE_DIR;
 use super::builder::{quoted, Builder, FileSettings, Found, Tier};
+use super::names;
 use super::table::{self, Source, Spec, DEVICES_TABLE};
 use super::{
     effect, paths, policy, Config, PerDevice, Setting, DEFAULT_LEDGER_DIR, MAX_ALIAS_INDEX,
@@ -16,31 +17,47 @@ use std::path::{Path, PathBuf};
 pub fn load() -> Config {
     // One pass over the environment: the aliases are probed under many names (`..._LIMIT_<i>`), and
     // each getenv would scan the whole environment again. A handful of variables at most: a linear
-    // search beats hashing 130 probes.
+    // search beats hashing 130 probes. `gpuslice_*` in any case is kept too: a near miss to name.
     let relevant: Vec<(String, String)> = std::env::vars_os()
         .filter_map(|(k, v)| {
             let k = k.into_string().ok()?;
-            (k.starts_with("GPUSLICE_")
+            (names::is_gpuslice(&k)
                 || k.starts_with("CUDA_")
                 || k == "GPU_CORE_UTILIZATION_POLICY"
                 || k == "LIBCUDA_LOG_LEVEL")
                 .then(|| (k, v.to_string_lossy().into_owned()))
         })
         .collect();
-    let mut cfg = load_probing(
-        &|name| {
-            relevant
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        },
-        // The 64 names of an indexed alias are probed only when a variable has their prefix.
-        &|prefix| relevant.iter().any(|(k, _)| k.starts_with(prefix)),
+    let mut cfg = load_listed(
+        &relevant,
         Path::new(super::DEFAULT_QUOTA_FILE),
         Path::new(policy::POLICY_FILE),
     );
     cfg.place_default_ledger();
     cfg
+}
+
+/// [`load_with_policy`] from the list of variables `vars` (what [`load`] found in the environment),
+/// naming each `GPUSLICE_*` variable of the list that gpuslice does not know (`mistyped.rs`).
+pub fn load_listed(
+    vars: &[(String, String)],
+    default_quota_file: &Path,
+    policy_file: &Path,
+) -> Config {
+    // Nothing is allocated when every name is known, as in every process started right.
+    let unknown: Vec<(&str, &str)> = vars
+        .iter()
+        .filter(|(k, _)| !names::is_known(k) && names::is_gpuslice(k))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    load_probing(
+        &|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
+        // The 64 names of an indexed alias are probed only when a variable has their prefix.
+        &|prefix| vars.iter().any(|(k, _)| k.starts_with(prefix)),
+        &unknown,
+        default_quota_file,
+        policy_file,
+    )
 }
 
 /// Reads the configuration from `env` and the quota file (`GPUSLICE_QUOTA_FILE`, or
@@ -56,13 +73,15 @@ pub fn load_with_policy(
     default_quota_file: &Path,
     policy_file: &Path,
 ) -> Config {
-    load_probing(env, &|_| true, default_quota_file, policy_file)
+    load_probing(env, &|_| true, &[], default_quota_file, policy_file)
 }
 
-/// [`load_with_policy`], with `maybe_prefixed(prefix)` false when no variable starts with `prefix`.
+/// [`load_with_policy`], with `maybe_prefixed(prefix)` false when no variable starts with `prefix`,
+/// and `unknown` the `GPUSLICE_*` variables (name, value) that gpuslice does not know.
 fn load_probing(
     env: &dyn Fn(&str) -> Option<String>,
     maybe_prefixed: &dyn Fn(&str) -> bool,
+    unknown: &[(&str, &str)],
     default_quota_file: &Path,
     policy_file: &Path,
 ) -> Config {
@@ -74,6 +93,7 @@ fn load_probing(
             apply(&mut b, env, &found, read);
         }
     }
+    b.mistyped(env, unknown);
     finish(b, env, policy_file)
 }
 

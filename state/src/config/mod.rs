@@ -27,10 +27,16 @@
 //! message lands in [`Config::errors`], with what it does ([`effect`]). A value that cannot be
 //! attributed to a device (a syntax error in the quota file, a bad key, a bad ledger path or tenant,
 //! a bad context reserve) makes every device's memory limit invalid.
+//!
+//! An unknown `GPUSLICE_*` variable is named once with the closest setting (`mistyped.rs`); a near
+//! miss of a limit no source sets (memory limit, compute cap, quota file) is read as that limit with a
+//! value that cannot be read, so a typo never leaves the program unlimited.
 
 mod builder;
 mod file;
 mod load;
+mod mistyped;
+pub mod names;
 pub mod paths;
 mod per_device;
 pub mod policy;
@@ -44,7 +50,8 @@ pub mod table;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use load::{load, load_from, load_with_policy, DEFAULT_DEVICE_DIR};
+pub use load::{load, load_from, load_listed, load_with_policy, DEFAULT_DEVICE_DIR};
+pub use mistyped::FAIL_CLOSED_WHEN_MISTYPED;
 use per_device::per_device;
 pub use per_device::{canonical_uuid, uuid_bytes, PerDevice};
 pub use size::{format_bytes, parse_percent, parse_size, Units};
@@ -130,8 +137,13 @@ pub struct Config {
     pub device_dir: PathBuf,
     /// Info-level lines (how aliases were read) for the caller to log.
     pub notes: Vec<String>,
-    /// Warn-level lines: settings ignored because a node policy forbids them (`policy.rs`).
+    /// Warn-level lines: settings ignored because a node policy forbids them (`policy.rs`), and
+    /// the lines of `unknown`.
     pub warnings: Vec<String>,
+    /// One line per `GPUSLICE_*` variable gpuslice does not know that is ignored (also in
+    /// `warnings`); one that fails closed as a limit's near miss is in `errors` instead
+    /// (`mistyped.rs`).
+    pub unknown: Vec<String>,
     /// Every configuration error, each naming its variable or `file:line`, the value and what was expected.
     pub errors: Vec<String>,
     /// What each error in `errors` does to the process ([`Config::effect_of`]).
@@ -187,6 +199,20 @@ impl Config {
             .iter()
             .map(|e| format!("{e}; {}", self.effect_of(e)))
             .collect()
+    }
+
+    /// For tools (`gpuslice doctor`): the error lines, then each unknown `GPUSLICE_*` variable
+    /// that is ignored (a setting meant is not applied as spelt, even when it only warns here).
+    pub fn problem_lines(&self) -> Vec<String> {
+        let mut lines = self.error_lines();
+        lines.extend(self.unknown.iter().cloned());
+        lines
+    }
+
+    /// For tools: the warnings that [`Config::problem_lines`] does not list.
+    pub fn note_lines(&self) -> Vec<String> {
+        let known = self.warnings.iter().filter(|w| !self.unknown.contains(w));
+        known.cloned().collect()
     }
 
     /// Whether any limit or quota is present anywhere (including invalid ones, which must be enforced).

@@ -235,6 +235,26 @@ pub const SETTINGS: &[Spec] = &[
     },
 ];
 
+/// `GPUSLICE_*` variables that are no setting of the library but are read by another part of
+/// gpuslice (who reads them, for messages): the library knows them, so it does not call them
+/// unknown (`names.rs`).
+pub const OTHER_VARIABLES: &[(&str, &str)] = &[
+    (
+        "GPUSLICE_LIBRARY",
+        "`gpuslice run` (where libgpuslice.so is)",
+    ),
+    ("GPUSLICE_SIMGPU", "`gpuslice demo` (simgpu's libraries)"),
+    (
+        "GPUSLICE_DEMO_SIMGPU",
+        "`gpuslice demo` (simgpu even beside a driver)",
+    ),
+    ("GPUSLICE_COMMIT", "the build (`gpuslice --version`)"),
+    ("GPUSLICE_RELEASE_PACKAGES", "scripts/build-release"),
+    ("GPUSLICE_GLIBC_FLOOR", "scripts/check-glibc"),
+    ("GPUSLICE_DEBIAN_MIRROR", "scripts/debian-rootfs"),
+    ("GPUSLICE_OLD_SUITE", "scripts/old-glibc-test"),
+];
+
 /// The docs table (docs/CONFIGURATION.md, between its `settings-table` markers).
 pub fn docs_table() -> String {
     let mut out = String::from(
