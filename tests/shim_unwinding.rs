@@ -1,4 +1,4 @@
-//! The unwinder linked into gpuslice's libraries (build.rs, `link_unwinder_statically`): they load
+//! The unwinder linked into gpuslice's libraries (shim-c/static_unwinder.rs): they load
 //! without `libgcc_s.so.1` (start-up, docs/BENCHMARKS.md), a panic inside a hook is still caught at
 //! the C ABI, and a C++ program's exceptions (libstdc++ unwinds with `libgcc_s`) still work beside
 //! it, in every deployment (preloaded, drop-in, both).
@@ -44,7 +44,7 @@ fn the_libraries_load_without_libgcc_s() {
         );
         assert!(
             !needed.iter().any(|n| n.starts_with("libgcc_s")),
-            "{} needs {needed:?}: libgcc_eh.a was not linked in (build.rs, link_unwinder_statically)",
+            "{} needs {needed:?}: libgcc_eh.a was not linked in (shim-c/static_unwinder.rs)",
             lib.display()
         );
     }

@@ -1,6 +1,6 @@
 /* A C++ program linked with -lcuda that throws and catches exceptions across frames while gpuslice is
  * loaded: libstdc++'s exceptions unwind with libgcc_s, gpuslice's panics with the unwinder linked
- * into gpuslice (build.rs, `link_unwinder_statically`). Calls the driver from destructors run while
+ * into gpuslice (shim-c/static_unwinder.rs). Calls the driver from destructors run while
  * an exception unwinds, and with `panic` asks for the debug build's test-only panic device
  * (src/hooks/info.rs, `PANIC_DEVICE`) from such a destructor: gpuslice must catch its panic and
  * answer an error, and the C++ exception must still reach its handler.
