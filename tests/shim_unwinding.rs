@@ -31,10 +31,15 @@ fn needed(lib: &Path) -> Vec<String> {
 #[test]
 fn the_libraries_load_without_libgcc_s() {
     let dropins = dropin_dir();
+    let simgpu = simgpu_lib_dir();
+    // simgpu's too: NVIDIA's libcuda.so.1 and libnvidia-ml.so.1 need no libgcc_s, so a process on
+    // simgpu must not get it from simgpu (a start-up benchmark would not see gpuslice's own).
     for lib in [
         libgpuslice(),
         dropins.join("libcuda.so.1"),
         dropins.join("libnvidia-ml.so.1"),
+        simgpu.join("libcuda.so.1"),
+        simgpu.join("libnvidia-ml.so.1"),
     ] {
         let needed = needed(&lib);
         assert!(
