@@ -8,6 +8,9 @@ use std::path::Path;
 
 include!("src/api/tsv_table.rs");
 
+#[path = "shim-c/static_unwinder.rs"]
+mod static_unwinder;
+
 struct Hooked {
     symbol: String,
     group: String,
@@ -194,6 +197,8 @@ fn real_declarations(hooks: &[Hooked]) -> String {
 
 fn main() {
     let out_dir = std::env::var("OUT_DIR").unwrap();
+    // The unwinder linked in, not `libgcc_s.so.1` loaded beside (shim-c/static_unwinder.rs).
+    static_unwinder::link();
 
     // The interposer is compiled optimised whatever the profile: its forwarding path must be a tail call.
     println!("cargo:rerun-if-changed=shim-c/interpose.c");

@@ -38,7 +38,18 @@ fn mem_get_info<S: Word>(free: Out<S>, total: Out<S>, call: impl FnOnce() -> CUr
     Ok(())
 }
 
+/// Debug builds only (the library the tests load): a device ordinal no driver hands out (it answers
+/// `CUDA_ERROR_INVALID_DEVICE`) for which `cuDeviceTotalMem` panics inside the hook, so a test sees
+/// through the real library that a panic is caught at the C ABI by the library's own unwinder
+/// (shim-c/static_unwinder.rs; tests/shim_unwinding.rs). Not in release builds.
+#[cfg(debug_assertions)]
+pub const PANIC_DEVICE: CUdevice = -0x0050_4e43;
+
 fn total_mem<S: Word>(bytes: Out<S>, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+    #[cfg(debug_assertions)]
+    if dev == PANIC_DEVICE {
+        panic!("cuDeviceTotalMem: the test-only panic device");
+    }
     call()?;
     let Some(t) = tenant() else { return Ok(()) };
     let Some(b) = bytes.get() else { return Ok(()) };

@@ -5,9 +5,15 @@
 
 #[path = "../exports.rs"]
 mod exports;
+#[path = "../../../shim-c/static_unwinder.rs"]
+mod static_unwinder;
 
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
+    // Like NVIDIA's library, which needs no libgcc_s.so.1: the unwinder (for the exports' panic
+    // catching) linked in, so a process's start-up on simgpu loads what it would on a GPU
+    // (docs/BENCHMARKS.md, "Start-up without libgcc_s").
+    static_unwinder::link();
     // As NVIDIA links libcuda.so.1 (DT_SYMBOLIC): the library's own references, such as the addresses
     // cuGetProcAddress hands out, bind to its own functions, never to a preloaded library's.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
