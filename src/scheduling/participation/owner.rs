@@ -227,7 +227,11 @@ impl Sched {
                 quiet_since(now, last.max(self.progress_ns.load(Acquire)))
             };
             // Looked at again after `completed()`: a completion it finds counts as progress now.
-            let idle = quiet(now) && self.completed() && quiet(now);
+            // Not while a thread of ours waits in flow control (`turn::may_go_idle`): the batch it
+            // waits for is off the list `completed()` looks at, but on the device.
+            let idle = turn::may_go_idle(quiet(now), self.flow_waiting.load(SeqCst))
+                && self.completed()
+                && quiet(now);
             let preempted = !high && h.preempt.load(Acquire) != 0 && {
                 let real = self
                     .ledger
