@@ -809,6 +809,50 @@ fn high_priority_calls_scenario(failures: &mut Vec<String>) {
     }
 }
 
+/// A high-priority tenant that asks rarely (10 x 100 us every 60 ms: active in one demand window of
+/// three) beside a normal tenant keeping four 2 ms kernels queued: the normal tenant is gated for
+/// its requests (docs/COMPUTE.md, "Priority"; `demand::DEMAND_MIN_HIGH`): it owns the device and
+/// is preempted at nearly every request (its debug log), keeping one kernel in flight. With demand
+/// counted as for a normal tenant (three windows of four) the high-priority tenant never wanted
+/// the device, the normal tenant stayed on the fast path and was never preempted, and each request
+/// waited behind up to four normal kernels.
+fn high_priority_sparse_scenario(failures: &mut Vec<String>) {
+    const MS: u64 = 2_000;
+    let scene = Scene::new("lifecycle", "high-sparse");
+    let start = start_in(500);
+    let high = scene.client(
+        "high",
+        true,
+        &[("GPUSLICE_PRIORITY", "high")],
+        &[s("request"), s(start), s(MS), s(60), s(10), s(100)],
+    );
+    let normal = scene.client(
+        "normal",
+        true,
+        &[("GPUSLICE_COMPUTE_SHARE", "50"), ("GPUSLICE_LOG", "debug")],
+        &[s("spin"), s(start), s(MS), s(2000), s(4)],
+    );
+    let deadline = Instant::now() + Duration::from_millis(MS + 15_000);
+    let run = expect_success(high, "high-priority tenant", deadline, failures);
+    let normal = expect_success(normal, "normal tenant", deadline, failures);
+    let (Some(run), Some(normal)) = (run, normal) else {
+        return;
+    };
+    let requests = run.get_u64("requests");
+    let preempted = normal.stderr.matches("released (Preempted)").count() as u64;
+    let line = format!(
+        "sparse high priority: {requests} requests every 60 ms, the normal tenant preempted \
+         {preempted} times (bound: at least {}), p50 {} us, p99 {} us",
+        requests / 2,
+        run.get_u64("p50_us"),
+        run.get_u64("p99_us")
+    );
+    println!("lifecycle: {line}");
+    if requests < 10 || preempted < requests / 2 {
+        failures.push(line);
+    }
+}
+
 /// A capture begun late by a process on a contended device (docs/COMPUTE.md, "Capture"): until
 /// the process begins a capture, the shim makes no capture check on the launch path (no
 /// `cuStreamIsCapturing`, no capture-mode exchange: they cost each contended launch driver calls;
@@ -893,7 +937,7 @@ fn capture_late_scenario(failures: &mut Vec<String>) {
 
 #[test]
 fn compute_lifecycle_on_simgpu() {
-    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn,calls,capture,highcalls (a comma list) runs
+    // COMPUTE_SCENARIOS=teardown,reuse,quit,idle,neighbour,hostflag,sidestream,turn,calls,capture,highcalls,highsparse (a comma list) runs
     // only those, for development.
     let only = std::env::var("COMPUTE_SCENARIOS").ok();
     let wanted = |name: &str| {
@@ -935,6 +979,9 @@ fn compute_lifecycle_on_simgpu() {
     }
     if wanted("highcalls") {
         high_priority_calls_scenario(&mut failures);
+    }
+    if wanted("highsparse") {
+        high_priority_sparse_scenario(&mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
