@@ -125,7 +125,7 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
         out[tenant]["starts"] = [int(line[5:].split(",")[3]) for line in o.split()
                                  if line.startswith("part=")]
         out[tenant]["pid"] = p.pid
-        if os.environ.get("GPUSLICE_LOG"):
+        if os.environ.get("GPUSLICE_LOG") or a.trace:
             with open(os.path.join("/tmp", f"{state}-{tenant}.out"), "w") as f:
                 f.write(o)
     stat = json.loads(subprocess.run([stat_bin], env={"SIMGPU_STATE": state}, check=True,
@@ -147,6 +147,10 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
     row["mean_us"] = round(statistics.mean(totals)) if totals else 0
     row["_totals"] = totals
     row["slowest"] = by_total[-3:]
+    # Where in the run they came (the first requests come before the normal tenant is gated: the
+    # high-priority tenant wants the device from its third window of 20 ms, `demand`).
+    order = sorted(range(len(out["h"]["parts"])), key=lambda i: sum(out["h"]["parts"][i]))
+    row["slowest_at"] = order[-3:]
     row["median_parts"] = [statistics.median(x[i] for x in by_total) for i in range(3)]
     if "n" in out:
         wall = int(out["n"]["end_ns"]) - int(out["n"]["start_ns"])
@@ -228,7 +232,8 @@ def report(rows, a):
         print(line)
         print(f"compute_priority: {mode:10}: median parts (first launch, other launches, sync) "
               + "; ".join(str(x["median_parts"]) for x in rows[mode])
-              + " | slowest 3 of each round " + "; ".join(str(x["slowest"]) for x in rows[mode]))
+              + " | slowest 3 of each round " + "; ".join(str(x["slowest"]) for x in rows[mode])
+              + " | their places in the run " + "; ".join(str(x["slowest_at"]) for x in rows[mode]))
         if a.trace:
             print(f"compute_priority: {mode:10}: on the device timeline: p99 "
                   f"{med(mode, 'dev_p99_us'):.0f} us (rounds "
