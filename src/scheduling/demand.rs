@@ -31,9 +31,9 @@ pub const DEMAND_MIN: u32 = 3;
 /// back while it asks for the device) only while contended: at three windows of four, the normal
 /// tenant stayed on the fast path, its queue as deep as its program made it, through a
 /// high-priority tenant's first two or three requests (each then waited behind two 2 ms kernels
-/// instead of one: most of the requests past the goal's bound in docs/BENCHMARKS.md, "Where the
-/// slowest high-priority requests' time goes"), and through every request of one that asks less
-/// often than every 20-30 ms. One window of four keeps its neighbours contended for up to 80 ms
+/// instead of one, often a round's slowest: docs/BENCHMARKS.md, "Where the slowest high-priority
+/// requests' time goes"), and through every request of one that asks less often than every 20-30
+/// ms. One window of four keeps its neighbours contended for up to 80 ms
 /// plus the hold after its last request.
 pub const DEMAND_MIN_HIGH: u32 = 1;
 /// A process that saw another tenant want the device stays contended this long after it last saw

@@ -61,8 +61,8 @@ pub fn rival(waiter: usize, waiter_high: bool, mine: usize, high: bool) -> bool 
 /// the look at our completions finds nothing running): the process is not idle. Counted idle, a
 /// normal tenant keeping one kernel in flight beside an active high-priority tenant released the
 /// device as idle every ~0.55 ms of each 2 ms kernel and was granted it again at once, each time a
-/// ledger lock and a charge: 9,400 self-hand-overs in an 8 s run, 20-40 now (docs/BENCHMARKS.md,
-/// "The normal tenant's self-hand-overs"). Stalls (an owner whose work waits for something outside
+/// ledger lock and a charge: 8,925 self-hand-overs in an 8 s run, none now (docs/BENCHMARKS.md,
+/// "Where the slowest high-priority requests' time goes"). Stalls (an owner whose work waits for something outside
 /// the process) are looked for on their own (`Sched::watch_stall`), and a flow-control wait is
 /// bounded on its own (`flow::WaitBound`), so a waiter never keeps the device past its slice.
 pub fn may_go_idle(quiet: bool, flow_waiting: u32) -> bool {
