@@ -290,21 +290,18 @@ impl Sched {
                 if self.renew(high, now, grant) {
                     continue;
                 }
-                // A high-priority tenant waits, and may not have raised the preempt word yet (it
-                // publishes its wait first): handed over undrained, as when preempted. Drained, its
-                // request waited for our kernel in flight to complete before its grant, then for
-                // the wake-ups of the hand-over (2.4-3.3 ms in its first launch, about one request
-                // in 200 once an owner that waits in flow control kept its slices to their end).
-                let to_high = !high
+                // A high-priority tenant waits (it may not have raised the preempt word yet):
+                // handed over undrained, as when preempted (`turn::drains_at_slice_end`).
+                let high_waits = !high
                     && self
                         .ledger
                         .waiters(Some(self.slot))
                         .iter()
                         .any(|w| self.ledger.is_high(w.tenant));
-                if to_high {
-                    self.release(false, Why::Preempted);
-                } else {
+                if turn::drains_at_slice_end(high, high_waits) {
                     self.release(true, Why::SliceOver);
+                } else {
+                    self.release(false, Why::Preempted);
                 }
                 continue;
             }
