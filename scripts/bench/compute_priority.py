@@ -22,6 +22,7 @@ environment sets them.
 Usage: scripts/bench/compute_priority.py [--rounds N (5)] [--seconds S (4)] [--baseline LIB]
                                          [--normal-us U (2000)] [--period-ms P (20)]
                                          [--requests N (10)] [--us U (100)] [--jitter-us J (0)]
+                                         [--trace]
 Builds the release profile into $CARGO_TARGET_DIR (default target/).
 """
 import argparse
@@ -48,6 +49,9 @@ def main():
     ap.add_argument("--jitter-us", type=int, default=0,
                     help="lengthen each period by a pseudo-random 0..J us (requests then arrive at "
                          "every phase of the normal tenant's kernels, not one the run settles in)")
+    ap.add_argument("--trace", action="store_true",
+                    help="simgpu's trace of each run to /tmp/<state>.trace (kernels on the device "
+                         "timeline), beside GPUSLICE_LOG's client logs")
     a = ap.parse_args()
     if a.baseline:
         a.baseline = os.path.abspath(a.baseline)
@@ -88,6 +92,13 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
                "COMPUTE_CLIENT_REQUEST_JITTER_US": str(a.jitter_us)}
         env.update({k: v for k, v in os.environ.items()
                     if k.startswith("SIMGPU_COST_") or k.startswith("GPUSLICE_LOG")})
+        if a.trace:
+            # simgpu's trace: every driver call, and each kernel's queueing, start and end on the
+            # device timeline (CLOCK_REALTIME; the .clock file: CLOCK_REALTIME - CLOCK_MONOTONIC).
+            env["SIMGPU_TRACE"] = os.path.join("/tmp", f"{state}.trace")
+            with open(os.path.join("/tmp", f"{state}.clock"), "w") as f:
+                f.write(str(time.clock_gettime_ns(time.CLOCK_REALTIME)
+                            - time.clock_gettime_ns(time.CLOCK_MONOTONIC)))
         if shim:
             env.update({"LD_PRELOAD": shim,
                         "GPUSLICE_LEDGER": os.path.join(work, f"{mode}-{r}-{tenant}.ledger"),
@@ -111,7 +122,10 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
         # Each request's parts (its start, CLOCK_MONOTONIC us, last: GPUSLICE_LOG's clock).
         out[tenant]["parts"] = [[int(x) for x in line[5:].split(",")][:3] for line in o.split()
                                 if line.startswith("part=")]
-        if os.environ.get("GPUSLICE_LOG"):
+        out[tenant]["starts"] = [int(line[5:].split(",")[3]) for line in o.split()
+                                 if line.startswith("part=")]
+        out[tenant]["pid"] = p.pid
+        if os.environ.get("GPUSLICE_LOG") or a.trace:
             with open(os.path.join("/tmp", f"{state}-{tenant}.out"), "w") as f:
                 f.write(o)
     stat = json.loads(subprocess.run([stat_bin], env={"SIMGPU_STATE": state}, check=True,
@@ -133,13 +147,61 @@ def run(mode, r, a, work, lib, client, rel, stat_bin):
     row["mean_us"] = round(statistics.mean(totals)) if totals else 0
     row["_totals"] = totals
     row["slowest"] = by_total[-3:]
+    # Where in the run they came (the first requests come before the normal tenant is gated: the
+    # high-priority tenant wants the device from its third window of 20 ms, `demand`).
+    order = sorted(range(len(out["h"]["parts"])), key=lambda i: sum(out["h"]["parts"][i]))
+    row["slowest_at"] = order[-3:]
     row["median_parts"] = [statistics.median(x[i] for x in by_total) for i in range(3)]
     if "n" in out:
         wall = int(out["n"]["end_ns"]) - int(out["n"]["start_ns"])
         left = max(wall - busy.get("h", 0), 1)
         row["kept"] = busy.get("n", 0) / left
+    if a.trace:
+        row.update(device_timeline(state, out, a))
     row["load"] = os.getloadavg()[0]
     return row
+
+
+def device_timeline(state, out, a):
+    """From simgpu's trace: each request on the device timeline, apart from when the host threads
+    saw it (a GPU runs kernels whatever its host threads do; simgpu's stream workers hand kernels
+    over and see them end as host threads). `dev_p99_us`: the p99 of the last kernel's end less
+    the request's start; `gap_p99_us`: of the time the device stayed idle between the end of the
+    normal kernel ahead of a request and the request's first kernel; `normal_during`: requests
+    with a normal kernel that entered the device's queue after the request began and started
+    before its last kernel ended; `split`: requests whose kernels a normal kernel ran between."""
+    import re
+    off = int(open(os.path.join("/tmp", f"{state}.clock")).read()) // 1000
+    ran = re.compile(r"^(\d+) kernel \S+ ran: work \d+ us, context \d+ queued (\d+) started (\d+) "
+                     r"ended (\d+) us")
+    hk, nk = [], []
+    with open(os.path.join("/tmp", f"{state}.trace")) as f:
+        for line in f:
+            m = ran.match(line)
+            if m:
+                pid, q, st, e = (int(x) for x in m.groups())
+                (hk if pid == out["h"]["pid"] else nk).append((q - off, st - off, e - off))
+    hk.sort()
+    nk.sort(key=lambda k: k[1])
+    dev, gaps, during, split = [], [], 0, 0
+    for start, p in zip(out["h"]["starts"], out["h"]["parts"]):
+        end_host = start + sum(p)
+        mine = [k for k in hk if start <= k[0] <= end_host]
+        if len(mine) != a.requests:
+            continue
+        first, last = min(k[1] for k in mine), max(k[2] for k in mine)
+        dev.append(last - start)
+        # Normal kernels that ended after the request's first kernel was ready, before it started.
+        ready = min(k[0] for k in mine)
+        ahead = [k for k in nk if ready < k[2] <= first]
+        if ahead:
+            gaps.append(first - max(k[2] for k in ahead))
+        during += any(start < k[0] and k[1] < last for k in nk)
+        split += any(first < k[1] < last for k in nk)
+    pct = lambda v, f: sorted(v)[min(len(v) - 1, int(len(v) * f))] if v else 0
+    return {"dev_p99_us": pct(dev, 0.99), "dev_max_us": max(dev, default=0),
+            "gap_p50_us": pct(gaps, 0.5), "gap_p99_us": pct(gaps, 0.99),
+            "normal_during": during, "split": split}
 
 
 def report(rows, a):
@@ -170,7 +232,19 @@ def report(rows, a):
         print(line)
         print(f"compute_priority: {mode:10}: median parts (first launch, other launches, sync) "
               + "; ".join(str(x["median_parts"]) for x in rows[mode])
-              + " | slowest 3 of each round " + "; ".join(str(x["slowest"]) for x in rows[mode]))
+              + " | slowest 3 of each round " + "; ".join(str(x["slowest"]) for x in rows[mode])
+              + " | their places in the run " + "; ".join(str(x["slowest_at"]) for x in rows[mode]))
+        if a.trace:
+            print(f"compute_priority: {mode:10}: on the device timeline: p99 "
+                  f"{med(mode, 'dev_p99_us'):.0f} us (rounds "
+                  + ", ".join(f"{x['dev_p99_us']}" for x in rows[mode])
+                  + f"; max {max(x['dev_max_us'] for x in rows[mode])} us); device idle after the "
+                  f"normal kernel ahead: p50 {med(mode, 'gap_p50_us'):.0f} us, p99 (rounds) "
+                  + ", ".join(str(x["gap_p99_us"]) for x in rows[mode])
+                  + "; requests with a normal kernel queued after they began: "
+                  + ", ".join(str(x["normal_during"]) for x in rows[mode])
+                  + "; with a normal kernel between their own: "
+                  + ", ".join(str(x["split"]) for x in rows[mode]))
     print("compute_priority: raw", json.dumps(
         {m: [{k: v for k, v in x.items() if not k.startswith("_")} for x in rows[m]]
          for m in rows}))

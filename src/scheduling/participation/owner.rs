@@ -227,7 +227,11 @@ impl Sched {
                 quiet_since(now, last.max(self.progress_ns.load(Acquire)))
             };
             // Looked at again after `completed()`: a completion it finds counts as progress now.
-            let idle = quiet(now) && self.completed() && quiet(now);
+            // Not while a thread of ours waits in flow control (`turn::may_go_idle`): the batch it
+            // waits for is off the list `completed()` looks at, but on the device.
+            let idle = turn::may_go_idle(quiet(now), self.flow_waiting.load(SeqCst))
+                && self.completed()
+                && quiet(now);
             let preempted = !high && h.preempt.load(Acquire) != 0 && {
                 let real = self
                     .ledger
@@ -286,7 +290,19 @@ impl Sched {
                 if self.renew(high, now, grant) {
                     continue;
                 }
-                self.release(true, Why::SliceOver);
+                // A high-priority tenant waits (it may not have raised the preempt word yet):
+                // handed over undrained, as when preempted (`turn::drains_at_slice_end`).
+                let high_waits = !high
+                    && self
+                        .ledger
+                        .waiters(Some(self.slot))
+                        .iter()
+                        .any(|w| self.ledger.is_high(w.tenant));
+                if turn::drains_at_slice_end(high, high_waits) {
+                    self.release(true, Why::SliceOver);
+                } else {
+                    self.release(false, Why::Preempted);
+                }
                 continue;
             }
             let wait = (end - now).clamp(20_000, OWNER_POLL_NS);

@@ -29,17 +29,20 @@ impl Sched {
         let mut wanting = [false; MAX_TENANTS];
         // Another tenant *wants* the device (its process holds its demand lock, `demand`): one
         // that merely holds a slot costs us nothing.
-        let mut others = false;
+        let mut demanding = [false; MAX_TENANTS];
         for (i, s) in l.slots.iter().enumerate() {
             if s.state.load(Acquire) == shm::SLOT_ACTIVE {
                 let t = s.tenant.load(Acquire) as usize;
                 if t < MAX_TENANTS {
                     present[t] = true;
                     wanting[t] |= s.wants.load(Acquire) > 0;
-                    others = others || (t != mine && self.ledger.slot_wants(i));
+                    if t != mine && !demanding[t] {
+                        demanding[t] = self.ledger.slot_wants(i);
+                    }
                 }
             }
         }
+        let others = demanding.iter().any(|&d| d);
         if others {
             let until = now.saturating_add(demand::CONTENTION_HOLD_NS);
             self.contended_until.fetch_max(until, Relaxed);
@@ -47,11 +50,15 @@ impl Sched {
         let owner_tenant = Holder::from_word(l.header.owner.load(Acquire))
             .slot()
             .map(|s| l.slots[s].tenant.load(Acquire) as usize);
+        // Active: it waits for the device, owns it, wants it (its demand lock: a high-priority
+        // tenant launching on the fast path, before anyone arbitrates, says so from its first
+        // request, `demand::DEMAND_MIN_HIGH`), or was arbitrated for recently.
         let beside_high = (0..MAX_TENANTS).any(|t| {
             present[t]
                 && t != mine
                 && self.ledger.is_high(t)
                 && (wanting[t]
+                    || demanding[t]
                     || owner_tenant == Some(t)
                     || now.saturating_sub(self.ledger.view(t).last_active_ns) < HIGH_ACTIVE_NS)
         });
@@ -87,7 +94,7 @@ impl Sched {
             || self.owned.load(SeqCst) != 0;
         let window = demand::window_of(now);
         seen.history.observe(window, active);
-        let wants = seen.history.wants(window);
+        let wants = seen.history.wants_as(window, self.high.load(Relaxed));
         if wants != seen.said {
             seen.said = wants;
             self.ledger.set_demand(self.slot, wants);

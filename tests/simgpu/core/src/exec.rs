@@ -105,6 +105,8 @@ pub struct KernelRun {
     pub preempted: u32,
     /// Realtime ns from queueing to first start.
     pub queued_ns: u64,
+    /// Realtime ns at which it first started on the device.
+    pub start_ns: u64,
     /// Realtime ns at which it ended on the device (its stream's next work can start then).
     pub end_ns: u64,
 }
@@ -354,6 +356,7 @@ impl Shared {
                     r.preempted = e.preempted.load(Relaxed);
                     let first = e.first_ns.load(Relaxed);
                     r.queued_ns = first.saturating_sub(e.queued_ns.load(Relaxed));
+                    r.start_ns = first;
                     r.end_ns = e.done_ns.load(Relaxed);
                 }
                 if e.id.load(Acquire) == id {

@@ -69,6 +69,21 @@ impl Kernel {
                         run.preempted
                     ));
                 }
+                // On the device timeline (CLOCK_REALTIME us): when it entered the device's queue,
+                // first started, ended; in which context.
+                simgpu_core::trace(format_args!(
+                    "kernel {} ran: work {} us, context {} queued {} started {} ended {} us, seen {} us",
+                    self.func.name(),
+                    match self.work {
+                        Work::Timed(d) => d.as_micros(),
+                        Work::Barrier { .. } => 0,
+                    },
+                    self.context,
+                    run.start_ns.saturating_sub(run.queued_ns) / 1000,
+                    run.start_ns / 1000,
+                    run.end_ns / 1000,
+                    simgpu_core::realtime_ns() / 1000
+                ));
             }
             Err(e) => {
                 simgpu_core::trace(format_args!(
