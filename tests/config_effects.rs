@@ -10,11 +10,7 @@ use common::*;
 use std::path::PathBuf;
 
 fn private_dir(tag: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("config-effects-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    scratch_dir("config-effects", tag)
 }
 
 /// `GPUSLICE_COMPUTE_SHARE=0` is out of range (1..100): the process runs at share 1% and cap 1%,
@@ -24,32 +20,8 @@ fn private_dir(tag: &str) -> PathBuf {
 fn compute_share_zero_applies_the_strictest_setting_it_announces() {
     let sim = Sim::new("share0");
     let dir = private_dir("share0");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let start = now + 700_000_000;
-    let mut cmd = sim.command(compile(&COMPUTE));
-    cmd.env("LD_PRELOAD", shim())
-        .env("SIMGPU_GROUP", "z")
-        .env("GPUSLICE_TENANT", "z")
-        .env("GPUSLICE_LEDGER", dir.join("z.ledger"))
-        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
-        .env("GPUSLICE_COMPUTE_SHARE", "0")
-        .args(["spin", &start.to_string(), "3000", "200"]);
-    let run = sim.run_cmd(&mut cmd);
-    run.assert_success();
-    let wall = run.get_u64("end_ns") - run.get_u64("start_ns");
-    let busy = sim
-        .stat()
-        .find("groups", "name", &Json::String("z".into()))
-        .map_or(0, |g| g.u64("busy_ns.0"));
-    let frac = busy as f64 / wall as f64;
-    println!(
-        "share 0: {:.1}% busy over {} ms",
-        frac * 100.0,
-        wall / 1_000_000
-    );
+    let (run, frac) = spin_alone(&sim, &dir, &[("GPUSLICE_COMPUTE_SHARE", "0")], 3000);
+    println!("share 0: {:.1}% busy", frac * 100.0);
     assert!(
         run.stderr
             .contains("GPUSLICE_COMPUTE_SHARE=\"0\": out of range")

@@ -12,11 +12,7 @@ use common::*;
 use std::path::PathBuf;
 
 fn private_dir(tag: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("config-unknown-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    scratch_dir("config-unknown", tag)
 }
 
 /// The log lines of `stderr` about `var` (`gpuslice: <level>: VAR="..."...`; a refused call's line
@@ -39,32 +35,8 @@ fn lines_naming<'a>(stderr: &'a str, var: &str) -> Vec<&'a str> {
 fn a_mistyped_compute_cap_is_named_and_enforced_as_a_bad_cap() {
     let sim = Sim::new("cap-typo");
     let dir = private_dir("cap");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let start = now + 700_000_000;
-    let mut cmd = sim.command(compile(&COMPUTE));
-    cmd.env("LD_PRELOAD", shim())
-        .env("SIMGPU_GROUP", "z")
-        .env("GPUSLICE_TENANT", "z")
-        .env("GPUSLICE_LEDGER", dir.join("z.ledger"))
-        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
-        .env("GPUSLICE_COMPUTE_CAP", "30")
-        .args(["spin", &start.to_string(), "2000", "200"]);
-    let run = sim.run_cmd(&mut cmd);
-    run.assert_success();
-    let wall = run.get_u64("end_ns") - run.get_u64("start_ns");
-    let busy = sim
-        .stat()
-        .find("groups", "name", &Json::String("z".into()))
-        .map_or(0, |g| g.u64("busy_ns.0"));
-    let frac = busy as f64 / wall as f64;
-    println!(
-        "GPUSLICE_COMPUTE_CAP=30: {:.1}% busy over {} ms",
-        frac * 100.0,
-        wall / 1_000_000
-    );
+    let (run, frac) = spin_alone(&sim, &dir, &[("GPUSLICE_COMPUTE_CAP", "30")], 2000);
+    println!("GPUSLICE_COMPUTE_CAP=30: {:.1}% busy", frac * 100.0);
     // Generous: a cap of 1% gives a few percent at most; no cap gives nearly 100%.
     assert!(
         frac < 0.25,

@@ -551,6 +551,34 @@ pub fn scratch_dir(prefix: &str, tag: &str) -> PathBuf {
     dir
 }
 
+/// Tenant `z` alone on simgpu, the shim preloaded, its ledgers in `dir` and `env` added, spinning
+/// 200 µs kernels for `ms` from a start 0.7 s ahead (`compute_client spin`): the run, and the part
+/// of its wall time simgpu's busy counter gives group `z`. How a compute setting's effect is judged
+/// (a cap of 1% keeps it to a few percent; no cap, nearly all).
+pub fn spin_alone(sim: &Sim, dir: &Path, env: &[(&str, &str)], ms: u64) -> (Run, f64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let start = now + 700_000_000;
+    let mut cmd = sim.command(compile(&COMPUTE));
+    cmd.env("LD_PRELOAD", libgpuslice())
+        .env("SIMGPU_GROUP", "z")
+        .env("GPUSLICE_TENANT", "z")
+        .env("GPUSLICE_LEDGER", dir.join("z.ledger"))
+        .env("GPUSLICE_DEVICE_DIR", dir.join("devices"))
+        .envs(env.iter().copied())
+        .args(["spin", &start.to_string(), &ms.to_string(), "200"]);
+    let run = sim.run_cmd(&mut cmd);
+    run.assert_success();
+    let wall = run.get_u64("end_ns") - run.get_u64("start_ns");
+    let busy = sim
+        .stat()
+        .find("groups", "name", &Json::String("z".into()))
+        .map_or(0, |g| g.u64("busy_ns.0"));
+    (run, busy as f64 / wall.max(1) as f64)
+}
+
 /// What the live process `pid` uses on simgpu device `device` by simgpu's counters.
 pub fn process_used_on(stat: &Json, pid: &str, device: usize) -> u64 {
     let Json::Array(procs) = stat.at("processes") else {
